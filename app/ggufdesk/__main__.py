@@ -1,0 +1,6 @@
+"""`python -m ggufdesk` is the `ggufdesk` command."""
+import sys
+
+from ggufdesk.cli import main
+
+sys.exit(main())

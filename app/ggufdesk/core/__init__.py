@@ -1,0 +1,1 @@
+"""Pure-Python core: no Qt, no llama_cpp."""

@@ -1,0 +1,215 @@
+"""Typed, validated settings: engine load options, sampling, speculation; saved as JSON."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ggufdesk.core.errors import SettingsError
+
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
+FLASH_ATTN = ("auto", "on", "off")
+SPEC_MODES = ("off", "draft", "lookup")
+
+
+def _int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SettingsError(f"{name} must be a whole number, got {value!r}")
+    if lo is not None and value < lo:
+        raise SettingsError(f"{name} must be at least {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise SettingsError(f"{name} must be at most {hi}, got {value}")
+    return value
+
+
+def _float(name: str, value: Any, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise SettingsError(f"{name} must be a number, got {value!r}")
+    if not lo <= value <= hi:
+        raise SettingsError(f"{name} must be between {lo} and {hi}, got {value}")
+    return float(value)
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise SettingsError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def default_threads() -> int:
+    """Physical cores: decode is memory-bound and hyperthreads only add contention."""
+    try:
+        import psutil
+
+        n = psutil.cpu_count(logical=False)
+    except Exception:  # noqa: BLE001 - psutil missing or unsupported platform
+        n = None
+    return max(1, n or os.cpu_count() or 1)
+
+
+@dataclass(slots=True, kw_only=True)
+class LoadSettings:
+    """How llama.cpp loads a model: context, offload, and the prefill/decode split."""
+
+    n_ctx: int = 4096
+    n_gpu_layers: int = 0  # -1 = all layers
+    n_batch: int = 512  # logical batch for prompt processing
+    n_ubatch: int = 512  # physical micro-batch, <= n_batch
+    n_threads: int = 0  # decode (1-token batches); 0 = physical cores
+    n_threads_batch: int = 0  # prefill and verification; 0 = physical cores
+    flash_attn: str = "auto"
+    type_k: str = "f16"
+    type_v: str = "f16"
+    use_mmap: bool = True
+    use_mlock: bool = False
+
+    def __post_init__(self) -> None:
+        _int("context length (n_ctx)", self.n_ctx, 16, 1 << 20)
+        _int("GPU layers (n_gpu_layers)", self.n_gpu_layers, -1, 100_000)
+        _int("batch size (n_batch)", self.n_batch, 1, 1 << 16)
+        _int("micro-batch size (n_ubatch)", self.n_ubatch, 1, 1 << 16)
+        _int("decode threads (n_threads)", self.n_threads, 0, 1024)
+        _int("prefill threads (n_threads_batch)", self.n_threads_batch, 0, 1024)
+        if self.n_ubatch > self.n_batch:
+            raise SettingsError(
+                f"micro-batch (n_ubatch={self.n_ubatch}) cannot be larger than the batch "
+                f"(n_batch={self.n_batch}): llama.cpp splits each batch into micro-batches"
+            )
+        _choice("flash attention", self.flash_attn, FLASH_ATTN)
+        _choice("K cache type (type_k)", self.type_k, KV_TYPES)
+        _choice("V cache type (type_v)", self.type_v, KV_TYPES)
+        if self.type_v not in ("f32", "f16", "bf16") and self.flash_attn == "off":
+            raise SettingsError(
+                f"a quantized V cache ({self.type_v}) needs flash attention; "
+                "turn flash attention on or auto, or use an f16 V cache"
+            )
+        for name in ("use_mmap", "use_mlock"):
+            if not isinstance(getattr(self, name), bool):
+                raise SettingsError(f"{name} must be true or false")
+
+    @property
+    def threads(self) -> int:
+        return self.n_threads or default_threads()
+
+    @property
+    def threads_batch(self) -> int:
+        return self.n_threads_batch or default_threads()
+
+
+@dataclass(slots=True, kw_only=True)
+class SamplingSettings:
+    """How the next token is chosen. temperature 0 = greedy."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int = -1  # -1 = a new random seed each request
+    max_tokens: int = 512
+    stop: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _float("temperature", self.temperature, 0.0, 5.0)
+        _int("top-k", self.top_k, 0, 1_000_000)
+        _float("top-p", self.top_p, 0.0, 1.0)
+        _float("min-p", self.min_p, 0.0, 1.0)
+        _float("repeat penalty", self.repeat_penalty, 0.0, 10.0)
+        _int("repeat window", self.repeat_last_n, -1, 1 << 20)
+        _int("seed", self.seed, -1, 2**32 - 1)
+        _int("max tokens", self.max_tokens, 1, 1 << 20)
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise SettingsError("stop must be a list of non-empty strings")
+
+
+@dataclass(slots=True, kw_only=True)
+class SpeculationSettings:
+    """Speculative decoding: a draft model or prompt lookup proposes, the model verifies."""
+
+    mode: str = "off"
+    draft_model: str | None = None
+    draft_gpu_layers: int = 0
+    draft_ctx: int = 0  # 0 = same as the target's context
+    k_max: int = 8
+    k_min: int = 1
+    p_min: float = 0.6  # draft stops proposing below this top probability
+    ngram: int = 3  # prompt lookup: longest n-gram to match
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        _choice("speculation mode", self.mode, SPEC_MODES)
+        if self.mode == "draft" and not self.draft_model:
+            raise SettingsError("speculation mode 'draft' needs a draft model")
+        _int("draft GPU layers", self.draft_gpu_layers, -1, 100_000)
+        _int("draft context", self.draft_ctx, 0, 1 << 20)
+        _int("maximum draft length (K max)", self.k_max, 1, 64)
+        _int("minimum draft length (K min)", self.k_min, 1, 64)
+        if self.k_min > self.k_max:
+            raise SettingsError(f"K min ({self.k_min}) cannot exceed K max ({self.k_max})")
+        _float("draft p_min", self.p_min, 0.0, 1.0)
+        _int("lookup n-gram size", self.ngram, 1, 16)
+
+
+@dataclass(slots=True, kw_only=True)
+class Settings:
+    """Everything the user can set, saved to one JSON file."""
+
+    load: LoadSettings = field(default_factory=LoadSettings)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
+    model: str | None = None  # last model used
+    system_prompt: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Settings:
+        if not isinstance(data, dict):
+            raise SettingsError("settings must be a JSON object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise SettingsError(f"unknown settings: {', '.join(sorted(unknown))}")
+        try:
+            return cls(
+                load=LoadSettings(**data.get("load", {})),
+                sampling=SamplingSettings(**data.get("sampling", {})),
+                speculation=SpeculationSettings(**data.get("speculation", {})),
+                model=data.get("model"),
+                system_prompt=data.get("system_prompt", ""),
+            )
+        except TypeError as e:  # unknown key inside a section
+            raise SettingsError(f"bad settings: {e}") from None
+
+
+def settings_path() -> Path:
+    from platformdirs import user_config_dir
+
+    return Path(user_config_dir("ggufdesk")) / "settings.json"
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    """Read the settings file; a missing file gives defaults, a broken one a clear error."""
+    path = path or settings_path()
+    if not path.exists():
+        return Settings()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise SettingsError(f"cannot read settings file {path}: {e}") from None
+    return Settings.from_dict(data)
+
+
+def save_settings(settings: Settings, path: Path | None = None) -> Path:
+    """Write atomically so a crash mid-write never leaves a broken settings file."""
+    path = path or settings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(settings.to_dict(), indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Build (once) and print the path of a llama-cpp-python wheel for this machine.
+#
+# The wheel is cached outside the clone, keyed by version + build flags + Python tag,
+# because pip's own wheel cache does not key on CMAKE_ARGS and the build takes ~7 min.
+# Flags: portable CPU by default (GGML_NATIVE=ON dies with SIGILL on AMX CPUs, see
+# DESIGN.md §5); CUDA when an NVIDIA GPU and nvcc are present; Metal on macOS.
+# Override with GGUFDESK_CMAKE_ARGS.
+set -euo pipefail
+
+PY=${1:-python3}
+VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+CACHE=${GGUFDESK_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ggufdesk/wheels}
+
+cpu_flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+if [ -n "${GGUFDESK_CMAKE_ARGS:-}" ]; then
+  flags=$GGUFDESK_CMAKE_ARGS
+elif [ "$(uname -s)" = Darwin ]; then
+  flags="-DGGML_METAL=on"
+elif command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  flags="$cpu_flags -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-native}"
+else
+  flags=$cpu_flags
+fi
+
+pytag=$("$PY" -c 'import sys, sysconfig; print(f"cp{sys.version_info[0]}{sys.version_info[1]}-{sysconfig.get_platform()}")')
+key=$(printf '%s|%s|%s' "$VERSION" "$flags" "$pytag" | sha256sum | cut -c1-16)
+dir="$CACHE/llama_cpp_python-$VERSION-$key"
+
+if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+  echo "building llama-cpp-python $VERSION (flags: $flags); cached in $dir" >&2
+  tmp=$(mktemp -d "$CACHE.build.XXXXXX" 2>/dev/null || { mkdir -p "$CACHE"; mktemp -d "$CACHE.build.XXXXXX"; })
+  CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)} \
+    "$PY" -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \
+    "llama-cpp-python==$VERSION" -w "$tmp" >&2
+  mkdir -p "$CACHE"
+  printf '%s\n' "$flags" > "$tmp/FLAGS"
+  rm -rf "$dir"
+  mv "$tmp" "$dir"   # atomic: a half-built wheel never looks cached
+fi
+ls "$dir"/llama_cpp_python-*.whl | head -n 1
