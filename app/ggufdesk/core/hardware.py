@@ -1,0 +1,281 @@
+"""What this machine has for running models: GPUs (NVML), CPU features, RAM and its measured bandwidth."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("ggufdesk.hardware")
+
+CPU_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile",
+             "neon", "sve")
+BANDWIDTH_BYTES = 256 << 20  # the measured pass reads this much (fewer when RAM is short)
+CACHE_FILE = "hardware.json"
+CALIBRATION_FILE = "calibration.json"
+MAX_RUNS = 50
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GPUInfo:
+    index: int
+    name: str
+    vram_total: int
+    vram_free: int
+    vram_used: int
+    vram_used_by_others: int  # held by processes other than this one (0 when unknown)
+    bandwidth_gbs: float | None  # theoretical: bus width x max memory clock x 2 (DDR)
+    bus_width_bits: int | None = None
+    mem_clock_mhz: int | None = None
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    compute_capability: str | None = None
+    cuda_cores: int | None = None
+    sm_clock_mhz: int | None = None
+    source: str = "nvml"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CPUInfo:
+    name: str
+    arch: str
+    cores_physical: int
+    cores_logical: int
+    flags: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardwareInfo:
+    gpus: tuple[GPUInfo, ...]
+    cpu: CPUInfo
+    ram_total: int
+    ram_available: int
+    ram_bandwidth_gbs: float  # measured read bandwidth (numpy pass), cached per machine
+    ram_bandwidth_source: str  # "measured" | "cached" | "assumed"
+    driver: str | None = None
+    unified_memory: bool = False
+    notes: tuple[str, ...] = ()
+
+    @property
+    def vram_free(self) -> int:
+        return sum(g.vram_free for g in self.gpus)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gpus"] = [asdict(g) for g in self.gpus]
+        return d
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+def _nvml_call(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - NVMLError_NotSupported and friends: field unknown
+        log.debug("NVML %s failed: %s", getattr(fn, "__name__", fn), e)
+        return None
+
+
+def _str(v: Any) -> str | None:
+    if v is None:
+        return None
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def probe_nvidia() -> tuple[list[GPUInfo], str | None, list[str]]:
+    """NVIDIA GPUs through NVML; ([], None, [why]) when there is no driver or NVML fails."""
+    try:
+        import pynvml
+    except ImportError:
+        return [], None, ["nvidia-ml-py is not installed: NVIDIA GPUs are not probed"]
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # noqa: BLE001 - no driver, no library, no device: CPU only
+        return [], None, [f"no NVIDIA driver in use ({e})"]
+    gpus: list[GPUInfo] = []
+    notes: list[str] = []
+    try:
+        driver = _str(_nvml_call(pynvml.nvmlSystemGetDriverVersion))
+        count = _nvml_call(pynvml.nvmlDeviceGetCount) or 0
+        me = os.getpid()
+        for i in range(count):
+            h = _nvml_call(pynvml.nvmlDeviceGetHandleByIndex, i)
+            if h is None:
+                notes.append(f"GPU {i}: NVML could not open it")
+                continue
+            mem = _nvml_call(pynvml.nvmlDeviceGetMemoryInfo, h)
+            if mem is None:
+                notes.append(f"GPU {i}: NVML reports no memory information")
+                continue
+            others = 0
+            for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                for p in _nvml_call(getattr(pynvml, getter, lambda h: []), h) or []:
+                    if getattr(p, "pid", None) != me and isinstance(getattr(p, "usedGpuMemory", None), int):
+                        others += p.usedGpuMemory
+            bus = _nvml_call(getattr(pynvml, "nvmlDeviceGetMemoryBusWidth", lambda h: None), h)
+            clk = _nvml_call(pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_MEM)
+            cc = _nvml_call(pynvml.nvmlDeviceGetCudaComputeCapability, h)
+            gpus.append(GPUInfo(
+                index=i, name=_str(_nvml_call(pynvml.nvmlDeviceGetName, h)) or f"GPU {i}",
+                vram_total=int(mem.total), vram_free=int(mem.free), vram_used=int(mem.used),
+                vram_used_by_others=int(others),
+                bandwidth_gbs=round(bus / 8 * clk * 2 / 1000, 1) if bus and clk else None,
+                bus_width_bits=bus, mem_clock_mhz=clk,
+                pcie_gen=_nvml_call(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
+                pcie_width=_nvml_call(pynvml.nvmlDeviceGetCurrPcieLinkWidth, h),
+                compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
+                cuda_cores=_nvml_call(getattr(pynvml, "nvmlDeviceGetNumGpuCores", lambda h: None), h),
+                sm_clock_mhz=_nvml_call(pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_SM),
+            ))
+    except Exception as e:  # noqa: BLE001 - a broken driver must not take the app down
+        notes.append(f"NVML failed while probing ({e})")
+    finally:
+        _nvml_call(pynvml.nvmlShutdown)
+    return gpus, driver, notes
+
+
+# --------------------------------------------------------------------------- CPU and RAM
+
+
+def cpu_info() -> CPUInfo:
+    import psutil
+
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            k, _, v = line.partition(":")
+            k = k.strip().lower()
+            if k == "model name" and name in ("", platform.machine(), platform.processor()):
+                name = v.strip()
+            elif k in ("flags", "features"):
+                flags.update(v.split())
+    except OSError:
+        pass
+    machine = platform.machine().lower()
+    if machine in ("arm64", "aarch64") and ("asimd" in flags or platform.system() == "Darwin"):
+        flags.add("neon")
+    return CPUInfo(
+        name=name or "unknown CPU", arch=machine,
+        cores_physical=psutil.cpu_count(logical=False) or os.cpu_count() or 1,
+        cores_logical=psutil.cpu_count(logical=True) or os.cpu_count() or 1,
+        flags=tuple(f for f in CPU_FLAGS if f in flags),
+    )
+
+
+def measure_ram_bandwidth(nbytes: int = BANDWIDTH_BYTES, passes: int = 3) -> float:
+    """Read bandwidth in GB/s: best of a few int64 sums over an array larger than the caches."""
+    import numpy as np
+    import psutil
+
+    nbytes = int(min(nbytes, psutil.virtual_memory().available // 8))
+    a = np.ones(max(nbytes // 8, 1 << 20), dtype=np.int64)
+    best = float("inf")
+    for _ in range(passes):
+        t = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - t)
+    return round(a.nbytes / best / 1e9, 2)
+
+
+def cache_dir() -> Path:
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("ggufdesk"))
+
+
+def machine_key(cpu: CPUInfo, ram_total: int) -> str:
+    return f"{platform.node()}|{cpu.name}|{cpu.cores_logical}|{ram_total >> 20}"
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _save_json(path: Path, obj: Any) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(obj, indent=1))
+        tmp.replace(path)
+    except OSError as e:
+        log.warning("could not save %s: %s", path, e)
+
+
+def ram_bandwidth(cpu: CPUInfo, ram_total: int, *, remeasure: bool = False) -> tuple[float, str]:
+    key = machine_key(cpu, ram_total)
+    path = cache_dir() / CACHE_FILE
+    cached = _load_json(path)
+    if not remeasure and isinstance(cached, dict) and cached.get("key") == key:
+        bw = cached.get("ram_bandwidth_gbs")
+        if isinstance(bw, (int, float)) and bw > 0:
+            return float(bw), "cached"
+    try:
+        bw = measure_ram_bandwidth()
+    except (MemoryError, ValueError) as e:
+        log.warning("RAM bandwidth measurement failed (%s); assuming 20 GB/s", e)
+        return 20.0, "assumed"
+    _save_json(path, {"key": key, "ram_bandwidth_gbs": bw, "measured_at": time.time()})
+    return bw, "measured"
+
+
+def probe(*, remeasure: bool = False) -> HardwareInfo:
+    """Everything about this machine; never raises for a missing GPU, driver or NVML error."""
+    import psutil
+
+    gpus, driver, notes = probe_nvidia()
+    cpu = cpu_info()
+    vm = psutil.virtual_memory()
+    bw, src = ram_bandwidth(cpu, vm.total, remeasure=remeasure)
+    unified = platform.system() == "Darwin" and cpu.arch == "arm64"
+    if unified:
+        notes.append("Apple unified memory: the GPU shares system RAM")
+    if not gpus:
+        notes.append("no usable GPU found: models run on the CPU")
+    return HardwareInfo(gpus=tuple(gpus), cpu=cpu, ram_total=int(vm.total), ram_available=int(vm.available),
+                        ram_bandwidth_gbs=bw, ram_bandwidth_source=src, driver=driver,
+                        unified_memory=unified, notes=tuple(notes))
+
+
+# --------------------------------------------------------------------------- self-calibration
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecodeRun:
+    where: str  # "cpu" or "gpu"
+    bytes_per_token: int
+    tok_s: float
+    n_layer: int = 0
+    at: float = field(default_factory=time.time)
+
+
+def record_decode_run(*, where: str, bytes_per_token: int, tok_s: float, n_layer: int = 0) -> None:
+    """Remember a real run's decode speed; later predictions use this machine's effective bandwidth."""
+    if bytes_per_token <= 0 or not tok_s > 0 or where not in ("cpu", "gpu"):
+        return
+    path = cache_dir() / CALIBRATION_FILE
+    runs = _load_json(path)
+    runs = runs if isinstance(runs, list) else []
+    runs.append(asdict(DecodeRun(where=where, bytes_per_token=int(bytes_per_token), tok_s=float(tok_s),
+                                 n_layer=int(n_layer))))
+    _save_json(path, runs[-MAX_RUNS:])
+
+
+def effective_bandwidth_gbs(where: str, *, min_bytes: int = 32 << 20) -> float | None:
+    """Median bytes/token x tok/s of recorded runs big enough to be bandwidth-bound (None if none)."""
+    runs = _load_json(cache_dir() / CALIBRATION_FILE)
+    if not isinstance(runs, list):
+        return None
+    vals = [r["bytes_per_token"] * r["tok_s"] / 1e9 for r in runs
+            if isinstance(r, dict) and r.get("where") == where
+            and isinstance(r.get("bytes_per_token"), int) and r["bytes_per_token"] >= min_bytes
+            and isinstance(r.get("tok_s"), (int, float)) and r["tok_s"] > 0]
+    return statistics.median(vals) if vals else None
