@@ -52,3 +52,34 @@ def starter_model() -> Path:
     from ggufdesk.core.starter import starter_model_path
 
     return starter_model_path()
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    """A local Hugging Face hub (tests/hubserver.py), empty, with huggingface_hub pointed at it.
+
+    Add content with ``hub.add_repo("org/name", {"file.gguf": path}, gated=False)``; inject faults with
+    ``hub.faults.add(Fault(...))``; inspect ``hub.requests`` / ``hub.ranges(file)``.
+    """
+    from tests.hubserver import HubServer
+
+    with HubServer() as server:
+        server.patch_endpoint(monkeypatch)
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _isolated_hf_constants(monkeypatch):
+    """huggingface_hub reads HF_HOME once at import (before fixtures run): repoint its cache and token paths too."""
+    import huggingface_hub.constants as c
+
+    home = os.environ["HF_HOME"]
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(c, "HF_HOME", home)
+    monkeypatch.setattr(c, "HF_HUB_CACHE", os.path.join(home, "hub"))
+    monkeypatch.setattr(c, "HUGGINGFACE_HUB_CACHE", os.path.join(home, "hub"))
+    monkeypatch.setattr(c, "HF_ASSETS_CACHE", os.path.join(home, "assets"))
+    monkeypatch.setattr(c, "HF_TOKEN_PATH", os.path.join(home, "token"))
+    monkeypatch.setattr(c, "HF_STORED_TOKENS_PATH", os.path.join(home, "stored_tokens"))
+    monkeypatch.setattr(c, "HF_XET_CACHE", os.path.join(home, "xet"))
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", False)
