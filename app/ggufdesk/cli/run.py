@@ -1,0 +1,123 @@
+"""`ggufdesk run MODEL --prompt TEXT`: one generation through the engine process, as the GUI does it."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ggufdesk.core.errors import KnownError
+from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
+
+NAME = "run"
+HELP = "generate once from a prompt (through the engine process) and print text or JSON stats"
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """Load and sampling flags shared by `run` and `chat`."""
+    p.add_argument("model", nargs="?", help="path to a .gguf file (default: the offline starter model)")
+    p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
+    p.add_argument("--threads", type=int, default=0, help="decode threads (0 = physical cores)")
+    p.add_argument("--threads-batch", type=int, default=0, help="prefill threads (0 = physical cores)")
+    p.add_argument("--batch", type=int, default=512, help="n_batch: prompt tokens per decode call")
+    p.add_argument("--ubatch", type=int, default=512, help="n_ubatch: physical micro-batch")
+    p.add_argument("--gpu-layers", type=int, default=0, help="layers to offload (-1 = all)")
+    p.add_argument("--flash-attn", default="auto", choices=("auto", "on", "off"))
+    p.add_argument("--kv-type", default="f16", help="KV cache type (f16, q8_0, q4_0, ...)")
+    p.add_argument("--no-mmap", action="store_true", help="read the whole model into RAM")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=-1)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    spec = p.add_mutually_exclusive_group()
+    spec.add_argument("--draft", help="draft model (.gguf) for speculative decoding")
+    spec.add_argument("--lookup", action="store_true", help="prompt-lookup speculative decoding")
+    p.add_argument("--draft-max", type=int, default=8, help="longest draft (K max)")
+    p.add_argument("--no-adaptive", action="store_true", help="keep the draft length fixed at --draft-max")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    p.add_argument("--prompt", required=True, help="the prompt text ('-' reads standard input)")
+    p.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
+    p.add_argument("--system", default="", help="system prompt (with --chat)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def settings_from_args(args: argparse.Namespace) -> tuple[LoadSettings, SamplingSettings, SpeculationSettings]:
+    load = LoadSettings(
+        n_ctx=args.ctx, n_gpu_layers=args.gpu_layers, n_batch=args.batch,
+        n_ubatch=min(args.ubatch, args.batch) if args.ubatch == 512 else args.ubatch,
+        n_threads=args.threads, n_threads_batch=args.threads_batch, flash_attn=args.flash_attn,
+        type_k=args.kv_type, type_v=args.kv_type, use_mmap=not args.no_mmap,
+    )
+    sampling = SamplingSettings(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
+    )
+    mode = "draft" if args.draft else "lookup" if args.lookup else "off"
+    spec = SpeculationSettings(mode=mode, draft_model=args.draft, k_max=args.draft_max,
+                               k_min=min(1, args.draft_max), adaptive=not args.no_adaptive)
+    return load, sampling, spec
+
+
+def resolve_model(model: str | None) -> str:
+    if model:
+        return model
+    from ggufdesk.core.starter import starter_model_path
+
+    return str(starter_model_path())
+
+
+def run(args: argparse.Namespace) -> int:
+    from ggufdesk.cli import print_json
+    from ggufdesk.engine import protocol as P
+    from ggufdesk.engine.client import EngineClient
+
+    load, sampling, spec = settings_from_args(args)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    model = resolve_model(args.model)
+    text: list[str] = []
+    stats = done = None
+    with EngineClient(auto_restart=False) as client:
+        loaded = client.load(model, settings=load, speculation=spec)
+        if args.chat:
+            msgs = ([{"role": "system", "content": args.system}] if args.system else [])
+            rid = client.generate(messages=msgs + [{"role": "user", "content": prompt}], sampling=sampling)
+        else:
+            rid = client.generate(prompt=prompt, sampling=sampling)
+        for ev in client.stream(rid):
+            if isinstance(ev, P.Token):
+                text.append(ev.text)
+                if not args.json:
+                    sys.stdout.write(ev.text)
+                    sys.stdout.flush()
+            elif isinstance(ev, P.Stats):
+                stats = ev
+            elif isinstance(ev, P.Done):
+                done = ev
+            elif isinstance(ev, P.Error):
+                raise KnownError(ev.message)
+    result = {
+        "model": model, "text": "".join(text), "tokens": stats.n_gen if stats else 0,
+        "prompt_tokens": stats.n_prompt if stats else 0,
+        "ttft_s": stats.ttft_s if stats else None,
+        "prefill_tok_s": stats.prefill_tok_s if stats else None,
+        "decode_tok_s": stats.decode_tok_s if stats else None,
+        "drafted": stats.drafted if stats else 0, "accepted": stats.accepted if stats else 0,
+        "draft_len": stats.draft_len if stats else 0,
+        "speculation": stats.speculation if stats else "off",
+        "finish_reason": done.finish_reason if done else None,
+        "chat_format": loaded.chat_format, "load_s": loaded.load_s, "memory": loaded.memory,
+    }
+    if args.json:
+        print_json(result)
+    else:
+        print(file=sys.stderr)
+        print(f"[{result['tokens']} tokens, TTFT {result['ttft_s']:.3f} s, prefill "
+              f"{result['prefill_tok_s']:.1f} tok/s, decode {result['decode_tok_s']:.1f} tok/s"
+              + (f", accepted {result['accepted']}/{result['drafted']}" if result["drafted"] else "")
+              + f", {result['finish_reason']}]", file=sys.stderr)
+    return 0

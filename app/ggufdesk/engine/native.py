@@ -1,0 +1,187 @@
+"""llama.cpp through llama-cpp-python's low-level API: load a model and context, capture its log, abort."""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import llama_cpp
+from llama_cpp import _internals as internals
+
+from ggufdesk.core.errors import KnownError
+from ggufdesk.core.settings import LoadSettings
+
+log = logging.getLogger("ggufdesk.engine")
+
+KV_TYPE_IDS = {
+    "f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30,
+}
+FLASH_ATTN_IDS = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+_BUFFER_RE = re.compile(r"(\S+)\s+(model|KV|compute|output)\s+buffer size\s*=\s*([\d.]+)\s*MiB")
+
+
+class LlamaLog:
+    """Captures llama.cpp's log (hidden otherwise) so a failed load can say why."""
+
+    def __init__(self, maxlen: int = 400) -> None:
+        self.lines: deque[str] = deque(maxlen=maxlen)
+        self._partial = ""
+        self._lock = threading.Lock()
+        self.echo = os.environ.get("GGUFDESK_LLAMA_LOG") == "1"
+
+        @llama_cpp.llama_log_callback
+        def _callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+            self._write(text.decode("utf-8", errors="replace"))
+
+        self._callback = _callback  # keep a reference: a collected callback crashes the process
+        llama_cpp.llama_log_set(self._callback, ctypes.c_void_p(0))
+
+    def _write(self, text: str) -> None:
+        if self.echo:
+            os.write(2, text.encode())
+        with self._lock:
+            text = self._partial + text
+            *done, self._partial = text.split("\n")
+            self.lines.extend(line for line in done if line.strip())
+
+    def mark(self) -> int:
+        with self._lock:
+            return len(self.lines)
+
+    def since(self, mark: int) -> list[str]:
+        with self._lock:
+            lines = list(self.lines)
+        return lines[mark:] if mark <= len(lines) else lines
+
+    def reason(self, lines: list[str]) -> str:
+        """The most telling lines of a failure: errors first, else the last lines."""
+        bad = [ln for ln in lines if re.search(r"error|failed|invalid|unknown|not found|assert", ln, re.I)]
+        chosen = (bad or lines)[-4:]
+        return "; ".join(ln.strip() for ln in chosen)
+
+
+def memory_from_log(lines: list[str]) -> dict[str, int]:
+    """llama.cpp's own buffer sizes: weights, KV cache, compute and output buffers, in bytes."""
+    out = {"weights": 0, "kv": 0, "compute": 0, "output": 0, "gpu": 0}
+    names = {"model": "weights", "KV": "kv", "compute": "compute", "output": "output"}
+    for line in lines:
+        m = _BUFFER_RE.search(line)
+        if m:
+            nbytes = int(float(m.group(3)) * 1024 * 1024)
+            out[names[m.group(2)]] += nbytes
+            if not m.group(1).upper().startswith("CPU"):
+                out["gpu"] += nbytes
+    return out
+
+
+class Aborter:
+    """The abort callback for long batches; cancel() makes llama_decode return within one graph node."""
+
+    def __init__(self) -> None:
+        self.flag = threading.Event()
+
+        @llama_cpp.ggml_abort_callback
+        def _callback(_data: ctypes.c_void_p) -> bool:
+            return self.flag.is_set()
+
+        self._callback = _callback  # keep a reference, see LlamaLog
+
+
+@dataclass
+class LoadedModel:
+    """A model and its context, plus the facts the rest of the engine needs."""
+
+    path: str
+    model: internals.LlamaModel
+    ctx: internals.LlamaContext
+    settings: LoadSettings
+    metadata: dict[str, str]
+    memory: dict[str, int]
+    load_s: float
+    aborter: Aborter = field(default_factory=Aborter)
+
+    @property
+    def vocab(self):  # llama_vocab_p
+        return self.model.vocab
+
+    @property
+    def arch(self) -> str:
+        return self.metadata.get("general.architecture", "")
+
+    @property
+    def n_ctx(self) -> int:
+        return self.ctx.n_ctx()
+
+    @property
+    def n_vocab(self) -> int:
+        return self.model.n_vocab()
+
+    @property
+    def n_layer(self) -> int:
+        return llama_cpp.llama_model_n_layer(self.model.model)
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.metadata.get("tokenizer.chat_template") or None
+
+    def abortable(self, on: bool) -> None:
+        """Install the abort callback for multi-token batches only: it costs a Python call per graph node."""
+        cb = self.aborter._callback if on else ctypes.cast(None, llama_cpp.ggml_abort_callback)
+        llama_cpp.llama_set_abort_callback(self.ctx.ctx, cb, ctypes.c_void_p(0))
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()
+
+
+def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog) -> LoadedModel:
+    """Load a GGUF and create its context; raises KnownError with llama.cpp's own reason."""
+    if not os.path.isfile(path):
+        raise KnownError(f"model file not found: {path}")
+    mark = llama_log.mark()
+    t0 = time.perf_counter()
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = 0x7FFFFFFF if settings.n_gpu_layers < 0 else settings.n_gpu_layers
+    mparams.use_mmap = settings.use_mmap
+    mparams.use_mlock = settings.use_mlock
+    try:
+        model = internals.LlamaModel(path_model=path, params=mparams, verbose=True)
+    except ValueError:
+        why = llama_log.reason(llama_log.since(mark)) or "unknown reason"
+        raise KnownError(f"llama.cpp could not load {os.path.basename(path)}: {why}") from None
+    n_ctx_train = model.n_ctx_train()
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = settings.n_ctx
+    cparams.n_batch = settings.n_batch
+    cparams.n_ubatch = settings.n_ubatch
+    cparams.n_threads = settings.threads
+    cparams.n_threads_batch = settings.threads_batch
+    cparams.flash_attn_type = FLASH_ATTN_IDS[settings.flash_attn]
+    cparams.type_k = KV_TYPE_IDS[settings.type_k]
+    cparams.type_v = KV_TYPE_IDS[settings.type_v]
+    cparams.no_perf = False
+    try:
+        ctx = internals.LlamaContext(model=model, params=cparams, verbose=True)
+    except ValueError:
+        model.close()
+        why = llama_log.reason(llama_log.since(mark)) or "unknown reason"
+        raise KnownError(f"llama.cpp could not create a context for {os.path.basename(path)} "
+                         f"(n_ctx={settings.n_ctx}): {why}") from None
+    lines = llama_log.since(mark)
+    memory = memory_from_log(lines)
+    if not memory["weights"]:
+        memory["weights"] = llama_cpp.llama_model_size(model.model)
+    lm = LoadedModel(path=path, model=model, ctx=ctx, settings=settings, metadata=model.metadata(),
+                     memory=memory, load_s=time.perf_counter() - t0)
+    if n_ctx_train and settings.n_ctx > n_ctx_train:
+        log.warning("n_ctx %d exceeds the model's training context %d", settings.n_ctx, n_ctx_train)
+    return lm
