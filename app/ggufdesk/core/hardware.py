@@ -57,6 +57,7 @@ class HardwareInfo:
     ram_available: int
     ram_bandwidth_gbs: float  # measured read bandwidth (numpy pass), cached per machine
     ram_bandwidth_source: str  # "measured" | "cached" | "assumed"
+    cpu_gflops: float = 50.0  # measured float32 matmul throughput (numpy BLAS, all cores)
     driver: str | None = None
     unified_memory: bool = False
     notes: tuple[str, ...] = ()
@@ -183,6 +184,20 @@ def measure_ram_bandwidth(nbytes: int = BANDWIDTH_BYTES, passes: int = 3) -> flo
     return round(a.nbytes / best / 1e9, 2)
 
 
+def measure_cpu_gflops(n: int = 768, passes: int = 4) -> float:
+    """float32 matmul GFLOPS through numpy's BLAS on all cores: the CPU's prefill ceiling."""
+    import numpy as np
+
+    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    a @ a
+    best = float("inf")
+    for _ in range(passes):
+        t = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t)
+    return round(2 * n**3 / best / 1e9, 1)
+
+
 def cache_dir() -> Path:
     from platformdirs import user_cache_dir
 
@@ -210,21 +225,22 @@ def _save_json(path: Path, obj: Any) -> None:
         log.warning("could not save %s: %s", path, e)
 
 
-def ram_bandwidth(cpu: CPUInfo, ram_total: int, *, remeasure: bool = False) -> tuple[float, str]:
+def measurements(cpu: CPUInfo, ram_total: int, *, remeasure: bool = False) -> tuple[float, float, str]:
+    """(RAM read GB/s, CPU GFLOPS, source): measured once per machine, then read from the cache."""
     key = machine_key(cpu, ram_total)
     path = cache_dir() / CACHE_FILE
     cached = _load_json(path)
     if not remeasure and isinstance(cached, dict) and cached.get("key") == key:
-        bw = cached.get("ram_bandwidth_gbs")
-        if isinstance(bw, (int, float)) and bw > 0:
-            return float(bw), "cached"
+        bw, fl = cached.get("ram_bandwidth_gbs"), cached.get("cpu_gflops")
+        if isinstance(bw, (int, float)) and bw > 0 and isinstance(fl, (int, float)) and fl > 0:
+            return float(bw), float(fl), "cached"
     try:
-        bw = measure_ram_bandwidth()
+        bw, fl = measure_ram_bandwidth(), measure_cpu_gflops()
     except (MemoryError, ValueError) as e:
-        log.warning("RAM bandwidth measurement failed (%s); assuming 20 GB/s", e)
-        return 20.0, "assumed"
-    _save_json(path, {"key": key, "ram_bandwidth_gbs": bw, "measured_at": time.time()})
-    return bw, "measured"
+        log.warning("RAM bandwidth measurement failed (%s); assuming 20 GB/s, 50 GFLOPS", e)
+        return 20.0, 50.0, "assumed"
+    _save_json(path, {"key": key, "ram_bandwidth_gbs": bw, "cpu_gflops": fl, "measured_at": time.time()})
+    return bw, fl, "measured"
 
 
 def probe(*, remeasure: bool = False) -> HardwareInfo:
@@ -234,14 +250,14 @@ def probe(*, remeasure: bool = False) -> HardwareInfo:
     gpus, driver, notes = probe_nvidia()
     cpu = cpu_info()
     vm = psutil.virtual_memory()
-    bw, src = ram_bandwidth(cpu, vm.total, remeasure=remeasure)
+    bw, gflops, src = measurements(cpu, vm.total, remeasure=remeasure)
     unified = platform.system() == "Darwin" and cpu.arch == "arm64"
     if unified:
         notes.append("Apple unified memory: the GPU shares system RAM")
     if not gpus:
         notes.append("no usable GPU found: models run on the CPU")
     return HardwareInfo(gpus=tuple(gpus), cpu=cpu, ram_total=int(vm.total), ram_available=int(vm.available),
-                        ram_bandwidth_gbs=bw, ram_bandwidth_source=src, driver=driver,
+                        ram_bandwidth_gbs=bw, ram_bandwidth_source=src, cpu_gflops=gflops, driver=driver,
                         unified_memory=unified, notes=tuple(notes))
 
 

@@ -1,0 +1,425 @@
+"""Memory and speed model: what a model needs where, the GPU layers that fit, and the tok/s to expect.
+
+Memory follows llama.cpp's own allocation (checked against its reported buffer sizes, bench/planner.py):
+- weights: tensors of layer i live where layer i lives. With n_gpu_layers = k, llama.cpp puts the
+  *output* layer and the last k-1 repeating layers on the GPU (k = n_layer + 1 is "all").
+  token_embd always stays on the CPU; a tied output (no output.weight) is a copy of token_embd on
+  the output's device.
+- KV cache: per layer, cells x (n_head_kv x head_dim_k x size(type_k) + ... v), cells = n_ctx
+  rounded up to 256. Sliding-window layers use the window (rounded up to 256, + n_ubatch) unless
+  swa_full, which is llama.cpp's C default (the engine uses it).
+- compute buffer: the largest of two graph stages, fitted to llama.cpp's reservations:
+  layer stage = n_ubatch x 4 B x (4 n_embd + 3 n_ff) + masks (n_ubatch x n_ctx x 2 B each; with
+  flash attention off the KQ scores n_ubatch x n_ctx x (4 n_head + 4) B replace the masks),
+  output stage = n_ubatch x n_vocab x 4 B + 2 x n_ubatch x n_embd x 4 B (worst-case logits).
+- process overhead: 8 MiB + 176 B per vocabulary entry (llama.cpp's vocab tables), measured.
+Speed: decode time per token = T0 + sum over tensors read (bytes / (bandwidth x efficiency)) + KV read;
+prefill = 2 x params FLOPs per token / (compute x efficiency). Efficiencies were fitted on this project's
+test machine (bench/planner.py) and are replaced by the machine's own figures once real runs are
+recorded (hardware.record_decode_run).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import gguf
+
+from ggufdesk.core import quants
+from ggufdesk.core.errors import SettingsError
+from ggufdesk.core.gguf_meta import GGUFInfo, TensorInfo
+from ggufdesk.core.hardware import HardwareInfo, effective_bandwidth_gbs
+
+MiB = 1 << 20
+GiB = 1 << 30
+OVERHEAD_BASE = 8 * MiB
+OVERHEAD_PER_VOCAB = 176
+RAM_MARGIN = (1 * GiB, 0.10)  # keep at least this much RAM free: max(1 GiB, 10 % of total)
+VRAM_MARGIN = (512 * MiB, 0.05)
+CUDA_CONTEXT = 300 * MiB  # CUDA runtime + cuBLAS workspace per GPU in use (not measured here)
+# decode efficiencies (fraction of measured RAM read bandwidth llama.cpp reaches), fitted here
+EFF_CPU_FLOAT, EFF_CPU_QUANT, EFF_GPU = 0.90, 0.62, 0.75
+T0_CPU, T0_GPU = 0.76e-3, 0.25e-3  # fixed per-token cost (graph, sampling, launch), seconds
+EFF_PREFILL_CPU, EFF_PREFILL_GPU = 1.0, 0.35
+MIN_COMFORTABLE_TOK_S = 5.0
+FLOAT_TYPES = {"F32", "F16", "BF16"}
+FITS = ("full_gpu", "partial", "cpu", "too_large")
+
+
+def type_size(name: str) -> float:
+    """Bytes per element of a ggml type name (KV cache types: 'f16', 'q8_0', ...)."""
+    try:
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name.upper()]]
+    except KeyError:
+        raise SettingsError(f"unknown KV cache type {name!r}") from None
+    return size / block
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Memory:
+    """Bytes per kind and place; ram/vram sums include the process overhead and CUDA context."""
+
+    weights_cpu: int = 0
+    weights_gpu: int = 0
+    kv_cpu: int = 0
+    kv_gpu: int = 0
+    compute_cpu: int = 0
+    compute_gpu: int = 0
+    output: int = 0
+    overhead: int = 0
+    cuda_context: int = 0
+
+    @property
+    def ram(self) -> int:
+        return self.weights_cpu + self.kv_cpu + self.compute_cpu + self.output + self.overhead
+
+    @property
+    def vram(self) -> int:
+        return self.weights_gpu + self.kv_gpu + self.compute_gpu + self.cuda_context
+
+    @property
+    def buffers(self) -> int:
+        """What llama.cpp reports as its model + KV + compute + output buffers."""
+        return (self.weights_cpu + self.weights_gpu + self.kv_cpu + self.kv_gpu + self.compute_cpu
+                + self.compute_gpu + self.output)
+
+    def resident_ram(self, info: GGUFInfo, n_ubatch: int) -> int:
+        """RSS after real use: the logits rows of the compute buffer are never touched by us."""
+        untouched = max(0, self.compute_cpu - _layer_stage(info, n_ubatch, 0, 1, True))
+        return self.ram - untouched
+
+    def __add__(self, o: Memory) -> Memory:
+        return Memory(**{k: getattr(self, k) + getattr(o, k) for k in Memory.__dataclass_fields__})
+
+
+def _layer_stage(info: GGUFInfo, n_ubatch: int, n_kv: int, n_masks: int, flash: bool) -> int:
+    width = max(info.n_embd, info.n_head * info.head_dim_k)
+    ffn = n_ubatch * 4 * (4 * width + 3 * info.n_ff)
+    if flash:
+        return ffn + n_masks * n_ubatch * n_kv * 2
+    attn = n_ubatch * n_kv * (4 * info.n_head + 4) + n_ubatch * 4 * 6 * width
+    return max(ffn, attn)
+
+
+def compute_buffer(info: GGUFInfo, *, n_ctx: int, n_ubatch: int, flash: bool, with_output: bool = True) -> int:
+    n_kv = pad(n_ctx)
+    n_masks = 2 if any(info.swa_layers) else 1
+    layer = _layer_stage(info, n_ubatch, n_kv, n_masks, flash)
+    out = n_ubatch * info.n_vocab * 4 + 2 * n_ubatch * info.n_embd * 4 if with_output else 0
+    return max(layer, out)
+
+
+def pad(n: int, to: int = 256) -> int:
+    return -(-n // to) * to
+
+
+def kv_cells(info: GGUFInfo, n_ctx: int, n_ubatch: int, swa_full: bool) -> list[int]:
+    full = pad(n_ctx)
+    swa = full if swa_full else pad(min(full, info.n_swa + n_ubatch))
+    return [swa if s else full for s in info.swa_layers]
+
+
+def kv_bytes_per_layer(info: GGUFInfo, n_ctx: int, *, type_k: str = "f16", type_v: str = "f16",
+                       n_ubatch: int = 512, swa_full: bool = True) -> list[int]:
+    tk, tv = type_size(type_k), type_size(type_v)
+    cells = kv_cells(info, n_ctx, n_ubatch, swa_full)
+    return [int(c * (info.n_head_kv[i] * info.head_dim_k * tk + info.n_head_kv[i] * info.head_dim_v * tv))
+            for i, c in enumerate(cells)]
+
+
+def _output_tensors(info: GGUFInfo) -> list[TensorInfo]:
+    out = [t for t in info.tensors if t.layer is None and t.name != "token_embd.weight"]
+    if info.tensor("output.weight") is None and (emb := info.tensor("token_embd.weight")) is not None:
+        out.append(emb)  # tied output: llama.cpp duplicates token_embd onto the output's device
+    return out
+
+
+def memory(info: GGUFInfo, *, n_ctx: int, n_gpu_layers: int = 0, n_ubatch: int = 512,
+           type_k: str = "f16", type_v: str = "f16", flash_attn: str = "auto",
+           swa_full: bool = True, gpu: bool = False) -> Memory:
+    """Memory of one loaded model, split between CPU and GPU as llama.cpp does it."""
+    n_layer = info.n_layer
+    ngl = 0 if not gpu else (n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1))
+    first_gpu = n_layer + 1 - ngl  # layers >= first_gpu (and the output, if ngl >= 1) are on the GPU
+    on_gpu = [i >= first_gpu for i in range(n_layer)]
+    output_gpu = ngl >= 1
+    lb = info.layer_bytes()
+    w_gpu = sum(b for b, g in zip(lb, on_gpu) if g)
+    w_cpu = sum(b for b, g in zip(lb, on_gpu) if not g)
+    emb = info.tensor("token_embd.weight")
+    w_cpu += emb.n_bytes if emb else 0
+    for t in _output_tensors(info):
+        if t.name == "token_embd.weight" and not output_gpu:
+            continue  # tied output on the CPU shares token_embd's buffer
+        if output_gpu:
+            w_gpu += t.n_bytes
+        else:
+            w_cpu += t.n_bytes
+    kv = kv_bytes_per_layer(info, n_ctx, type_k=type_k, type_v=type_v, n_ubatch=n_ubatch, swa_full=swa_full)
+    flash = flash_attn != "off"
+    cb = compute_buffer(info, n_ctx=n_ctx, n_ubatch=n_ubatch, flash=flash)
+    any_cpu_layer = not all(on_gpu)
+    compute_gpu = cb if ngl else 0
+    compute_cpu = cb if (any_cpu_layer or not output_gpu) else 2 * n_ubatch * info.n_embd * 4
+    return Memory(
+        weights_cpu=w_cpu, weights_gpu=w_gpu,
+        kv_cpu=sum(b for b, g in zip(kv, on_gpu) if not g), kv_gpu=sum(b for b, g in zip(kv, on_gpu) if g),
+        compute_cpu=compute_cpu, compute_gpu=compute_gpu, output=info.n_vocab * 4,
+        overhead=OVERHEAD_BASE + OVERHEAD_PER_VOCAB * info.n_vocab,
+        cuda_context=CUDA_CONTEXT if ngl else 0,
+    )
+
+
+# --------------------------------------------------------------------------- speed
+
+
+def _read_bytes(t: TensorInfo, info: GGUFInfo) -> float:
+    """Bytes of a tensor read per decoded token (MoE: only the active experts)."""
+    if "_exps" in t.name and info.n_expert and info.n_expert_used:
+        return t.n_bytes * info.n_expert_used / info.n_expert
+    return float(t.n_bytes)
+
+
+def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth: int = 0,
+                   type_k: str = "f16", type_v: str = "f16") -> float:
+    """Predicted seconds per decoded token with `depth` tokens already in the KV cache."""
+    gpu = bool(hw.gpus) and n_gpu_layers != 0
+    n_layer = info.n_layer
+    ngl = 0 if not gpu else (n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1))
+    first_gpu = n_layer + 1 - ngl
+    cal_cpu = effective_bandwidth_gbs("cpu")
+    cal_gpu = effective_bandwidth_gbs("gpu")
+    gpu_bw = max((g.bandwidth_gbs or 0.0) for g in hw.gpus) if hw.gpus else 0.0
+    gpu_bw = gpu_bw or 300.0
+    t = T0_CPU
+
+    def cost(nbytes: float, on_gpu: bool, float_type: bool) -> float:
+        if on_gpu:
+            return nbytes / ((cal_gpu or gpu_bw * EFF_GPU) * 1e9)
+        if cal_cpu:
+            return nbytes / (cal_cpu * 1e9)
+        eff = EFF_CPU_FLOAT if float_type else EFF_CPU_QUANT
+        return nbytes / (hw.ram_bandwidth_gbs * eff * 1e9)
+
+    for tt in info.tensors:
+        if tt.name == "token_embd.weight":
+            continue  # one row per token
+        where = tt.layer >= first_gpu if tt.layer is not None else ngl >= 1
+        t += cost(_read_bytes(tt, info), where, tt.ggml_type in FLOAT_TYPES)
+    if info.tensor("output.weight") is None and (emb := info.tensor("token_embd.weight")):
+        t += cost(emb.n_bytes, ngl >= 1, emb.ggml_type in FLOAT_TYPES)
+    if depth:
+        tk, tv = type_size(type_k), type_size(type_v)
+        for i in range(n_layer):
+            d = min(depth, info.n_swa) if info.swa_layers[i] else depth
+            t += cost(d * info.n_head_kv[i] * (info.head_dim_k * tk + info.head_dim_v * tv), i >= first_gpu, True)
+    if ngl:
+        t += T0_GPU
+    return t
+
+
+def layer_params(info: GGUFInfo) -> int:
+    return sum(math.prod(t.shape) for t in info.tensors if t.layer is not None)
+
+
+def prefill_tok_s(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, prompt: int = 512) -> float:
+    """Predicted prompt-processing speed: 2 FLOPs per weight + attention over half the prompt."""
+    attn = 4 * info.n_head * info.head_dim_k * (prompt / 2) * info.n_layer
+    flops = 2 * layer_params(info) + attn
+    cpu = hw.cpu_gflops * 1e9 * EFF_PREFILL_CPU
+    if hw.gpus and n_gpu_layers != 0:
+        g = max(hw.gpus, key=lambda g: g.vram_total)
+        mult = 8 if (g.compute_capability or "0") >= "8" else 4 if (g.compute_capability or "0") >= "7" else 1
+        gflops = (g.cuda_cores or 0) * (g.sm_clock_mhz or 0) * 2 * mult / 1e3
+        if not gflops:
+            gflops = (g.bandwidth_gbs or 300.0) * 100  # arithmetic intensity ~100 FLOP/byte
+        frac = 1.0 if n_gpu_layers < 0 else min(n_gpu_layers, info.n_layer) / info.n_layer
+        per_tok = flops * frac / (gflops * 1e9 * EFF_PREFILL_GPU) + flops * (1 - frac) / cpu
+        return 1.0 / per_tok
+    return cpu / flops
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    model: str
+    quant: str | None
+    n_ctx: int
+    fit: str
+    n_gpu_layers: int
+    memory: Memory
+    draft_memory: Memory | None
+    ram_bytes: int
+    ram_resident_bytes: int
+    vram_bytes: int
+    ram_budget: int
+    vram_budget: int
+    pred_decode_tok_s: float
+    pred_decode_tok_s_full: float  # with the whole context filled
+    pred_prefill_tok_s: float
+    explanation: str
+    advice: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.memory
+        d = {k: v for k, v in asdict(self).items() if k not in ("memory", "draft_memory")}
+        d.update(weights_bytes=m.weights_cpu + m.weights_gpu, kv_bytes=m.kv_cpu + m.kv_gpu,
+                 compute_bytes=m.compute_cpu + m.compute_gpu, breakdown=asdict(m),
+                 draft_breakdown=asdict(self.draft_memory) if self.draft_memory else None)
+        for k in ("pred_decode_tok_s", "pred_decode_tok_s_full", "pred_prefill_tok_s"):
+            d[k] = round(d[k], 1)
+        return d
+
+
+def budgets(hw: HardwareInfo) -> tuple[int, int]:
+    ram = hw.ram_available - max(RAM_MARGIN[0], int(hw.ram_total * RAM_MARGIN[1]))
+    vram = sum(g.vram_free - max(VRAM_MARGIN[0], int(g.vram_total * VRAM_MARGIN[1])) for g in hw.gpus)
+    return max(ram, 0), max(vram, 0)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.1f} GB" if n >= GiB else f"{n / MiB:.0f} MB"
+
+
+def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo | None = None,
+         type_k: str = "f16", type_v: str = "f16", n_gpu_layers: int | None = None,
+         n_ubatch: int = 512, flash_attn: str = "auto", swa_full: bool = True) -> Plan:
+    """Where the model goes on this machine and how fast it will run."""
+    if n_ctx < 16:
+        raise SettingsError(f"context length must be at least 16, got {n_ctx}")
+    type_size(type_k), type_size(type_v)
+    if type_v != "f16" and type_v != "f32" and flash_attn == "off":
+        raise SettingsError("a quantized V cache needs flash attention; set flash attention to auto or on")
+    ram_budget, vram_budget = budgets(hw)
+    has_gpu = bool(hw.gpus)
+    kw = dict(n_ctx=n_ctx, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
+              swa_full=swa_full, gpu=has_gpu)
+
+    def total(ngl: int) -> tuple[Memory, Memory | None]:
+        m = memory(info, n_gpu_layers=ngl, **kw)
+        if draft is None:
+            return m, None
+        full = ngl < 0 or ngl >= info.n_layer + 1
+        dm = memory(draft, n_gpu_layers=-1 if (has_gpu and full) else 0, **kw)
+        if dm.cuda_context and m.cuda_context:
+            dm = replace(dm, cuda_context=0)
+        return m, dm
+
+    def fits(ngl: int) -> bool:
+        m, dm = total(ngl)
+        s = m + dm if dm else m
+        return s.ram <= ram_budget and s.vram <= vram_budget
+
+    top = info.n_layer + 1
+    if n_gpu_layers is not None:
+        ngl = top if n_gpu_layers < 0 else min(n_gpu_layers, top)
+        ngl = ngl if has_gpu else 0
+        ok = fits(ngl)
+    else:
+        ngl = next((k for k in range(top if has_gpu else 0, -1, -1) if fits(k)), 0)
+        ok = fits(ngl)
+    fit = "too_large" if not ok else "full_gpu" if has_gpu and ngl >= top else "partial" if ngl > 0 else "cpu"
+    m, dm = total(ngl)
+    s = m + dm if dm else m
+    dec = 1 / decode_seconds(info, hw, n_gpu_layers=ngl, type_k=type_k, type_v=type_v)
+    dec_full = 1 / decode_seconds(info, hw, n_gpu_layers=ngl, depth=n_ctx, type_k=type_k, type_v=type_v)
+    pre = prefill_tok_s(info, hw, n_gpu_layers=ngl)
+    quant = info.file_type or quants.quant_from_name(info.source)
+    p = Plan(model=info.source, quant=quant, n_ctx=n_ctx, fit=fit, n_gpu_layers=ngl, memory=m,
+             draft_memory=dm, ram_bytes=s.ram, ram_resident_bytes=s.resident_ram(info, n_ubatch),
+             vram_bytes=s.vram, ram_budget=ram_budget, vram_budget=vram_budget,
+             pred_decode_tok_s=dec, pred_decode_tok_s_full=dec_full, pred_prefill_tok_s=pre,
+             explanation="")
+    return replace(p, explanation=explain(p, hw), advice=advise(p, info, hw, type_k=type_k))
+
+
+def explain(p: Plan, hw: HardwareInfo) -> str:
+    q = p.quant or "This model"
+    ctx = f"{p.n_ctx // 1024}k context" if p.n_ctx >= 1024 else f"{p.n_ctx} tokens of context"
+    speed = f"expect ~{p.pred_decode_tok_s:.0f} tok/s"
+    if p.fit == "full_gpu":
+        gpu = max(hw.gpus, key=lambda g: g.vram_total)
+        return f"{q} fits fully on your {gpu.vram_total / GiB:.0f} GB GPU with {ctx}; {speed}."
+    if p.fit == "partial":
+        return (f"{q} fits with {p.n_gpu_layers} layers on the GPU and the rest in RAM "
+                f"({_gib(p.ram_bytes)}) with {ctx}; {speed}.")
+    if p.fit == "cpu":
+        return f"{q} runs on the CPU in {_gib(p.ram_bytes)} of RAM with {ctx}; {speed}."
+    need = _gib(p.ram_bytes + p.vram_bytes)
+    have = _gib(p.ram_budget + p.vram_budget)
+    return f"{q} does not fit: it needs {need} with {ctx} and this machine has {have} to spare."
+
+
+def advise(p: Plan, info: GGUFInfo, hw: HardwareInfo, *, type_k: str = "f16") -> list[str]:
+    out = []
+    m = p.memory
+    kv = m.kv_cpu + m.kv_gpu
+    if p.fit in ("too_large", "partial") and kv > 0.25 * (m.ram + m.vram) and type_k == "f16":
+        out.append(f"The context cache takes {_gib(kv)}: a q8_0 KV cache (with flash attention) halves it "
+                   "with almost no quality loss, or use a shorter context.")
+    if p.fit == "too_large":
+        out.append("Pick a smaller quant or a smaller model.")
+    if p.pred_decode_tok_s < MIN_COMFORTABLE_TOK_S:
+        out.append(f"About {p.pred_decode_tok_s:.1f} tok/s is slower than reading speed; a smaller quant "
+                   "reads fewer bytes per token and is faster.")
+    if info.context_length and p.n_ctx > info.context_length:
+        out.append(f"The model was trained for {info.context_length} tokens of context; beyond that "
+                   "quality drops.")
+    return out
+
+
+# --------------------------------------------------------------------------- quant ranking
+
+
+def scaled(info: GGUFInfo, file_bytes: int, source: str, quant: str | None) -> GGUFInfo:
+    """Another quant of the same model, estimated by scaling the known file's tensor sizes."""
+    ratio = file_bytes / info.file_bytes if info.file_bytes else 1.0
+    ts = tuple(replace(t, n_bytes=int(t.n_bytes * ratio)) for t in info.tensors)
+    return replace(info, source=source, tensors=ts, file_bytes=file_bytes, file_type=quant)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ranked:
+    file: str
+    quant: str | None
+    size: int
+    ppl_delta: float
+    plan: Plan
+    recommended: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "quant": self.quant, "size": self.size, "ppl_delta": self.ppl_delta,
+                "quality": quants.describe(self.quant), "recommended": self.recommended,
+                **{k: v for k, v in self.plan.to_json().items()
+                   if k in ("fit", "n_gpu_layers", "ram_bytes", "vram_bytes", "pred_decode_tok_s",
+                            "pred_prefill_tok_s", "explanation")}}
+
+
+def rank_quants(files: list[tuple[str, int]], ref: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096,
+                min_tok_s: float = MIN_COMFORTABLE_TOK_S, workload: str = "chat") -> list[Ranked]:
+    """Best first: fits, then comfortable speed, then quality (lowest perplexity delta), then speed.
+
+    workload "long_docs" prefers prefill speed among near-equal quality, "chat" decode speed.
+    """
+    out = []
+    for name, size in files:
+        q = quants.quant_from_name(name)
+        info = ref if size == ref.file_bytes else scaled(ref, size, name, q)
+        out.append(Ranked(file=name, quant=q, size=size, ppl_delta=quants.quality_loss(q),
+                          plan=plan(info, hw, n_ctx=n_ctx)))
+    order = {f: i for i, f in enumerate(FITS)}
+    speed = (lambda r: r.plan.pred_prefill_tok_s) if workload == "long_docs" else (lambda r: r.plan.pred_decode_tok_s)
+
+    def key(r: Ranked) -> tuple:
+        ok = r.plan.fit != "too_large"
+        fast = r.plan.pred_decode_tok_s >= min_tok_s
+        fits_gpu = order[r.plan.fit] if hw.gpus else 0
+        return (not ok, not fast, fits_gpu, round(r.ppl_delta, 2), -speed(r))
+
+    out.sort(key=key)
+    if out and out[0].plan.fit != "too_large":
+        out[0] = replace(out[0], recommended=True)
+    return out
