@@ -1,0 +1,72 @@
+"""`ggufdesk recommend REPO`: a hub repo's GGUF quants ranked for this machine."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from ggufdesk.cli import print_json
+from ggufdesk.core import hardware, planner, quants
+from ggufdesk.core.errors import KnownError
+from ggufdesk.core.gguf_meta import read_gguf, split_parts
+
+NAME = "recommend"
+HELP = "rank a Hugging Face repo's GGUF files for this machine (quality, fit, speed)"
+MiB = 1 << 20
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("repo", help="owner/name of a hub repo with .gguf files")
+    p.add_argument("--ctx", type=int, default=4096, help="context length (default 4096)")
+    p.add_argument("--workload", choices=("chat", "long_docs"), default="chat",
+                   help="chat favours decode speed, long_docs prompt processing")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def list_gguf_files(repo: str) -> list[tuple[str, int]]:
+    """(path, bytes) of each model in the repo; a split set counts once with its total size."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
+    try:
+        tree = list(api.list_repo_tree(repo, recursive=True))
+    except RepositoryNotFoundError:
+        raise KnownError(f"{repo}: no such repository on the hub (or it is private)") from None
+    except (HfHubHTTPError, OSError) as e:
+        raise KnownError(f"{repo}: could not list the repository ({e})") from e
+    sizes: dict[str, int] = {}
+    for f in tree:
+        path, size = getattr(f, "path", ""), getattr(f, "size", None)
+        if not path.endswith(".gguf") or size is None or "mmproj" in path.lower():
+            continue
+        sp = split_parts(path.rsplit("/", 1)[-1])
+        if sp:
+            folder = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
+            path = f"{folder}{sp[0]}-00001-of-{sp[2]:05d}.gguf"
+        sizes[path] = sizes.get(path, 0) + int(size)
+    if not sizes:
+        raise KnownError(f"{repo}: the repository has no .gguf files")
+    return sorted(sizes.items(), key=lambda kv: kv[1])
+
+
+def run(args: argparse.Namespace) -> int:
+    files = list_gguf_files(args.repo)
+    # read one quant's header remotely for the architecture; prefer a mid-size one (Q4_K_M)
+    ref_name = next((f for f, _ in files if quants.quant_from_name(f) == "Q4_K_M"), files[len(files) // 2][0])
+    ref = read_gguf(f"hf://{args.repo}/{ref_name}")
+    hw = hardware.probe()
+    ranked = planner.rank_quants(files, ref, hw, n_ctx=args.ctx, workload=args.workload)
+    best = next((r for r in ranked if r.recommended), None)
+    if args.json:
+        print_json({"repo": args.repo, "architecture": ref.architecture, "n_ctx": args.ctx,
+                    "recommended": best.file if best else None,
+                    "explanation": best.plan.explanation if best else "no quant fits this machine",
+                    "quants": [r.to_json() for r in ranked]})
+        return 0
+    print(f"{args.repo} ({ref.architecture}, {ref.n_layer} layers), context {args.ctx}:")
+    for r in ranked:
+        mark = "*" if r.recommended else " "
+        print(f"{mark} {r.file:60s} {r.size / MiB:8.0f} MiB  {r.plan.fit:9s} "
+              f"~{r.plan.pred_decode_tok_s:6.1f} tok/s  ppl +{r.ppl_delta:.3f}")
+    print(best.plan.explanation if best else "No quant in this repository fits this machine.")
+    return 0
