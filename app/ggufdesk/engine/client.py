@@ -6,6 +6,7 @@ import itertools
 import logging
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -86,6 +87,8 @@ class EngineClient:
         self._restarts: deque[float] = deque(maxlen=MAX_RESTARTS)
         self._closing = False
         self._generation = 0  # bumps with each spawned process
+        self._respawned = threading.Event()  # cleared while a crashed engine is being replaced
+        self._respawned.set()
 
     # ---- process ------------------------------------------------------------------------------
 
@@ -109,6 +112,7 @@ class EngineClient:
             gen = self._generation
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env.setdefault("GGML_NO_BACKTRACE", "1")  # no gdb attach on abort: crash fast, say why
         self.proc = subprocess.Popen(
             self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=env, bufsize=0,
@@ -175,10 +179,18 @@ class EngineClient:
             self._queue.put(event)
 
     def _crashed(self, proc: subprocess.Popen) -> None:
+        self._respawned.clear()
+        try:
+            self._report_and_restart(proc)
+        finally:
+            self._respawned.set()
+
+    def _report_and_restart(self, proc: subprocess.Popen) -> None:
         why = describe_exit(proc.returncode)
-        tail = [ln for ln in self.stderr_tail if ln.strip()][-3:]
+        lines = [ln.strip() for ln in self.stderr_tail if ln.strip()]
+        telling = [ln for ln in lines if re.search(r"GGML_ASSERT|error|what\(\)|terminate|abort", ln, re.I)]
         detail = "\n".join(self.stderr_tail)
-        reason = why + (f": {tail[-1]}" if tail else "")
+        reason = why + (f": {(telling or lines)[-1]}" if lines else "")
         with self._cond:
             inflight, self._inflight = sorted(self._inflight), set()
             crashed_load, self._pending_load = self._pending_load, None
@@ -214,6 +226,8 @@ class EngineClient:
         return True
 
     def _send(self, msg: Any) -> None:
+        if threading.current_thread().name != "engine-events":
+            self._respawned.wait(90.0)  # a request made during a restart goes to the new engine
         if not self.alive:
             raise KnownError("the engine is not running")
         data = P.encode(msg).encode("utf-8")

@@ -58,6 +58,7 @@ class RunStats:
     accepted: int = 0
     draft_len: int = 0
     speculation: str = "off"
+    tokens: list[int] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -261,6 +262,7 @@ class Generator:
                         finish = "stop"
                         break
                     st.n_gen += 1
+                    st.tokens.append(t)
                     now = time.perf_counter()
                     st.t_first = st.t_first or now
                     st.t_last = now

@@ -26,16 +26,18 @@ FLASH_ATTN_IDS = {
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
+_NOISE = ("llama_graph_n_input_tensors", "llama_model_loader: - kv", "llama_model_loader: - type")
 _BUFFER_RE = re.compile(r"(\S+)\s+(model|KV|compute|output)\s+buffer size\s*=\s*([\d.]+)\s*MiB")
 
 
 class LlamaLog:
     """Captures llama.cpp's log (hidden otherwise) so a failed load can say why."""
 
-    def __init__(self, maxlen: int = 400) -> None:
+    def __init__(self, maxlen: int = 4000) -> None:
         self.lines: deque[str] = deque(maxlen=maxlen)
         self._partial = ""
         self._lock = threading.Lock()
+        self._count = 0  # lines ever captured; marks count from here, the deque forgets
         self.echo = os.environ.get("GGUFDESK_LLAMA_LOG") == "1"
 
         @llama_cpp.llama_log_callback
@@ -51,20 +53,24 @@ class LlamaLog:
         with self._lock:
             text = self._partial + text
             *done, self._partial = text.split("\n")
-            self.lines.extend(line for line in done if line.strip())
+            kept = [ln for ln in done if ln.strip() and not ln.startswith(_NOISE)]
+            self.lines.extend(kept)
+            self._count += len(kept)
 
     def mark(self) -> int:
         with self._lock:
-            return len(self.lines)
+            return self._count
 
     def since(self, mark: int) -> list[str]:
+        """Lines captured after `mark` (as many as are still kept)."""
         with self._lock:
-            lines = list(self.lines)
-        return lines[mark:] if mark <= len(lines) else lines
+            n = min(self._count - mark, len(self.lines))
+            return list(self.lines)[len(self.lines) - n:] if n > 0 else []
 
     def reason(self, lines: list[str]) -> str:
         """The most telling lines of a failure: errors first, else the last lines."""
-        bad = [ln for ln in lines if re.search(r"error|failed|invalid|unknown|not found|assert", ln, re.I)]
+        bad = [ln for ln in lines if re.search(
+            r"error|fail|invalid|not found|assert|does not|cannot|must|too (large|small)|mismatch", ln, re.I)]
         chosen = (bad or lines)[-4:]
         return "; ".join(ln.strip() for ln in chosen)
 
@@ -158,7 +164,11 @@ def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog) -> Loaded
     except ValueError:
         why = llama_log.reason(llama_log.since(mark)) or "unknown reason"
         raise KnownError(f"llama.cpp could not load {os.path.basename(path)}: {why}") from None
+    # An SPM vocab without its 256 byte tokens makes llama.cpp throw std::out_of_range (and
+    # terminate) on the first character it cannot spell; find out now, while loading, not mid-chat.
+    model.tokenize("\x01\u0378\U000e0001 probe".encode(), add_bos=False, special=False)
     n_ctx_train = model.n_ctx_train()
+    ctx_mark = llama_log.mark()
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx = settings.n_ctx
     cparams.n_batch = settings.n_batch
@@ -173,7 +183,7 @@ def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog) -> Loaded
         ctx = internals.LlamaContext(model=model, params=cparams, verbose=True)
     except ValueError:
         model.close()
-        why = llama_log.reason(llama_log.since(mark)) or "unknown reason"
+        why = llama_log.reason(llama_log.since(ctx_mark)) or "unknown reason"
         raise KnownError(f"llama.cpp could not create a context for {os.path.basename(path)} "
                          f"(n_ctx={settings.n_ctx}): {why}") from None
     lines = llama_log.since(mark)

@@ -117,6 +117,7 @@ class Done:
     id: str
     finish_reason: str  # "stop" | "length" | "cancelled" | "context"
     text: str = ""
+    tokens: list[int] = field(default_factory=list)  # the generated token ids
     usage: dict[str, int] = field(default_factory=dict)
 
 

@@ -177,7 +177,7 @@ class Engine:
                 cancelled=self.book.is_cancelled, drafter=drafter, t_start=t_start,
             )
             self.emit(self._stats(req.id, st, final=True))
-            self.emit(P.Done(id=req.id, finish_reason=finish, text="".join(pieces),
+            self.emit(P.Done(id=req.id, finish_reason=finish, text="".join(pieces), tokens=st.tokens,
                              usage={"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen}))
         except Cancelled:
             self.emit(P.Done(id=req.id, finish_reason="cancelled"))

@@ -1,0 +1,38 @@
+"""Streaming text: UTF-8 split across tokens, stop strings held back and never shown."""
+from __future__ import annotations
+
+from ggufdesk.engine.text import TextStream
+
+
+def feed(stream: TextStream, pieces: list[bytes]) -> list[str]:
+    out = [stream.push(p) for p in pieces]
+    out.append(stream.flush())
+    return out
+
+
+def test_multibyte_character_split_across_tokens():
+    s = TextStream()
+    emoji = "\U0001F600".encode()
+    out = feed(s, [b"a", emoji[:1], emoji[1:3], emoji[3:], b"b"])
+    assert out[:4] == ["a", "", "", "\U0001F600"]
+    assert s.text == "a\U0001F600b"
+
+
+def test_incomplete_utf8_at_the_end_becomes_replacement_char():
+    s = TextStream()
+    feed(s, [b"x", "\u00e9".encode()[:1]])
+    assert s.text == "x\ufffd"
+
+
+def test_stop_string_across_pieces_is_never_emitted():
+    s = TextStream(["</end>"])
+    out = feed(s, [b"hello </", b"en", b"d> more"])
+    assert "".join(out) == "hello "
+    assert s.stopped and s.text == "hello "
+
+
+def test_partial_stop_prefix_released_when_it_turns_out_not_to_be_a_stop():
+    s = TextStream(["\nUser:"])
+    assert s.push(b"one\nUs") == "one"
+    assert s.push(b"ually") == "\nUsually"
+    assert not s.stopped
