@@ -1,0 +1,194 @@
+"""The one QObject around engine/client.py: reader-thread events become queued, typed Qt signals."""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from typing import Any, Callable
+
+from PySide6.QtCore import QObject, Signal
+
+from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
+from ggufdesk.engine import protocol as p
+from ggufdesk.ui.tasks import describe_failure, run_in_background
+
+log = logging.getLogger("ggufdesk.ui.engine")
+
+
+def default_client_factory(**kwargs: Any) -> Any:
+    from ggufdesk.engine.client import EngineClient
+
+    return EngineClient(**kwargs)
+
+
+class EngineBridge(QObject):
+    """Start/load/generate/cancel on the engine; every event comes back as a signal on the GUI thread.
+
+    Tokens that arrive in a burst are merged into one Token per request before they reach the GUI,
+    so a fast engine costs the event loop one slot call per burst, not one per token.
+    """
+
+    started = Signal(object)  # Ready
+    loaded = Signal(object)  # Loaded
+    unloaded = Signal()
+    progress = Signal(object)  # Progress
+    token = Signal(object)  # Token (possibly several merged)
+    stats = Signal(object)  # Stats
+    done = Signal(object)  # Done
+    error = Signal(object)  # Error (kind != "crash")
+    crashed = Signal(str)  # "the engine stopped (...); restarting"
+    log_line = Signal(object)  # Log
+    start_failed = Signal(str)
+    _wake = Signal()
+
+    def __init__(
+        self, *, command: list[str] | None = None,
+        client_factory: Callable[..., Any] = default_client_factory, parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self._command = command
+        self._factory = client_factory
+        self._client: Any = None
+        self._queue: collections.deque[Any] = collections.deque()
+        self._lock = threading.Lock()
+        self._woken = False
+        self._pending_load: tuple[str, LoadSettings, SpeculationSettings] | None = None
+        self.is_started = False
+        self.loaded_event: p.Loaded | None = None
+        self.active_id: str | None = None
+        self._wake.connect(self._drain)
+
+    # ---- reader thread side -------------------------------------------------------------------
+
+    def _on_event(self, event: Any) -> None:
+        """Called on the client's reader thread: queue it and wake the GUI thread once per burst."""
+        with self._lock:
+            self._queue.append(event)
+            if self._woken:
+                return
+            self._woken = True
+        self._wake.emit()
+
+    # ---- GUI thread side ----------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        with self._lock:
+            events = list(self._queue)
+            self._queue.clear()
+            self._woken = False
+        merged: list[Any] = []
+        for ev in events:
+            last = merged[-1] if merged else None
+            if isinstance(ev, p.Token) and isinstance(last, p.Token) and last.id == ev.id:
+                merged[-1] = p.Token(id=ev.id, text=last.text + ev.text)
+            else:
+                merged.append(ev)
+        for ev in merged:
+            self._dispatch(ev)
+
+    def _dispatch(self, ev: Any) -> None:
+        if isinstance(ev, p.Token):
+            self.token.emit(ev)
+        elif isinstance(ev, p.Stats):
+            self.stats.emit(ev)
+        elif isinstance(ev, p.Progress):
+            self.progress.emit(ev)
+        elif isinstance(ev, p.Done):
+            if ev.id == self.active_id:
+                self.active_id = None
+            self.done.emit(ev)
+        elif isinstance(ev, p.Loaded):
+            self.loaded_event = ev
+            self.loaded.emit(ev)
+        elif isinstance(ev, p.Unloaded):
+            self.loaded_event = None
+            self.unloaded.emit()
+        elif isinstance(ev, p.Ready):
+            self.started.emit(ev)
+        elif isinstance(ev, p.Error):
+            if ev.kind == "crash":
+                if ev.id is not None and ev.id == self.active_id:
+                    self.active_id = None
+                self.crashed.emit(ev.message)
+            else:
+                if ev.id is not None and ev.id == self.active_id:
+                    self.active_id = None
+                if ev.kind == "load":
+                    self.loaded_event = None
+                self.error.emit(ev)
+        elif isinstance(ev, p.Log):
+            self.log_line.emit(ev)
+        else:
+            log.warning("unexpected engine event %r", ev)
+
+    # ---- commands -----------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return getattr(self._client, "pid", None) if self._client is not None else None
+
+    def start(self) -> None:
+        """Spawn the engine off the GUI thread (start() waits for Ready)."""
+        if self._client is not None:
+            return
+        self._client = self._factory(on_event=self._on_event, auto_restart=True,
+                                     command=self._command)
+
+        def done(fut: Any) -> None:
+            msg = describe_failure(fut)
+            if msg:
+                self._client = None
+                self.start_failed.emit(msg)
+                return
+            self.is_started = True
+            if self._pending_load:
+                self.load(*self._pending_load)
+
+        run_in_background(self._client.start, done)
+
+    def load(self, model: str, settings: LoadSettings | None = None,
+             speculation: SpeculationSettings | None = None) -> None:
+        settings = settings or LoadSettings()
+        speculation = speculation or SpeculationSettings()
+        if not self.is_started:
+            self._pending_load = (model, settings, speculation)
+            self.start()
+            return
+        self._pending_load = None
+        self.loaded_event = None
+        try:
+            draft = speculation.draft_model if speculation.mode == "draft" else None
+            self._client.load(model, settings=settings, speculation=speculation, draft=draft,
+                              wait=False)
+        except Exception as e:  # noqa: BLE001 - a dead pipe is reported like an engine error
+            self.error.emit(p.Error(kind="load", message=str(e)))
+
+    def generate(self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None,
+                 sampling: SamplingSettings | None = None) -> str:
+        rid = self._client.generate(prompt=prompt, messages=messages,
+                                    sampling=sampling or SamplingSettings(), speculation=None)
+        self.active_id = rid
+        return rid
+
+    def cancel(self, rid: str | None = None) -> None:
+        rid = rid or self.active_id
+        if rid and self._client is not None:
+            self._client.cancel(rid)
+
+    def unload(self) -> None:
+        if self._client is not None and self.is_started:
+            self._client.unload()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        client, self._client = self._client, None
+        self.is_started = False
+        if client is not None:
+            try:
+                client.shutdown(timeout=timeout)
+            except Exception:  # noqa: BLE001 - closing down: nothing left to tell the user
+                log.exception("engine shutdown failed")
+
+    def kill(self) -> None:
+        """SIGKILL the engine child (tests, and the crash-recovery bench)."""
+        if self._client is not None:
+            self._client.kill()

@@ -1,0 +1,179 @@
+"""Engine settings: the prefill/decode split, context, offload, KV cache, speculation; validated by core.settings."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from PySide6.QtWidgets import (
+    QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QGroupBox,
+    QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget,
+)
+
+from ggufdesk.core.errors import SettingsError
+from ggufdesk.core.settings import (
+    FLASH_ATTN, KV_TYPES, SPEC_MODES, LoadSettings, SpeculationSettings,
+)
+
+# field -> (label, one-line explanation)
+HELP: dict[str, tuple[str, str]] = {
+    "n_ctx": ("Context length", "How many tokens the model can see at once; more costs KV-cache memory."),
+    "n_gpu_layers": ("GPU layers", "Layers kept on the GPU (-1 = all). More is faster until VRAM runs out."),
+    "n_batch": ("Batch size", "Prompt tokens handed to llama.cpp per call while reading your prompt."),
+    "n_ubatch": ("Micro-batch", "Tokens computed together (≤ batch); sets prefill speed and compute memory."),
+    "n_threads": ("Decode threads", "CPU threads while writing the answer, token by token (0 = cores)."),
+    "n_threads_batch": ("Prefill threads", "CPU threads while reading the prompt and verifying drafts (0 = cores)."),
+    "flash_attn": ("Flash attention", "A faster, leaner attention kernel; needed for a quantized V cache."),
+    "type_k": ("K cache type", "Precision of the attention keys; q8_0 halves KV memory with little loss."),
+    "type_v": ("V cache type", "Precision of the attention values; anything but f16/f32/bf16 needs flash attention."),
+    "mode": ("Speculation", "off, a small draft model proposing tokens, or copying from the prompt (lookup)."),
+    "draft_model": ("Draft model", "A small model with the same vocabulary; its guesses are verified by the big one."),
+    "k_max": ("Max draft length", "Most tokens proposed per step."),
+    "k_min": ("Min draft length", "Fewest tokens proposed per step when adaptive."),
+    "adaptive": ("Adaptive length", "Lengthen drafts while they are accepted, shorten them when not."),
+    "ngram": ("Lookup n-gram", "Longest run of prompt tokens matched when copying from the prompt."),
+}
+
+
+def _explained(widget: QWidget, field_name: str) -> QWidget:
+    box = QWidget()
+    lay = QVBoxLayout(box)
+    lay.setContentsMargins(0, 0, 0, 4)
+    lay.setSpacing(1)
+    lay.addWidget(widget)
+    note = QLabel(HELP[field_name][1])
+    note.setWordWrap(True)
+    note.setStyleSheet("color: #66727f; font-size: 11px;")
+    lay.addWidget(note)
+    return box
+
+
+class SettingsDialog(QDialog):
+    """Edits LoadSettings + SpeculationSettings; OK is enabled only while they validate."""
+
+    def __init__(self, load: LoadSettings, speculation: SpeculationSettings, *,
+                 recommended: Callable[[], tuple[LoadSettings, SpeculationSettings]] | None = None,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Engine settings")
+        self._recommended = recommended or (lambda: (LoadSettings(), SpeculationSettings()))
+        self.w: dict[str, Any] = {}
+        perf = QGroupBox("Model and memory")
+        pf = QFormLayout(perf)
+        for name, lo, hi in (("n_ctx", 16, 1 << 20), ("n_gpu_layers", -1, 100_000),
+                             ("n_batch", 1, 1 << 16), ("n_ubatch", 1, 1 << 16),
+                             ("n_threads", 0, 1024), ("n_threads_batch", 0, 1024)):
+            sb = QSpinBox()
+            sb.setRange(lo, hi)
+            sb.setObjectName(name)
+            self.w[name] = sb
+            pf.addRow(HELP[name][0], _explained(sb, name))
+        for name, choices in (("flash_attn", FLASH_ATTN), ("type_k", KV_TYPES), ("type_v", KV_TYPES)):
+            cb = QComboBox()
+            cb.addItems(list(choices))
+            cb.setObjectName(name)
+            self.w[name] = cb
+            pf.addRow(HELP[name][0], _explained(cb, name))
+        spec = QGroupBox("Speculative decoding")
+        sf = QFormLayout(spec)
+        mode = QComboBox()
+        mode.addItems(list(SPEC_MODES))
+        self.w["mode"] = mode
+        sf.addRow(HELP["mode"][0], _explained(mode, "mode"))
+        draft = QLineEdit()
+        draft.setPlaceholderText("path to a small .gguf")
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse_draft)
+        row = QWidget()
+        rl = QHBoxLayout(row)
+        rl.setContentsMargins(0, 0, 0, 0)
+        rl.addWidget(draft, 1)
+        rl.addWidget(browse)
+        self.w["draft_model"] = draft
+        sf.addRow(HELP["draft_model"][0], _explained(row, "draft_model"))
+        for name, lo, hi in (("k_max", 1, 64), ("k_min", 1, 64), ("ngram", 1, 16)):
+            sb = QSpinBox()
+            sb.setRange(lo, hi)
+            self.w[name] = sb
+            sf.addRow(HELP[name][0], _explained(sb, name))
+        adaptive = QCheckBox("adjust the draft length as it goes")
+        self.w["adaptive"] = adaptive
+        sf.addRow(HELP["adaptive"][0], _explained(adaptive, "adaptive"))
+
+        self.error_label = QLabel()
+        self.error_label.setWordWrap(True)
+        self.error_label.setStyleSheet("color: #a51d1d; font-weight: 600;")
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
+                                        | QDialogButtonBox.StandardButton.Cancel)
+        self.reset_btn = self.buttons.addButton("Reset to recommended",
+                                                QDialogButtonBox.ButtonRole.ResetRole)
+        self.reset_btn.clicked.connect(self.reset_to_recommended)
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+        cols = QHBoxLayout()
+        cols.addWidget(perf, 1)
+        cols.addWidget(spec, 1)
+        lay = QVBoxLayout(self)
+        lay.addLayout(cols)
+        lay.addWidget(self.error_label)
+        lay.addWidget(self.buttons)
+        self._extra_load = {"use_mmap": load.use_mmap, "use_mlock": load.use_mlock}
+        self._extra_spec = {"draft_gpu_layers": speculation.draft_gpu_layers,
+                            "draft_ctx": speculation.draft_ctx, "p_min": speculation.p_min}
+        self.set_values(load, speculation)
+        for wdg in self.w.values():
+            sig = (wdg.valueChanged if isinstance(wdg, QSpinBox) else
+                   wdg.currentIndexChanged if isinstance(wdg, QComboBox) else
+                   wdg.textChanged if isinstance(wdg, QLineEdit) else wdg.toggled)
+            sig.connect(self.validate)
+        self.validate()
+
+    def _browse_draft(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Draft model", "", "GGUF models (*.gguf)")
+        if path:
+            self.w["draft_model"].setText(path)
+
+    def set_values(self, load: LoadSettings, spec: SpeculationSettings) -> None:
+        for name in ("n_ctx", "n_gpu_layers", "n_batch", "n_ubatch", "n_threads", "n_threads_batch"):
+            self.w[name].setValue(getattr(load, name))
+        for name in ("flash_attn", "type_k", "type_v"):
+            self.w[name].setCurrentText(getattr(load, name))
+        self.w["mode"].setCurrentText(spec.mode)
+        self.w["draft_model"].setText(spec.draft_model or "")
+        for name in ("k_max", "k_min", "ngram"):
+            self.w[name].setValue(getattr(spec, name))
+        self.w["adaptive"].setChecked(spec.adaptive)
+
+    def raw_values(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        load = {n: self.w[n].value() for n in
+                ("n_ctx", "n_gpu_layers", "n_batch", "n_ubatch", "n_threads", "n_threads_batch")}
+        load |= {n: self.w[n].currentText() for n in ("flash_attn", "type_k", "type_v")}
+        load |= self._extra_load
+        spec = {"mode": self.w["mode"].currentText(),
+                "draft_model": self.w["draft_model"].text().strip() or None,
+                "adaptive": self.w["adaptive"].isChecked(), **self._extra_spec}
+        spec |= {n: self.w[n].value() for n in ("k_max", "k_min", "ngram")}
+        return load, spec
+
+    def values(self) -> tuple[LoadSettings, SpeculationSettings]:
+        """The settings as typed objects; raises SettingsError when they cannot work."""
+        load, spec = self.raw_values()
+        return LoadSettings(**load), SpeculationSettings(**spec)
+
+    def validate(self) -> bool:
+        try:
+            self.values()
+        except SettingsError as e:
+            self.error_label.setText(str(e))
+            self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(False)
+            return False
+        self.error_label.setText("")
+        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(True)
+        return True
+
+    def reset_to_recommended(self) -> None:
+        self.set_values(*self._recommended())
+        self.validate()
+
+    def accept(self) -> None:
+        if self.validate():
+            super().accept()
+
