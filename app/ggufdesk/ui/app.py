@@ -65,7 +65,7 @@ class SingleInstance:
 
     def _accept(self, on_raise) -> None:
         while self.server and (conn := self.server.nextPendingConnection()):
-            conn.readyRead.connect(conn.readAll)
+            conn.readyRead.connect(lambda c=conn: c.readAll())
             conn.disconnected.connect(conn.deleteLater)
             on_raise()
 
