@@ -239,7 +239,8 @@ class HubServer:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> HubServer:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="hubserver", daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="hubserver",
+                                        daemon=True)
         self._thread.start()
         return self
 

@@ -1,0 +1,568 @@
+"""Model downloads into the shared Hugging Face cache: resumable across calls, sha256-verified, cancellable.
+
+Built on huggingface_hub's own pieces (its metadata HEAD, ``http_get(..., resume_size=n)``, its cache
+layout and locks), not on our own HTTP code. What we add, because ``hf_hub_download`` lacks it: the
+partial file survives a failed call, a cancel or a crash (``blobs/<etag>.incomplete``, the name the
+library's cache scanner knows) and the next call resumes from it; the content is checked against the
+hub's LFS sha256 (git blob sha1 for small non-LFS files) before it enters ``blobs/``, so a corrupt
+file never appears under its hash name; free space is checked first; names that would leave the
+cache are refused.
+
+Threading: ``download`` runs in the caller's thread (a GUI runs it in a worker) and calls ``progress``
+from there; ``cancel`` is a ``threading.Event`` set from any thread. Cancel takes effect at the next
+received chunk (``CHUNK``), or within huggingface_hub's read timeout when the connection is stalled.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+from ggufdesk.core.errors import KnownError
+from ggufdesk.core.library import quant_from_name, split_info
+
+log = logging.getLogger("ggufdesk.downloads")
+
+CHUNK = 1 << 20  # bytes per write/progress step (huggingface_hub's default is 10 MiB)
+SPACE_MARGIN = 16 << 20  # keep this much free beyond the file
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+class DownloadCancelled(KnownError):
+    """The user paused or cancelled; the partial file is kept and the next call resumes from it."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One progress event: bytes of this file done/total, speed over the last seconds, time left."""
+
+    filename: str
+    done: int
+    total: int
+    speed_bps: float
+    eta_s: float | None
+    phase: str  # "download" | "verify" | "done"
+    resumed_from: int = 0
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+@dataclass(frozen=True)
+class Downloaded:
+    path: Path  # the snapshot path in the HF cache (a symlink to the blob)
+    repo: str
+    file: str
+    revision: str  # the commit hash
+    sha256: str
+    bytes: int
+    resumed_from: int = 0
+    from_cache: bool = False
+
+    def as_json(self) -> dict[str, object]:
+        return {"path": str(self.path), "sha256": self.sha256, "bytes": self.bytes, "repo": self.repo,
+                "file": self.file, "revision": self.revision, "resumed_from": self.resumed_from,
+                "from_cache": self.from_cache}
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str
+    size: int
+    sha256: str | None  # LFS files only
+
+
+@dataclass(frozen=True)
+class RemoteModel:
+    """One usable model in a repo: a single .gguf or all parts of a split set."""
+
+    name: str
+    quant: str | None
+    files: tuple[RemoteFile, ...] = field(default=())
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def first(self) -> str:
+        return self.files[0].path
+
+
+# ----------------------------------------------------------------------------------- errors
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    errs: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for mod in ("httpx2", "httpx", "requests"):
+        try:
+            m = __import__(mod)
+        except ImportError:
+            continue
+        errs += [getattr(m, n) for n in ("TransportError", "HTTPError", "RequestException") if hasattr(m, n)]
+    return tuple(errs)
+
+
+def _status(e: BaseException) -> int | None:
+    resp = getattr(e, "response", None)
+    return getattr(resp, "status_code", None)
+
+
+def _hub_error(e: BaseException, repo_id: str, filename: str, revision: str | None) -> KnownError:
+    """The user-readable form of an error from the hub."""
+    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
+                                        RemoteEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
+    if isinstance(e, GatedRepoError):
+        return KnownError(f"{repo_id} is a gated model: accept its terms on its Hugging Face page, then log "
+                          "in with `hf auth login` (or set HF_TOKEN) and try again")
+    if isinstance(e, RepositoryNotFoundError):
+        return KnownError(f"repository {repo_id} was not found (if it is private, log in with `hf auth login`)")
+    if isinstance(e, RevisionNotFoundError):
+        return KnownError(f"revision {revision!r} does not exist in {repo_id}")
+    if isinstance(e, RemoteEntryNotFoundError):
+        return KnownError(f"{filename} is not in {repo_id} at revision {revision or 'main'}")
+    if isinstance(e, OfflineModeIsEnabled):
+        return KnownError(f"offline mode is on and {repo_id}/{filename} is not downloaded")
+    if isinstance(e, HfHubHTTPError) and _status(e) in (401, 403):
+        return KnownError(f"the hub refused access to {repo_id}/{filename} ({_status(e)}): log in with "
+                          "`hf auth login` and check you have access")
+    if isinstance(e, HfHubHTTPError):
+        return KnownError(f"the hub answered {_status(e)} for {repo_id}/{filename}")
+    return KnownError(f"could not reach the Hugging Face hub: {e}")
+
+
+def check_filename(filename: str) -> str:
+    """Refuse names that would land outside the repo's folder (absolute, ``..``, backslashes, drives)."""
+    p = PurePosixPath(filename)
+    if (not filename or p.is_absolute() or "\\" in filename or re.match(r"^[A-Za-z]:", filename)
+            or any(part in ("", ".", "..") for part in filename.split("/")) or "\0" in filename):
+        raise KnownError(f"refusing file name {filename!r}: it would escape the download folder")
+    return filename
+
+
+# ----------------------------------------------------------------------------------- listing
+
+
+def list_gguf(repo_id: str, *, revision: str | None = None, token: str | bool | None = None,
+              endpoint: str | None = None, probe_header: bool = False) -> list[RemoteModel]:
+    """The repo's GGUF models, split sets grouped into one, with sizes and quant type.
+
+    The quant comes from the file name; with ``probe_header`` an unclear one is read from the remote
+    file's header (a few MB over HTTP range reads).
+    """
+    from huggingface_hub import HfApi
+
+    try:
+        entries = [e for e in HfApi(endpoint=endpoint).list_repo_tree(
+            repo_id, revision=revision, recursive=True, token=token) if hasattr(e, "size")]
+    except Exception as e:  # noqa: BLE001 - mapped to a user-readable KnownError
+        if isinstance(e, _network_errors()) or e.__class__.__module__.startswith("huggingface_hub"):
+            raise _hub_error(e, repo_id, "", revision) from e
+        raise
+    groups: dict[str, list[RemoteFile]] = {}
+    for e in entries:
+        if not e.path.lower().endswith(".gguf"):
+            continue
+        sp = split_info(e.path)
+        key = sp[0] if sp else e.path.removesuffix(".gguf").removesuffix(".GGUF")
+        groups.setdefault(key, []).append(RemoteFile(e.path, int(e.size), e.lfs.sha256 if e.lfs else None))
+    models = []
+    for key, files in sorted(groups.items()):
+        files.sort(key=lambda f: f.path)
+        quant = quant_from_name(files[0].path)
+        if quant is None and probe_header:
+            quant = _header_quant(repo_id, files[0].path, revision)
+        models.append(RemoteModel(name=key.rsplit("/", 1)[-1], quant=quant, files=tuple(files)))
+    return models
+
+
+def _header_quant(repo_id: str, path: str, revision: str | None) -> str | None:
+    from ggufdesk.core.gguf_meta import read_gguf
+
+    rev = f"@{revision}" if revision else ""
+    try:
+        return read_gguf(f"hf://{repo_id}{rev}/{path}").file_type
+    except KnownError as e:
+        log.info("could not read the header of %s/%s: %s", repo_id, path, e)
+        return None
+
+
+# ----------------------------------------------------------------------------------- writing
+
+
+class _Writer:
+    """The file object handed to ``http_get``: writes fully, hashes as it goes, reports, honours cancel."""
+
+    def __init__(self, f: IO[bytes], *, have: int, size: int, git: bool, report: Callable[[int], None],
+                 cancel: threading.Event | None) -> None:
+        self.f, self.report, self.cancel = f, report, cancel
+        self.sha = hashlib.sha256()
+        self.git = hashlib.sha1(b"blob %d\0" % size) if git else None
+        self.valid = True
+        f.seek(0)
+        left = have
+        while left > 0:  # hash the prefix we resume from, so the result covers the whole file
+            block = f.read(min(left, 1 << 22))
+            if not block:
+                break
+            self._hash(block)
+            left -= len(block)
+        f.seek(have)
+        f.truncate()
+
+    def _hash(self, data: bytes) -> None:
+        self.sha.update(data)
+        if self.git is not None:
+            self.git.update(data)
+
+    def write(self, data: bytes) -> int:
+        if self.cancel is not None and self.cancel.is_set():
+            raise DownloadCancelled("download paused")
+        view = memoryview(data)
+        while view:
+            n = self.f.write(view)
+            if n is None or n <= 0:
+                raise OSError(errno.EIO, "write returned nothing")
+            view = view[n:]
+        self._hash(data)
+        self.report(len(data))
+        return len(data)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return self.f.seek(pos, whence)
+
+    def truncate(self, size: int | None = None) -> int:
+        self.valid = False  # the server ignored Range: the hash restarts from the file at the end
+        return self.f.truncate(size)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+class _Meter:
+    """Throttled progress reporting with speed over a sliding window."""
+
+    def __init__(self, filename: str, total: int, done: int, fn: ProgressFn | None) -> None:
+        self.filename, self.total, self.done, self.fn = filename, total, done, fn
+        self.start = done
+        self.samples: list[tuple[float, int]] = [(time.monotonic(), done)]
+        self.last = 0.0
+
+    def add(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.fn is not None and (now - self.last >= 0.1 or self.done >= self.total):
+            self.last = now
+            self.samples.append((now, self.done))
+            while len(self.samples) > 2 and now - self.samples[0][0] > 3.0:
+                self.samples.pop(0)
+            self.emit("download")
+
+    def reset(self, done: int) -> None:
+        self.done = done
+        self.samples = [(time.monotonic(), done)]
+
+    def emit(self, phase: str) -> None:
+        if self.fn is None:
+            return
+        (t0, b0), (t1, b1) = self.samples[0], self.samples[-1]
+        speed = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+        eta = (self.total - self.done) / speed if speed > 0 else None
+        self.fn(Progress(self.filename, self.done, self.total, speed, eta, phase, self.start))
+
+
+# ----------------------------------------------------------------------------------- the download
+
+
+def free_bytes(path: Path) -> int:
+    """Free space where ``path`` (or its nearest existing parent) lives."""
+    for p in [path, *path.parents]:
+        try:
+            return shutil.disk_usage(p).free
+        except OSError:
+            continue
+    return 0
+
+
+def partial_path(repo_id: str, filename: str, *, revision: str | None = None,
+                 cache_dir: str | Path | None = None, endpoint: str | None = None,
+                 token: str | bool | None = None) -> Path | None:
+    """Where an unfinished download of this file is kept (None if there is none)."""
+    meta = _metadata(repo_id, check_filename(filename), revision, token, endpoint)
+    p = _storage(repo_id, cache_dir) / "blobs" / f"{meta.etag}.incomplete"
+    return p if p.exists() else None
+
+
+def _storage(repo_id: str, cache_dir: str | Path | None) -> Path:
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    return Path(cache_dir or constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+
+
+def _metadata(repo_id: str, filename: str, revision: str | None, token: str | bool | None,
+              endpoint: str | None):
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    url = hf_hub_url(repo_id, filename, revision=revision, endpoint=endpoint)
+    meta = get_hf_file_metadata(url, token=token, endpoint=endpoint)
+    if not meta.commit_hash or not meta.etag:
+        raise KnownError(f"{url} does not look like a Hugging Face hub (no commit or ETag header)")
+    return meta
+
+
+def _from_cache(repo_id: str, filename: str, revision: str | None, cache_dir: str | Path | None,
+                why: BaseException | None = None) -> Downloaded:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir, revision=revision)
+    if not isinstance(found, str):
+        if why is not None:
+            raise _hub_error(why, repo_id, filename, revision) from why
+        raise KnownError(f"offline: {repo_id}/{filename} is not downloaded")
+    path = Path(found)
+    commit = path.parents[filename.count("/")].name  # snapshots/<commit>/<filename>
+    sha = _verified_sha(path.resolve())
+    return Downloaded(path, repo_id, filename, commit, sha, path.stat().st_size, from_cache=True)
+
+
+def _verified_sha(blob: Path, expected: str | None = None) -> str:
+    """sha256 of a blob already in the cache, checked against its hash name once and remembered."""
+    from ggufdesk.core import library
+
+    st = blob.stat()
+    known = library.verified_sha(blob, st.st_size, st.st_mtime_ns)
+    if known:
+        return known
+    sha = hashlib.sha256()
+    with blob.open("rb") as f:
+        while block := f.read(1 << 22):
+            sha.update(block)
+    digest = sha.hexdigest()
+    want = expected or (blob.name if _SHA256_RE.match(blob.name) else None)
+    if want and want != digest:
+        raise KnownError(f"the cached file {blob} is corrupt (sha256 {digest[:12]}…, expected {want[:12]}…); "
+                         "delete it and download again")
+    library.remember_verified(blob, st.st_size, st.st_mtime_ns, digest)
+    return digest
+
+
+def download(repo_id: str, filename: str, *, revision: str | None = None, token: str | bool | None = None,
+             cache_dir: str | Path | None = None, endpoint: str | None = None,
+             progress: ProgressFn | None = None, cancel: threading.Event | None = None,
+             offline: bool | None = None, retries: int = 5, backoff_s: float = 1.0,
+             chunk_size: int = CHUNK) -> Downloaded:
+    """Download one file into the HF cache (or find it there) and return its verified path.
+
+    Resumes a partial file left by an earlier call; retries with backoff while bytes keep coming;
+    raises ``DownloadCancelled`` when ``cancel`` is set and ``KnownError`` for anything the user
+    can act on (gated, missing, no space, checksum mismatch, no network).
+    """
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError
+
+    check_filename(filename)
+    try:
+        from huggingface_hub.utils import validate_repo_id
+
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise KnownError(f"{repo_id!r} is not a repository id (owner/name): {e}") from e
+    if offline if offline is not None else constants.is_offline_mode():
+        return _from_cache(repo_id, filename, revision, cache_dir)
+    try:
+        meta = _metadata(repo_id, filename, revision, token, endpoint)
+    except HfHubHTTPError as e:
+        if _status(e) is not None and _status(e) < 500 and not isinstance(e, _network_errors()):
+            raise _hub_error(e, repo_id, filename, revision) from e
+        return _from_cache(repo_id, filename, revision, cache_dir, why=e)
+    except _network_errors() as e:
+        return _from_cache(repo_id, filename, revision, cache_dir, why=e)
+    return _fetch(repo_id, filename, meta, revision=revision, token=token, cache_dir=cache_dir,
+                  endpoint=endpoint, progress=progress, cancel=cancel, retries=retries,
+                  backoff_s=backoff_s, chunk_size=chunk_size)
+
+
+def _expected_hashes(repo_id: str, filename: str, meta, token, endpoint) -> tuple[str | None, str | None]:
+    """(sha256, git sha1) the content must have: paths-info's LFS sha256, else the ETag."""
+    from huggingface_hub import HfApi
+
+    sha256 = git = None
+    try:
+        (info,) = HfApi(endpoint=endpoint).get_paths_info(repo_id, [filename], revision=meta.commit_hash,
+                                                          token=token)
+        if getattr(info, "lfs", None):
+            sha256 = info.lfs.sha256
+        elif getattr(info, "blob_id", None):
+            git = info.blob_id
+    except Exception as e:  # noqa: BLE001 - a mirror without paths-info: fall back to the ETag
+        log.info("paths-info failed for %s/%s (%s); using the ETag", repo_id, filename, e)
+    if sha256 is None and git is None:
+        if _SHA256_RE.match(meta.etag):
+            sha256 = meta.etag
+        elif _SHA1_RE.match(meta.etag):
+            git = meta.etag
+    return sha256, git
+
+
+def _fetch(repo_id: str, filename: str, meta, *, revision, token, cache_dir, endpoint, progress, cancel,
+           retries, backoff_s, chunk_size) -> Downloaded:
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import (_cache_commit_hash_for_specific_revision,
+                                               _create_symlink, _get_pointer_path, hf_hub_url, http_get)
+    from huggingface_hub.utils import WeakFileLock, build_hf_headers
+
+    storage = _storage(repo_id, cache_dir)
+    commit, etag, size = meta.commit_hash, meta.etag, meta.size
+    if "/" in etag or etag in (".", ".."):
+        raise KnownError(f"the hub sent an unusable ETag {etag!r}")
+    try:
+        pointer = Path(_get_pointer_path(str(storage), commit, os.path.join(*filename.split("/"))))
+    except ValueError as e:
+        raise KnownError(f"refusing file name {filename!r}: it would escape the download folder") from e
+    blob = storage / "blobs" / etag
+    partial = blob.with_name(etag + ".incomplete")
+    sha256, git = _expected_hashes(repo_id, filename, meta, token, endpoint)
+    if (revision or constants.DEFAULT_REVISION) != commit:  # refs/main -> commit, as the library does
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        _cache_commit_hash_for_specific_revision(str(storage), revision or constants.DEFAULT_REVISION, commit)
+    if blob.exists():
+        digest = _verified_sha(blob, sha256)
+        if not pointer.exists():
+            pointer.parent.mkdir(parents=True, exist_ok=True)
+            _create_symlink(str(blob), str(pointer), new_blob=False)
+        return Downloaded(pointer, repo_id, filename, commit, digest, blob.stat().st_size, from_cache=True)
+    if size is None:
+        raise KnownError(f"the hub did not report the size of {repo_id}/{filename}")
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    have = partial.stat().st_size if partial.exists() else 0
+    need = max(size - have, 0) + SPACE_MARGIN
+    free = free_bytes(blob.parent)
+    if free < need:
+        raise KnownError(f"not enough disk space for {filename}: it needs {_mb(need)} more, "
+                         f"{_mb(free)} free in {blob.parent}")
+    url = hf_hub_url(repo_id, filename, revision=commit, endpoint=endpoint)
+    location = meta.location or url
+    headers = build_hf_headers(token=token)
+    if _origin(location) != _origin(url):
+        headers.pop("authorization", None)  # a CDN URL is signed; the token stays on the hub
+    lock = storage.parent / ".locks" / storage.name / f"{etag}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with WeakFileLock(lock, timeout=5):
+            return _transfer(partial, blob, pointer, http_get, location, headers, size, sha256, git,
+                             repo_id, filename, commit, progress, cancel, retries, backoff_s, chunk_size,
+                             _create_symlink, constants)
+    except TimeoutError as e:  # filelock.Timeout is a TimeoutError
+        raise KnownError(f"{filename} is already being downloaded by another task") from e
+
+
+def _transfer(partial: Path, blob: Path, pointer: Path, http_get, location, headers, size, sha256, git,
+              repo_id, filename, commit, progress, cancel, retries, backoff_s, chunk_size, _create_symlink,
+              constants) -> Downloaded:
+    from huggingface_hub.utils.tqdm import silent_tqdm
+
+    start = partial.stat().st_size if partial.exists() else 0
+    meter = _Meter(filename, size, 0, progress)
+    attempt, writer = 0, None
+    while True:
+        have = partial.stat().st_size if partial.exists() else 0
+        if have > size:
+            log.warning("partial %s is longer than the file (%d > %d): starting over", partial, have, size)
+            partial.unlink()
+            have = 0
+        meter.reset(have)
+        try:
+            with partial.open("r+b" if partial.exists() else "w+b", buffering=0) as f:
+                writer = _Writer(f, have=have, size=size, git=sha256 is None and git is not None,
+                                 report=meter.add, cancel=cancel)
+                if cancel is not None and cancel.is_set():
+                    raise DownloadCancelled("download paused")
+                constants.DOWNLOAD_CHUNK_SIZE = chunk_size
+                http_get(location, writer, resume_size=have, headers=headers, expected_size=size,
+                         displayed_filename=filename, tqdm_class=silent_tqdm)
+            break
+        except DownloadCancelled:
+            log.info("%s paused at %d of %d bytes", filename, partial.stat().st_size, size)
+            raise
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise KnownError(f"the disk filled up while downloading {filename}: free some space and run "
+                                 f"the download again to resume ({_mb(partial.stat().st_size)} kept in "
+                                 f"{partial})") from e
+            if e.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+                raise KnownError(f"cannot write {partial}: {e.strerror}") from e
+            err: BaseException = e
+        except _network_errors() as e:
+            status = _status(e)
+            if status in (401, 403, 404, 410):
+                raise _hub_error(e, repo_id, filename, commit) from e
+            err = e
+        now = partial.stat().st_size if partial.exists() else 0
+        attempt = 0 if now > have else attempt + 1
+        if attempt > retries:
+            raise KnownError(f"downloading {filename} failed {attempt} times in a row ({err}); "
+                             f"{_mb(now)} of {_mb(size)} kept, run the download again to resume") from err
+        wait = min(backoff_s * 2 ** max(attempt - 1, 0), 30.0)
+        log.warning("%s: %s; retrying from byte %d in %.1fs", filename, err, now, wait)
+        if cancel is not None and cancel.wait(wait):
+            raise DownloadCancelled("download paused")
+    meter.done = size
+    meter.emit("verify")
+    digest, gitsum = _digests(partial, writer, size)
+    expected, got = (sha256, digest) if sha256 else (git, gitsum)
+    if expected and got != expected:
+        partial.unlink(missing_ok=True)
+        raise KnownError(f"{filename} failed its checksum (got {got[:12]}…, the hub says {expected[:12]}…): "
+                         "the corrupt file was deleted; run the download again")
+    os.replace(partial, blob)  # created by open(): the mode already follows the umask
+    from ggufdesk.core import library
+
+    st = blob.stat()
+    library.remember_verified(blob, st.st_size, st.st_mtime_ns, digest)
+    _create_symlink(str(blob), str(pointer), new_blob=True)
+    meter.emit("done")
+    return Downloaded(pointer, repo_id, filename, commit, digest, size, resumed_from=start)
+
+
+def _digests(partial: Path, writer: _Writer | None, size: int) -> tuple[str, str]:
+    if writer is not None and writer.valid and partial.stat().st_size == size:
+        return writer.sha.hexdigest(), (writer.git.hexdigest() if writer.git else "")
+    sha, git = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % partial.stat().st_size)
+    with partial.open("rb") as f:
+        while block := f.read(1 << 22):
+            sha.update(block)
+            git.update(block)
+    return sha.hexdigest(), git.hexdigest()
+
+
+def _origin(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    return f"{u.scheme}://{u.netloc}"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
+
+
+def download_model(repo_id: str, model: RemoteModel, **kwargs) -> list[Downloaded]:
+    """All files of a (possibly split) model; ``progress`` sees each part in turn."""
+    return [download(repo_id, f.path, **kwargs) for f in model.files]
