@@ -192,7 +192,7 @@ def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth
     cal_gpu = effective_bandwidth_gbs("gpu")
     gpu_bw = max((g.bandwidth_gbs or 0.0) for g in hw.gpus) if hw.gpus else 0.0
     gpu_bw = gpu_bw or 300.0
-    t = T0_CPU
+    t = T0_GPU if ngl >= n_layer + 1 else T0_CPU + (T0_GPU if ngl else 0.0)
 
     def cost(nbytes: float, on_gpu: bool, float_type: bool) -> float:
         if on_gpu:
@@ -214,8 +214,6 @@ def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth
         for i in range(n_layer):
             d = min(depth, info.n_swa) if info.swa_layers[i] else depth
             t += cost(d * info.n_head_kv[i] * (info.head_dim_k * tk + info.head_dim_v * tv), i >= first_gpu, True)
-    if ngl:
-        t += T0_GPU
     return t
 
 
@@ -357,9 +355,12 @@ def advise(p: Plan, info: GGUFInfo, hw: HardwareInfo, *, type_k: str = "f16") ->
     out = []
     m = p.memory
     kv = m.kv_cpu + m.kv_gpu
-    if p.fit in ("too_large", "partial") and kv > 0.25 * (m.ram + m.vram) and type_k == "f16":
-        out.append(f"The context cache takes {_gib(kv)}: a q8_0 KV cache (with flash attention) halves it "
-                   "with almost no quality loss, or use a shorter context.")
+    small = compute_buffer(info, n_ctx=256, n_ubatch=512, flash=True)
+    ctx_part = kv + max(0, m.compute_cpu - small) + max(0, m.compute_gpu - small)
+    if p.fit in ("too_large", "partial") and ctx_part > 0.25 * (m.ram + m.vram):
+        tip = "a q8_0 KV cache (with flash attention) halves the cache with almost no quality loss, or " \
+            if type_k == "f16" else ""
+        out.append(f"The context takes {_gib(ctx_part)}: {tip}use a shorter context.")
     if p.fit == "too_large":
         out.append("Pick a smaller quant or a smaller model.")
     if p.pred_decode_tok_s < MIN_COMFORTABLE_TOK_S:

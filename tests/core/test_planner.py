@@ -1,0 +1,181 @@
+"""Planner formulas on hand-computed cases: placement, KV (incl. sliding window), compute, fit, speed, ranking."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ggufdesk.core import planner, quants
+from ggufdesk.core.errors import SettingsError
+from ggufdesk.core.gguf_meta import read_gguf
+from ggufdesk.core.hardware import CPUInfo, GPUInfo, HardwareInfo, record_decode_run
+from tests.fixtures import ggufs
+
+GiB, MiB = 1 << 30, 1 << 20
+SPEC = ggufs.TinySpec()  # 2 layers, n_embd 64, 4 heads, 2 KV heads (head dim 16), n_ff 128, f32
+N_VOCAB = len(ggufs.vocab()[0])
+
+
+def hw(*, ram_avail=16 * GiB, vram_free: list[int] = (), bw=10.0) -> HardwareInfo:
+    gpus = tuple(GPUInfo(index=i, name=f"GPU{i}", vram_total=f + GiB, vram_free=f, vram_used=GiB,
+                         vram_used_by_others=0, bandwidth_gbs=500.0) for i, f in enumerate(vram_free))
+    cpu = CPUInfo(name="test", arch="x86_64", cores_physical=4, cores_logical=8, flags=("avx2",))
+    return HardwareInfo(gpus=gpus, cpu=cpu, ram_total=ram_avail + GiB, ram_available=ram_avail,
+                        ram_bandwidth_gbs=bw, ram_bandwidth_source="measured", cpu_gflops=100.0)
+
+
+@pytest.fixture(scope="module")
+def info(tmp_path_factory):
+    return read_gguf(ggufs.write_tiny_llama(tmp_path_factory.mktemp("m") / "t.gguf"))
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    return read_gguf(ggufs.write_tiny_llama(tmp_path_factory.mktemp("m") / "tied.gguf",
+                                            ggufs.TinySpec(tied_output=True)))
+
+
+def test_kv_cache_bytes(info):
+    # n_ctx 1000 -> 1024 cells; per layer 1024 x (2 heads x 16 dims x 2 B) for K and again for V
+    assert planner.kv_bytes_per_layer(info, 1000) == [1024 * 128] * 2
+    # q8_0: 34 bytes per 32 elements
+    assert planner.kv_bytes_per_layer(info, 1024, type_k="q8_0", type_v="q8_0") == [1024 * 2 * 32 * 34 // 32] * 2
+    with pytest.raises(SettingsError):
+        planner.kv_bytes_per_layer(info, 1024, type_k="q3_z")
+
+
+def test_sliding_window_layers(info):
+    swa = replace(info, n_swa=256, swa_layers=(True, False))
+    full = planner.kv_bytes_per_layer(swa, 4096, swa_full=True)
+    assert full == [4096 * 128] * 2  # llama.cpp's C default: full-size SWA cache
+    small = planner.kv_bytes_per_layer(swa, 4096, swa_full=False, n_ubatch=512)
+    assert small == [768 * 128, 4096 * 128]  # window 256 + ubatch 512, padded to 256
+
+
+def test_compute_buffer(info):
+    # flash attention: layer stage 512 x 4 x (4 x 64 + 3 x 128) + mask 512 x 1024 x 2
+    layer = 512 * 4 * (4 * 64 + 3 * 128) + 512 * 1024 * 2
+    out = 512 * N_VOCAB * 4 + 2 * 512 * 64 * 4
+    assert planner.compute_buffer(info, n_ctx=1024, n_ubatch=512, flash=True) == max(layer, out)
+    # without flash attention the KQ scores grow with the context: 512 x 8192 x (4 x 4 + 4)
+    no_fa = 512 * 8192 * 20 + 512 * 4 * 6 * 64
+    assert planner.compute_buffer(info, n_ctx=8192, n_ubatch=512, flash=False) == no_fa
+
+
+def test_cpu_memory_and_overhead(info):
+    m = planner.memory(info, n_ctx=1024)
+    assert m.weights_cpu == info.weight_bytes and m.weights_gpu == 0 and m.vram == 0
+    assert m.kv_cpu == 2 * 1024 * 128
+    assert m.output == N_VOCAB * 4
+    assert m.overhead == planner.OVERHEAD_BASE + planner.OVERHEAD_PER_VOCAB * N_VOCAB
+    assert m.ram == m.weights_cpu + m.kv_cpu + m.compute_cpu + m.output + m.overhead
+
+
+def test_gpu_layer_placement(info):
+    lb = info.layer_bytes()
+    out = info.tensor("output.weight").n_bytes + info.tensor("output_norm.weight").n_bytes
+    emb = info.tensor("token_embd.weight").n_bytes
+    # llama.cpp: n_gpu_layers=1 offloads only the output layer; 2 adds the last block; 3 is all
+    m1 = planner.memory(info, n_ctx=1024, n_gpu_layers=1, gpu=True)
+    assert (m1.weights_gpu, m1.kv_gpu) == (out, 0)
+    m2 = planner.memory(info, n_ctx=1024, n_gpu_layers=2, gpu=True)
+    assert (m2.weights_gpu, m2.kv_gpu) == (out + lb[1], 1024 * 128)
+    m3 = planner.memory(info, n_ctx=1024, n_gpu_layers=-1, gpu=True)
+    assert m3.weights_gpu == out + lb[0] + lb[1] and m3.weights_cpu == emb  # token_embd stays on the CPU
+    assert m3.kv_cpu == 0 and m3.cuda_context == planner.CUDA_CONTEXT
+    assert m3.compute_cpu == 2 * 512 * 64 * 4  # only the input embeddings' host buffer
+
+
+def test_tied_output_duplicated_on_gpu_only(tied):
+    emb = tied.tensor("token_embd.weight").n_bytes
+    cpu = planner.memory(tied, n_ctx=512)
+    assert cpu.weights_cpu == tied.weight_bytes  # shared on the CPU, counted once
+    gpu = planner.memory(tied, n_ctx=512, n_gpu_layers=-1, gpu=True)
+    assert gpu.weights_cpu == emb and gpu.weights_gpu == tied.weight_bytes  # a copy goes to the GPU
+
+
+def test_fit_labels(info):
+    p = planner.plan(info, hw(), n_ctx=1024)
+    assert (p.fit, p.n_gpu_layers, p.vram_bytes) == ("cpu", 0, 0)
+    assert "runs on the CPU" in p.explanation
+    big = planner.plan(info, hw(vram_free=[8 * GiB]), n_ctx=1024)
+    assert (big.fit, big.n_gpu_layers) == ("full_gpu", 3)
+    assert "fits fully on your 9 GB GPU" in big.explanation
+    # a GPU budget that holds the output and one block but not both blocks -> partial
+    full = planner.memory(info, n_ctx=1024, n_gpu_layers=2, gpu=True).vram
+    tight = full + planner.VRAM_MARGIN[0] + 1000
+    part = planner.plan(info, hw(vram_free=[tight]), n_ctx=1024)
+    assert (part.fit, part.n_gpu_layers) == ("partial", 2)
+    none = planner.plan(info, hw(ram_avail=1000), n_ctx=1024)
+    assert none.fit == "too_large" and "does not fit" in none.explanation
+    forced = planner.plan(info, hw(vram_free=[8 * GiB]), n_ctx=1024, n_gpu_layers=1)
+    assert (forced.fit, forced.n_gpu_layers) == ("partial", 1)
+
+
+def test_draft_is_counted(info, tied):
+    alone = planner.plan(info, hw(), n_ctx=2048)
+    both = planner.plan(info, hw(), n_ctx=2048, draft=tied)
+    d = planner.memory(tied, n_ctx=2048)
+    assert both.ram_bytes == alone.ram_bytes + d.ram
+    assert both.to_json()["draft_breakdown"]["kv_cpu"] == d.kv_cpu
+
+
+def test_kv_advice_when_context_is_the_limit(info):
+    m = planner.memory(info, n_ctx=65536)
+    p = planner.plan(info, hw(ram_avail=m.ram // 2 + GiB + 1), n_ctx=65536)
+    assert p.fit == "too_large"
+    assert any("q8_0 KV cache" in a for a in p.advice)
+    with pytest.raises(SettingsError, match="flash attention"):
+        planner.plan(info, hw(), type_v="q8_0", flash_attn="off")
+
+
+def test_decode_speed_formula(info):
+    h = hw(bw=10.0)
+    read = sum(t.n_bytes for t in info.tensors if t.name != "token_embd.weight")  # all f32
+    expect = planner.T0_CPU + read / (10e9 * planner.EFF_CPU_FLOAT)
+    assert planner.decode_seconds(info, h, n_gpu_layers=0) == pytest.approx(expect)
+    # with 1000 tokens in the cache each layer also reads 1000 x 2 x 16 x (2 + 2) bytes
+    deep = planner.decode_seconds(info, h, n_gpu_layers=0, depth=1000)
+    assert deep - expect == pytest.approx(2 * 1000 * 128 / (10e9 * planner.EFF_CPU_FLOAT))
+    # GPU layers read at GPU bandwidth: faster
+    g = hw(vram_free=[8 * GiB])
+    assert planner.decode_seconds(info, g, n_gpu_layers=-1) < expect
+
+
+def test_calibration_replaces_the_default_efficiency(info):
+    h = hw(bw=10.0)
+    before = planner.decode_seconds(info, h, n_gpu_layers=0)
+    record_decode_run(where="cpu", bytes_per_token=100 << 20, tok_s=20.0)  # 2.1 GB/s effective
+    after = planner.decode_seconds(info, h, n_gpu_layers=0)
+    read = sum(t.n_bytes for t in info.tensors if t.name != "token_embd.weight")
+    assert after == pytest.approx(planner.T0_CPU + read / ((100 << 20) * 20.0))
+    assert after > before
+
+
+def test_prefill_formula(info):
+    p = planner.prefill_tok_s(info, hw(), n_gpu_layers=0, prompt=512)
+    flops = 2 * planner.layer_params(info) + 4 * 4 * 16 * 256 * 2
+    assert p == pytest.approx(100e9 * planner.EFF_PREFILL_CPU / flops)
+
+
+def test_rank_quants(info):
+    sizes = {"m-F16.gguf": 4000, "m-Q8_0.gguf": 2100, "m-Q4_K_M.gguf": 1200, "m-Q2_K.gguf": 800}
+    ref = replace(info, file_bytes=info.weight_bytes)
+    files = [(n, int(ref.file_bytes * s / 4000)) for n, s in sizes.items()]
+    f16_ram = planner.plan(planner.scaled(ref, files[0][1], "x", "F16"), hw(), n_ctx=512).ram_bytes
+    q8_ram = planner.plan(planner.scaled(ref, files[1][1], "x", "Q8_0"), hw(), n_ctx=512).ram_bytes
+    h = hw(ram_avail=(f16_ram + q8_ram) // 2 + GiB + 2 * GiB // 10 * 0)  # F16 does not fit, Q8_0 does
+    h = replace(h, ram_total=h.ram_available)  # margin = max(1 GiB, 10 %) = 1 GiB here
+    ranked = planner.rank_quants(files, ref, h, n_ctx=512)
+    assert [r.quant for r in ranked] == ["Q8_0", "Q4_K_M", "Q2_K", "F16"]
+    assert ranked[0].recommended and ranked[-1].plan.fit == "too_large"
+    assert ranked[0].to_json()["quality"] == "practically lossless"
+
+
+def test_quant_names():
+    assert quants.quant_from_name("Qwen2.5-7B-Instruct-Q4_K_M.gguf") == "Q4_K_M"
+    assert quants.quant_from_name("google_gemma-3-4b-it-IQ4_XS.gguf") == "IQ4_XS"
+    assert quants.quant_from_name("Llama-3.3-70B-Instruct-Q5_K_M-00001-of-00002.gguf") == "Q5_K_M"
+    assert quants.quant_from_name("phi-4-bf16.gguf") == "BF16"
+    assert quants.quant_from_name("readme.gguf") is None
+    assert quants.quality_loss("Q8_0") < quants.quality_loss("Q4_K_M") < quants.quality_loss("Q2_K")
