@@ -257,9 +257,9 @@ def user_models() -> list[LocalModel]:
 
 
 def list_models(*, cache_dir: str | Path | None = None, home: Path | None = None) -> list[LocalModel]:
-    """Everything usable, each file once (the same file found twice keeps its first source)."""
-    found = (hf_cache_models(cache_dir) + user_models() + lmstudio_models(lmstudio_roots(home))
-             + ollama_models(ollama_root(home)))
+    """Everything usable, each file once (a file found twice keeps the app's source over "user")."""
+    found = (hf_cache_models(cache_dir) + lmstudio_models(lmstudio_roots(home))
+             + ollama_models(ollama_root(home)) + user_models())
     out, seen = [], set()
     for m in found:
         key = os.path.realpath(m.path)
