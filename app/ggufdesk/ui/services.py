@@ -59,15 +59,19 @@ class Selection:
 
 
 class DownloadControl:
-    """Pause and cancel flags a download checks between chunks (both stop it; pause keeps the part)."""
+    """One stop flag a download checks between chunks; `reason` says pause (keep the part) or cancel."""
 
     def __init__(self) -> None:
-        self.cancel = threading.Event()
-        self.pause = threading.Event()
+        self.stop = threading.Event()
+        self.reason = ""
+
+    def request(self, reason: str) -> None:
+        self.reason = reason
+        self.stop.set()
 
     @property
     def stopped(self) -> bool:
-        return self.cancel.is_set() or self.pause.is_set()
+        return self.stop.is_set()
 
 
 class DownloadStopped(Exception):
@@ -123,8 +127,16 @@ def rough_plan(choice: ModelChoice, hw: Any) -> ModelChoice:
                    pred_prefill_tok_s=decode * 8 if decode else None)
 
 
+def _pick_draft_file(models: list[Any]) -> Any:
+    """A draft should be small and faithful: Q8_0 if offered, else the smallest file."""
+    q8 = [m for m in models if (m.quant or "").upper() == "Q8_0"]
+    return q8[0] if q8 else min(models, key=lambda m: m.size)
+
+
 class ModelServices:
     """The real thing: core.hardware, core.catalog, core.planner, core.downloads, core.library."""
+
+    MAX_CATALOG_ROWS = 3  # each one costs a repo listing and a remote header read
 
     def __init__(self) -> None:
         self.hw: Any = None
@@ -138,59 +150,97 @@ class ModelServices:
     def describe(self, hw: Any) -> list[str]:
         return describe_hardware(hw)
 
-    def hub_reachable(self) -> bool:
-        try:
-            from ggufdesk.core import downloads
+    def hub_reachable(self, timeout: float = 3.0) -> bool:
+        import urllib.error
+        import urllib.request
 
-            return bool(downloads.hub_reachable())
-        except (ImportError, AttributeError):
+        from huggingface_hub import constants
+
+        if constants.HF_HUB_OFFLINE:
             return False
-        except KnownError:
+        try:
+            urllib.request.urlopen(constants.ENDPOINT, timeout=timeout).close()
+        except urllib.error.HTTPError:
+            return True  # it answered
+        except (urllib.error.URLError, OSError, ValueError):
             return False
+        return True
 
     def recommendations(self, hw: Any) -> list[ModelChoice]:
-        try:
-            from ggufdesk.core import catalog
-        except ImportError:
-            return []
+        """The biggest catalog models that should fit here, each with its best quant for this machine."""
+        from ggufdesk.core import catalog, planner
+
+        cat = catalog.load()
+        ram, vram = planner.budgets(hw) if hw is not None else (0, 0)
+        budget = max(ram, vram)
+        q4_bytes = lambda e: e.params_b * 1e9 * 4.9 / 8  # noqa: E731 - Q4_K_M is ~4.9 bits/weight
+        fitting = sorted((e for e in cat.entries if q4_bytes(e) * 1.3 < budget),
+                         key=lambda e: -e.params_b)[: self.MAX_CATALOG_ROWS]
         out: list[ModelChoice] = []
-        for entry in catalog.recommend(hw):  # interface adapted when core/catalog.py lands
-            out.append(self._from_catalog(entry, hw))
+        for e in fitting:
+            try:
+                rows = self.lookup_repo(e.repo, hw, label=e.name)
+            except KnownError as err:
+                log.info("catalog entry %s skipped: %s", e.id, err)
+                continue
+            best = next((r for r in rows if r.recommended), None)
+            if best is None:
+                continue
+            best.recommended = not out
+            best.source = "catalog"
+            if (d := cat.draft_for(e.id)) is not None:
+                best.draft = self._draft_choice(d.repo, d.name)
+            out.append(best)
         return out
 
-    def _from_catalog(self, entry: Any, hw: Any) -> ModelChoice:
-        c = ModelChoice(label=getattr(entry, "label", str(entry)), source="catalog",
-                        repo=getattr(entry, "repo", None), filename=getattr(entry, "filename", None),
-                        size_bytes=int(getattr(entry, "size_bytes", 0) or 0))
-        return self.plan(c, hw)
+    def _draft_choice(self, repo: str, name: str) -> ModelChoice | None:
+        from ggufdesk.core import downloads
 
-    def lookup_repo(self, repo: str, hw: Any) -> list[ModelChoice]:
-        from ggufdesk.core import planner
+        try:
+            models = downloads.list_gguf(repo)
+        except KnownError:
+            return None
+        if not models:
+            return None
+        m = _pick_draft_file(models)
+        return ModelChoice(label=f"{name} {m.quant or ''}".strip(), source="catalog", repo=repo,
+                           filename=m.first, size_bytes=m.size)
 
-        rows = planner.rank_repo(repo, hw)  # interface adapted when core/planner.py lands
-        return [self.plan(ModelChoice(label=r.filename, source="repo", repo=repo,
-                                      filename=r.filename, size_bytes=r.size_bytes), hw)
-                for r in rows]
+    def lookup_repo(self, repo: str, hw: Any, *, label: str | None = None) -> list[ModelChoice]:
+        """Every GGUF in a hub repo, ranked for this machine by the planner."""
+        from ggufdesk.core import downloads, planner
+        from ggufdesk.core.gguf_meta import read_gguf
+
+        models = downloads.list_gguf(repo)
+        if not models:
+            raise KnownError(f"{repo} has no .gguf files")
+        ref = next((m for m in models if (m.quant or "").upper() == "Q4_K_M"),
+                   models[len(models) // 2])
+        info = read_gguf(f"hf://{repo}/{ref.first}")
+        by_file = {m.first: m for m in models}
+        ranked = planner.rank_quants([(m.first, m.size) for m in models], info, hw)
+        return [ModelChoice(
+            label=f"{label or repo.split('/')[-1]} {r.quant or r.file}", source="repo", repo=repo,
+            filename=r.file, size_bytes=r.size, fit=r.plan.fit, n_gpu_layers=r.plan.n_gpu_layers,
+            n_ctx=r.plan.n_ctx, pred_prefill_tok_s=r.plan.pred_prefill_tok_s,
+            pred_decode_tok_s=r.plan.pred_decode_tok_s, recommended=r.recommended,
+            note=r.plan.explanation + (f" ({len(by_file[r.file].files)} parts)"
+                                       if len(by_file[r.file].files) > 1 else ""),
+        ) for r in ranked]
 
     def local_choices(self, hw: Any) -> list[ModelChoice]:
-        """The starter model (offline) and GGUF files already on disk."""
-        out: list[ModelChoice] = []
-        from ggufdesk.core import starter
+        """The starter model (works offline) and GGUF files already on this computer."""
+        from ggufdesk.core import library, starter
 
+        out: list[ModelChoice] = []
         if starter.starter_available():
-            out.append(self.plan(ModelChoice(
+            out.append(rough_plan(ModelChoice(
                 label="Gemma 3 270M (starter, works offline)", source="starter",
                 filename=starter.STARTER_NAME, size_bytes=253 * 1024**2,
-                note="small and quick; a base model, so it continues text"), hw))
-        try:
-            from ggufdesk.core import library
-
-            for item in library.list_models():
-                path = Path(getattr(item, "path", item))
-                out.append(self.plan(ModelChoice(label=path.name, source="disk", path=path,
-                                                 size_bytes=path.stat().st_size), hw))
-        except ImportError:
-            pass
+                note="small and quick; a base model, so it continues your text"), hw))
+        for m in library.list_models():
+            out.append(self.plan(ModelChoice(label=m.name, source="disk", path=m.path,
+                                             size_bytes=m.size), hw))
         return out
 
     def choice_for_file(self, path: Path, hw: Any) -> ModelChoice:
@@ -200,22 +250,25 @@ class ModelServices:
                                      size_bytes=path.stat().st_size), hw)
 
     def plan(self, choice: ModelChoice, hw: Any) -> ModelChoice:
-        try:
-            from ggufdesk.core import planner
+        """The planner's verdict for one file (its header is read locally or over HTTP ranges)."""
+        if hw is None:
+            return choice
+        from ggufdesk.core import planner
+        from ggufdesk.core.gguf_meta import read_gguf
 
-            target = str(choice.path) if choice.path else f"hf://{choice.repo}/{choice.filename}"
-            plan = planner.plan(target, hardware=hw)
-            return replace(choice, fit=plan.fit, n_gpu_layers=plan.n_gpu_layers,
-                           pred_prefill_tok_s=plan.pred_prefill_tok_s,
-                           pred_decode_tok_s=plan.pred_decode_tok_s)
-        except (ImportError, AttributeError, TypeError):
-            return rough_plan(choice, hw)
+        target = str(choice.path) if choice.path else f"hf://{choice.repo}/{choice.filename}"
+        try:
+            pl = planner.plan(read_gguf(target), hw, n_ctx=choice.n_ctx)
         except KnownError as e:
             log.info("planning %s failed: %s", choice.label, e)
             return replace(rough_plan(choice, hw), note=str(e))
+        return replace(choice, fit=pl.fit, n_gpu_layers=pl.n_gpu_layers, n_ctx=pl.n_ctx,
+                       pred_prefill_tok_s=pl.pred_prefill_tok_s,
+                       pred_decode_tok_s=pl.pred_decode_tok_s, note=pl.explanation)
 
     def download(self, choice: ModelChoice, on_progress: Callable[[int, int], None],
                  control: DownloadControl) -> Path:
+        """Fetch the file (all parts of a split set) into the HF cache; resumes after a pause."""
         if choice.source == "starter":
             from ggufdesk.core import starter
 
@@ -226,15 +279,30 @@ class ModelServices:
         if not choice.needs_download:
             return Path(choice.path)  # type: ignore[arg-type]
         from ggufdesk.core import downloads
+        from ggufdesk.core.gguf_meta import split_parts
 
-        return Path(downloads.download(choice.repo, choice.filename, progress=on_progress,
-                                       should_stop=lambda: control.stopped))
+        assert choice.repo and choice.filename
+        names = [choice.filename]
+        if (sp := split_parts(choice.filename.rsplit("/", 1)[-1])) is not None:
+            folder = choice.filename.rsplit("/", 1)[0] + "/" if "/" in choice.filename else ""
+            names = [f"{folder}{sp[0]}-{i:05d}-of-{sp[2]:05d}.gguf" for i in range(1, sp[2] + 1)]
+        done_before = 0
+        first: Path | None = None
+        for name in names:
+            def progress(pr: Any, base: int = done_before) -> None:
+                on_progress(base + pr.done, max(choice.size_bytes, base + pr.total))
+
+            try:
+                got = downloads.download(choice.repo, name, progress=progress, cancel=control.stop)
+            except downloads.DownloadCancelled:
+                raise DownloadStopped(control.reason or "cancel") from None
+            done_before += got.bytes
+            first = first or Path(got.path)
+        assert first is not None
+        return first
 
     def recommended_settings(self, model: str | None) -> tuple[LoadSettings, SpeculationSettings]:
-        hw = self.hw
-        if model and hw is not None:
-            c = self.plan(ModelChoice(label=Path(model).name, source="file", path=Path(model),
-                                      size_bytes=Path(model).stat().st_size
-                                      if Path(model).is_file() else 0), hw)
+        if model and self.hw is not None and Path(model).is_file():
+            c = self.choice_for_file(Path(model), self.hw)
             return LoadSettings(n_gpu_layers=c.n_gpu_layers, n_ctx=c.n_ctx), SpeculationSettings()
         return LoadSettings(), SpeculationSettings()

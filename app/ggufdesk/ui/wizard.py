@@ -265,7 +265,7 @@ class DownloadPage(QWizardPage):
                 return
             exc = fut.exception()
             if isinstance(exc, DownloadStopped) or (exc is None and control.stopped):
-                self.state = "cancelled" if control.cancel.is_set() else "paused"
+                self.state = "paused" if control.reason == "pause" else "cancelled"
                 self.detail.setText("Paused. Resume continues where it stopped."
                                     if self.state == "paused" else "Cancelled.")
                 self.wiz.download_state.emit(self.state)
@@ -303,13 +303,13 @@ class DownloadPage(QWizardPage):
 
     def toggle_pause(self) -> None:
         if self.state == "running":
-            self.control.pause.set()
+            self.control.request("pause")
         elif self.state in ("paused", "failed", "cancelled"):
             self.start()
 
     def cancel(self) -> None:
         if self.state == "running":
-            self.control.cancel.set()
+            self.control.request("cancel")
         self.wiz.back()
 
     def isComplete(self) -> bool:  # noqa: N802 - Qt API
@@ -377,5 +377,5 @@ class ModelWizard(QWizard):
 
     def reject(self) -> None:
         if self.download_page.state == "running":
-            self.download_page.control.cancel.set()
+            self.download_page.control.request("cancel")
         super().reject()
