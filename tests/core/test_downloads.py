@@ -190,12 +190,12 @@ def partial_size_or(got) -> int:
 
 def test_cancel_from_another_thread_then_resume_continues_from_the_partial(repo, files):
     name = "blob07-Q4_K_M.gguf"
-    repo.faults.add(Fault(file=name, stall_at=600_000, stall_s=0.5))
     cancel, started, result = threading.Event(), threading.Event(), {}
 
     def progress(p):
-        if p.done >= 200_000:
+        if p.phase == "download" and not started.is_set():  # the first event: a chunk is on disk
             started.set()
+            assert cancel.wait(10)  # hold the worker here until the main thread has pressed cancel
 
     def worker():
         try:
@@ -211,7 +211,7 @@ def test_cancel_from_another_thread_then_resume_continues_from_the_partial(repo,
     assert "cancelled" in result
     partial = blobs_dir() / f"{repo.sha256(REPO, name)}.incomplete"
     kept = partial.stat().st_size
-    assert 200_000 <= kept < SIZE
+    assert 0 < kept < SIZE
     got = download(REPO, name, **FAST)
     assert got.resumed_from == kept and gets(repo, name)[-1] == kept  # not from zero
     assert got.sha256 == sha(files[name])

@@ -521,7 +521,9 @@ def _transfer(partial: Path, blob: Path, pointer: Path, http_get, location, head
                              f"{_mb(now)} of {_mb(size)} kept, run the download again to resume") from err
         wait = min(backoff_s * 2 ** max(attempt - 1, 0), 30.0)
         log.warning("%s: %s; retrying from byte %d in %.1fs", filename, err, now, wait)
-        if cancel is not None and cancel.wait(wait):
+        if cancel is None:
+            time.sleep(wait)
+        elif cancel.wait(wait):
             raise DownloadCancelled("download paused")
     meter.done = size
     meter.emit("verify")
