@@ -238,3 +238,12 @@ def test_selecting_a_conversation_loads_it_off_the_gui_thread(qtbot, loaded_wind
         w.conv_list.setCurrentIndex(w.conv_model.index(w.conv_model.row_of(first)))
     assert blocker.args == [first]
     assert [x.role for x in w.chat.widgets] == ["user", "assistant"]
+
+
+def test_title_from_first_line():
+    from ggufdesk.ui.main_window import title_from
+
+    assert title_from("A short guide.\n\nSpeculative decoding makes") == "A short guide."
+    assert title_from("  many   spaces  ") == "many spaces"
+    long = "word " * 30
+    assert title_from(long).endswith("…") and len(title_from(long)) <= 49

@@ -10,7 +10,7 @@ from ggufdesk.ui.gauges import GaugePanel, SystemSample
 
 def test_gauges_follow_engine_stats_during_a_stream(qtbot, loaded_window):
     w = loaded_window
-    legend = w.gauges.legend.text()
+    legend = w.gauges.legend.toolTip()
     assert "weights 4.0 KB" not in legend and "weights" in legend and "KV cache 64.0 MB" in legend
     with qtbot.waitSignal(w.answer_finished, timeout=15000):
         w.send("measure me")
@@ -52,7 +52,7 @@ def test_gauge_panel_draft_acceptance_and_vram(qtbot):
     panel.on_sample(SystemSample(ram_total=32 << 30, ram_used=8 << 30, gpu_name="RTX Test",
                                  vram_total=24 << 30, vram_used=8 << 30))
     assert "VRAM (RTX Test)" in panel.mem_title.text()
-    assert "other processes 2.2 GB" in panel.legend.text()  # 8 GB used - 5.75 GB ours
+    assert "other processes 2.2 GB" in panel.legend.toolTip()  # 8 GB used - 5.75 GB ours
     panel.on_stats(p.Stats(id="r", n_prompt=100, n_gen=40, ttft_s=0.25, prefill_tok_s=400,
                            decode_tok_s=55.5, drafted=40, accepted=30, draft_len=6,
                            speculation="draft"))

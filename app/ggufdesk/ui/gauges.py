@@ -181,7 +181,8 @@ class RateGraph(QWidget):
 
 
 def _legend(key_colour: str, text: str) -> str:
-    return f"<span style='color:{key_colour}'>■</span> {text}"
+    text = text.replace(" ", "&nbsp;")
+    return f"<span style='color:{key_colour}'>■</span>&nbsp;{text}"
 
 
 class GaugePanel(QGroupBox):
@@ -286,3 +287,4 @@ class GaugePanel(QGroupBox):
         free = max(0, total - ours - other)
         items.append(_legend("#eef1f4", f"free {human_bytes(free)} of {human_bytes(total)}"))
         self.legend.setText(" &nbsp; ".join(items))
+        self.legend.setToolTip(self.legend.text().replace("&nbsp;", " "))

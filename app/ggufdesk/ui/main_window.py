@@ -59,6 +59,14 @@ def build_request(conv: Conversation, messages: list[Message]) -> dict[str, Any]
     return {"prompt": None, "messages": msgs}
 
 
+def title_from(text: str, limit: int = 48) -> str:
+    """A conversation title: the first line of the first message, shortened at a word."""
+    first = " ".join(text.strip().splitlines()[0].split()) if text.strip() else "New chat"
+    if len(first) <= limit:
+        return first
+    return first[:limit].rsplit(" ", 1)[0] + "…"
+
+
 class MainWindow(QMainWindow):
     answer_finished = Signal(str)  # final status of an answer: done | cancelled | partial | error
     conversation_loaded = Signal(int)
@@ -371,7 +379,7 @@ class MainWindow(QMainWindow):
         # The user's message is committed before the engine hears about it.
         self.history.add_message(self.conv.id, "user", text)
         if self.conv.title == "New chat":
-            self.conv = self.history.update_conversation(self.conv.id, title=text[:48])
+            self.conv = self.history.update_conversation(self.conv.id, title=title_from(text))
         self.conv_model.update(self.history.get_conversation(self.conv.id))
         self.input.clear()
         self._start_answer()

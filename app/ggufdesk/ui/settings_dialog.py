@@ -5,7 +5,8 @@ from typing import Any, Callable
 
 from PySide6.QtWidgets import (
     QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QGroupBox,
-    QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget,
+    QHBoxLayout, QLabel, QLineEdit, QPushButton, QScrollArea, QSizePolicy, QSpinBox, QVBoxLayout,
+    QWidget,
 )
 
 from ggufdesk.core.errors import SettingsError
@@ -15,15 +16,15 @@ from ggufdesk.core.settings import (
 
 # field -> (label, one-line explanation)
 HELP: dict[str, tuple[str, str]] = {
-    "n_ctx": ("Context length", "How many tokens the model can see at once; more costs KV-cache memory."),
+    "n_ctx": ("Context length", "Tokens the model sees at once; more costs KV-cache memory."),
     "n_gpu_layers": ("GPU layers", "Layers kept on the GPU (-1 = all). More is faster until VRAM runs out."),
-    "n_batch": ("Batch size", "Prompt tokens handed to llama.cpp per call while reading your prompt."),
-    "n_ubatch": ("Micro-batch", "Tokens computed together (≤ batch); sets prefill speed and compute memory."),
+    "n_batch": ("Batch size", "Prompt tokens handed to llama.cpp per call."),
+    "n_ubatch": ("Micro-batch", "Tokens computed together (≤ batch): prefill speed vs memory."),
     "n_threads": ("Decode threads", "CPU threads while writing the answer, token by token (0 = cores)."),
-    "n_threads_batch": ("Prefill threads", "CPU threads while reading the prompt and verifying drafts (0 = cores)."),
+    "n_threads_batch": ("Prefill threads", "CPU threads for the prompt and draft checks (0 = cores)."),
     "flash_attn": ("Flash attention", "A faster, leaner attention kernel; needed for a quantized V cache."),
-    "type_k": ("K cache type", "Precision of the attention keys; q8_0 halves KV memory with little loss."),
-    "type_v": ("V cache type", "Precision of the attention values; anything but f16/f32/bf16 needs flash attention."),
+    "type_k": ("K cache type", "Precision of attention keys; q8_0 halves their memory."),
+    "type_v": ("V cache type", "Precision of attention values; quantized needs flash attention."),
     "mode": ("Speculation", "off, a small draft model proposing tokens, or copying from the prompt (lookup)."),
     "draft_model": ("Draft model", "A small model with the same vocabulary; its guesses are verified by the big one."),
     "k_max": ("Max draft length", "Most tokens proposed per step."),
@@ -33,17 +34,14 @@ HELP: dict[str, tuple[str, str]] = {
 }
 
 
-def _explained(widget: QWidget, field_name: str) -> QWidget:
-    box = QWidget()
-    lay = QVBoxLayout(box)
-    lay.setContentsMargins(0, 0, 0, 4)
-    lay.setSpacing(1)
-    lay.addWidget(widget)
+def _add_row(form: QFormLayout, widget: QWidget, field_name: str) -> None:
+    """The field on one row, its one-line explanation spanning the row below."""
+    form.addRow(HELP[field_name][0], widget)
     note = QLabel(HELP[field_name][1])
     note.setWordWrap(True)
-    note.setStyleSheet("color: #66727f; font-size: 11px;")
-    lay.addWidget(note)
-    return box
+    note.setStyleSheet("color: #66727f; font-size: 11px; margin-bottom: 4px;")
+    note.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+    form.addRow(note)
 
 
 class SettingsDialog(QDialog):
@@ -54,6 +52,8 @@ class SettingsDialog(QDialog):
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Engine settings")
+        self.setMinimumWidth(860)
+        self.resize(900, 720)
         self._recommended = recommended or (lambda: (LoadSettings(), SpeculationSettings()))
         self.w: dict[str, Any] = {}
         perf = QGroupBox("Model and memory")
@@ -65,19 +65,19 @@ class SettingsDialog(QDialog):
             sb.setRange(lo, hi)
             sb.setObjectName(name)
             self.w[name] = sb
-            pf.addRow(HELP[name][0], _explained(sb, name))
+            _add_row(pf, sb, name)
         for name, choices in (("flash_attn", FLASH_ATTN), ("type_k", KV_TYPES), ("type_v", KV_TYPES)):
             cb = QComboBox()
             cb.addItems(list(choices))
             cb.setObjectName(name)
             self.w[name] = cb
-            pf.addRow(HELP[name][0], _explained(cb, name))
+            _add_row(pf, cb, name)
         spec = QGroupBox("Speculative decoding")
         sf = QFormLayout(spec)
         mode = QComboBox()
         mode.addItems(list(SPEC_MODES))
         self.w["mode"] = mode
-        sf.addRow(HELP["mode"][0], _explained(mode, "mode"))
+        _add_row(sf, mode, "mode")
         draft = QLineEdit()
         draft.setPlaceholderText("path to a small .gguf")
         browse = QPushButton("Browse…")
@@ -88,15 +88,15 @@ class SettingsDialog(QDialog):
         rl.addWidget(draft, 1)
         rl.addWidget(browse)
         self.w["draft_model"] = draft
-        sf.addRow(HELP["draft_model"][0], _explained(row, "draft_model"))
+        _add_row(sf, row, "draft_model")
         for name, lo, hi in (("k_max", 1, 64), ("k_min", 1, 64), ("ngram", 1, 16)):
             sb = QSpinBox()
             sb.setRange(lo, hi)
             self.w[name] = sb
-            sf.addRow(HELP[name][0], _explained(sb, name))
+            _add_row(sf, sb, name)
         adaptive = QCheckBox("adjust the draft length as it goes")
         self.w["adaptive"] = adaptive
-        sf.addRow(HELP["adaptive"][0], _explained(adaptive, "adaptive"))
+        _add_row(sf, adaptive, "adaptive")
 
         self.error_label = QLabel()
         self.error_label.setWordWrap(True)
@@ -108,11 +108,17 @@ class SettingsDialog(QDialog):
         self.reset_btn.clicked.connect(self.reset_to_recommended)
         self.buttons.accepted.connect(self.accept)
         self.buttons.rejected.connect(self.reject)
-        cols = QHBoxLayout()
+        body = QWidget()
+        cols = QHBoxLayout(body)
+        cols.setContentsMargins(0, 0, 0, 0)
         cols.addWidget(perf, 1)
         cols.addWidget(spec, 1)
+        scroll = QScrollArea()  # small screens: scroll rather than squeeze the explanations
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        scroll.setWidget(body)
         lay = QVBoxLayout(self)
-        lay.addLayout(cols)
+        lay.addWidget(scroll, 1)
         lay.addWidget(self.error_label)
         lay.addWidget(self.buttons)
         self._extra_load = {"use_mmap": load.use_mmap, "use_mlock": load.use_mlock}

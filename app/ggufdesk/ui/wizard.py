@@ -80,6 +80,7 @@ class ModelPage(QWizardPage):
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.verticalHeader().hide()
         self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.table.horizontalHeader().setStretchLastSection(True)
         self.table.selectionModel().selectionChanged.connect(self._selection_changed)
         self.repo = QLineEdit(placeholderText="or type a Hugging Face repo, e.g. unsloth/gemma-3-1b-it-GGUF")
         self.lookup_btn = QPushButton("Look up")
@@ -126,7 +127,8 @@ class ModelPage(QWizardPage):
                 best = next((i for i, r in enumerate(rows) if r.recommended), 0 if rows else -1)
                 if best >= 0:
                     self.table.selectRow(best)
-            self.table.resizeColumnsToContents()
+            for col in range(1, self.model.columnCount()):
+                self.table.resizeColumnToContents(col)
             self.wiz.choices_loaded.emit()
 
         run_in_background(gather, done)
