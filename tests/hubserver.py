@@ -126,6 +126,7 @@ class RequestRecord:
     status: int
     sent: int  # body bytes written
     auth: bool  # an Authorization header came with it
+    started: float = 0.0  # time.monotonic() when the request arrived (records are appended when done)
 
 
 @dataclass
@@ -180,8 +181,10 @@ class HubServer:
         private: Iterable[str] = (),
         token: str = TOKEN,
         cdn_redirect: bool = True,
+        rate_bps: float | None = None,
     ) -> None:
         self.token = token
+        self.rate_bps = rate_bps  # pace every body at this many bytes/s per connection (a link's speed)
         self.cdn_redirect = cdn_redirect
         self.faults = Faults()
         self.requests: list[RequestRecord] = []
@@ -227,10 +230,10 @@ class HubServer:
         return self._repos[repo_id].commits[self.commit(repo_id, revision)][filename].sha256
 
     def ranges(self, filename: str | None = None, method: str = "GET") -> list[int]:
-        """Range starts (0 = whole file) of the body requests for ``filename`` (any file if None)."""
+        """Range starts (0 = whole file) of the body requests for ``filename``, in arrival order."""
         return [
             r.range_start or 0
-            for r in list(self.requests)
+            for r in sorted(self.requests, key=lambda r: r.started)
             if r.method == method
             and (r.path.startswith("/cdn/") or "/resolve/" in r.path)
             and (filename is None or unquote(r.path.split("?")[0]).endswith("/" + filename)
@@ -324,9 +327,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- plumbing ------------------------------------------------------------------------------
     def _record(self, status: int, sent: int = 0, range_start: int | None = None) -> None:
-        self.hub.requests.append(
-            RequestRecord(self.command, self.path, range_start, status, sent, "Authorization" in self.headers)
-        )
+        self.hub.requests.append(RequestRecord(self.command, self.path, range_start, status, sent,
+                                               "Authorization" in self.headers, self._started))
 
     def _error(self, status: int, code: str | None = None, message: str = "error", headers: dict | None = None):
         body = json.dumps({"error": message}).encode()
@@ -376,6 +378,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._route()
 
     def _route(self) -> None:
+        self._started = time.monotonic()
         try:
             path = urlsplit(self.path).path
             if path.startswith("/cdn/"):
@@ -568,12 +571,19 @@ class _Handler(BaseHTTPRequestHandler):
         stall = fault.stall_at if fault is not None and fault.stall_at is not None and fault.stall_at >= start else None
         corrupt = sorted(fault.corrupt_at) if fault is not None else []
         with f.path.open("rb") as src:
-            if cut is None and stall is None and not corrupt and end <= f.size:
+            rate = self.hub.rate_bps
+            if cut is None and stall is None and not corrupt and end <= f.size and not rate:
                 return sock.sendfile(src, offset=start, count=end - start) if end > start else 0
             pos = start
             src.seek(start)
+            t0 = time.monotonic()
+            block = min(_SEND_BLOCK, max(int(rate / 100), 16 << 10)) if rate else _SEND_BLOCK
             while pos < end:
-                stop = min(end, pos + _SEND_BLOCK)
+                if rate:
+                    ahead = (pos - start) / rate - (time.monotonic() - t0)
+                    if ahead > 0:
+                        time.sleep(ahead)
+                stop = min(end, pos + block)
                 for mark in (cut, stall):
                     if mark is not None and pos < mark < stop:
                         stop = mark

@@ -8,8 +8,9 @@ hub's LFS sha256 (git blob sha1 for small non-LFS files) before it enters ``blob
 file never appears under its hash name; free space is checked first; names that would leave the
 cache are refused.
 
-Threading: ``download`` runs in the caller's thread (a GUI runs it in a worker) and calls ``progress``
-from there; ``cancel`` is a ``threading.Event`` set from any thread. Cancel takes effect at the next
+Threading: ``download`` runs in the caller's thread (a GUI runs it in a worker); ``progress`` is called
+from its disk-writer thread (marshal to the GUI thread); ``cancel`` is a ``threading.Event`` set from
+any thread. Cancel takes effect at the next
 received chunk (``CHUNK``), or within huggingface_hub's read timeout when the connection is stalled.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import errno
 import hashlib
 import logging
 import os
+import queue
 import re
 import shutil
 import threading
@@ -203,7 +205,16 @@ def _header_quant(repo_id: str, path: str, revision: str | None) -> str | None:
 
 
 class _Writer:
-    """The file object handed to ``http_get``: writes fully, hashes as it goes, reports, honours cancel."""
+    """The file object handed to ``http_get``.
+
+    Disk writes and hashing run in a second thread (both release the GIL), so they overlap with
+    receiving; queued chunks are coalesced into writes of up to ``WRITE_BLOCK`` (fewer, cheaper
+    syscalls). Writes are always complete (a short write is continued); a disk error or a cancel
+    stops the disk thread and is raised on the next ``write`` or by ``close``.
+    """
+
+    WRITE_BLOCK = 8 << 20
+    QUEUE_CHUNKS = 16
 
     def __init__(self, f: IO[bytes], *, have: int, size: int, git: bool, report: Callable[[int], None],
                  cancel: threading.Event | None) -> None:
@@ -211,6 +222,7 @@ class _Writer:
         self.sha = hashlib.sha256()
         self.git = hashlib.sha1(b"blob %d\0" % size) if git else None
         self.valid = True
+        self.error: BaseException | None = None
         f.seek(0)
         left = have
         while left > 0:  # hash the prefix we resume from, so the result covers the whole file
@@ -221,37 +233,88 @@ class _Writer:
             left -= len(block)
         f.seek(have)
         f.truncate()
+        self._start()
 
-    def _hash(self, data: bytes) -> None:
+    def _start(self) -> None:
+        self.queue: queue.Queue[bytes | None] = queue.Queue(self.QUEUE_CHUNKS)
+        self.thread = threading.Thread(target=self._run, name="download-writer", daemon=True)
+        self.thread.start()
+
+    def _hash(self, data: bytes | memoryview) -> None:
         self.sha.update(data)
         if self.git is not None:
             self.git.update(data)
 
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            if self.error is not None:
+                continue  # drain without writing
+            batch, n = [item], len(item)
+            while n < self.WRITE_BLOCK:
+                try:
+                    nxt = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self.queue.put(None)
+                    break
+                batch.append(nxt)
+                n += len(nxt)
+            data = batch[0] if len(batch) == 1 else b"".join(batch)
+            try:
+                if self.cancel is not None and self.cancel.is_set():
+                    raise DownloadCancelled("download paused")
+                view = memoryview(data)
+                while view:
+                    written = self.f.write(view)
+                    if not written:
+                        raise OSError(errno.EIO, "write returned nothing")
+                    view = view[written:]
+                self._hash(data)
+                self.report(len(data))
+            except BaseException as e:  # noqa: BLE001 - handed to the downloading thread
+                self.error = e
+
     def write(self, data: bytes) -> int:
+        if self.error is not None:
+            raise self.error
         if self.cancel is not None and self.cancel.is_set():
             raise DownloadCancelled("download paused")
-        view = memoryview(data)
-        while view:
-            n = self.f.write(view)
-            if n is None or n <= 0:
-                raise OSError(errno.EIO, "write returned nothing")
-            view = view[n:]
-        self._hash(data)
-        self.report(len(data))
+        self.queue.put(bytes(data))
         return len(data)
 
+    def close(self) -> BaseException | None:
+        """Wait until everything queued is on disk; returns the disk thread's error, if any."""
+        if self.thread.is_alive():
+            self.queue.put(None)
+            self.thread.join()
+        return self.error
+
     def tell(self) -> int:
-        return self.f.tell()
+        self.close()
+        pos = self.f.tell()
+        self._start()
+        return pos
 
     def seek(self, pos: int, whence: int = 0) -> int:
-        return self.f.seek(pos, whence)
+        self.close()
+        r = self.f.seek(pos, whence)
+        self._start()
+        return r
 
     def truncate(self, size: int | None = None) -> int:
+        self.close()
         self.valid = False  # the server ignored Range: the hash restarts from the file at the end
-        return self.f.truncate(size)
+        r = self.f.truncate(size)
+        self._start()
+        return r
 
     def flush(self) -> None:
-        self.f.flush()
+        self.close()
+        self._start()
 
 
 class _Meter:
@@ -495,8 +558,13 @@ def _transfer(partial: Path, blob: Path, pointer: Path, http_get, location, head
                 if cancel is not None and cancel.is_set():
                     raise DownloadCancelled("download paused")
                 constants.DOWNLOAD_CHUNK_SIZE = chunk_size
-                http_get(location, writer, resume_size=have, headers=headers, expected_size=size,
-                         displayed_filename=filename, tqdm_class=silent_tqdm)
+                try:
+                    http_get(location, writer, resume_size=have, headers=headers, expected_size=size,
+                             displayed_filename=filename, tqdm_class=silent_tqdm)
+                finally:
+                    disk_error = writer.close()
+                if disk_error is not None:
+                    raise disk_error
             break
         except DownloadCancelled:
             log.info("%s paused at %d of %d bytes", filename, partial.stat().st_size, size)
