@@ -1,0 +1,73 @@
+"""The real starter model (Gemma 3 270M Q4_K_M): parity with llama-cpp-python, long-prefill cancel, chat."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ggufdesk.core.settings import LoadSettings
+from ggufdesk.engine import protocol as P
+from ggufdesk.engine.client import EngineClient
+from tests.engine.helpers import collect, greedy
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "The three largest cities in France are"
+SETTINGS = LoadSettings(n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=2, n_threads_batch=2)
+
+
+@pytest.fixture(scope="module")
+def gemma(starter_model):
+    with EngineClient() as c:
+        c.load(str(starter_model), settings=SETTINGS)
+        yield c
+
+
+def test_greedy_matches_llama_cpp_python_token_for_token(gemma, starter_model):
+    from llama_cpp import Llama
+
+    llm = Llama(str(starter_model), n_ctx=4096, n_batch=512, n_threads=2, n_threads_batch=2, verbose=False)
+    ref_text = llm.create_completion(PROMPT, max_tokens=48, temperature=0)["choices"][0]["text"]
+    llm.reset()
+    ref = []
+    for tok in llm.generate(llm.tokenize(PROMPT.encode(), special=True), temp=0.0):
+        if llm._model.token_eos() == tok or len(ref) == 48:
+            break
+        ref.append(tok)
+    done = collect(gemma, gemma.generate(prompt=PROMPT, sampling=greedy(48))).done
+    assert done.tokens == ref
+    assert done.text == ref_text
+
+
+def test_cancel_during_a_long_prefill_is_fast(gemma):
+    long_prompt = "The quick brown fox jumps over the lazy dog. " * 300  # ~3000 tokens, several seconds
+    rid = gemma.generate(prompt=long_prompt, sampling=greedy(4))
+    latency = None
+    for ev in gemma.stream(rid):
+        if isinstance(ev, P.Progress) and latency is None:
+            t = time.perf_counter()
+            gemma.cancel(rid)
+            latency = -1
+        if isinstance(ev, P.Done):
+            latency = time.perf_counter() - t
+            assert ev.finish_reason == "cancelled"
+    # 100 ms is the target (bench/engine.py measures it); a loaded CI machine gets slack here
+    assert 0 <= latency < 1.0
+    r = collect(gemma, gemma.generate(prompt=PROMPT, sampling=greedy(8)))
+    assert r.error is None and r.stats.n_gen == 8
+
+
+def test_chat_with_builtin_gemma_turns(gemma):
+    assert gemma.loaded.chat_format == "completion"  # base model: no template in the file
+    r = collect(gemma, gemma.generate(messages=[{"role": "user", "content": "Name a colour."}],
+                                      sampling=greedy(16)))
+    assert r.error is None and r.stats.n_gen >= 1
+    assert "<end_of_turn>" not in r.text and "<start_of_turn>" not in r.text
+
+
+def test_second_turn_reuses_the_first(gemma):
+    msgs = [{"role": "user", "content": "Say something about rivers."}]
+    first = collect(gemma, gemma.generate(messages=msgs, sampling=greedy(16)))
+    msgs += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And lakes?"}]
+    second = collect(gemma, gemma.generate(messages=msgs, sampling=greedy(8)))
+    assert second.stats.n_reused >= first.stats.n_prompt
