@@ -101,10 +101,24 @@ def build_main_window(*, engine_command: list[str] | None = None, services=None)
         if wiz.exec() and wiz.selection is not None:
             sel = wiz.selection
             win.load_model(str(sel.path), sel.load, sel.speculation)
+        elif not win.model_path:
+            load_starter(win)
 
     win._choose_model = choose_model
     engine.start()
     return win, engine, history, choose_model
+
+
+def load_starter(win) -> None:
+    """Nothing chosen and nothing loaded: open the offline starter model, so the first run can chat."""
+    from ggufdesk.core.starter import starter_available, starter_model_path
+
+    if not starter_available():
+        return
+    try:
+        win.load_model(str(starter_model_path()))
+    except KnownError as e:
+        log.warning("starter model: %s", e)
 
 
 def main(argv: list[str] | None = None) -> int:

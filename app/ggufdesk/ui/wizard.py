@@ -252,7 +252,8 @@ class DownloadPage(QWizardPage):
         self.pause_btn.setText("Pause")
         self.control = DownloadControl()
         control = self.control
-        self.what.setText(f"Getting {item.label}")
+        self.what.setText(f"Unpacking {item.label} (first time only)" if item.source == "starter"
+                          else f"Getting {item.label}")
         self._speed, self._last = 0.0, (time.monotonic(), -1)
         last_ui = [0.0]
 
