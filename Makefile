@@ -24,8 +24,16 @@ $(VENV)/.dev: $(VENV)/.llama $(DEPS)
 	$(PY) -m pip install -q -e '.[starter,dev]'
 	touch $@ $(VENV)/.run
 
+# The GUI needs a display; on a headless Linux machine `make run` opens the terminal chat instead.
 run: $(VENV)/.run
-	$(VENV)/bin/ggufdesk
+	@if [ "$$(uname -s)" = Linux ] && [ -z "$$DISPLAY$$WAYLAND_DISPLAY" ] && [ -z "$$QT_QPA_PLATFORM" ]; then \
+	  echo "make run: no display found; starting the terminal chat on the starter model (ggufdesk chat)"; \
+	  exec $(VENV)/bin/ggufdesk chat; \
+	fi; \
+	if [ "$$(uname -s)" = Linux ] && ! ldconfig -p 2>/dev/null | grep -q libxcb-cursor.so.0; then \
+	  echo "make run: Qt needs libxcb-cursor0 for X11 windows (Debian/Ubuntu: sudo apt-get install libxcb-cursor0)"; \
+	fi; \
+	exec $(VENV)/bin/ggufdesk
 
 chat: $(VENV)/.run
 	$(VENV)/bin/ggufdesk chat

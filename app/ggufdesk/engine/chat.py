@@ -7,36 +7,25 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from ggufdesk.core.errors import KnownError
 
-# For models that ship no template (base models such as the starter model).
-BUILTIN = {
-    "gemma": (
-        "{{ bos_token }}{% for m in messages %}"
-        "{% if m['role'] == 'system' %}{{ '<start_of_turn>user\n' + m['content'] + '\n\n' }}"
-        "{% else %}{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else 'user') + '\n' }}"
-        "{{ m['content'] + '<end_of_turn>\n' }}{% endif %}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
-    ),
-    "plain": (
-        "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] + '\n\n' }}"
-        "{% else %}{{ ('Assistant' if m['role'] == 'assistant' else 'User') + ': ' + m['content'] + '\n' }}"
-        "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
-    ),
-}
-BUILTIN_STOPS = {"gemma": ["<end_of_turn>"], "plain": ["\nUser:"]}
-
-
-def builtin_for(arch: str) -> str:
-    return "gemma" if arch.startswith("gemma") else "plain"
+# For models that ship no template (base models such as the starter model): a plain transcript.
+# Measured on the starter model, a base model continues "User:/Assistant:" sensibly, while chat
+# turn tokens it was never trained on (Gemma's <start_of_turn>) make it ramble.
+PLAIN_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] + '\n\n' }}"
+    "{% else %}{{ ('Assistant' if m['role'] == 'assistant' else 'User') + ': ' + m['content'] + '\n' }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+PLAIN_STOPS = ["\nUser:"]
 
 
 class ChatTemplate:
     """Renders messages to a prompt; template problems become KnownError with a plain message."""
 
-    def __init__(self, template: str | None, *, arch: str, bos: str, eos: str) -> None:
+    def __init__(self, template: str | None, *, bos: str, eos: str) -> None:
         self.builtin = template is None
-        self.name = f"builtin:{builtin_for(arch)}" if self.builtin else "template"
-        self.stops = BUILTIN_STOPS[builtin_for(arch)] if self.builtin else []
-        source = BUILTIN[builtin_for(arch)] if self.builtin else template
+        self.name = "builtin:plain" if self.builtin else "template"
+        self.stops = list(PLAIN_STOPS) if self.builtin else []
+        source = PLAIN_TEMPLATE if self.builtin else template
         try:
             self._fmt = Jinja2ChatFormatter(source, eos_token=eos, bos_token=bos)
         except jinja2.TemplateError as e:

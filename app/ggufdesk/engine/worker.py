@@ -110,10 +110,10 @@ class Engine:
         bos = _piece(self.gen, meta.get("tokenizer.ggml.bos_token_id"))
         eos = _piece(self.gen, meta.get("tokenizer.ggml.eos_token_id"))
         try:
-            self.template = ChatTemplate(lm.chat_template, arch=lm.arch, bos=bos, eos=eos)
+            self.template = ChatTemplate(lm.chat_template, bos=bos, eos=eos)
         except KnownError as e:
             self.emit(P.Error(kind="template", message=str(e)))
-            self.template = ChatTemplate(None, arch=lm.arch, bos=bos, eos=eos)
+            self.template = ChatTemplate(None, bos=bos, eos=eos)
         memory = dict(lm.memory)
         if spec.mode == "draft":
             try:
@@ -161,7 +161,7 @@ class Engine:
             prompt, stops = self._prompt(req, sampling)
             if stops:
                 sampling = SamplingSettings(**{**_fields(sampling), "stop": sampling.stop + stops})
-            drafter = self._drafter(spec, prompt)
+            drafter = self._drafter(spec, prompt, sampling.max_tokens)
             pieces: list[str] = []
 
             def emit_text(text: str) -> None:
@@ -213,12 +213,13 @@ class Engine:
         bos = llama_bos_text(self.gen)
         return self.gen.tokenize(text, add_bos=not (bos and text.startswith(bos)))
 
-    def _drafter(self, spec: SpeculationSettings, prompt: list[int]):
+    def _drafter(self, spec: SpeculationSettings, prompt: list[int], max_tokens: int):
         if spec.mode == "off":
             return None
         from ggufdesk.engine import speculative
 
-        return speculative.make_drafter(spec, prompt=prompt, draft=self.draft, target=self.lm)
+        return speculative.make_drafter(spec, prompt=prompt, draft=self.draft, target=self.lm,
+                                       max_tokens=max_tokens)
 
     @staticmethod
     def _stats(rid: str, st, *, final: bool) -> P.Stats:
