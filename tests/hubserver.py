@@ -317,6 +317,9 @@ class _QuietServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "hubserver/1"
+    # headers and body go out in two writes: with Nagle on, the body waits for the client's delayed
+    # ACK (40 ms on Linux) on every small JSON answer, a stall no real hub has
+    disable_nagle_algorithm = True
 
     @property
     def hub(self) -> HubServer:

@@ -8,10 +8,10 @@ hub's LFS sha256 (git blob sha1 for small non-LFS files) before it enters ``blob
 file never appears under its hash name; free space is checked first; names that would leave the
 cache are refused.
 
-Threading: ``download`` runs in the caller's thread (a GUI runs it in a worker); ``progress`` is called
-from its disk-writer thread (marshal to the GUI thread); ``cancel`` is a ``threading.Event`` set from
-any thread. Cancel takes effect at the next
-received chunk (``CHUNK``), or within huggingface_hub's read timeout when the connection is stalled.
+Threading: ``download`` runs in the caller's thread (a GUI runs it in a worker) and calls ``progress``
+from that thread (marshal to the GUI thread); a helper thread hashes what is written; ``cancel`` is a
+``threading.Event`` set from any thread. Cancel takes effect at the next received chunk (``CHUNK``),
+or within huggingface_hub's read timeout when the connection is stalled.
 """
 from __future__ import annotations
 
@@ -205,16 +205,16 @@ def _header_quant(repo_id: str, path: str, revision: str | None) -> str | None:
 
 
 class _Writer:
-    """The file object handed to ``http_get``.
+    """The file object handed to ``http_get``: writes inline, hashes what is on disk in a second thread.
 
-    Disk writes and hashing run in a second thread (both release the GIL), so they overlap with
-    receiving; queued chunks are coalesced into writes of up to ``WRITE_BLOCK`` (fewer, cheaper
-    syscalls). Writes are always complete (a short write is continued); a disk error or a cancel
-    stops the disk thread and is raised on the next ``write`` or by ``close``.
+    Each received chunk is written at once with one unbuffered ``write`` (a short write is continued;
+    the GIL is released, so no queue or extra copy is needed). A hasher thread reads the file back
+    (``os.pread``) behind the written position and feeds sha256 (and the git sha1 for small files):
+    hashing overlaps receiving, covers the prefix we resume from, and checks the bytes that are
+    actually on disk. A disk error or a cancel is raised from ``write``, in the downloading thread.
     """
 
-    WRITE_BLOCK = 8 << 20
-    QUEUE_CHUNKS = 16
+    READ_BLOCK = 4 << 20
 
     def __init__(self, f: IO[bytes], *, have: int, size: int, git: bool, report: Callable[[int], None],
                  cancel: threading.Event | None) -> None:
@@ -222,99 +222,91 @@ class _Writer:
         self.sha = hashlib.sha256()
         self.git = hashlib.sha1(b"blob %d\0" % size) if git else None
         self.valid = True
-        self.error: BaseException | None = None
-        f.seek(0)
-        left = have
-        while left > 0:  # hash the prefix we resume from, so the result covers the whole file
-            block = f.read(min(left, 1 << 22))
-            if not block:
-                break
-            self._hash(block)
-            left -= len(block)
         f.seek(have)
-        f.truncate()
-        self._start()
+        if os.fstat(f.fileno()).st_size != have:
+            f.truncate()  # only when needed: on ext4 a truncated file is flushed at close (auto_da_alloc)
+        self.pos = have
+        self._fd = os.dup(f.fileno())  # the hasher's own handle: pread needs no shared position
+        self._hashed = 0
+        self._closing = self._abort = False
+        self._wake = threading.Condition()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._hash_loop, name="download-hasher", daemon=True)
+        self._thread.start()
 
-    def _start(self) -> None:
-        self.queue: queue.Queue[bytes | None] = queue.Queue(self.QUEUE_CHUNKS)
-        self.thread = threading.Thread(target=self._run, name="download-writer", daemon=True)
-        self.thread.start()
-
-    def _hash(self, data: bytes | memoryview) -> None:
-        self.sha.update(data)
-        if self.git is not None:
-            self.git.update(data)
-
-    def _run(self) -> None:
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
-            if self.error is not None:
-                continue  # drain without writing
-            batch, n = [item], len(item)
-            while n < self.WRITE_BLOCK:
-                try:
-                    nxt = self.queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self.queue.put(None)
-                    break
-                batch.append(nxt)
-                n += len(nxt)
-            data = batch[0] if len(batch) == 1 else b"".join(batch)
-            try:
-                if self.cancel is not None and self.cancel.is_set():
-                    raise DownloadCancelled("download paused")
-                view = memoryview(data)
-                while view:
-                    written = self.f.write(view)
-                    if not written:
-                        raise OSError(errno.EIO, "write returned nothing")
-                    view = view[written:]
-                self._hash(data)
-                self.report(len(data))
-            except BaseException as e:  # noqa: BLE001 - handed to the downloading thread
-                self.error = e
+    def _hash_loop(self) -> None:
+        buf = bytearray(self.READ_BLOCK)
+        view = memoryview(buf)
+        try:
+            while True:
+                with self._wake:
+                    while self._hashed >= self.pos and not self._closing:
+                        self._wake.wait()
+                    end = self.pos
+                    if self._hashed >= end or self._abort:
+                        return
+                while self._hashed < end and not self._abort:
+                    n = os.preadv(self._fd, [view[: min(len(buf), end - self._hashed)]], self._hashed)
+                    if n <= 0:
+                        raise OSError(errno.EIO, f"short read at byte {self._hashed} while hashing")
+                    self.sha.update(view[:n])
+                    if self.git is not None:
+                        self.git.update(view[:n])
+                    self._hashed += n
+        except BaseException as e:  # noqa: BLE001 - reported by close(); the digest is then recomputed
+            self._error = e
+            self.valid = False
+        finally:
+            view.release()
 
     def write(self, data: bytes) -> int:
-        if self.error is not None:
-            raise self.error
         if self.cancel is not None and self.cancel.is_set():
             raise DownloadCancelled("download paused")
-        self.queue.put(bytes(data))
+        view = memoryview(data)
+        while view:
+            written = self.f.write(view)
+            if not written:
+                raise OSError(errno.EIO, "write returned nothing")
+            view = view[written:]
+        with self._wake:
+            self.pos += len(data)
+            self._wake.notify()
+        self.report(len(data))
         return len(data)
 
-    def close(self) -> BaseException | None:
-        """Wait until everything queued is on disk; returns the disk thread's error, if any."""
-        if self.thread.is_alive():
-            self.queue.put(None)
-            self.thread.join()
-        return self.error
+    @property
+    def hashed(self) -> int:
+        """Bytes from the start of the file that the digests cover."""
+        return self._hashed
+
+    def close(self, *, abort: bool = False) -> None:
+        """Let the hasher catch up with everything written (or stop it: ``abort``), release its handle."""
+        if self._thread.is_alive():
+            with self._wake:
+                self._closing = True
+                self._abort = abort
+                self._wake.notify()
+            self._thread.join()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._error is not None and not abort:
+            log.warning("hashing while downloading failed (%s); hashing the file again", self._error)
 
     def tell(self) -> int:
-        self.close()
-        pos = self.f.tell()
-        self._start()
-        return pos
+        return self.pos
 
     def seek(self, pos: int, whence: int = 0) -> int:
-        self.close()
-        r = self.f.seek(pos, whence)
-        self._start()
-        return r
+        self.valid = False  # only http_get's restart-from-zero seeks: the hash restarts at the end
+        self.pos = self.f.seek(pos, whence)
+        return self.pos
 
     def truncate(self, size: int | None = None) -> int:
-        self.close()
         self.valid = False  # the server ignored Range: the hash restarts from the file at the end
-        r = self.f.truncate(size)
-        self._start()
-        return r
+        return self.f.truncate(size)
 
     def flush(self) -> None:
-        self.close()
-        self._start()
+        pass  # the file is unbuffered
 
 
 class _Meter:
@@ -552,22 +544,23 @@ def _transfer(partial: Path, blob: Path, pointer: Path, http_get, location, head
             have = 0
         meter.reset(have)
         try:
+            if cancel is not None and cancel.is_set():
+                raise DownloadCancelled("download paused")
             with partial.open("r+b" if partial.exists() else "w+b", buffering=0) as f:
                 writer = _Writer(f, have=have, size=size, git=sha256 is None and git is not None,
                                  report=meter.add, cancel=cancel)
-                if cancel is not None and cancel.is_set():
-                    raise DownloadCancelled("download paused")
                 constants.DOWNLOAD_CHUNK_SIZE = chunk_size
                 try:
                     http_get(location, writer, resume_size=have, headers=headers, expected_size=size,
                              displayed_filename=filename, tqdm_class=silent_tqdm)
-                finally:
-                    disk_error = writer.close()
-                if disk_error is not None:
-                    raise disk_error
+                except BaseException:
+                    writer.close(abort=True)  # a cancel must not wait for the hash of a long prefix
+                    raise
+                writer.close()
             break
         except DownloadCancelled:
-            log.info("%s paused at %d of %d bytes", filename, partial.stat().st_size, size)
+            log.info("%s paused at %d of %d bytes", filename, partial.stat().st_size if partial.exists() else 0,
+                     size)
             raise
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -612,7 +605,7 @@ def _transfer(partial: Path, blob: Path, pointer: Path, http_get, location, head
 
 
 def _digests(partial: Path, writer: _Writer | None, size: int) -> tuple[str, str]:
-    if writer is not None and writer.valid and partial.stat().st_size == size:
+    if writer is not None and writer.valid and writer.hashed == size == partial.stat().st_size:
         return writer.sha.hexdigest(), (writer.git.hexdigest() if writer.git else "")
     sha, git = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % partial.stat().st_size)
     with partial.open("rb") as f:
