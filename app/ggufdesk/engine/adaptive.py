@@ -1,0 +1,138 @@
+"""Adaptive draft length: pick K from measured acceptance and measured step costs, or switch off.
+
+The loop reports every step: how many tokens were drafted, how many accepted, and the wall time
+(propose + verify). Plain steps (nothing drafted) give the plain cost t0; speculative steps give
+the cost t(n) of verifying n drafted tokens, which on a CPU is far from linear (small batches
+take slow kernels, every row of logits pays for the whole output head). With the acceptance rate
+a over a sliding window, the expected tokens of a step with k drafted is (1 - a^(k+1)) / (1 - a);
+K is the k that maximises expected tokens / t(k). When speculation is measured slower than
+plain decoding and no k is predicted to beat it, it is switched off for the rest of the request.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+log = logging.getLogger("ggufdesk.engine.speculative")
+
+WINDOW = 16  # speculative steps remembered for acceptance and measured rate
+MIN_EVIDENCE = 3  # speculative steps before we may switch off
+REPROBE_EVERY = 64  # speculative steps between plain probes (the plain cost drifts: context grows)
+EMA = 0.3
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens emitted by a step drafting k tokens, each accepted with probability alpha."""
+    if alpha >= 0.999:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+class DraftLength:
+    """Chooses K for the next step; `k` is 0 for a plain probe step or once switched off."""
+
+    def __init__(self, *, k_min: int, k_max: int, adaptive: bool, label: str, k_start: int | None = None) -> None:
+        self.k_min, self.k_max, self.adaptive, self.label = k_min, k_max, adaptive, label
+        self._k = min(k_max, max(k_min, k_start or k_max))
+        self.t0: float | None = None  # plain step seconds (EMA)
+        self.cost: dict[int, float] = {}  # verify-n-drafted step seconds (EMA)
+        self.window: deque[tuple[int, int, float]] = deque(maxlen=WINDOW)
+        self.since_plain = 0
+        self.disabled = ""
+        self.spec_steps = 0
+
+    # ---- what the loop reads ------------------------------------------------------------------
+
+    @property
+    def k(self) -> int:
+        if self.disabled:
+            return 0
+        if not self.adaptive:
+            return self.k_max
+        if self.t0 is None or self.since_plain >= REPROBE_EVERY:
+            return 0  # probe: one plain step to know what we are competing with
+        return self._k
+
+    @property
+    def status(self) -> str:
+        return f"disabled: {self.disabled}" if self.disabled else self.label
+
+    def disable(self, why: str) -> None:
+        if not self.disabled:
+            self.disabled = why
+            log.info("speculation off for this request: %s", why)
+
+    # ---- what the loop reports ----------------------------------------------------------------
+
+    def feedback(self, n_drafted: int, n_accepted: int, seconds: float, overhead: float = 0.0) -> None:
+        """One step: n_drafted proposed, n_accepted kept, seconds of wall time (overhead = drafting
+        time that produced nothing, e.g. a draft model below p_min at its first token)."""
+        if n_drafted == 0:
+            plain = max(seconds - overhead, 1e-6)
+            self.t0 = plain if self.t0 is None else (1 - EMA) * self.t0 + EMA * plain
+            self.since_plain = 0
+            if overhead > 0:  # a step we paid drafting for: it counts against speculation
+                self.window.append((0, 0, seconds))
+            return
+        self.since_plain += 1
+        self.spec_steps += 1
+        c = self.cost.get(n_drafted)
+        self.cost[n_drafted] = seconds if c is None else (1 - EMA) * c + EMA * seconds
+        self.window.append((n_drafted, n_accepted, seconds))
+        if self.adaptive and self.t0 is not None:
+            self._adapt()
+
+    # ---- the model ----------------------------------------------------------------------------
+
+    def alpha(self) -> float:
+        """Per-token acceptance over the window (geometric model, lightly smoothed)."""
+        acc = sum(a for n, a, _ in self.window if n)
+        fails = sum(1 for n, a, _ in self.window if n and a < n)
+        return (acc + 0.5) / (acc + fails + 1.0)
+
+    def step_cost(self, k: int) -> float:
+        """Measured or interpolated seconds of a step drafting k tokens."""
+        assert self.t0 is not None
+        if k in self.cost:
+            return self.cost[k]
+        pts = sorted([(0, self.t0)] + list(self.cost.items()))
+        lo = max((p for p in pts if p[0] < k), key=lambda p: p[0])
+        hi = [p for p in pts if p[0] > k]
+        if hi:
+            h = hi[0]
+            return lo[1] + (h[1] - lo[1]) * (k - lo[0]) / (h[0] - lo[0])
+        if lo[0] == 0:  # nothing measured yet: assume each drafted row costs half a plain step
+            return self.t0 * (1 + 0.5 * k)
+        slope = max((lo[1] - self.t0) / lo[0], 0.0)
+        return lo[1] + slope * (k - lo[0])
+
+    def best(self, alpha: float | None = None) -> tuple[int, float]:
+        """(k, predicted tokens/s) of the best draft length, for the window's acceptance or `alpha`."""
+        a = self.alpha() if alpha is None else alpha
+        rates = {k: expected_tokens(a, k) / self.step_cost(k) for k in range(self.k_min, self.k_max + 1)}
+        k = max(rates, key=rates.get)
+        return k, rates[k]
+
+    def worth(self, alpha: float, k: int) -> int:
+        """The draft length worth proposing at acceptance alpha (0 = a plain step is faster)."""
+        if not self.adaptive or self.t0 is None:
+            return k
+        kb, rate = self.best(alpha)
+        return min(k, kb) if rate > 1.0 / self.t0 else 0
+
+    def measured_rate(self) -> float:
+        toks = sum(a + 1 for _, a, _ in self.window)
+        secs = sum(s for _, _, s in self.window)
+        return toks / secs if secs > 0 else 0.0
+
+    def _adapt(self) -> None:
+        k_best, predicted = self.best()
+        plain = 1.0 / self.t0
+        # move towards the best k, at most doubling or halving per step
+        self._k = max(self.k_min, min(self.k_max, k_best, 2 * self._k), self._k // 2, 1)
+        self._k = min(self._k, self.k_max)
+        if len(self.window) >= MIN_EVIDENCE:
+            measured = self.measured_rate()
+            if measured < plain and predicted < plain:
+                self.disable(f"slower than plain ({measured:.1f} vs {plain:.1f} tok/s, "
+                             f"acceptance {self.alpha():.0%})")
