@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -28,19 +29,35 @@ REPO, NAME = "bench/starter-GGUF", "gemma-3-270m-Q4_K_M.gguf"
 NAMES = ("curl -L (no checks)", "ggufdesk download (resumable + sha256)", "huggingface_hub hf_hub_download")
 
 
-def timed(fn) -> float:
-    t = time.perf_counter()
+def _cpu() -> float:
+    """CPU seconds of this process (the server's threads, our download) and its finished children (curl)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(fn) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one call."""
+    c, t = _cpu(), time.perf_counter()
     fn()
-    return time.perf_counter() - t
+    return time.perf_counter() - t, _cpu() - c
+
+
+def cpu_pressure() -> str:
+    """The kernel's CPU pressure (share of the last 60 s some task waited for a CPU), if it reports it."""
+    try:
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except OSError:
+        return "n/a"
+    return dict(kv.split("=") for kv in line.split()[1:])["avg60"] + "%"
 
 
 def measure(src: Path, work: Path, rate_bps: float | None, chunk: int | None,
-            repeat: int) -> list[list[float]]:
-    """Seconds per contender (in NAMES order), one entry per round."""
+            repeat: int) -> list[list[tuple[float, float]]]:
+    """(wall, CPU) seconds per contender (in NAMES order), one entry per round."""
     from ggufdesk.core import downloads
 
     size = src.stat().st_size
-    times: list[list[float]] = [[], [], []]
+    times: list[list[tuple[float, float]]] = [[], [], []]
     with HubServer({REPO: {NAME: src}}, rate_bps=rate_bps) as hub, hub.endpoint_patched():
         url = f"{hub.url}/{REPO}/resolve/main/{NAME}"
 
@@ -88,21 +105,23 @@ def main() -> int:
     how = "one run each" if args.repeat == 1 else f"median of {args.repeat} interleaved rounds"
     print(f"file: {src.name}, {size / 1e6:.1f} MB, local hub server on 127.0.0.1, {how}, "
           f"{os.cpu_count()} CPUs\n")
-    print(f"| {'server':<20} | {'path':<40} | {'seconds':>7} | {'MB/s':>6} | {'vs curl':>7} |")
-    print(f"|{'-' * 22}|{'-' * 42}|{'-' * 9}|{'-' * 8}|{'-' * 9}|")
+    print(f"| {'server':<20} | {'path':<40} | {'seconds':>7} | {'MB/s':>6} | {'vs curl':>7} | {'CPU s':>5} |")
+    print(f"|{'-' * 22}|{'-' * 42}|{'-' * 9}|{'-' * 8}|{'-' * 9}|{'-' * 7}|")
     try:
         for label, rate in runs:
             times = measure(src, work, rate, args.chunk, args.repeat)
             for name, ts in zip(NAMES, times):
-                ratio = statistics.median(c / t for c, t in zip(times[0], ts))
-                t = statistics.median(ts)
-                print(f"| {label:<20} | {name:<40} | {t:7.2f} | {size / 1e6 / t:6.0f} | {ratio:6.2f}x |",
-                      flush=True)
-            per_round = [c / t for c, t in zip(times[0], times[1])]
+                ratio = statistics.median(c[0] / t[0] for c, t in zip(times[0], ts))
+                t = statistics.median(x[0] for x in ts)
+                cpu = statistics.median(x[1] for x in ts)
+                print(f"| {label:<20} | {name:<40} | {t:7.2f} | {size / 1e6 / t:6.0f} | {ratio:6.2f}x | "
+                      f"{cpu:5.2f} |", flush=True)
+            per_round = [c[0] / t[0] for c, t in zip(times[0], times[1])]
             ratios.append((label, statistics.median(per_round), min(per_round), max(per_round)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print()
+    print(f"\nCPU s: user+system seconds of the download, the in-process server's share included. "
+          f"CPU pressure (avg60) at the end: {cpu_pressure()} (0% = the CPUs were ours alone)")
     for label, ratio, lo, hi in ratios:
         spread = f" (rounds {lo:.2f}..{hi:.2f})" if args.repeat > 1 else ""
         print(f"ratio ours/curl throughput, {label}: {ratio:.2f}x{spread} (target >= 0.9x): "

@@ -62,6 +62,7 @@ class Fault:
     offsets; ``body_size`` serves only that many bytes in total (a wrong size, with a matching
     Content-Length). ``advertised_size`` makes HEAD/tree/paths-info report that size instead.
     ``status`` answers HEAD and GET on the file with this HTTP status (e.g. 404, 500).
+    ``ignore_range=True`` answers a GET with Range by 200 and the whole file (as some proxies do).
     """
 
     repo: str | None = None
@@ -74,6 +75,7 @@ class Fault:
     body_size: int | None = None
     advertised_size: int | None = None
     status: int | None = None
+    ignore_range: bool | None = None
     times: int | None = 1
     hits: int = 0
 
@@ -533,6 +535,8 @@ class _Handler(BaseHTTPRequestHandler):
             total = body_fault.body_size
         start = 0
         rng = self.headers.get("Range")
+        if rng and self.command == "GET" and faults.find(repo_id, filename, consume=True, kind="ignore_range"):
+            rng = None
         if rng and rng.startswith("bytes="):
             a, _, b = rng[len("bytes="):].partition("-")
             start = int(a) if a else 0

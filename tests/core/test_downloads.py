@@ -284,3 +284,48 @@ def test_list_gguf_groups_splits_and_reads_quants(hub, tmp_path, tiny_model):
     assert probed["tiny"].quant == "F32"  # read from the remote header
     with pytest.raises(KnownError, match="was not found"):
         list_gguf("org/none")
+
+
+def _cut(repo, name: str, at: int) -> int:
+    """Leave a partial file of ``name`` cut near ``at`` (as if the app had died there); returns its size."""
+    repo.faults.add(Fault(file=name, drop_at=at, reset=True, times=None))
+    with pytest.raises(KnownError, match="run the download again to resume"):
+        download(REPO, name, retries=0, **FAST)
+    repo.faults.clear()
+    return (blobs_dir() / f"{repo.sha256(REPO, name)}.incomplete").stat().st_size
+
+
+def test_a_server_that_ignores_range_restarts_the_file_and_the_hash(repo, files):
+    name = "blob13-Q4_K_M.gguf"
+    kept = _cut(repo, name, 600_000)
+    assert kept > 0
+    repo.faults.add(Fault(file=name, ignore_range=True))  # 200 and the whole file, Range or not
+    got = download(REPO, name, **FAST)
+    assert got.sha256 == sha(files[name]) and got.bytes == files[name].stat().st_size
+    last = [r for r in repo.requests if r.method == "GET" and r.path.startswith("/cdn/")][-1]
+    assert last.status == 200 and last.sent == got.bytes  # the whole file came again, from byte 0
+    assert leftovers() == [got.path.resolve().name]
+
+
+def test_progress_is_reported_from_the_calling_thread(repo):
+    threads = set()
+    download(REPO, "blob14-Q4_K_M.gguf", progress=lambda p: threads.add(threading.get_ident()), **FAST)
+    assert threads == {threading.get_ident()}
+
+
+def test_a_failed_read_back_of_the_resumed_prefix_falls_back_to_hashing_the_file(repo, files, monkeypatch):
+    name = "blob15-Q4_K_M.gguf"
+    kept = _cut(repo, name, 500_000)
+    real = downloads.os.preadv
+    calls = []
+
+    def flaky(fd, buffers, offset):
+        calls.append(offset)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(downloads.os, "preadv", flaky)
+    got = download(REPO, name, **FAST)
+    monkeypatch.setattr(downloads.os, "preadv", real)
+    assert calls == [0]  # the hasher tried to read the prefix back, failed, and stopped hashing
+    assert got.sha256 == sha(files[name]) and got.resumed_from == kept  # checked by a full pass instead
+    assert gets(repo, name)[-1] == kept

@@ -205,15 +205,17 @@ def _header_quant(repo_id: str, path: str, revision: str | None) -> str | None:
 
 
 class _Writer:
-    """The file object handed to ``http_get``: writes inline, hashes what is on disk in a second thread.
+    """The file object handed to ``http_get``: writes inline, hashes in a second thread.
 
     Each received chunk is written at once with one unbuffered ``write`` (a short write is continued;
-    the GIL is released, so no queue or extra copy is needed). A hasher thread reads the file back
-    (``os.pread``) behind the written position and feeds sha256 (and the git sha1 for small files):
-    hashing overlaps receiving, covers the prefix we resume from, and checks the bytes that are
-    actually on disk. A disk error or a cancel is raised from ``write``, in the downloading thread.
+    the GIL is released, so no writer thread or extra copy is needed), then handed by reference to a
+    hasher thread that feeds sha256 (and the git sha1 for small files): hashing overlaps receiving.
+    The hasher first reads back the prefix we resume from, so the digests cover the whole file. At
+    most ``BACKLOG`` chunks wait for it (memory stays bounded when hashing is the slower side). A
+    disk error or a cancel is raised from ``write``, in the downloading thread.
     """
 
+    BACKLOG = 64
     READ_BLOCK = 4 << 20
 
     def __init__(self, f: IO[bytes], *, have: int, size: int, git: bool, report: Callable[[int], None],
@@ -226,38 +228,39 @@ class _Writer:
         if os.fstat(f.fileno()).st_size != have:
             f.truncate()  # only when needed: on ext4 a truncated file is flushed at close (auto_da_alloc)
         self.pos = have
-        self._fd = os.dup(f.fileno())  # the hasher's own handle: pread needs no shared position
         self._hashed = 0
-        self._closing = self._abort = False
-        self._wake = threading.Condition()
+        self._abort = False
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._hash_loop, name="download-hasher", daemon=True)
+        self._queue: queue.Queue[bytes | None] = queue.Queue(self.BACKLOG)
+        self._fd = os.dup(f.fileno())  # the hasher's own handle for the prefix: pread, no shared position
+        self._thread = threading.Thread(target=self._hash_loop, args=(have,), name="download-hasher",
+                                        daemon=True)
         self._thread.start()
 
-    def _hash_loop(self) -> None:
-        buf = bytearray(self.READ_BLOCK)
-        view = memoryview(buf)
+    def _update(self, data: bytes | memoryview) -> None:
+        self.sha.update(data)
+        if self.git is not None:
+            self.git.update(data)
+        self._hashed += len(data)
+
+    def _hash_loop(self, have: int) -> None:
         try:
-            while True:
-                with self._wake:
-                    while self._hashed >= self.pos and not self._closing:
-                        self._wake.wait()
-                    end = self.pos
-                    if self._hashed >= end or self._abort:
-                        return
-                while self._hashed < end and not self._abort:
-                    n = os.preadv(self._fd, [view[: min(len(buf), end - self._hashed)]], self._hashed)
+            buf = bytearray(min(self.READ_BLOCK, have))
+            with memoryview(buf) as view:
+                while self._hashed < have and not self._abort:
+                    n = os.preadv(self._fd, [view[: min(len(buf), have - self._hashed)]], self._hashed)
                     if n <= 0:
-                        raise OSError(errno.EIO, f"short read at byte {self._hashed} while hashing")
-                    self.sha.update(view[:n])
-                    if self.git is not None:
-                        self.git.update(view[:n])
-                    self._hashed += n
+                        raise OSError(errno.EIO, f"short read at byte {self._hashed} of the partial file")
+                    self._update(view[:n])
         except BaseException as e:  # noqa: BLE001 - reported by close(); the digest is then recomputed
-            self._error = e
+            if self.valid:  # (not when http_get already restarted the file under us)
+                self._error = e
             self.valid = False
         finally:
-            view.release()
+            os.close(self._fd)
+        while (data := self._queue.get()) is not None:
+            if self.valid and not self._abort:
+                self._update(data)
 
     def write(self, data: bytes) -> int:
         if self.cancel is not None and self.cancel.is_set():
@@ -268,9 +271,8 @@ class _Writer:
             if not written:
                 raise OSError(errno.EIO, "write returned nothing")
             view = view[written:]
-        with self._wake:
-            self.pos += len(data)
-            self._wake.notify()
+        self.pos += len(data)
+        self._queue.put(data if isinstance(data, bytes) else bytes(data))
         self.report(len(data))
         return len(data)
 
@@ -280,18 +282,13 @@ class _Writer:
         return self._hashed
 
     def close(self, *, abort: bool = False) -> None:
-        """Let the hasher catch up with everything written (or stop it: ``abort``), release its handle."""
+        """Let the hasher catch up with everything written (or drop what is left: ``abort``)."""
         if self._thread.is_alive():
-            with self._wake:
-                self._closing = True
-                self._abort = abort
-                self._wake.notify()
+            self._abort = abort
+            self._queue.put(None)
             self._thread.join()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
         if self._error is not None and not abort:
-            log.warning("hashing while downloading failed (%s); hashing the file again", self._error)
+            log.warning("reading back the partial file failed (%s); hashing it again", self._error)
 
     def tell(self) -> int:
         return self.pos
