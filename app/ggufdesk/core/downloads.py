@@ -36,6 +36,7 @@ log = logging.getLogger("ggufdesk.downloads")
 
 CHUNK = 1 << 20  # bytes per write/progress step (huggingface_hub's default is 10 MiB)
 SPACE_MARGIN = 16 << 20  # keep this much free beyond the file
+HASH_BACKLOG = 64 << 20  # received bytes that may wait in memory for the hasher
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -211,15 +212,14 @@ class _Writer:
     the GIL is released, so no writer thread or extra copy is needed), then handed by reference to a
     hasher thread that feeds sha256 (and the git sha1 for small files): hashing overlaps receiving.
     The hasher first reads back the prefix we resume from, so the digests cover the whole file. At
-    most ``BACKLOG`` chunks wait for it (memory stays bounded when hashing is the slower side). A
+    most ``backlog`` chunks wait for it (memory stays bounded when hashing is the slower side). A
     disk error or a cancel is raised from ``write``, in the downloading thread.
     """
 
-    BACKLOG = 64
     READ_BLOCK = 4 << 20
 
     def __init__(self, f: IO[bytes], *, have: int, size: int, git: bool, report: Callable[[int], None],
-                 cancel: threading.Event | None) -> None:
+                 cancel: threading.Event | None, backlog: int = 64) -> None:
         self.f, self.report, self.cancel = f, report, cancel
         self.sha = hashlib.sha256()
         self.git = hashlib.sha1(b"blob %d\0" % size) if git else None
@@ -231,7 +231,7 @@ class _Writer:
         self._hashed = 0
         self._abort = False
         self._error: BaseException | None = None
-        self._queue: queue.Queue[bytes | None] = queue.Queue(self.BACKLOG)
+        self._queue: queue.Queue[bytes | None] = queue.Queue(backlog)
         self._fd = os.dup(f.fileno())  # the hasher's own handle for the prefix: pread, no shared position
         self._thread = threading.Thread(target=self._hash_loop, args=(have,), name="download-hasher",
                                         daemon=True)
@@ -545,7 +545,8 @@ def _transfer(partial: Path, blob: Path, pointer: Path, http_get, location, head
                 raise DownloadCancelled("download paused")
             with partial.open("r+b" if partial.exists() else "w+b", buffering=0) as f:
                 writer = _Writer(f, have=have, size=size, git=sha256 is None and git is not None,
-                                 report=meter.add, cancel=cancel)
+                                 report=meter.add, cancel=cancel,
+                                 backlog=max(2, HASH_BACKLOG // chunk_size))
                 constants.DOWNLOAD_CHUNK_SIZE = chunk_size
                 try:
                     http_get(location, writer, resume_size=have, headers=headers, expected_size=size,
@@ -556,8 +557,8 @@ def _transfer(partial: Path, blob: Path, pointer: Path, http_get, location, head
                 writer.close()
             break
         except DownloadCancelled:
-            log.info("%s paused at %d of %d bytes", filename, partial.stat().st_size if partial.exists() else 0,
-                     size)
+            kept = partial.stat().st_size if partial.exists() else 0
+            log.info("%s paused at %d of %d bytes", filename, kept, size)
             raise
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
