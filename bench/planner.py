@@ -40,15 +40,7 @@ def worker(path: str, n_ctx: int, n_ubatch: int, prompt_len: int, n_decode: int,
     r0 = rss()
     s = LoadSettings(n_ctx=n_ctx, n_batch=max(512, n_ubatch), n_ubatch=n_ubatch, use_mmap=False,
                      n_threads=2, n_threads_batch=2, flash_attn=flash)
-    # the engine's load path, with mmap really off: this llama.cpp build replaced use_mmap by load_mode
-    real_defaults = llama_cpp.llama_model_default_params
-
-    def no_mmap_defaults():
-        p = real_defaults()
-        p.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
-        return p
-
-    llama_cpp.llama_model_default_params = no_mmap_defaults
+    # the engine's own load path (use_mmap=False maps to llama.cpp's load_mode NONE)
     lm = native.load_model(path, s, log)
     r_load = rss()
     ctx = lm.ctx.ctx

@@ -55,8 +55,10 @@ def test_sliding_window_layers(info):
 def test_compute_buffer(info):
     # flash attention: layer stage 512 x 4 x (4 x 64 + 3 x 128) + mask 512 x 1024 x 2
     layer = 512 * 4 * (4 * 64 + 3 * 128) + 512 * 1024 * 2
-    out = 512 * N_VOCAB * 4 + 2 * 512 * 64 * 4
-    assert planner.compute_buffer(info, n_ctx=1024, n_ubatch=512, flash=True) == max(layer, out)
+    out = 512 * N_VOCAB * 4 + 2 * 512 * 64 * 4  # logits for every micro-batch row (no cap)
+    assert planner.compute_buffer(info, n_ctx=1024, n_ubatch=512, flash=True, n_outputs=512) == max(layer, out)
+    capped = 9 * N_VOCAB * 4 + 2 * 512 * 64 * 4  # the engine's cap: [last] + 8 drafts
+    assert planner.compute_buffer(info, n_ctx=1024, n_ubatch=512, flash=True) == max(layer, capped)
     # without flash attention the KQ scores grow with the context: 512 x 8192 x (4 x 4 + 4)
     no_fa = 512 * 8192 * 20 + 512 * 4 * 6 * 64
     assert planner.compute_buffer(info, n_ctx=8192, n_ubatch=512, flash=False) == no_fa

@@ -11,7 +11,8 @@ Memory follows llama.cpp's own allocation (checked against its reported buffer s
 - compute buffer: the largest of two graph stages, fitted to llama.cpp's reservations:
   layer stage = n_ubatch x 4 B x (4 n_embd + 3 n_ff) + masks (n_ubatch x n_ctx x 2 B each; with
   flash attention off the KQ scores n_ubatch x n_ctx x (4 n_head + 4) B replace the masks),
-  output stage = n_ubatch x n_vocab x 4 B + 2 x n_ubatch x n_embd x 4 B (worst-case logits).
+  output stage = min(n_ubatch, n_outputs) x n_vocab x 4 B + 2 x n_ubatch x n_embd x 4 B, where
+  n_outputs is the engine's cap on logits rows per decode (N_OUTPUTS; llama.cpp's n_outputs_max).
 - process overhead: 8 MiB + 176 B per vocabulary entry (llama.cpp's vocab tables), measured.
 Speed: decode time per token = T0 + sum over tensors read (bytes / (bandwidth x efficiency)) + KV read;
 prefill = 2 x params FLOPs per token / (compute x efficiency). Efficiencies were fitted on this project's
@@ -102,11 +103,19 @@ def _layer_stage(info: GGUFInfo, n_ubatch: int, n_kv: int, n_masks: int, flash: 
     return max(ffn, attn)
 
 
-def compute_buffer(info: GGUFInfo, *, n_ctx: int, n_ubatch: int, flash: bool, with_output: bool = True) -> int:
+# The engine caps the logits rows one decode may return (llama.cpp's n_outputs_max) at a
+# verification batch: [last] + K max drafts (SpeculationSettings().k_max = 8). Without the cap
+# llama.cpp reserves logits for every micro-batch position.
+N_OUTPUTS = 9
+
+
+def compute_buffer(info: GGUFInfo, *, n_ctx: int, n_ubatch: int, flash: bool, with_output: bool = True,
+                   n_outputs: int = N_OUTPUTS) -> int:
     n_kv = pad(n_ctx)
     n_masks = 2 if any(info.swa_layers) else 1
     layer = _layer_stage(info, n_ubatch, n_kv, n_masks, flash)
-    out = n_ubatch * info.n_vocab * 4 + 2 * n_ubatch * info.n_embd * 4 if with_output else 0
+    rows = min(n_ubatch, n_outputs)
+    out = rows * info.n_vocab * 4 + 2 * n_ubatch * info.n_embd * 4 if with_output else 0
     return max(layer, out)
 
 

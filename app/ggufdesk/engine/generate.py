@@ -290,7 +290,7 @@ class Generator:
                 draft: list[int] = []
                 t_step = time.perf_counter()
                 if drafter is not None:
-                    k = min(drafter.k, room - 1, sampling.max_tokens - st.n_gen - 1)
+                    k = min(drafter.k, room - 1, sampling.max_tokens - st.n_gen - 1, self.lm.n_outputs - 1)
                     if k > 0:
                         draft = drafter.propose(self.tokens, last, k)[:k]
                 pending = self.verify(sampler, last, draft)

@@ -26,6 +26,7 @@ FLASH_ATTN_IDS = {
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
+DEFAULT_OUTPUTS = 9  # SpeculationSettings().k_max + 1
 _NOISE = ("llama_graph_n_input_tensors", "llama_model_loader: - kv", "llama_model_loader: - type")
 _BUFFER_RE = re.compile(r"(\S+)\s+(model|KV|compute|output)\s+buffer size\s*=\s*([\d.]+)\s*MiB")
 
@@ -113,6 +114,7 @@ class LoadedModel:
     metadata: dict[str, str]
     memory: dict[str, int]
     load_s: float
+    n_outputs: int = DEFAULT_OUTPUTS
     aborter: Aborter = field(default_factory=Aborter)
 
     @property
@@ -149,16 +151,25 @@ class LoadedModel:
         self.model.close()
 
 
-def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog) -> LoadedModel:
-    """Load a GGUF and create its context; raises KnownError with llama.cpp's own reason."""
+def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog, *,
+               n_outputs: int = DEFAULT_OUTPUTS) -> LoadedModel:
+    """Load a GGUF and create its context; raises KnownError with llama.cpp's own reason.
+
+    n_outputs is the most logits rows one decode call may ask for (a verification batch is
+    [last] + K drafts). llama.cpp otherwise reserves logits for every micro-batch position:
+    for Gemma 3's 262k vocabulary that is 512 MiB of a 514 MiB compute buffer we never use.
+    """
     if not os.path.isfile(path):
         raise KnownError(f"model file not found: {path}")
     mark = llama_log.mark()
     t0 = time.perf_counter()
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = 0x7FFFFFFF if settings.n_gpu_layers < 0 else settings.n_gpu_layers
-    mparams.use_mmap = settings.use_mmap
-    mparams.use_mlock = settings.use_mlock
+    # this llama.cpp has no use_mmap/use_mlock fields (ctypes would silently accept them): load_mode
+    mparams.load_mode = {(True, False): llama_cpp.LLAMA_LOAD_MODE_MMAP,
+                         (True, True): llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK,
+                         (False, True): llama_cpp.LLAMA_LOAD_MODE_MLOCK,
+                         (False, False): llama_cpp.LLAMA_LOAD_MODE_NONE}[(settings.use_mmap, settings.use_mlock)]
     try:
         model = internals.LlamaModel(path_model=path, params=mparams, verbose=True)
     except ValueError:
@@ -179,6 +190,7 @@ def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog) -> Loaded
     cparams.type_k = KV_TYPE_IDS[settings.type_k]
     cparams.type_v = KV_TYPE_IDS[settings.type_v]
     cparams.no_perf = False
+    cparams.n_outputs_max = max(1, n_outputs)
     try:
         ctx = internals.LlamaContext(model=model, params=cparams, verbose=True)
     except ValueError:
@@ -191,7 +203,7 @@ def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog) -> Loaded
     if not memory["weights"]:
         memory["weights"] = llama_cpp.llama_model_size(model.model)
     lm = LoadedModel(path=path, model=model, ctx=ctx, settings=settings, metadata=model.metadata(),
-                     memory=memory, load_s=time.perf_counter() - t0)
+                     memory=memory, load_s=time.perf_counter() - t0, n_outputs=max(1, n_outputs))
     if n_ctx_train and settings.n_ctx > n_ctx_train:
         log.warning("n_ctx %d exceeds the model's training context %d", settings.n_ctx, n_ctx_train)
     return lm

@@ -100,7 +100,7 @@ class Engine:
             return
         self.unload(quiet=True)
         try:
-            lm = load_model(req.model, settings, self.llama_log)
+            lm = load_model(req.model, settings, self.llama_log, n_outputs=spec.k_max + 1)
         except KnownError as e:
             self.emit(P.Error(kind="load", message=str(e), detail="\n".join(self.llama_log.since(0)[-30:])))
             return
