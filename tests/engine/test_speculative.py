@@ -264,7 +264,7 @@ def test_ngram_index_prefers_the_longest_latest_match():
 def test_lookup_stops_drafting_a_match_class_that_keeps_failing():
     lk = PromptLookup(ngram=3, k_min=1, k_max=8, adaptive=True)
     lk.control.feedback(0, 0, 0.010)  # plain probe: 10 ms
-    lk.control.cost.update({8: 0.050, 4: 0.040})
+    lk.control.samples.extend([(8, 0.050), (4, 0.040)])
     seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2]
     assert lk.propose(seq, 3, 8) == [4, 5, 6, 7, 8, 9, 10, 1]  # 3-gram: prior says worth it
     for _ in range(4):
@@ -277,10 +277,8 @@ def test_controller_grows_k_with_high_acceptance_and_cheap_verification():
     c = DraftLength(k_min=1, k_max=16, adaptive=True, label="lookup", k_start=2)
     assert c.k == 0  # the first step is a plain probe
     c.feedback(0, 0, 0.010)
-    for k in (2, 4, 8, 16):
-        c.cost[k] = 0.010 + 0.002 * k  # verification nearly free per token
     for _ in range(6):
-        c.feedback(c.k, c.k, c.cost.get(c.k, 0.03))
+        c.feedback(c.k, c.k, 0.012 + 0.002 * c.k)  # verification nearly free per token
     assert c.k >= 8 and not c.disabled  # grew from 2 towards the longest cheap draft
 
 

@@ -2,8 +2,8 @@
 
 The loop reports every step: how many tokens were drafted, how many accepted, and the wall time
 (propose + verify). Plain steps (nothing drafted) give the plain cost t0; speculative steps give
-the cost t(n) of verifying n drafted tokens, which on a CPU is far from linear (small batches
-take slow kernels, every row of logits pays for the whole output head). With the acceptance rate
+the cost t(n) of verifying n drafted tokens, fitted as a line a + b*n over recent steps (on a
+CPU a is ~1.5-2 plain steps and every row of logits pays for the whole output head). With the acceptance rate
 a over a sliding window, the expected tokens of a step with k drafted is (1 - a^(k+1)) / (1 - a);
 K is the k that maximises expected tokens / t(k). When speculation is measured slower than
 plain decoding and no k is predicted to beat it, it is switched off for the rest of the request.
@@ -11,6 +11,7 @@ plain decoding and no k is predicted to beat it, it is switched off for the rest
 from __future__ import annotations
 
 import logging
+import statistics
 from collections import deque
 
 log = logging.getLogger("ggufdesk.engine.speculative")
@@ -18,7 +19,7 @@ log = logging.getLogger("ggufdesk.engine.speculative")
 WINDOW = 16  # speculative steps remembered for acceptance and measured rate
 MIN_EVIDENCE = 3  # speculative steps before we may switch off
 REPROBE_EVERY = 64  # speculative steps between plain probes (the plain cost drifts: context grows)
-EMA = 0.3
+WORTH_MARGIN = 1.1  # a draft must be predicted this much faster than a plain step
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -34,8 +35,8 @@ class DraftLength:
     def __init__(self, *, k_min: int, k_max: int, adaptive: bool, label: str, k_start: int | None = None) -> None:
         self.k_min, self.k_max, self.adaptive, self.label = k_min, k_max, adaptive, label
         self._k = min(k_max, max(k_min, k_start or k_max))
-        self.t0: float | None = None  # plain step seconds (EMA)
-        self.cost: dict[int, float] = {}  # verify-n-drafted step seconds (EMA)
+        self.plain: deque[float] = deque(maxlen=8)  # recent plain step seconds
+        self.samples: deque[tuple[int, float]] = deque(maxlen=32)  # recent (n drafted, step seconds)
         self.window: deque[tuple[int, int, float]] = deque(maxlen=WINDOW)
         self.since_plain = 0
         self.disabled = ""
@@ -68,16 +69,14 @@ class DraftLength:
         """One step: n_drafted proposed, n_accepted kept, seconds of wall time (overhead = drafting
         time that produced nothing, e.g. a draft model below p_min at its first token)."""
         if n_drafted == 0:
-            plain = max(seconds - overhead, 1e-6)
-            self.t0 = plain if self.t0 is None else (1 - EMA) * self.t0 + EMA * plain
+            self.plain.append(max(seconds - overhead, 1e-6))
             self.since_plain = 0
             if overhead > 0:  # a step we paid drafting for: it counts against speculation
                 self.window.append((0, 0, seconds))
             return
         self.since_plain += 1
         self.spec_steps += 1
-        c = self.cost.get(n_drafted)
-        self.cost[n_drafted] = seconds if c is None else (1 - EMA) * c + EMA * seconds
+        self.samples.append((n_drafted, seconds))
         self.window.append((n_drafted, n_accepted, seconds))
         if self.adaptive and self.t0 is not None:
             self._adapt()
@@ -90,26 +89,42 @@ class DraftLength:
         fails = sum(1 for n, a, _ in self.window if n and a < n)
         return (acc + 0.5) / (acc + fails + 1.0)
 
+    @property
+    def t0(self) -> float | None:
+        """The plain step's cost: median of recent plain steps (robust to a stray slow step)."""
+        return statistics.median(self.plain) if self.plain else None
+
+    def line(self) -> tuple[float, float]:
+        """(a, b) of step seconds = a + b * n_drafted, least squares over recent speculative steps.
+
+        Prior before two distinct lengths are seen: b = t0 / 4 (optimistic enough to try; on this
+        CPU a verification row costs ~t0/3 beyond a fixed ~1.5 t0, on a GPU far less).
+        """
+        t0 = self.t0
+        assert t0 is not None
+        pts = list(self.samples)
+        ns = {n for n, _ in pts}
+        if len(ns) >= 2:
+            mn = statistics.fmean(n for n, _ in pts)
+            ms = statistics.fmean(t for _, t in pts)
+            b = sum((n - mn) * (t - ms) for n, t in pts) / sum((n - mn) ** 2 for n, _ in pts)
+            b = max(b, 0.0)
+            return max(ms - b * mn, t0), b
+        b = t0 / 4
+        if pts:
+            return max(statistics.fmean(t - b * n for n, t in pts), t0), b
+        return 1.5 * t0, b
+
     def step_cost(self, k: int) -> float:
-        """Measured or interpolated seconds of a step drafting k tokens."""
-        assert self.t0 is not None
-        if k in self.cost:
-            return self.cost[k]
-        pts = sorted([(0, self.t0)] + list(self.cost.items()))
-        lo = max((p for p in pts if p[0] < k), key=lambda p: p[0])
-        hi = [p for p in pts if p[0] > k]
-        if hi:
-            h = hi[0]
-            return lo[1] + (h[1] - lo[1]) * (k - lo[0]) / (h[0] - lo[0])
-        if lo[0] == 0:  # nothing measured yet: assume each drafted row costs half a plain step
-            return self.t0 * (1 + 0.5 * k)
-        slope = max((lo[1] - self.t0) / lo[0], 0.0)
-        return lo[1] + slope * (k - lo[0])
+        """Predicted seconds of a step drafting k tokens."""
+        a, b = self.line()
+        return a + b * k
 
     def best(self, alpha: float | None = None) -> tuple[int, float]:
         """(k, predicted tokens/s) of the best draft length, for the window's acceptance or `alpha`."""
         a = self.alpha() if alpha is None else alpha
-        rates = {k: expected_tokens(a, k) / self.step_cost(k) for k in range(self.k_min, self.k_max + 1)}
+        c0, c1 = self.line()
+        rates = {k: expected_tokens(a, k) / (c0 + c1 * k) for k in range(self.k_min, self.k_max + 1)}
         k = max(rates, key=rates.get)
         return k, rates[k]
 
@@ -118,7 +133,7 @@ class DraftLength:
         if not self.adaptive or self.t0 is None:
             return k
         kb, rate = self.best(alpha)
-        return min(k, kb) if rate > 1.0 / self.t0 else 0
+        return min(k, kb) if rate > WORTH_MARGIN / self.t0 else 0
 
     def measured_rate(self) -> float:
         toks = sum(a + 1 for _, a, _ in self.window)

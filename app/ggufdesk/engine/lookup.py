@@ -56,7 +56,8 @@ class PromptLookup:
 
     def __init__(self, *, ngram: int, k_min: int, k_max: int, adaptive: bool) -> None:
         self.index = NgramIndex(ngram)
-        self.control = DraftLength(k_min=k_min, k_max=k_max, adaptive=adaptive, label="lookup")
+        self.control = DraftLength(k_min=k_min, k_max=k_max, adaptive=adaptive, label="lookup",
+                                   k_start=min(k_max, 8))
         self.by_n: dict[int, deque[tuple[int, int]]] = {}  # match length -> recent (drafted, accepted)
         self._last_n = 0
 
