@@ -2,8 +2,8 @@
 
 From the same local hub server (tests/hubserver.py) serving the 253 MB starter model, written to the
 same disk. Ours includes everything a user gets: metadata calls, the sha256 check and the move into
-the HF cache. With ``--repeat N`` the contenders run in interleaved rounds (curl, ours, hf; curl, ours,
-hf; ...) so that load from other processes hits them alike; the table shows median seconds, and the
+the HF cache. With ``--repeat N`` the contenders run in interleaved rounds (curl, ours, hf; ours, hf,
+curl; ...) so that load from other processes hits them alike; the table shows median seconds, and the
 ratio is the median of the per-round ratios ours/curl (target >= 0.9x).
 
     .venv/bin/python bench/download.py [--repeat N] [--file PATH] [--chunk BYTES] [--link-mbs MBS]
@@ -74,12 +74,13 @@ def measure(src: Path, work: Path, rate_bps: float | None, chunk: int | None,
 
             hf_hub_download(REPO, NAME, cache_dir=work / "hf")
 
-        for _ in range(repeat):
-            for i, fn in enumerate((curl, ours, hf)):
-                (work / "curl.gguf").unlink(missing_ok=True)  # every run starts from nothing
+        for r in range(repeat):
+            for i in (r + k for k in range(3)):  # each round starts with the next one: no fixed order
+                (work / "curl.gguf").unlink(missing_ok=True)  # every run starts from nothing,
                 shutil.rmtree(work / "ours", ignore_errors=True)
                 shutil.rmtree(work / "hf", ignore_errors=True)
-                times[i].append(timed(fn))
+                os.sync()  # with no dirty pages of the previous run still being written back
+                times[i % 3].append(timed((curl, ours, hf)[i % 3]))
     return times
 
 

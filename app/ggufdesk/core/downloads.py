@@ -34,9 +34,13 @@ from ggufdesk.core.library import quant_from_name, split_info
 
 log = logging.getLogger("ggufdesk.downloads")
 
-CHUNK = 1 << 20  # bytes per write/progress step (huggingface_hub's default is 10 MiB)
+# bytes per write/progress step: small enough to stay in the CPU cache between receive, write and hash
+# (measured on the 253 MB starter model: 1 MiB costs ~40% more CPU; huggingface_hub's default is 10 MiB).
+# None writes whatever one socket read brings (up to 64 KiB).
+CHUNK: int | None = 256 << 10
 SPACE_MARGIN = 16 << 20  # keep this much free beyond the file
 HASH_BACKLOG = 64 << 20  # received bytes that may wait in memory for the hasher
+HASH_BATCH = 1 << 20  # received bytes handed to the hasher at once
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -231,7 +235,9 @@ class _Writer:
         self._hashed = 0
         self._abort = False
         self._error: BaseException | None = None
-        self._queue: queue.Queue[bytes | None] = queue.Queue(backlog)
+        self._queue: queue.Queue[list[bytes] | None] = queue.Queue(backlog)
+        self._batch: list[bytes] = []
+        self._batched = 0
         self._fd = os.dup(f.fileno())  # the hasher's own handle for the prefix: pread, no shared position
         self._thread = threading.Thread(target=self._hash_loop, args=(have,), name="download-hasher",
                                         daemon=True)
@@ -258,9 +264,10 @@ class _Writer:
             self.valid = False
         finally:
             os.close(self._fd)
-        while (data := self._queue.get()) is not None:
-            if self.valid and not self._abort:
-                self._update(data)
+        while (batch := self._queue.get()) is not None:
+            for data in batch:
+                if self.valid and not self._abort:
+                    self._update(data)
 
     def write(self, data: bytes) -> int:
         if self.cancel is not None and self.cancel.is_set():
@@ -272,7 +279,11 @@ class _Writer:
                 raise OSError(errno.EIO, "write returned nothing")
             view = view[written:]
         self.pos += len(data)
-        self._queue.put(data if isinstance(data, bytes) else bytes(data))
+        self._batch.append(data if isinstance(data, bytes) else bytes(data))
+        self._batched += len(data)
+        if self._batched >= HASH_BATCH:  # one hand-off per batch, not per socket read
+            self._queue.put(self._batch)
+            self._batch, self._batched = [], 0
         self.report(len(data))
         return len(data)
 
@@ -285,6 +296,9 @@ class _Writer:
         """Let the hasher catch up with everything written (or drop what is left: ``abort``)."""
         if self._thread.is_alive():
             self._abort = abort
+            if self._batch and not abort:
+                self._queue.put(self._batch)
+            self._batch, self._batched = [], 0
             self._queue.put(None)
             self._thread.join()
         if self._error is not None and not abort:
@@ -418,7 +432,7 @@ def download(repo_id: str, filename: str, *, revision: str | None = None, token:
              cache_dir: str | Path | None = None, endpoint: str | None = None,
              progress: ProgressFn | None = None, cancel: threading.Event | None = None,
              offline: bool | None = None, retries: int = 5, backoff_s: float = 1.0,
-             chunk_size: int = CHUNK) -> Downloaded:
+             chunk_size: int | None = CHUNK) -> Downloaded:
     """Download one file into the HF cache (or find it there) and return its verified path.
 
     Resumes a partial file left by an earlier call; retries with backoff while bytes keep coming;
@@ -546,7 +560,7 @@ def _transfer(partial: Path, blob: Path, pointer: Path, http_get, location, head
             with partial.open("r+b" if partial.exists() else "w+b", buffering=0) as f:
                 writer = _Writer(f, have=have, size=size, git=sha256 is None and git is not None,
                                  report=meter.add, cancel=cancel,
-                                 backlog=max(2, HASH_BACKLOG // chunk_size))
+                                 backlog=max(2, HASH_BACKLOG // max(chunk_size or 0, HASH_BATCH)))
                 constants.DOWNLOAD_CHUNK_SIZE = chunk_size
                 try:
                     http_get(location, writer, resume_size=have, headers=headers, expected_size=size,
