@@ -213,11 +213,12 @@ class _Writer:
     """The file object handed to ``http_get``: writes inline, hashes in a second thread.
 
     Each received chunk is written at once with one unbuffered ``write`` (a short write is continued;
-    the GIL is released, so no writer thread or extra copy is needed), then handed by reference to a
-    hasher thread that feeds sha256 (and the git sha1 for small files): hashing overlaps receiving.
-    The hasher first reads back the prefix we resume from, so the digests cover the whole file. At
-    most ``backlog`` chunks wait for it (memory stays bounded when hashing is the slower side). A
-    disk error or a cancel is raised from ``write``, in the downloading thread.
+    the GIL is released, so no writer thread or extra copy is needed), then handed by reference, in
+    batches of ``HASH_BATCH`` bytes, to a hasher thread that feeds sha256 (and the git sha1 for small
+    files): hashing overlaps receiving. The hasher first reads back the prefix we resume from, so the
+    digests cover the whole file. At most ``backlog`` batches wait for it (memory stays bounded when
+    hashing is the slower side). A disk error or a cancel is raised from ``write``, in the
+    downloading thread.
     """
 
     READ_BLOCK = 4 << 20
