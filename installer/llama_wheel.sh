@@ -5,7 +5,9 @@
 # because pip's own wheel cache does not key on CMAKE_ARGS and the build takes ~7 min.
 # Flags: portable CPU by default (GGML_NATIVE=ON dies with SIGILL on AMX CPUs, see
 # DESIGN.md §5); CUDA when an NVIDIA GPU and nvcc are present; Metal on macOS.
-# Override with GGUFDESK_CMAKE_ARGS.
+# Override with GGUFDESK_CMAKE_ARGS; add flags with GGUFDESK_EXTRA_CMAKE_ARGS.
+# Offline machines: LLAMA_CPP_PYTHON_SDIST=path/to/sdist.tar.gz and GGUFDESK_NO_BUILD_ISOLATION=1
+# (then scikit-build-core must already be installed).
 set -euo pipefail
 
 PY=${1:-python3}
@@ -22,6 +24,11 @@ elif command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1 &&
 else
   flags=$cpu_flags
 fi
+flags="$flags${GGUFDESK_EXTRA_CMAKE_ARGS:+ $GGUFDESK_EXTRA_CMAKE_ARGS}"
+src="llama-cpp-python==$VERSION"
+[ -n "${LLAMA_CPP_PYTHON_SDIST:-}" ] && src=$LLAMA_CPP_PYTHON_SDIST
+isolation=()
+[ "${GGUFDESK_NO_BUILD_ISOLATION:-0}" = 1 ] && isolation=(--no-build-isolation)
 
 pytag=$("$PY" -c 'import sys, sysconfig; print(f"cp{sys.version_info[0]}{sys.version_info[1]}-{sysconfig.get_platform()}")')
 key=$(printf '%s|%s|%s' "$VERSION" "$flags" "$pytag" | sha256sum | cut -c1-16)
@@ -31,8 +38,8 @@ if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   echo "building llama-cpp-python $VERSION (flags: $flags); cached in $dir" >&2
   tmp=$(mktemp -d "$CACHE.build.XXXXXX" 2>/dev/null || { mkdir -p "$CACHE"; mktemp -d "$CACHE.build.XXXXXX"; })
   CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)} \
-    "$PY" -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \
-    "llama-cpp-python==$VERSION" -w "$tmp" >&2
+    "$PY" -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python ${isolation[@]+"${isolation[@]}"} \
+    "$src" -w "$tmp" >&2
   mkdir -p "$CACHE"
   printf '%s\n' "$flags" > "$tmp/FLAGS"
   rm -rf "$dir"
