@@ -133,7 +133,7 @@ def main() -> int:
     ref = None if args.no_reference else Reference(model, 1024)
     results: dict[str, dict[str, list[dict]]] = {w: {} for w in WORKLOADS}
     with EngineClient(auto_restart=False) as client:
-        client.load(model, settings={"n_ctx": 1024})
+        client.load(model, settings={"n_ctx": 1024}, speculation={"k_max": 16})  # logits rows for K <= 16
         for w, (prompt, temp) in WORKLOADS.items():  # warm-up: page the weights in
             ours(client, prompt, temp, 8, MODES["plain"])
             if ref is not None:

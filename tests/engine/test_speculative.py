@@ -17,7 +17,8 @@ PASSAGE = ("The river town of Ashford sits where two valleys meet. Its market op
            "and farmers bring apples, cheese, honey and wool from the hills. The old stone bridge, built in "
            "1642, still carries carts across the water, although a newer bridge downstream now takes the "
            "heavy lorries. In winter the river often floods the lower meadows, and the children skate on "
-           "the frozen ponds.")
+           "the frozen ponds. The town library keeps a collection of maps that show how the streets have "
+           "changed over three centuries.")
 COPY_PROMPT = f"Text: {PASSAGE}\n\nThe same text, copied exactly:\n{PASSAGE[:60]}"
 GREEDY = {"temperature": 0.0, "max_tokens": 120}
 
@@ -313,15 +314,15 @@ def test_starter_lookup_on_a_copy_prompt_is_identical(starter_model):
     try:
         gen = Generator(lm)
         prompt = gen.tokenize(COPY_PROMPT)
-        _run(gen, prompt, 160)
+        _run(gen, prompt, 120)
         plain = gen.tokens[len(prompt):]
         flips = []
         for k, adaptive in ((4, False), (8, False), (16, True)):
             spec = SpeculationSettings(mode="lookup", k_max=k, adaptive=adaptive)
             gen.truncate(0)
-            _, st = _run(gen, prompt, 160, S.make_drafter(spec, prompt=prompt, draft=None, target=lm))
+            _, st = _run(gen, prompt, 120, S.make_drafter(spec, prompt=prompt, draft=None, target=lm))
             out = gen.tokens[len(prompt):]
-            assert st.drafted > 60 and st.accepted / st.drafted > 0.6, (k, st.drafted, st.accepted)
+            assert st.accepted > 60 and st.accepted / st.drafted > 0.5, (k, st.drafted, st.accepted)
             flips.append(_near_tie_at_divergence(gen, prompt, plain, out, tol=0.5))
         assert flips.count(None) >= 2, f"flips at margins {flips}"
     finally:

@@ -85,7 +85,7 @@ class DraftModel:
         except KnownError:
             lm.close()
             raise
-        lm.aborter = target.aborter  # one cancel stops both models
+        lm.aborter.flag = target.aborter.flag  # one cancel stops both models (keep each callback alive)
         return cls(lm)
 
     def close(self) -> None:
