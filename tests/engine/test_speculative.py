@@ -1,6 +1,7 @@
 """Speculative decoding: lossless output (greedy and seeded sampling), KV consistency, refusal, cancel, adaptation."""
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -97,6 +98,15 @@ def test_incompatible_draft_is_refused_and_the_engine_carries_on(engine, tiny_mo
     assert "does not match" in errors[0].message and "token 5" in errors[0].message
     text, st, _ = _generate(engine, PROMPT, GREEDY)
     assert st.n_gen == 120 and st.drafted == 0 and st.speculation == "off"
+
+
+def test_incompatible_vocab_size_is_named(engine, tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(ggufs, "WORDS", list(ggufs.WORDS) + [f"w{i}" for i in range(200)])
+    big = ggufs.write_tiny_llama(tmp_path / "big.gguf", ggufs.TinySpec(seed=3))
+    engine.load(str(tiny_model), settings={"n_ctx": 512}, speculation={"mode": "draft", "draft_model": str(big)})
+    errors = [ev for ev in engine.events(timeout=0.5) if isinstance(ev, P.Error)]
+    assert [e.kind for e in errors] == ["draft"] and engine.loaded.draft is None
+    assert re.search(r"vocab size \d+ vs \d+ \(more than 128 apart\)", errors[0].message)
 
 
 def test_cancel_mid_speculation(engine, tiny_model):
@@ -222,21 +232,6 @@ def test_adaptive_switches_off_when_speculation_is_slower(target, tiny_draft):
         assert st.draft_len == 0 and 0 < st.drafted < 100
     finally:
         dm.close()
-
-
-def test_incompatible_vocab_size_is_named(target, tmp_path, monkeypatch):
-    from ggufdesk.engine.native import load_model
-    from ggufdesk.engine.speculative import check_compatible
-
-    gen, log = target
-    monkeypatch.setattr(ggufs, "WORDS", list(ggufs.WORDS) + [f"w{i}" for i in range(200)])
-    other = ggufs.write_tiny_llama(tmp_path / "big.gguf", ggufs.TinySpec(seed=3))
-    lm = load_model(str(other), LoadSettings(n_ctx=256), log)
-    try:
-        with pytest.raises(KnownError, match=r"vocab size \d+ vs \d+"):
-            check_compatible(gen.lm, lm)
-    finally:
-        lm.close()
 
 
 def test_draft_mode_without_draft_model_is_a_clear_error(target):
