@@ -198,3 +198,30 @@ def test_load_settings_reach_llama_cpp(tiny_model):
         # llama.cpp's own refusal comes back in words: a q8_0 K cache needs head dims divisible by 32
         with pytest.raises(EngineError, match="does not divide"):
             c.load(str(tiny_model), settings=LoadSettings(n_ctx=256, type_k="q8_0", type_v="q8_0"))
+
+
+def test_a_dropped_log_capture_does_not_crash_the_next_model(tiny_model):
+    """llama.cpp's log callback is process-wide: a LlamaLog that is garbage-collected while still
+    registered used to segfault the process at the next log line (found by the speculative tests)."""
+    import gc
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import gc
+        from ggufdesk.core.settings import LoadSettings, SamplingSettings
+        from ggufdesk.engine.generate import Generator
+        from ggufdesk.engine.native import LlamaLog, load_model
+        s = LoadSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1)
+        keep = load_model({str(tiny_model)!r}, s, LlamaLog())
+        gc.collect()
+        lm = load_model({str(tiny_model)!r}, s, LlamaLog())
+        gc.collect()
+        g = Generator(lm)
+        g.run(g.tokenize("the cat " * 40), SamplingSettings(temperature=0, max_tokens=3), emit_text=print)
+        print("ok")
+    """)
+    gc.collect()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-2000:]

@@ -229,7 +229,12 @@ def test_adaptive_switches_off_when_speculation_is_slower(target, tiny_draft):
         gen.truncate(0)
         _, st = _run(gen, prompt, 300, S.make_drafter(spec, prompt=prompt, draft=dm, target=gen.lm))
         assert st.speculation.startswith("disabled: slower than plain")
-        assert st.draft_len == 0 and 0 < st.drafted < 100
+        # how soon it notices depends on microsecond timings on a shared machine; compare with a
+        # fixed K over the same request rather than with an absolute count
+        fixed = SpeculationSettings(mode="draft", draft_model=str(tiny_draft), k_max=8, p_min=0.0, adaptive=False)
+        gen.truncate(0)
+        _, st_fixed = _run(gen, prompt, 300, S.make_drafter(fixed, prompt=prompt, draft=dm, target=gen.lm))
+        assert st.draft_len == 0 and 0 < st.drafted < st_fixed.drafted / 2
     finally:
         dm.close()
 

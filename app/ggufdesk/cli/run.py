@@ -34,7 +34,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     spec = p.add_mutually_exclusive_group()
     spec.add_argument("--draft", help="draft model (.gguf) for speculative decoding")
     spec.add_argument("--lookup", action="store_true", help="prompt-lookup speculative decoding")
-    p.add_argument("--draft-max", type=int, default=8, help="longest draft (K max)")
+    p.add_argument("--draft-max", type=int, default=16, help="longest draft (K max)")
     p.add_argument("--no-adaptive", action="store_true", help="keep the draft length fixed at --draft-max")
 
 

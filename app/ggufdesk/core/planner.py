@@ -104,9 +104,9 @@ def _layer_stage(info: GGUFInfo, n_ubatch: int, n_kv: int, n_masks: int, flash: 
 
 
 # The engine caps the logits rows one decode may return (llama.cpp's n_outputs_max) at a
-# verification batch: [last] + K max drafts (SpeculationSettings().k_max = 8). Without the cap
+# verification batch: [last] + K max drafts (SpeculationSettings().k_max = 16). Without the cap
 # llama.cpp reserves logits for every micro-batch position.
-N_OUTPUTS = 9
+N_OUTPUTS = 17
 
 
 def compute_buffer(info: GGUFInfo, *, n_ctx: int, n_ubatch: int, flash: bool, with_output: bool = True,

@@ -134,7 +134,7 @@ class SpeculationSettings:
     draft_model: str | None = None
     draft_gpu_layers: int = 0
     draft_ctx: int = 0  # 0 = same as the target's context
-    k_max: int = 8
+    k_max: int = 16  # measured on 2 CPU threads: K=16 copies 1.68x plain vs 0.89x for K=8
     k_min: int = 1
     p_min: float = 0.6  # draft stops proposing below this top probability
     ngram: int = 3  # prompt lookup: longest n-gram to match

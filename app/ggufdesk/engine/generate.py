@@ -239,6 +239,8 @@ class Generator:
         t_start: float | None = None,
     ) -> tuple[str, RunStats]:
         """Generate for `prompt`; returns (finish_reason, stats). Raises Cancelled."""
+        if self.lm.ctx.ctx is None:
+            raise KnownError("the model was unloaded")
         st = RunStats(n_prompt=len(prompt), t_start=t_start or time.perf_counter())
         n_ctx = self.lm.n_ctx
         if len(prompt) >= n_ctx:

@@ -26,9 +26,12 @@ FLASH_ATTN_IDS = {
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
-DEFAULT_OUTPUTS = 9  # SpeculationSettings().k_max + 1
+DEFAULT_OUTPUTS = 17  # SpeculationSettings().k_max + 1
 _NOISE = ("llama_graph_n_input_tensors", "llama_model_loader: - kv", "llama_model_loader: - type")
 _BUFFER_RE = re.compile(r"(\S+)\s+(model|KV|compute|output)\s+buffer size\s*=\s*([\d.]+)\s*MiB")
+
+
+_REGISTERED_LOG_CALLBACKS: list = []
 
 
 class LlamaLog:
@@ -45,7 +48,10 @@ class LlamaLog:
         def _callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
             self._write(text.decode("utf-8", errors="replace"))
 
-        self._callback = _callback  # keep a reference: a collected callback crashes the process
+        self._callback = _callback
+        # llama.cpp's log callback is process-wide and outlives this object: a collected callback
+        # crashes the process at the next log line, so every one ever registered is kept alive.
+        _REGISTERED_LOG_CALLBACKS.append(_callback)
         llama_cpp.llama_log_set(self._callback, ctypes.c_void_p(0))
 
     def _write(self, text: str) -> None:
@@ -143,6 +149,8 @@ class LoadedModel:
 
     def abortable(self, on: bool) -> None:
         """Install the abort callback for multi-token batches only: it costs a Python call per graph node."""
+        if self.ctx.ctx is None:
+            raise KnownError("the model was unloaded")
         cb = self.aborter._callback if on else ctypes.cast(None, llama_cpp.ggml_abort_callback)
         llama_cpp.llama_set_abort_callback(self.ctx.ctx, cb, ctypes.c_void_p(0))
 

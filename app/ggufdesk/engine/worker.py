@@ -158,6 +158,9 @@ class Engine:
             sampling = SamplingSettings(**req.sampling)
             spec = self.speculation if req.speculation is None else SpeculationSettings(**{
                 **_fields(self.speculation), **req.speculation})
+            cap = self.lm.n_outputs - 1  # logits rows reserved at load: [last] + K max
+            if spec.k_max > cap:
+                spec = SpeculationSettings(**{**_fields(spec), "k_max": cap, "k_min": min(spec.k_min, cap)})
             prompt, stops = self._prompt(req, sampling)
             if stops:
                 sampling = SamplingSettings(**{**_fields(sampling), "stop": sampling.stop + stops})
