@@ -128,7 +128,9 @@ class RequestRecord:
     status: int
     sent: int  # body bytes written
     auth: bool  # an Authorization header came with it
-    started: float = 0.0  # time.monotonic() when the request arrived (records are appended when done)
+    # time.monotonic() when the request arrived; a GET with a body is recorded when done, any other
+    # answer just before it is sent (a client that got it always finds it)
+    started: float = 0.0
 
 
 @dataclass
@@ -345,19 +347,19 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        self._record(status)  # before the answer leaves: a client that got it finds the record
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
-        self._record(status)
 
     def _json(self, obj: object) -> None:
         body = json.dumps(obj).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        self._record(200, len(body))
         self.end_headers()
         self.wfile.write(body)
-        self._record(200, len(body))
 
     def _authorized(self) -> bool:
         return self.headers.get("Authorization", "") == f"Bearer {self.hub.token}"
@@ -504,8 +506,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header(k, v)
             self.send_header("Location", loc)
             self.send_header("Content-Length", "0")
-            self.end_headers()
             self._record(302)
+            self.end_headers()
             return None
         self._body(repo_id, filename, f, common)
 
@@ -544,8 +546,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_response(416)
                 self.send_header("Content-Range", f"bytes */{total}")
                 self.send_header("Content-Length", "0")
-                self.end_headers()
                 self._record(416, 0, start)
+                self.end_headers()
                 return None
         end = total  # exclusive
         if rng and rng.startswith("bytes="):
@@ -560,10 +562,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(end - start))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{total}")
-        self.end_headers()
         if self.command == "HEAD":
             self._record(status, 0, start if rng else None)
+            self.end_headers()
             return None
+        self.end_headers()
         sent = 0
         try:
             sent = self._send(f, start, end, body_fault)
