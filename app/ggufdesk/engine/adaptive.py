@@ -17,7 +17,7 @@ from collections import deque
 log = logging.getLogger("ggufdesk.engine.speculative")
 
 WINDOW = 16  # speculative steps remembered for acceptance and measured rate
-MIN_EVIDENCE = 3  # speculative steps before we may switch off
+MIN_EVIDENCE = 5  # speculative steps before we may switch off
 REPROBE_EVERY = 64  # speculative steps between plain probes (the plain cost drifts: context grows)
 WORTH_MARGIN = 1.1  # a draft must be predicted this much faster than a plain step
 
@@ -136,9 +136,10 @@ class DraftLength:
         return min(k, kb) if rate > WORTH_MARGIN / self.t0 else 0
 
     def measured_rate(self) -> float:
-        toks = sum(a + 1 for _, a, _ in self.window)
-        secs = sum(s for _, _, s in self.window)
-        return toks / secs if secs > 0 else 0.0
+        """Tokens per second of recent steps: the median step's, so that one step stalled by
+        another process on a busy machine cannot switch speculation off for the whole request."""
+        rates = [(a + 1) / s for _, a, s in self.window if s > 0]
+        return statistics.median(rates) if rates else 0.0
 
     def _adapt(self) -> None:
         k_best, predicted = self.best()
