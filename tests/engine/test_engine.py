@@ -225,3 +225,17 @@ def test_a_dropped_log_capture_does_not_crash_the_next_model(tiny_model):
     gc.collect()
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-2000:]
+
+
+def test_plain_runs_calibrate_the_planner(tiny_model):
+    """A plain generation records this machine's real decode speed; the planner then predicts it."""
+    from ggufdesk.core import gguf_meta, hardware, planner
+
+    assert hardware.effective_bandwidth_gbs("cpu", min_bytes=0) is None
+    with EngineClient() as c:
+        c.load(str(tiny_model), settings=LoadSettings(n_ctx=512, n_batch=64, n_ubatch=64))
+        st = collect(c, c.generate(prompt=PROMPT, sampling=greedy(64))).stats
+        collect(c, c.generate(prompt=PROMPT, sampling=greedy(8)))  # too short: not recorded
+    per_token = planner.weight_bytes_per_token(gguf_meta.read_gguf(tiny_model))
+    bw = hardware.effective_bandwidth_gbs("cpu", min_bytes=0)
+    assert bw == pytest.approx(per_token * st.decode_tok_s / 1e9, rel=1e-6)

@@ -190,6 +190,14 @@ def _read_bytes(t: TensorInfo, info: GGUFInfo) -> float:
     return float(t.n_bytes)
 
 
+def weight_bytes_per_token(info: GGUFInfo) -> int:
+    """Weight bytes one decoded token reads (what a real run's speed is calibrated against)."""
+    n = sum(_read_bytes(t, info) for t in info.tensors if t.name != "token_embd.weight")
+    if info.tensor("output.weight") is None and (emb := info.tensor("token_embd.weight")):
+        n += emb.n_bytes
+    return int(n)
+
+
 def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth: int = 0,
                    type_k: str = "f16", type_v: str = "f16") -> float:
     """Predicted seconds per decoded token with `depth` tokens already in the KV cache."""
@@ -202,6 +210,8 @@ def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth
     gpu_bw = max((g.bandwidth_gbs or 0.0) for g in hw.gpus) if hw.gpus else 0.0
     gpu_bw = gpu_bw or 300.0
     t = T0_GPU if ngl >= n_layer + 1 else T0_CPU + (T0_GPU if ngl else 0.0)
+    if (ngl == 0 and cal_cpu) or (ngl >= n_layer + 1 and cal_gpu):
+        t = 0.0  # a calibrated bandwidth comes from whole-token times: the fixed cost is inside it
 
     def cost(nbytes: float, on_gpu: bool, float_type: bool) -> float:
         if on_gpu:

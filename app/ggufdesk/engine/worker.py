@@ -82,6 +82,7 @@ class Engine:
         self.template = None
         self.speculation = SpeculationSettings()
         self.draft = None  # speculative.DraftModel
+        self._bytes_per_token: int | None = None  # for self-calibration, read once per model
 
     # ---- load / unload --------------------------------------------------------------------------
 
@@ -106,6 +107,7 @@ class Engine:
             return
         lm.aborter.flag = self.book.flag
         self.lm, self.gen, self.speculation = lm, Generator(lm), spec
+        self._bytes_per_token: int | None = None
         meta = lm.metadata
         bos = _piece(self.gen, meta.get("tokenizer.ggml.bos_token_id"))
         eos = _piece(self.gen, meta.get("tokenizer.ggml.eos_token_id"))
@@ -180,6 +182,8 @@ class Engine:
                 cancelled=self.book.is_cancelled, drafter=drafter, t_start=t_start,
             )
             self.emit(self._stats(req.id, st, final=True))
+            if drafter is None:
+                self._calibrate(st.n_gen, st.decode_tok_s)
             self.emit(P.Done(id=req.id, finish_reason=finish, text="".join(pieces), tokens=st.tokens,
                              usage={"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen}))
         except Cancelled:
@@ -215,6 +219,26 @@ class Engine:
         text = self.template.render(messages)
         bos = llama_bos_text(self.gen)
         return self.gen.tokenize(text, add_bos=not (bos and text.startswith(bos)))
+
+    def _calibrate(self, n_gen: int, tok_s: float) -> None:
+        """Feed a plain run's real decode speed back to the planner (hardware.record_decode_run),
+        so later predictions on this machine use its effective bandwidth."""
+        lm = self.lm
+        if n_gen < 32 or tok_s <= 0 or lm.settings.n_threads != 0:
+            return  # too short to be steady, or a hand-picked thread count
+        gpu_bytes, ngl = lm.memory.get("gpu", 0), lm.settings.n_gpu_layers
+        where = "cpu" if gpu_bytes == 0 else "gpu" if ngl < 0 or ngl > lm.n_layer else None
+        if where is None:
+            return  # a split model says little about either side
+        try:
+            from ggufdesk.core import gguf_meta, hardware, planner
+
+            if self._bytes_per_token is None:
+                self._bytes_per_token = planner.weight_bytes_per_token(gguf_meta.read_gguf(lm.path))
+            hardware.record_decode_run(where=where, bytes_per_token=self._bytes_per_token, tok_s=tok_s,
+                                       n_layer=lm.n_layer)
+        except (KnownError, OSError, ValueError) as e:
+            log.warning("could not record the decode speed: %s", e)
 
     def _drafter(self, spec: SpeculationSettings, prompt: list[int], max_tokens: int):
         if spec.mode == "off":
