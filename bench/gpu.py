@@ -58,14 +58,17 @@ def main() -> int:
         n_head_kv=2 if small else 8, n_ff=512 if small else 5632, n_ctx_train=32768, dtype="f16"))
     info = gguf_meta.read_gguf(model)
     rows = []
+    configs = ((-1, 4096), (-1, 16384), (8, 4096), (0, 4096))
+    # predictions first: the engine records real runs (self-calibration), which would otherwise
+    # feed the measurement back into the later predictions
+    plans = {c: planner.plan(info, hw, n_ctx=c[1], n_gpu_layers=c[0]) for c in configs}
     with EngineClient(auto_restart=False) as client:
-        for ngl, ctx in ((-1, 4096), (-1, 16384), (8, 4096), (0, 4096)):
-            pl = planner.plan(info, hw, n_ctx=ctx, n_gpu_layers=ngl)
+        for ngl, ctx in configs:
+            pl = plans[(ngl, ctx)]
             client.unload()
             time.sleep(0.5)
             before = gpu_used()
-            ld = client.load(str(model), settings=LoadSettings(n_ctx=ctx, n_gpu_layers=ngl, n_threads=8,
-                                                                n_threads_batch=16, use_mmap=False))
+            ld = client.load(str(model), settings=LoadSettings(n_ctx=ctx, n_gpu_layers=ngl, use_mmap=False))
             after = gpu_used()
             dec, pre = decode_tok_s(client)
             row = {"n_gpu_layers": ngl, "n_ctx": ctx, "fit": pl.fit, "pred_vram": pl.vram_bytes,

@@ -38,10 +38,13 @@ OVERHEAD_BASE = 8 * MiB
 OVERHEAD_PER_VOCAB = 176
 RAM_MARGIN = (1 * GiB, 0.10)  # keep at least this much RAM free: max(1 GiB, 10 % of total)
 VRAM_MARGIN = (512 * MiB, 0.05)
-CUDA_CONTEXT = 300 * MiB  # CUDA runtime + cuBLAS workspace per GPU in use (not measured here)
+CUDA_CONTEXT = 512 * MiB  # CUDA runtime + cuBLAS per GPU in use: 515 MiB measured on an H200 (bench/gpu.py)
 # decode efficiencies (fraction of measured RAM read bandwidth llama.cpp reaches), fitted here
 EFF_CPU_FLOAT, EFF_CPU_QUANT, EFF_GPU = 0.90, 0.62, 0.75
-T0_CPU, T0_GPU = 0.76e-3, 0.25e-3  # fixed per-token cost (graph, sampling, launch), seconds
+T0_CPU = 0.76e-3  # fixed per-token cost on the CPU (graph, sampling), seconds
+# On a GPU the fixed cost is kernel launches, which grow with depth: 1.04 ms/token for a 16-layer
+# 1.5 GB f16 model on an H200 of which 0.42 ms is reading weights (bench/gpu.py) -> ~0.1 + 0.033/layer.
+T0_GPU_BASE, T0_GPU_LAYER = 0.1e-3, 0.033e-3
 EFF_PREFILL_CPU, EFF_PREFILL_GPU = 1.0, 0.35
 MIN_COMFORTABLE_TOK_S = 5.0
 FLOAT_TYPES = {"F32", "F16", "BF16"}
@@ -209,7 +212,8 @@ def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth
     cal_gpu = effective_bandwidth_gbs("gpu")
     gpu_bw = max((g.bandwidth_gbs or 0.0) for g in hw.gpus) if hw.gpus else 0.0
     gpu_bw = gpu_bw or 300.0
-    t = T0_GPU if ngl >= n_layer + 1 else T0_CPU + (T0_GPU if ngl else 0.0)
+    t0_gpu = T0_GPU_BASE + T0_GPU_LAYER * max(0, ngl - 1)
+    t = t0_gpu if ngl >= n_layer + 1 else T0_CPU + (t0_gpu if ngl else 0.0)
     if (ngl == 0 and cal_cpu) or (ngl >= n_layer + 1 and cal_gpu):
         t = 0.0  # a calibrated bandwidth comes from whole-token times: the fixed cost is inside it
 
