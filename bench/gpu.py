@@ -53,25 +53,32 @@ def main() -> int:
     hw = hardware.probe()
     (out / "probe.json").write_text(json.dumps(hw.to_json(), indent=2, default=str))
     small = os.environ.get("GPU_CHECK_DRY_RUN") == "1"
-    model = ggufs.write_tiny_llama(Path("/tmp/gpu-model.gguf"), ggufs.TinySpec(
-        n_layer=2 if small else 16, n_embd=256 if small else 2048, n_head=2 if small else 16,
-        n_head_kv=2 if small else 8, n_ff=512 if small else 5632, n_ctx_train=32768, dtype="f16"))
-    info = gguf_meta.read_gguf(model)
+    shapes = {  # (layers, n_embd, heads, kv heads, n_ff): 16 wide layers, then 32 narrower ones
+        "16x2048": (2, 256, 2, 2, 512) if small else (16, 2048, 16, 8, 5632),
+        "32x1536": (2, 128, 2, 2, 256) if small else (32, 1536, 12, 4, 4096),
+    }
+    models = {}
+    for name, (nl, ne, nh, nkv, nff) in shapes.items():
+        path = ggufs.write_tiny_llama(Path(f"/tmp/gpu-{name}.gguf"), ggufs.TinySpec(
+            n_layer=nl, n_embd=ne, n_head=nh, n_head_kv=nkv, n_ff=nff, n_ctx_train=32768, dtype="f16"))
+        models[name] = (path, gguf_meta.read_gguf(path))
     rows = []
-    configs = ((-1, 4096), (-1, 16384), (8, 4096), (0, 4096))
+    configs = [("16x2048", -1, 4096), ("16x2048", -1, 16384), ("16x2048", 8, 4096), ("16x2048", 0, 4096),
+               ("32x1536", -1, 4096), ("32x1536", 16, 4096), ("32x1536", 0, 4096)]
     # predictions first: the engine records real runs (self-calibration), which would otherwise
     # feed the measurement back into the later predictions
-    plans = {c: planner.plan(info, hw, n_ctx=c[1], n_gpu_layers=c[0]) for c in configs}
+    plans = {c: planner.plan(models[c[0]][1], hw, n_ctx=c[2], n_gpu_layers=c[1]) for c in configs}
     with EngineClient(auto_restart=False) as client:
-        for ngl, ctx in configs:
-            pl = plans[(ngl, ctx)]
+        for name, ngl, ctx in configs:
+            model = models[name][0]
+            pl = plans[(name, ngl, ctx)]
             client.unload()
             time.sleep(0.5)
             before = gpu_used()
             ld = client.load(str(model), settings=LoadSettings(n_ctx=ctx, n_gpu_layers=ngl, use_mmap=False))
             after = gpu_used()
             dec, pre = decode_tok_s(client)
-            row = {"n_gpu_layers": ngl, "n_ctx": ctx, "fit": pl.fit, "pred_vram": pl.vram_bytes,
+            row = {"model": name, "n_gpu_layers": ngl, "n_ctx": ctx, "fit": pl.fit, "pred_vram": pl.vram_bytes,
                    "nvml_vram_delta": after - before, "llama_gpu_buffers": ld.memory.get("gpu", 0),
                    "llama_memory": ld.memory, "pred_decode": round(pl.pred_decode_tok_s, 1),
                    "decode": dec, "pred_prefill": round(pl.pred_prefill_tok_s, 1), "prefill": pre}

@@ -9,7 +9,7 @@ python3 -m ggufdesk probe --json > "$out/probe-cli.json" 2>> "$out/nvidia-smi.tx
 t0=$(date +%s)
 whl=$(LLAMA_CPP_PYTHON_SDIST=$sdist GGUFDESK_NO_BUILD_ISOLATION=1 GGUFDESK_WHEEL_CACHE=/tmp/wheels \
       GGUFDESK_EXTRA_CMAKE_ARGS="-DLLAVA_BUILD=OFF" CUDA_ARCHS=90 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-      timeout 450 installer/llama_wheel.sh python3 2> "$out/build.log")
+      timeout 330 installer/llama_wheel.sh python3 2> "$out/build.log")
 echo "build: $(( $(date +%s) - t0 )) s, wheel: $whl" | tee "$out/build-time.txt"
 [ -n "$whl" ] || { tail -30 "$out/build.log"; exit 1; }
 python3 -m pip install -q --no-deps --no-index --target /tmp/llama "$whl" && export PYTHONPATH=/tmp/llama:$PYTHONPATH
