@@ -79,6 +79,7 @@ def main() -> int:
             after = gpu_used()
             dec, pre = decode_tok_s(client)
             row = {"model": name, "n_gpu_layers": ngl, "n_ctx": ctx, "fit": pl.fit, "pred_vram": pl.vram_bytes,
+                   "pred_vram_less_cuda_context": pl.vram_bytes - pl.memory.cuda_context,
                    "nvml_vram_delta": after - before, "llama_gpu_buffers": ld.memory.get("gpu", 0),
                    "llama_memory": ld.memory, "pred_decode": round(pl.pred_decode_tok_s, 1),
                    "decode": dec, "pred_prefill": round(pl.pred_prefill_tok_s, 1), "prefill": pre}
