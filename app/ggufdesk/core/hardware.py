@@ -169,7 +169,7 @@ def cpu_info() -> CPUInfo:
     )
 
 
-def measure_ram_bandwidth(nbytes: int = BANDWIDTH_BYTES, passes: int = 6, threads: int | None = None) -> float:
+def measure_ram_bandwidth(nbytes: int = BANDWIDTH_BYTES, passes: int = 10, threads: int | None = None) -> float:
     """Read bandwidth in GB/s with one reader per physical core (as llama.cpp decodes): best of a
     few int64 sums over an array larger than the caches. One thread is not enough: on a 16-core
     Xeon it read 8.7 GB/s while llama.cpp's 8 decode threads pulled 42 GB/s (bench/gpu.py)."""

@@ -14,7 +14,8 @@ Memory follows llama.cpp's own allocation (checked against its reported buffer s
   output stage = min(n_ubatch, n_outputs) x n_vocab x 4 B + 2 x n_ubatch x n_embd x 4 B, where
   n_outputs is the engine's cap on logits rows per decode (N_OUTPUTS; llama.cpp's n_outputs_max).
 - process overhead: 8 MiB + 176 B per vocabulary entry (llama.cpp's vocab tables), measured.
-Speed: decode time per token = T0 + sum over tensors read (bytes / (bandwidth x efficiency)) + KV read;
+Speed: decode time per token = T0 + sum over tensors read (bytes / rate) + KV read, where on the CPU
+rate = min(RAM bandwidth x efficiency, threads x per-thread dequantize rate);
 prefill = 2 x params FLOPs per token / (compute x efficiency). Efficiencies were fitted on this project's
 test machine (bench/planner.py) and are replaced by the machine's own figures once real runs are
 recorded (hardware.record_decode_run).
@@ -41,6 +42,10 @@ VRAM_MARGIN = (512 * MiB, 0.05)
 CUDA_CONTEXT = 512 * MiB  # CUDA runtime + cuBLAS per GPU in use: 515 MiB measured on an H200 (bench/gpu.py)
 # decode efficiencies (fraction of measured RAM read bandwidth llama.cpp reaches), fitted here
 EFF_CPU_FLOAT, EFF_CPU_QUANT, EFF_GPU = 0.90, 0.62, 0.75
+# ...unless the cores cannot keep up: weight bytes one decode thread gets through per second
+# (dequantize + dot), measured with llama.cpp on a 2-core AVX2 EPYC (bench/planner.py): f16 layers
+# ran at 33 GB/s on 2 threads and the Q4_K/Q8_0 starter at 21 GB/s, both below what RAM delivers.
+PER_THREAD_FLOAT, PER_THREAD_QUANT = 16.5, 10.5  # GB/s
 T0_CPU = 0.76e-3  # fixed per-token cost on the CPU (graph, sampling), seconds
 # On a GPU the fixed cost is kernel launches, which grow with depth: 1.04 ms/token for a 16-layer
 # 1.5 GB f16 model on an H200 of which 0.42 ms is reading weights (bench/gpu.py) -> ~0.1 + 0.033/layer.
@@ -208,6 +213,7 @@ def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth
     n_layer = info.n_layer
     ngl = 0 if not gpu else (n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1))
     first_gpu = n_layer + 1 - ngl
+    threads = max(1, hw.cpu.cores_physical)  # the engine decodes on the physical cores by default
     cal_cpu = effective_bandwidth_gbs("cpu")
     cal_gpu = effective_bandwidth_gbs("gpu")
     gpu_bw = max((g.bandwidth_gbs or 0.0) for g in hw.gpus) if hw.gpus else 0.0
@@ -223,7 +229,9 @@ def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth
         if cal_cpu:
             return nbytes / (cal_cpu * 1e9)
         eff = EFF_CPU_FLOAT if float_type else EFF_CPU_QUANT
-        return nbytes / (hw.ram_bandwidth_gbs * eff * 1e9)
+        per_thread = PER_THREAD_FLOAT if float_type else PER_THREAD_QUANT
+        rate = min(hw.ram_bandwidth_gbs * eff, threads * per_thread)  # memory- or compute-bound
+        return nbytes / (rate * 1e9)
 
     for tt in info.tensors:
         if tt.name == "token_embd.weight":
