@@ -192,6 +192,8 @@ class HubServer:
         self.cdn_redirect = cdn_redirect
         self.faults = Faults()
         self.requests: list[RequestRecord] = []
+        self._busy = 0  # requests being answered (a body's record lands after its last byte)
+        self._idle = threading.Condition()
         self._repos: dict[str, _Repo] = {}
         self._lock = threading.Lock()
         gated, private = set(gated), set(private)
@@ -229,6 +231,12 @@ class HubServer:
 
     def commit(self, repo_id: str, revision: str = "main") -> str:
         return self._repos[repo_id].refs[revision]
+
+    def settle(self, timeout: float = 5.0) -> None:
+        """Wait until no request is being answered: a client can hold a body's last byte before
+        the server has appended that request's record. Call before inspecting `requests`."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._busy == 0, timeout)
 
     def sha256(self, repo_id: str, filename: str, revision: str = "main") -> str:
         return self._repos[repo_id].commits[self.commit(repo_id, revision)][filename].sha256
@@ -385,6 +393,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._route()
 
     def _route(self) -> None:
+        with self.hub._idle:
+            self.hub._busy += 1
+        try:
+            self._route_inner()
+        finally:
+            with self.hub._idle:
+                self.hub._busy -= 1
+                self.hub._idle.notify_all()
+
+    def _route_inner(self) -> None:
         self._started = time.monotonic()
         try:
             path = urlsplit(self.path).path
