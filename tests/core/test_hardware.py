@@ -155,3 +155,26 @@ def test_calibration_store():
         hardware.record_decode_run(where="gpu", bytes_per_token=100 << 20, tok_s=100)
     import json
     assert len(json.loads((hardware.cache_dir() / hardware.CALIBRATION_FILE).read_text())) == hardware.MAX_RUNS
+
+
+def test_gpus_found_by_llama_cpp_fill_in_when_nvml_has_none():
+    """A Mac (Metal, unified memory) or an AMD card (Vulkan): NVML sees nothing, ggml's device list does."""
+    from ggufdesk.core.hardware import CPUInfo, GPUInfo, HardwareInfo, with_ggml_devices
+
+    cpu = CPUInfo(name="test", arch="arm64", cores_physical=8, cores_logical=8, flags=("neon",))
+    hw = HardwareInfo(gpus=(), cpu=cpu, ram_total=16 << 30, ram_available=12 << 30, ram_bandwidth_gbs=100.0,
+                      ram_bandwidth_source="measured", cpu_gflops=500.0,
+                      notes=("no usable GPU found: models run on the CPU",))
+    devices = [{"name": "CPU", "type": "cpu", "memory_total": 16 << 30, "memory_free": 12 << 30},
+               {"name": "MTL0", "description": "Apple M2", "type": "igpu",
+                "memory_total": 12 << 30, "memory_free": 11 << 30}]
+    got = with_ggml_devices(hw, devices)
+    (g,) = got.gpus
+    assert (g.name, g.source, g.vram_total, g.vram_free, g.bandwidth_gbs) == ("Apple M2", "ggml", 12 << 30, 11 << 30, None)
+    assert any("shares system memory" in n for n in got.notes)
+    assert not any("no usable GPU" in n for n in got.notes)
+    assert with_ggml_devices(hw, devices[:1]) is hw  # a CPU-only build adds nothing
+    nv = GPUInfo(index=0, name="RTX", vram_total=8 << 30, vram_free=7 << 30, vram_used=1 << 30,
+                 vram_used_by_others=0, bandwidth_gbs=400.0)
+    with_nvml = HardwareInfo(**{**{f: getattr(hw, f) for f in hw.__dataclass_fields__}, "gpus": (nv,)})
+    assert with_ggml_devices(with_nvml, devices) is with_nvml  # NVML's richer facts win

@@ -239,3 +239,8 @@ def test_plain_runs_calibrate_the_planner(tiny_model):
     per_token = planner.weight_bytes_per_token(gguf_meta.read_gguf(tiny_model))
     bw = hardware.effective_bandwidth_gbs("cpu", min_bytes=0)
     assert bw == pytest.approx(per_token * st.decode_tok_s / 1e9, rel=1e-6)
+
+
+def test_ready_lists_ggml_devices(engine):
+    devices = engine.ready.devices
+    assert devices and devices[0]["type"] == "cpu" and devices[0]["memory_total"] > 0

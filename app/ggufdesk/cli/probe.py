@@ -14,21 +14,41 @@ GiB = 1 << 30
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--remeasure", action="store_true", help="measure RAM bandwidth again")
+    p.add_argument("--no-engine", action="store_true",
+                   help="without an NVIDIA GPU, do not ask llama.cpp's device list (Metal, Vulkan, ...)")
+
+
+def engine_devices() -> list[dict]:
+    """The ggml device list, from a short-lived engine process (the only place llama.cpp loads)."""
+    from ggufdesk.engine.client import EngineClient
+
+    client = EngineClient(auto_restart=False)
+    try:
+        return client.start(timeout=60).devices
+    finally:
+        client.shutdown()
 
 
 def run(args: argparse.Namespace) -> int:
     hw = hardware.probe(remeasure=args.remeasure)
+    devices = None
+    if not hw.gpus and not args.no_engine:
+        devices = engine_devices()
+        hw = hardware.with_ggml_devices(hw, devices)
     if args.json:
-        print_json(hw.to_json())
+        print_json({**hw.to_json(), **({"ggml_devices": devices} if devices is not None else {})})
         return 0
     for g in hw.gpus:
         bw = f", {g.bandwidth_gbs:.0f} GB/s" if g.bandwidth_gbs else ""
-        print(f"GPU {g.index}: {g.name}, {g.vram_free / GiB:.1f} of {g.vram_total / GiB:.1f} GB free"
-              f"{bw}, compute {g.compute_capability or '?'}, PCIe gen {g.pcie_gen or '?'} x{g.pcie_width or '?'}")
+        extra = (f", compute {g.compute_capability or '?'}, PCIe gen {g.pcie_gen or '?'} x{g.pcie_width or '?'}"
+                 if g.source == "nvml" else " (found by llama.cpp)")
+        print(f"GPU {g.index}: {g.name}, {g.vram_free / GiB:.1f} of {g.vram_total / GiB:.1f} GB free{bw}{extra}")
     c = hw.cpu
     print(f"CPU: {c.name}, {c.cores_physical} cores / {c.cores_logical} threads, {' '.join(c.flags) or 'no SIMD flags'}")
     print(f"RAM: {hw.ram_available / GiB:.1f} of {hw.ram_total / GiB:.1f} GB available, "
           f"{hw.ram_bandwidth_gbs:.1f} GB/s read ({hw.ram_bandwidth_source}), {hw.cpu_gflops:.0f} GFLOPS")
     for n in hw.notes:
         print(f"note: {n}")
+    if devices is not None:
+        print("llama.cpp build sees: " + (", ".join(f"{d['name']} ({d['type']})" for d in devices) or "nothing"))
     return 0

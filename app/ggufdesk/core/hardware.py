@@ -7,7 +7,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +267,29 @@ def probe(*, remeasure: bool = False) -> HardwareInfo:
     return HardwareInfo(gpus=tuple(gpus), cpu=cpu, ram_total=int(vm.total), ram_available=int(vm.available),
                         ram_bandwidth_gbs=bw, ram_bandwidth_source=src, cpu_gflops=gflops, driver=driver,
                         unified_memory=unified, notes=tuple(notes))
+
+
+def with_ggml_devices(hw: HardwareInfo, devices: list[dict[str, Any]]) -> HardwareInfo:
+    """Add the GPUs the engine's llama.cpp build sees (Metal, Vulkan, ROCm, CUDA without NVML) when
+    NVML found none; `devices` is the engine's Ready.devices. Bandwidth stays unknown for them."""
+    if hw.gpus:
+        return hw
+    gpus = []
+    notes = list(hw.notes)
+    for d in devices:
+        if d.get("type") not in ("gpu", "igpu") or not d.get("memory_total"):
+            continue
+        total, free = int(d["memory_total"]), int(d.get("memory_free") or 0)
+        gpus.append(GPUInfo(index=len(gpus), name=d.get("description") or d.get("name") or "GPU",
+                            vram_total=total, vram_free=free, vram_used=max(0, total - free),
+                            vram_used_by_others=0, bandwidth_gbs=None, source="ggml"))
+        if d.get("type") == "igpu":
+            notes.append(f"{gpus[-1].name} shares system memory with the CPU")
+    if not gpus:
+        return hw
+    notes = [n for n in notes if "no usable GPU" not in n]
+    notes.append("GPU found by llama.cpp (" + ", ".join(g.name for g in gpus) + "); bandwidth unknown")
+    return replace(hw, gpus=tuple(gpus), notes=tuple(notes))
 
 
 # --------------------------------------------------------------------------- self-calibration

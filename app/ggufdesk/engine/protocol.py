@@ -54,6 +54,7 @@ class Ready:
     pid: int
     llama_cpp_version: str = ""
     system_info: str = ""
+    devices: list[dict[str, Any]] = field(default_factory=list)  # ggml's: name, type, memory_free/total
 
 
 @dataclass(kw_only=True)

@@ -314,9 +314,12 @@ def main() -> int:
     try:
         import llama_cpp
 
+        from ggufdesk.engine.devices import ggml_devices
+
         engine = Engine(emit, book)
         emit(P.Ready(pid=os.getpid(), llama_cpp_version=llama_cpp.__version__,
-                     system_info=llama_cpp.llama_print_system_info().decode(errors="replace")))
+                     system_info=llama_cpp.llama_print_system_info().decode(errors="replace"),
+                     devices=ggml_devices()))
     except Exception as e:  # noqa: BLE001 - the parent must hear why we cannot start
         emit(P.Error(kind="bug", message=f"the engine could not start: {e}", detail=traceback.format_exc()))
         return 1

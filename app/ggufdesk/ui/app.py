@@ -85,7 +85,6 @@ def build_main_window(*, engine_command: list[str] | None = None, services=None)
     from ggufdesk.ui.services import ModelServices
     from ggufdesk.ui.wizard import ModelWizard
 
-    services = services or ModelServices()
     try:
         settings = load_settings()
     except KnownError as e:
@@ -93,6 +92,7 @@ def build_main_window(*, engine_command: list[str] | None = None, services=None)
         settings = Settings()
     history = History()
     engine = EngineBridge(command=engine_command)
+    services = services or ModelServices(engine_devices=engine.devices)
     win = MainWindow(engine=engine, history=history, settings=settings,
                      recommended=lambda: services.recommended_settings(win.model_path))
 

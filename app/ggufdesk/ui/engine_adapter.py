@@ -127,6 +127,11 @@ class EngineBridge(QObject):
     def pid(self) -> int | None:
         return getattr(self._client, "pid", None) if self._client is not None else None
 
+    def devices(self) -> list:
+        """The engine's ggml device list (from its Ready event; [] until it has started)."""
+        ready = getattr(self._client, "ready", None) if self._client is not None else None
+        return list(getattr(ready, "devices", None) or [])
+
     def start(self) -> None:
         """Spawn the engine off the GUI thread (start() waits for Ready)."""
         if self._client is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -138,13 +139,19 @@ class ModelServices:
 
     MAX_CATALOG_ROWS = 3  # each one costs a repo listing and a remote header read
 
-    def __init__(self) -> None:
+    def __init__(self, *, engine_devices: Any = None) -> None:
         self.hw: Any = None
+        self.engine_devices = engine_devices  # () -> the running engine's ggml device list
 
     def probe(self) -> Any:
         from ggufdesk.core import hardware
 
         self.hw = hardware.probe()
+        if self.engine_devices is not None and not self.hw.gpus:
+            deadline = time.monotonic() + 10  # the engine starts beside us; its list comes with Ready
+            while not (devices := self.engine_devices()) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            self.hw = hardware.with_ggml_devices(self.hw, devices)
         return self.hw
 
     def describe(self, hw: Any) -> list[str]:
