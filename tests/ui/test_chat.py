@@ -247,3 +247,28 @@ def test_title_from_first_line():
     assert title_from("  many   spaces  ") == "many spaces"
     long = "word " * 30
     assert title_from(long).endswith("…") and len(title_from(long)) <= 49
+
+
+def _drop(w, path) -> None:
+    from PySide6.QtCore import QMimeData, QPointF, QUrl
+    from PySide6.QtGui import QDropEvent
+
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(path))])
+    from PySide6.QtCore import Qt
+
+    w.dropEvent(QDropEvent(QPointF(10, 10), Qt.CopyAction, mime, Qt.LeftButton, Qt.NoModifier))
+
+
+def test_dropping_a_gguf_adds_it_to_the_library_and_loads_it(qtbot, window, tiny_model, tmp_path):
+    from ggufdesk.core import library
+
+    with qtbot.waitSignal(window.engine.loaded, timeout=15000) as blocker:
+        _drop(window, tiny_model)
+    assert blocker.args[0].model == str(tiny_model)
+    assert [m.path for m in library.user_models()] == [tiny_model.resolve()]
+    bogus = tmp_path / "notes.gguf"
+    bogus.write_text("not a model")
+    _drop(window, bogus)  # refused with a message; nothing remembered
+    assert "not a GGUF" in window.banner.text
+    assert len(library.user_models()) == 1

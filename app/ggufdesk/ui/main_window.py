@@ -76,6 +76,7 @@ class MainWindow(QMainWindow):
                  recommended: Callable[[], tuple[LoadSettings, SpeculationSettings]] | None = None,
                  persist_settings: bool = True) -> None:
         super().__init__()
+        self.setAcceptDrops(True)  # drop a .gguf file to add and load it
         self.setWindowTitle("ggufdesk")
         self.engine = engine
         self.history = history
@@ -521,6 +522,33 @@ class MainWindow(QMainWindow):
             self._update_mode_label()
 
     # ---- closing ------------------------------------------------------------------------------
+
+    # ---- drag and drop a .gguf onto the window: remember it in the library and load it ----------
+
+    @staticmethod
+    def _dropped_gguf(mime: Any) -> str | None:
+        for url in mime.urls() if mime.hasUrls() else []:
+            if url.isLocalFile() and url.toLocalFile().lower().endswith(".gguf"):
+                return url.toLocalFile()
+        return None
+
+    def dragEnterEvent(self, event: Any) -> None:  # noqa: N802 - Qt API
+        if self._dropped_gguf(event.mimeData()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: Any) -> None:  # noqa: N802 - Qt API
+        path = self._dropped_gguf(event.mimeData())
+        if path is None:
+            return
+        event.acceptProposedAction()
+        from ggufdesk.core import library
+
+        try:
+            library.add_path(path)  # used in place, listed next time with the models on disk
+        except KnownError as e:
+            self.banner.notify(str(e), "error")
+            return
+        self.load_model(path)
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt API
         if self.stream:
