@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         "drafted": stats.drafted if stats else 0, "accepted": stats.accepted if stats else 0,
         "draft_len": stats.draft_len if stats else 0,
         "speculation": stats.speculation if stats else "off",
+        "llama_perf": stats.llama_perf if stats else {},
         "finish_reason": done.finish_reason if done else None,
         "chat_format": loaded.chat_format, "load_s": loaded.load_s, "memory": loaded.memory,
     }

@@ -59,6 +59,7 @@ class RunStats:
     draft_len: int = 0
     speculation: str = "off"
     tokens: list[int] = field(default_factory=list)
+    perf: dict = field(default_factory=dict)  # llama.cpp's own timings of this request
     extra: dict = field(default_factory=dict)
 
     @property
@@ -75,6 +76,16 @@ class RunStats:
     def decode_tok_s(self) -> float:
         dt = self.t_last - self.t_first
         return (self.n_gen - 1) / dt if self.n_gen > 1 and dt > 0 else 0.0
+
+
+def llama_perf(lm: LoadedModel) -> dict:
+    """llama.cpp's per-context timings since the last reset. Note: every batch of more than one
+    token counts as prompt eval (p_eval) there, speculative verification included."""
+    d = llama_cpp.llama_perf_context(lm.ctx.ctx)
+    return {"prompt_ms": round(d.t_p_eval_ms, 3), "prompt_tokens": d.n_p_eval,
+            "eval_ms": round(d.t_eval_ms, 3), "eval_tokens": d.n_eval,
+            "prompt_tok_s": round(1000 * d.n_p_eval / d.t_p_eval_ms, 2) if d.t_p_eval_ms > 0 else 0.0,
+            "eval_tok_s": round(1000 * d.n_eval / d.t_eval_ms, 2) if d.t_eval_ms > 0 else 0.0}
 
 
 def make_sampler(lm: LoadedModel, s: SamplingSettings) -> internals.LlamaSampler | None:
@@ -246,6 +257,7 @@ class Generator:
         if len(prompt) >= n_ctx:
             raise KnownError(f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}")
         st.n_reused = self.reuse_prefix(prompt)
+        llama_cpp.llama_perf_context_reset(self.lm.ctx.ctx)
         sampler = make_sampler(self.lm, sampling)
         stream = TextStream(sampling.stop)
         self.prefill(prompt[st.n_reused:], on_progress)
@@ -309,4 +321,5 @@ class Generator:
         if tail:
             emit_text(tail)
         st.extra["text"] = stream.text
+        st.perf = llama_perf(self.lm)
         return finish, st

@@ -110,6 +110,7 @@ class Stats:
     draft_len: int = 0
     speculation: str = "off"  # "off" | "draft" | "lookup" | "disabled: <why>"
     final: bool = False
+    llama_perf: dict[str, Any] = field(default_factory=dict)  # final only: llama_perf_context timings
 
 
 @dataclass(kw_only=True)

@@ -255,6 +255,7 @@ class Engine:
             ttft_s=round(st.ttft_s, 4), prefill_tok_s=round(st.prefill_tok_s, 2),
             decode_tok_s=round(st.decode_tok_s, 2), drafted=st.drafted, accepted=st.accepted,
             draft_len=st.draft_len, speculation=st.speculation, final=final,
+            llama_perf=st.perf if final else {},
         )
 
 
