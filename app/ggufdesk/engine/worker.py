@@ -107,7 +107,7 @@ class Engine:
             return
         lm.aborter.flag = self.book.flag
         self.lm, self.gen, self.speculation = lm, Generator(lm), spec
-        self._bytes_per_token: int | None = None
+        self._bytes_per_token = None
         meta = lm.metadata
         bos = _piece(self.gen, meta.get("tokenizer.ggml.bos_token_id"))
         eos = _piece(self.gen, meta.get("tokenizer.ggml.eos_token_id"))
