@@ -75,4 +75,4 @@ def test_recommend_json(capsys, hub, tmp_path):
 
 def test_recommend_missing_repo(capsys, hub):
     rc, d = run_json(capsys, "recommend", "org/absent")
-    assert rc == 1 and "no such repository" in d["error"]
+    assert rc == 1 and "org/absent was not found" in d["error"]  # the shared hub-error wording (core.downloads)

@@ -280,6 +280,7 @@ def test_list_gguf_groups_splits_and_reads_quants(hub, tmp_path, tiny_model):
     assert split.first.endswith("-00001-of-00003.gguf")
     assert models["Model-IQ2_XXS"].quant == "IQ2_XXS"
     assert models["tiny"].quant is None
+    assert not any(n.startswith("mmproj") for n in models)  # a vision projector is not a model
     assert all(f.sha256 for m in models.values() for f in m.files)
     probed = {m.name: m for m in list_gguf("org/mix", probe_header=True)}
     assert probed["tiny"].quant == "F32"  # read from the remote header

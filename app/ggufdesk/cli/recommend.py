@@ -7,7 +7,7 @@ import os
 from ggufdesk.cli import print_json
 from ggufdesk.core import hardware, planner, quants
 from ggufdesk.core.errors import KnownError
-from ggufdesk.core.gguf_meta import read_gguf, split_parts
+from ggufdesk.core.gguf_meta import read_gguf
 
 NAME = "recommend"
 HELP = "rank a Hugging Face repo's GGUF files for this machine (quality, fit, speed)"
@@ -23,30 +23,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def list_gguf_files(repo: str) -> list[tuple[str, int]]:
-    """(path, bytes) of each model in the repo; a split set counts once with its total size."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+    """(first file, bytes) of each model in the repo, smallest first; a split set counts once."""
+    from ggufdesk.core.downloads import list_gguf
 
-    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
-    try:
-        tree = list(api.list_repo_tree(repo, recursive=True))
-    except RepositoryNotFoundError:
-        raise KnownError(f"{repo}: no such repository on the hub (or it is private)") from None
-    except (HfHubHTTPError, OSError) as e:
-        raise KnownError(f"{repo}: could not list the repository ({e})") from e
-    sizes: dict[str, int] = {}
-    for f in tree:
-        path, size = getattr(f, "path", ""), getattr(f, "size", None)
-        if not path.endswith(".gguf") or size is None or "mmproj" in path.lower():
-            continue
-        sp = split_parts(path.rsplit("/", 1)[-1])
-        if sp:
-            folder = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
-            path = f"{folder}{sp[0]}-00001-of-{sp[2]:05d}.gguf"
-        sizes[path] = sizes.get(path, 0) + int(size)
-    if not sizes:
+    models = list_gguf(repo, endpoint=os.environ.get("HF_ENDPOINT") or None)
+    if not models:
         raise KnownError(f"{repo}: the repository has no .gguf files")
-    return sorted(sizes.items(), key=lambda kv: kv[1])
+    return sorted(((m.first, m.size) for m in models), key=lambda kv: kv[1])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -180,8 +180,8 @@ def list_gguf(repo_id: str, *, revision: str | None = None, token: str | bool | 
         raise
     groups: dict[str, list[RemoteFile]] = {}
     for e in entries:
-        if not e.path.lower().endswith(".gguf"):
-            continue
+        if not e.path.lower().endswith(".gguf") or e.path.rsplit("/", 1)[-1].lower().startswith("mmproj"):
+            continue  # a vision projector (mmproj) is not a model on its own
         sp = split_info(e.path)
         key = sp[0] if sp else e.path.removesuffix(".gguf").removesuffix(".GGUF")
         groups.setdefault(key, []).append(RemoteFile(e.path, int(e.size), e.lfs.sha256 if e.lfs else None))
