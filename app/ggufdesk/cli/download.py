@@ -7,7 +7,7 @@ import time
 
 from ggufdesk.cli import print_json
 from ggufdesk.core import downloads
-from ggufdesk.core.library import split_info
+from ggufdesk.core.gguf_meta import split_parts
 
 NAME = "download"
 HELP = "download a model file from the Hugging Face hub (resumable, sha256-checked); without FILE, list the repo"
@@ -47,7 +47,7 @@ class _Bar:
 
 
 def _parts(file: str) -> list[str]:
-    sp = split_info(file)
+    sp = split_parts(file)
     if sp is None or sp[1] != 1:
         return [file]
     stem, _, count = sp

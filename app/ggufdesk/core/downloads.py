@@ -30,7 +30,8 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from ggufdesk.core.errors import KnownError
-from ggufdesk.core.library import quant_from_name, split_info
+from ggufdesk.core.gguf_meta import split_parts
+from ggufdesk.core.quants import quant_from_name
 
 log = logging.getLogger("ggufdesk.downloads")
 
@@ -182,7 +183,7 @@ def list_gguf(repo_id: str, *, revision: str | None = None, token: str | bool | 
     for e in entries:
         if not e.path.lower().endswith(".gguf") or e.path.rsplit("/", 1)[-1].lower().startswith("mmproj"):
             continue  # a vision projector (mmproj) is not a model on its own
-        sp = split_info(e.path)
+        sp = split_parts(e.path)
         key = sp[0] if sp else e.path.removesuffix(".gguf").removesuffix(".GGUF")
         groups.setdefault(key, []).append(RemoteFile(e.path, int(e.size), e.lfs.sha256 if e.lfs else None))
     models = []

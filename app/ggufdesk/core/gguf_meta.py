@@ -27,7 +27,7 @@ MAX_STRING = 64 << 20
 MAX_COUNT = 1 << 31
 KEEP_ARRAY = 4096  # arrays longer than this (the vocabulary) keep only their length
 
-SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 
 # llama.cpp's default sliding-window pattern per architecture (models/*.cpp load_swa_pattern):

@@ -15,32 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggufdesk.core.errors import KnownError
+from ggufdesk.core.gguf_meta import split_parts
+from ggufdesk.core.quants import quant_from_name
 
 log = logging.getLogger("ggufdesk.library")
 
 GGUF_MAGIC = b"GGUF"
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
-_QUANT_RE = re.compile(
-    r"(?<![A-Za-z0-9])(I?Q[1-8](?:_(?:0|1|K|NL|XXS|XS|S|M|L|XL))*|TQ[12]_0|BF16|F16|FP16|F32|MXFP4)(?![A-Za-z0-9])",
-    re.IGNORECASE,
-)
-_SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 _lock = threading.Lock()
-
-
-def quant_from_name(name: str) -> str | None:
-    """'Qwen2.5-7B-Instruct-Q4_K_M-00001-of-00002.gguf' -> 'Q4_K_M' (the last quant-looking token)."""
-    base = name.rsplit("/", 1)[-1]
-    sp = _SPLIT_RE.match(base)
-    stem = sp.group("stem") if sp else re.sub(r"\.gguf$", "", base, flags=re.IGNORECASE)
-    found = _QUANT_RE.findall(stem.replace(".", "-"))
-    return found[-1].upper().replace("FP16", "F16") if found else None
-
-
-def split_info(name: str) -> tuple[str, int, int] | None:
-    """'dir/m-00002-of-00003.gguf' -> ('dir/m', 2, 3); None for a single-file model."""
-    m = _SPLIT_RE.match(name)
-    return (m.group("stem"), int(m.group("no")), int(m.group("count"))) if m else None
 
 
 @dataclass(frozen=True)
@@ -68,12 +50,12 @@ def _is_gguf(path: Path) -> bool:
 def _usable(name: str) -> bool:
     """A model, not a vision projector or a later part of a split set."""
     base = name.rsplit("/", 1)[-1].lower()
-    sp = split_info(base)
+    sp = split_parts(base)
     return base.endswith(".gguf") and not base.startswith("mmproj") and (sp is None or sp[1] == 1)
 
 
 def _split_size(first: Path) -> tuple[int, int]:
-    sp = split_info(first.name)
+    sp = split_parts(first.name)
     if sp is None:
         return first.stat().st_size, 1
     stem, _, count = sp

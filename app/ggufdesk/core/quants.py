@@ -17,17 +17,23 @@ PPL_DELTA: dict[str, float] = {
 INTERPOLATED = frozenset(k for k in PPL_DELTA if k.startswith("IQ"))
 
 _NAME_RE = re.compile(
-    r"(?<![A-Za-z0-9])(I?Q[1-8]_(?:K_[SMLX]L?|K|[01]|NL|XXS|XS|S|M|L)|BF16|F16|F32)(?![A-Za-z0-9])",
+    r"(?<![A-Za-z0-9])(I?Q[1-8](?:_(?:0|1|K|NL|XXS|XS|S|M|L|XL))*|TQ[12]_0|BF16|F16|FP16|F32|MXFP4)(?![A-Za-z0-9])",
     re.IGNORECASE,
 )
 
 
 def quant_from_name(name: str) -> str | None:
-    """'Qwen2.5-7B-Instruct-Q4_K_M.gguf' -> 'Q4_K_M' (the last match wins: the quant is a suffix)."""
-    hits = _NAME_RE.findall(name.rsplit("/", 1)[-1])
+    """'Qwen2.5-7B-Instruct-Q4_K_M-00001-of-00002.gguf' -> 'Q4_K_M' (the last match wins: the quant is
+    a suffix). A bare 'Q4_K' is llama.cpp's Q4_K_M (likewise Q5_K, Q3_K)."""
+    from ggufdesk.core.gguf_meta import split_parts
+
+    base = name.rsplit("/", 1)[-1]
+    sp = split_parts(base)
+    stem = sp[0] if sp else re.sub(r"\.gguf$", "", base, flags=re.IGNORECASE)
+    hits = _NAME_RE.findall(stem.replace(".", "-"))
     if not hits:
         return None
-    q = hits[-1].upper()
+    q = hits[-1].upper().replace("FP16", "F16")
     return {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M", "Q3_K": "Q3_K_M"}.get(q, q)
 
 
