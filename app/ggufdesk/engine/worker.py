@@ -182,10 +182,10 @@ class Engine:
                 cancelled=self.book.is_cancelled, drafter=drafter, t_start=t_start,
             )
             self.emit(self._stats(req.id, st, final=True))
-            if drafter is None:
-                self._calibrate(st.n_gen, st.decode_tok_s)
             self.emit(P.Done(id=req.id, finish_reason=finish, text="".join(pieces), tokens=st.tokens,
                              usage={"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen}))
+            if drafter is None:  # after Done: the first call reads the GGUF header
+                self._calibrate(st.n_gen, st.decode_tok_s)
         except Cancelled:
             self.emit(P.Done(id=req.id, finish_reason="cancelled"))
         except KnownError as e:
