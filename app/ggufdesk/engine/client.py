@@ -1,7 +1,6 @@
 """Parent side of the engine process (no Qt): spawn, send requests, receive events, cancel, restart."""
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import os
@@ -42,14 +41,6 @@ def describe_exit(rc: int | None) -> str:
         except ValueError:
             return f"killed by signal {-rc}"
     return f"exit code {rc}"
-
-
-def _as_dict(obj: Any) -> dict[str, Any]:
-    if obj is None:
-        return {}
-    if dataclasses.is_dataclass(obj):
-        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-    return dict(obj)
 
 
 class EngineClient:
@@ -251,8 +242,8 @@ class EngineClient:
         timeout: float = 600.0,
     ) -> P.Loaded | None:
         """Load a model; with wait=True return the Loaded event or raise EngineError."""
-        msg = P.Load(model=str(model), settings=_as_dict(settings), draft=draft,
-                     speculation=_as_dict(speculation))
+        msg = P.Load(model=str(model), settings=P.fields_of(settings), draft=draft,
+                     speculation=P.fields_of(speculation))
         with self._cond:
             self.loaded = None
             self._last_error = None
@@ -287,8 +278,8 @@ class EngineClient:
     ) -> str:
         """Start a generation; returns its request id (events follow)."""
         rid = request_id or f"r{next(self._ids)}"
-        msg = P.Generate(id=rid, prompt=prompt, messages=messages, sampling=_as_dict(sampling),
-                         speculation=_as_dict(speculation) if speculation is not None else None,
+        msg = P.Generate(id=rid, prompt=prompt, messages=messages, sampling=P.fields_of(sampling),
+                         speculation=P.fields_of(speculation) if speculation is not None else None,
                          context_policy=context_policy)
         with self._cond:
             self._inflight.add(rid)

@@ -60,7 +60,6 @@ class RunStats:
     speculation: str = "off"
     tokens: list[int] = field(default_factory=list)
     perf: dict = field(default_factory=dict)  # llama.cpp's own timings of this request
-    extra: dict = field(default_factory=dict)
 
     @property
     def ttft_s(self) -> float:
@@ -320,6 +319,5 @@ class Generator:
         tail = stream.flush()
         if tail:
             emit_text(tail)
-        st.extra["text"] = stream.text
         st.perf = llama_perf(self.lm)
         return finish, st

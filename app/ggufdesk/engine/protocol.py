@@ -146,6 +146,15 @@ _ALL = {**REQUESTS, **EVENTS}
 Message = Any  # one of the dataclasses above
 
 
+def fields_of(obj: Any) -> dict[str, Any]:
+    """A settings dataclass (or a dict, or None) as the plain dict a message carries."""
+    if obj is None:
+        return {}
+    if dataclasses.is_dataclass(obj):
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    return dict(obj)
+
+
 class ProtocolError(ValueError):
     """A line that is not a valid message."""
 

@@ -6,6 +6,7 @@ takes effect while a generation (or a long prefill) is running on the main threa
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -95,7 +96,7 @@ class Engine:
             settings = LoadSettings(**req.settings)
             spec = SpeculationSettings(**req.speculation) if req.speculation else SpeculationSettings()
             if req.draft:
-                spec = SpeculationSettings(**{**_fields(spec), "mode": "draft", "draft_model": req.draft})
+                spec = dataclasses.replace(spec, mode="draft", draft_model=req.draft)
         except (KnownError, TypeError) as e:
             self.emit(P.Error(kind="settings", message=str(e)))
             return
@@ -125,13 +126,13 @@ class Engine:
                 memory["draft"] = self.draft.memory_bytes
             except KnownError as e:
                 self.emit(P.Error(kind="draft", message=str(e)))
-                self.speculation = SpeculationSettings(**{**_fields(spec), "mode": "off", "draft_model": None})
+                self.speculation = dataclasses.replace(spec, mode="off", draft_model=None)
         chat_format = "completion" if self.template.builtin else "template"
         self.emit(P.Loaded(
             model=req.model, arch=lm.arch, n_ctx=lm.n_ctx, n_ctx_train=lm.model.n_ctx_train(),
             n_vocab=lm.n_vocab, n_layer=lm.n_layer, n_gpu_layers=settings.n_gpu_layers,
             chat_format=chat_format, memory=memory, load_s=round(lm.load_s, 3),
-            draft=self.draft.path if self.draft else None, settings=_fields(settings),
+            draft=self.draft.path if self.draft else None, settings=P.fields_of(settings),
         ))
 
     def unload(self, quiet: bool = False) -> None:
@@ -158,14 +159,14 @@ class Engine:
             if self.gen is None:
                 raise KnownError("no model is loaded")
             sampling = SamplingSettings(**req.sampling)
-            spec = self.speculation if req.speculation is None else SpeculationSettings(**{
-                **_fields(self.speculation), **req.speculation})
+            spec = self.speculation if req.speculation is None else dataclasses.replace(
+                self.speculation, **req.speculation)
             cap = self.lm.n_outputs - 1  # logits rows reserved at load: [last] + K max
             if spec.k_max > cap:
-                spec = SpeculationSettings(**{**_fields(spec), "k_max": cap, "k_min": min(spec.k_min, cap)})
+                spec = dataclasses.replace(spec, k_max=cap, k_min=min(spec.k_min, cap))
             prompt, stops = self._prompt(req, sampling)
             if stops:
-                sampling = SamplingSettings(**{**_fields(sampling), "stop": sampling.stop + stops})
+                sampling = dataclasses.replace(sampling, stop=sampling.stop + stops)
             drafter = self._drafter(spec, prompt, sampling.max_tokens)
             pieces: list[str] = []
 
@@ -257,12 +258,6 @@ class Engine:
             draft_len=st.draft_len, speculation=st.speculation, final=final,
             llama_perf=st.perf if final else {},
         )
-
-
-def _fields(obj: Any) -> dict[str, Any]:
-    import dataclasses
-
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
 def _context_error(n: int, room: int) -> KnownError:
