@@ -12,7 +12,7 @@ $(PY):
 
 # llama-cpp-python comes from a wheel built once per (version, flags) and cached outside the clone.
 $(VENV)/.llama: $(DEPS) | $(PY)
-	$(PY) -m pip install -q "$$(installer/llama_wheel.sh $(PY))"
+	whl=$$(installer/llama_wheel.sh $(PY)) && $(PY) -m pip install -q "$$whl"
 	touch $@
 
 $(VENV)/.run: $(VENV)/.llama $(DEPS)

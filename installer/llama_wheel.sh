@@ -14,11 +14,13 @@ PY=${1:-python3}
 VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 CACHE=${GGUFDESK_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ggufdesk/wheels}
 
-cpu_flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+# GGML_RPC=ON: the ggml-rpc backend, so `ggufdesk worker` / `--rpc` can spread a model over machines.
+rpc_flags="-DGGML_RPC=ON"
+cpu_flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON $rpc_flags"
 if [ -n "${GGUFDESK_CMAKE_ARGS:-}" ]; then
   flags=$GGUFDESK_CMAKE_ARGS
 elif [ "$(uname -s)" = Darwin ]; then
-  flags="-DGGML_METAL=on"
+  flags="-DGGML_METAL=on $rpc_flags"
 elif command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   flags="$cpu_flags -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-native}"
 else
@@ -34,6 +36,9 @@ pytag=$("$PY" -c 'import sys, sysconfig; print(f"cp{sys.version_info[0]}{sys.ver
 key=$(printf '%s|%s|%s' "$VERSION" "$flags" "$pytag" | sha256sum | cut -c1-16)
 dir="$CACHE/llama_cpp_python-$VERSION-$key"
 
+mkdir -p "$(dirname "$CACHE")"
+# One build at a time per cache: a second caller (another clone, a parallel make) waits for the first.
+if command -v flock >/dev/null 2>&1; then exec 9>"$CACHE.lock"; flock 9; fi
 if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   echo "building llama-cpp-python $VERSION (flags: $flags); cached in $dir" >&2
   tmp=$(mktemp -d "$CACHE.build.XXXXXX" 2>/dev/null || { mkdir -p "$CACHE"; mktemp -d "$CACHE.build.XXXXXX"; })
