@@ -18,7 +18,8 @@ def test_gauges_follow_engine_stats_during_a_stream(qtbot, loaded_window):
     # What the panel shows is what the engine's final stats said (the same numbers `run --json` prints).
     assert w.gauges.decode.text() == f"{final['decode_tok_s']:.1f} tok/s"
     assert w.gauges.ttft.text() == f"{final['ttft_s'] * 1000:.0f} ms"
-    assert w.gauges.prefill_bar.value() == final["n_prompt"]
+    assert not w.gauges.prefill_bar.isVisible()  # no idle "prompt 0 / 1 tokens" bar after the answer
+    assert w.gauges.decode_note.text() == f"average of this answer ({final['n_gen']} tokens)"
     assert len(w.gauges.graph.values) >= 2
 
 

@@ -135,12 +135,16 @@ def test_full_flow_downloads_model_and_draft_then_loads(qtbot, wizard, tmp_path)
     page.table.selectRow(1)
     with qtbot.waitSignal(wiz.download_finished, timeout=10000):
         wiz.next()
-    assert wiz.currentId() == DOWNLOAD_PAGE
     assert svc.downloads == ["Good model Q4_K_M", "Tiny draft Q8_0"]
     assert wiz.download_page.isComplete()
-    wiz.next()
+    # Finished downloads move on by themselves: no stop on a 100 % page with live Pause/Cancel.
     assert wiz.currentId() == FINISH_PAGE
-    assert "good-q4_k_m.gguf with tiny-q8_0.gguf as draft" in wiz.finish_page.text.text()
+    assert not wiz.download_page.pause_btn.isVisibleTo(wiz.download_page)
+    assert not wiz.download_page.cancel_btn.isVisibleTo(wiz.download_page)
+    # The page names the button the user will press ("Load"), not another one.
+    assert wiz.buttonText(wiz.WizardButton.FinishButton) == "Load"
+    assert wiz.finish_page.text.text().startswith("Press Load to open good-q4_k_m.gguf with "
+                                                  "tiny-q8_0.gguf as draft")
     wiz.accept()
     sel = wiz.selection
     assert sel.path == tmp_path / "good-q4_k_m.gguf" and sel.path.stat().st_size == 16384
@@ -182,6 +186,9 @@ def test_cancel_goes_back_and_failure_offers_retry(qtbot, wizard, tmp_path):
     assert wiz.download_page.pause_btn.text() == "Retry"
     with qtbot.waitSignal(wiz.download_finished, timeout=10000):
         wiz.download_page.pause_btn.click()
+    assert wiz.currentId() == FINISH_PAGE
+    wiz.back()
+    assert wiz.currentId() == DOWNLOAD_PAGE
     wiz.download_page.cancel()
     assert wiz.currentId() == MODEL_PAGE
 
