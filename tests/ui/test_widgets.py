@@ -180,3 +180,14 @@ def test_window_geometry_is_remembered(qtbot, bridge, history, tmp_path):
     qtbot.addWidget(w2)
     w2.restore_geometry(QSettings(str(tmp_path / "ui.ini"), QSettings.Format.IniFormat))
     assert (w2.width(), w2.height()) == (771, 533)
+
+
+def test_single_instance_is_per_user_and_display():
+    from ggufdesk.ui.app import SERVER_NAME, SingleInstance, instance_name
+
+    a = instance_name({"DISPLAY": ":0"})
+    assert a.startswith(SERVER_NAME + "-") and a != SERVER_NAME
+    assert a == instance_name({"DISPLAY": ":0"})
+    assert a != instance_name({"DISPLAY": ":1"})
+    assert instance_name({"WAYLAND_DISPLAY": "wayland-0"}) != instance_name({"DISPLAY": ":0"})
+    assert SingleInstance().name == instance_name()
