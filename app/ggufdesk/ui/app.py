@@ -181,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         QTimer.singleShot(0, choose_model)
     rc = app.exec()
     win.save_geometry(qs)
+    from ggufdesk.ui import tasks
+
+    tasks.manager().shutdown()  # a late background result must not reach a closing app
     engine.shutdown()
     history.close()
     return rc

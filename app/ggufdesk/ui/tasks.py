@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
@@ -38,11 +39,16 @@ class TaskManager:
     def __init__(self, max_workers: int = 4) -> None:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="ggufdesk-bg")
         self._main = _Main()
+        self._lock = threading.Lock()
+        self._pending = 0  # tasks whose on_done has not run yet
+        self._closed = False
         app = QCoreApplication.instance()
         if app is not None:
             self._main.moveToThread(app.thread())
 
     def run_on_main(self, fn: Callable[[], Any]) -> None:
+        if self._closed:
+            return  # the app is closing: nothing is left on the main thread to call into
         self._main.call.emit(fn)
 
     def run_in_background(
@@ -54,18 +60,35 @@ class TaskManager:
         With an `owner` (the widget the callback touches), the callback is dropped when the owner
         has been deleted meanwhile: a closed dialog's late result must not reach its dead widgets.
         """
-        fut = self._pool.submit(task)
-        if on_done is not None:
-            def deliver(f: Future) -> None:
+        with self._lock:
+            self._pending += 1
+
+        def deliver(f: Future) -> None:
+            try:
+                if on_done is None:
+                    return
                 if owner is not None and not alive(owner):
                     log.info("dropped a background result: its window is gone")
                     return
                 on_done(f)
+            finally:
+                with self._lock:
+                    self._pending -= 1
 
-            fut.add_done_callback(lambda f: self.run_on_main(lambda: deliver(f)))
+        fut = self._pool.submit(task)
+        fut.add_done_callback(lambda f: self.run_on_main(lambda: deliver(f)))
         return fut
 
+    @property
+    def idle(self) -> bool:
+        """No background task is running or waiting for its callback (tests wait on this)."""
+        with self._lock:
+            return self._pending == 0
+
     def shutdown(self) -> None:
+        """At exit: queued tasks are dropped, and results of running ones are never delivered
+        (their window and the QApplication are going away)."""
+        self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
