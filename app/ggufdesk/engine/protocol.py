@@ -20,14 +20,15 @@ ErrorKind = Literal[
     "template",  # notice during a load: the chat template is broken; completion mode instead
     "draft",  # notice during a load: the draft model was refused; speculation is off
     "generate",  # a generation failed
-    "context",  # the prompt (+ max_tokens) cannot fit the context
-    "overloaded",  # the engine's queue is full or memory is under its margin; try again later
+    "context",  # the prompt can never fit one sequence's context (server: 400)
+    "overloaded",  # the engine's queue is full or memory is under its margin; try again later (503)
+    "schema",  # a JSON schema, grammar or tool list the engine cannot follow (server: 400)
     "crash",  # (client) the engine process died
     "hung",  # (client) the engine stopped answering, or did not stop when asked; it was killed
     "protocol",  # a line that is not a valid message
     "bug",  # an internal error of ours, with a trace in `detail`
 ]
-FinishReason = Literal["stop", "length", "cancelled", "context"]
+FinishReason = Literal["stop", "length", "cancelled", "context", "tool_calls"]
 EngineState = Literal[
     "stopped",  # not started, or shut down
     "starting",  # the process is starting (first start or a restart)
@@ -68,6 +69,7 @@ class Generate:
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingSettings fields
     speculation: dict[str, Any] | None = None  # overrides the loaded SpeculationSettings
     context_policy: Literal["truncate", "refuse"] = "truncate"  # drop oldest turns, or refuse
+    logprobs: int = 0  # 0 = off; N = the top-N alternatives (with their logprobs) for every token
 
 
 @dataclass(kw_only=True)
@@ -155,6 +157,9 @@ class Token:
     TYPE: ClassVar[str] = "token"
     id: str
     text: str
+    # with Generate.logprobs: one entry per token behind `text`:
+    # {"token": str, "logprob": float, "top": [{"token": str, "logprob": float}, ...]}
+    logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass(kw_only=True)
@@ -196,6 +201,19 @@ class Error:
 
 
 @dataclass(kw_only=True)
+class Status:
+    """The batched engine's load, sent when it changes (at most ~4 per second)."""
+
+    TYPE: ClassVar[str] = "status"
+    running: int = 0  # sequences being prefilled or decoded
+    queued: int = 0  # requests waiting for free KV cells
+    kv_cells_used: int = 0
+    kv_cells_total: int = 0
+    n_parallel: int = 1
+    spec: str = "off"  # speculation now: "off" | "lookup" | "draft" | "paused" (several running)
+
+
+@dataclass(kw_only=True)
 class Log:
     TYPE: ClassVar[str] = "log"
     level: LogLevel
@@ -220,13 +238,14 @@ class Lifecycle:
 
 
 Request = Union[Load, Generate, Cancel, Unload, Shutdown, Ping]
-Event = Union[Ready, Loaded, Unloaded, Loading, Progress, Token, Stats, Done, Error, Log, Pong, Lifecycle]
+Event = Union[Ready, Loaded, Unloaded, Loading, Progress, Token, Stats, Done, Error, Status, Log, Pong,
+              Lifecycle]
 Message = Union[Request, Event]
 
 REQUESTS: Final[dict[str, type[Any]]] = {
     c.TYPE: c for c in (Load, Generate, Cancel, Unload, Shutdown, Ping)}
 EVENTS: Final[dict[str, type[Any]]] = {c.TYPE: c for c in (
-    Ready, Loaded, Unloaded, Loading, Progress, Token, Stats, Done, Error, Log, Pong, Lifecycle)}
+    Ready, Loaded, Unloaded, Loading, Progress, Token, Stats, Done, Error, Status, Log, Pong, Lifecycle)}
 _ALL: Final[dict[str, type[Any]]] = {**REQUESTS, **EVENTS}
 # The Literal-typed fields, checked on decode: a receiver can trust them when it branches.
 _CHOICES: Final[dict[tuple[str, str], frozenset[str]]] = {
@@ -270,7 +289,7 @@ def decode(line: str | bytes) -> Message:
         data = json.loads(line)
     except (ValueError, RecursionError) as e:
         raise ProtocolError(f"not JSON: {str(line)[:200]!r}") from e
-    if not isinstance(data, dict) or data.get("type") not in _ALL:
+    if not isinstance(data, dict) or not isinstance(data.get("type"), str) or data["type"] not in _ALL:
         raise ProtocolError(f"unknown message: {str(line)[:200]!r}")
     kind = data.pop("type")
     cls = _ALL[kind]
