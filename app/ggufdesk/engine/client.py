@@ -490,14 +490,17 @@ class EngineClient:
         speculation: SpeculationSettings | dict[str, Any] | None = None,
         context_policy: Literal["truncate", "refuse"] = "truncate",
         request_id: str | None = None,
+        logprobs: int = 0,
+        **extra: Any,
     ) -> str:
-        """Start a generation; returns its request id (events follow)."""
+        """Start a generation; returns its request id (events follow). `extra` are further
+        Generate fields (grammar, json_schema, tools, ...), passed as they are."""
         if self.state == "ready" and self.reason:
             raise KnownError(f"no model is loaded: {self.reason}")
         rid = request_id or f"r{next(self._ids)}"
         msg = P.Generate(id=rid, prompt=prompt, messages=messages, sampling=P.fields_of(sampling),
                          speculation=P.fields_of(speculation) if speculation is not None else None,
-                         context_policy=context_policy)
+                         context_policy=context_policy, logprobs=logprobs, **extra)
         with self._cond:
             self._inflight.add(rid)
         try:

@@ -84,7 +84,7 @@ class HistoryWriter:
     @property
     def pending(self) -> int:
         with self._cond:
-            return len(self._ops) + (1 if self._busy else 0)
+            return len(self._ops)  # the one being written stays first until it is done
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every submitted write is on disk; False if some are still pending."""
@@ -142,6 +142,9 @@ class HistoryWriter:
     def _apply(self, op: _Op) -> Any:
         attempt = 0
         while True:
+            with self._cond:
+                if self._closed:
+                    return _NOT_WRITTEN
             slow = threading.Timer(self._slow_after, lambda: self._set_state(
                 SaveState("saving", self.pending)) if self.state.status == "saved" else None)
             slow.daemon = True
@@ -157,9 +160,6 @@ class HistoryWriter:
                 return _NOT_WRITTEN
             finally:
                 slow.cancel()
-            with self._cond:
-                if self._closed:
-                    return _NOT_WRITTEN
             self._set_state(SaveState("retrying", self.pending, reason))
             delay = self._delays[min(attempt, len(self._delays) - 1)]
             attempt += 1
