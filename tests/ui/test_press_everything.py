@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication
 
 from tests.ui.presser import Presser
 from tests.ui.test_wizard import FakeServices
@@ -46,7 +47,10 @@ def app_window(qtbot, fake_command, tmp_path):
 
 def window_settle(win, qtbot):
     def settle() -> None:
-        qtbot.waitUntil(lambda: win.stream is None, timeout=15000)
+        qtbot.waitUntil(lambda: not win.session.busy, timeout=15000)
+        assert win.writer.flush(10.0)
+        QApplication.processEvents()  # what the writer reported back
+        qtbot.waitUntil(lambda: tasks_idle(), timeout=15000)
     return settle
 
 
