@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 import shiboken6
-from PySide6.QtGui import QAction
+from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractButton, QApplication, QDialog, QDialogButtonBox, QFileDialog, QInputDialog, QMenu,
     QMessageBox, QWidget, QWizard,
@@ -128,7 +128,7 @@ class Presser:
     def closes(c: QAbstractButton | QAction) -> bool:
         """Buttons that end a dialog (OK, Cancel, a wizard's Cancel/Finish) are pressed last."""
         if not isinstance(c, QAbstractButton):
-            return False
+            return c.shortcut() == QKeySequence("Ctrl+Q")  # Quit closes the window: last
         box = c.parent()
         if isinstance(box, QDialogButtonBox):
             return box.buttonRole(c) in (QDialogButtonBox.ButtonRole.AcceptRole,
@@ -141,23 +141,35 @@ class Presser:
                          wiz.button(QWizard.WizardButton.NextButton))
         return False
 
-    def press_all(self, root: QWidget, rounds: int = 2) -> list[str]:
-        """Press each control once; controls that appear meanwhile (new messages) are pressed too."""
+    @staticmethod
+    def path(c: QAbstractButton | QAction) -> str:
+        """Where a control sits (class names and sibling indexes up to its window): a message's Copy
+        button keeps its path when the conversation is redrawn, so it is not pressed again."""
+        parts = []
+        obj = c
+        while obj is not None and not (isinstance(obj, QWidget) and obj.isWindow()):
+            parent = obj.parent()
+            siblings = [x for x in (parent.children() if parent is not None else [])
+                        if type(x) is type(obj)]
+            parts.append(f"{type(obj).__name__}[{siblings.index(obj) if obj in siblings else 0}]")
+            obj = parent
+        return "/".join(reversed(parts)) + "|" + control_name(c)
+
+    def press_all(self, root: QWidget, rounds: int = 2, limit: int = 300) -> list[str]:
+        """Press each control once, looking again after every press: controls that appear meanwhile
+        (new messages, version arrows) are pressed too; closing buttons come last."""
         done: set[str] = set()
         start = len(self.pressed)
-        for _ in range(rounds):
-            if not shiboken6.isValid(root):
-                break
-            fresh = [c for c in self.controls(root) if self.usable(c)
-                     and f"{control_name(c)}#{id(c)}" not in done]
-            fresh.sort(key=self.closes)
+        for _ in range(limit):
+            if not shiboken6.isValid(root) or not root.isVisible():
+                break  # closed (Quit, OK, Cancel): nothing left to press
+            fresh = [c for c in self.controls(root) if self.usable(c) and self.path(c) not in done]
             if not fresh:
                 break
-            for c in fresh:
-                if not shiboken6.isValid(root) or not self.usable(c):
-                    continue
-                done.add(f"{control_name(c)}#{id(c)}")
-                self.press(c)
+            fresh.sort(key=self.closes)
+            c = fresh[0]
+            done.add(self.path(c))
+            self.press(c)
         return self.pressed[start:]
 
     def assert_clean(self) -> None:

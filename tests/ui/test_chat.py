@@ -176,9 +176,11 @@ def test_completion_mode_for_a_base_model(qtbot, window, tmp_path):
     w = window
     with qtbot.waitSignal(w.engine.loaded, timeout=15000):
         w.load_model(str(tmp_path / "gemma-base.gguf"))
-    assert "no chat template" in w.banner.text
+    assert "is a base model: it continues the text you start" in w.banner.text
+    assert "Gemma 3 1B Instruct" in w.banner.text  # a chat-tuned download from the catalog
     conv = w.new_conversation()
-    assert conv.mode == "completion" and w.mode_label.text() == "completion mode"
+    assert conv.mode == "completion" and w.mode_label.text() == "continue-text mode"
+    assert w.send_btn.text() == "Continue" and "Write the beginning of a text" in w.input.placeholderText()
     sent = []
     real = w.engine.generate
     w.engine.generate = lambda **kw: (sent.append(kw), real(**kw))[1]

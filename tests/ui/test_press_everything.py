@@ -80,18 +80,23 @@ def test_main_window_with_a_model(qtbot, app_window, presser, tmp_path):
         win.load_model(str(tmp_path / "model-instruct.gguf"))
     seed_conversation(win, qtbot)
     p = presser(settle=window_settle(win, qtbot))
+    # Stop (and Esc) only work while an answer streams: press them then.
+    for stop in (win.stop_btn.click, win.stop_action.trigger):
+        with qtbot.waitSignal(win.answer_finished, timeout=15000):
+            win.send("a long answer")
+            assert win.stop_btn.isEnabled() and win.stop_action.isEnabled()
+            stop()
+    with qtbot.waitSignal(win.answer_finished, timeout=15000):  # an answer with two versions
+        win.regenerate(win.session.turns[1].key)
+    p.settle()
+    win.input.setPlainText("a draft the Send button will send")
     pressed = p.press_all(win, rounds=3)
     p.assert_clean()
     names = " ".join(pressed)
-    for expected in ("Copy", "Edit", "Regenerate", "Send", "Delete", "Export"):
+    for expected in ("Copy", "Edit", "Regenerate", "Send", "Delete", "Export", "‹", "New chat",
+                     "Search conversations", "Go to the message box", "Enter sends", "Quit"):
         assert expected in names, (expected, pressed)
-    # Stop is only enabled while an answer streams: press it then.
-    win.input.setPlainText("a long answer")
-    with qtbot.waitSignal(win.answer_finished, timeout=15000):
-        win.send()
-        assert win.stop_btn.isEnabled()
-        win.stop_btn.click()
-    p.assert_clean()
+    assert pressed[-1].endswith("Quit") and not win.isVisible()
 
 
 def test_every_wizard_page(qtbot, presser, tmp_path):

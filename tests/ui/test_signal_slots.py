@@ -53,7 +53,5 @@ def test_the_checker_finds_the_original_bug():
 def test_no_ui_module_wires_a_signal_to_optional_parameters():
     problems = []
     for path in sorted(UI.glob("*.py")):
-        if path.name == "main_window.py":
-            continue  # being moved onto the session layer (issue 13); checked once it lands
         problems += [f"{path.name} {p}" for p in risky_connections(path.read_text())]
     assert problems == []

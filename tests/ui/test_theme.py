@@ -42,8 +42,6 @@ def scheme(request, qapp):
 def test_no_hard_coded_colours_in_the_ui_code():
     offenders = []
     for path in UI.glob("*.py"):
-        if path.name == "main_window.py":
-            continue  # being moved onto the session layer (issue 13); its two labels follow then
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and HEX.search(node.value):
                 offenders.append(f"{path.name}:{node.lineno}: {node.value[:60]!r}")

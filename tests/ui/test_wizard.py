@@ -90,6 +90,13 @@ class FakeServices:
         self.downloads.append(choice.label)
         return out
 
+    def context_estimate(self, model, load):
+        from ggufdesk.ui.services import ContextEstimate
+
+        kv = load.n_ctx * 64 * 1024
+        return ContextEstimate(n_ctx=load.n_ctx, n_ctx_train=8192, kv_bytes=kv, ram_bytes=GB + kv,
+                               vram_bytes=0, ram_budget=2 * GB, vram_budget=0, fits=GB + kv <= 2 * GB)
+
     def recommended_settings(self, model):
         from ggufdesk.core.settings import LoadSettings, SpeculationSettings
 

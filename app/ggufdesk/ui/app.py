@@ -110,7 +110,8 @@ def build_main_window(*, engine_command: list[str] | None = None, services=None)
     engine = EngineBridge(command=engine_command)
     services = services or ModelServices(engine_devices=engine.devices)
     win = MainWindow(engine=engine, history=history, settings=settings,
-                     recommended=lambda: services.recommended_settings(win.model_path))
+                     recommended=lambda: services.recommended_settings(win.model_path),
+                     estimate=services.context_estimate)
 
     def choose_model() -> None:
         wiz = ModelWizard(services, parent=win)
@@ -172,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     qs = QSettings()
     win.restore_geometry(qs)
     win.show()
+    win.restore_state(qs)  # the last conversation and the unsent draft
     model = win.settings.model
     if model and Path(model).is_file():
         win.load_model(model)

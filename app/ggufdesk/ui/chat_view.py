@@ -61,8 +61,12 @@ class ChatView(QScrollArea):
             w.set_mode(mode)
 
     def add(self, m: Message) -> MessageWidget:
+        stats = dict(m.stats)
+        if reason := getattr(m, "finish_reason", ""):  # a session Turn carries it before it is saved
+            stats["finish_reason"] = reason
         w = MessageWidget(message_id=m.id, role=m.role, text=m.content, status=m.status,
-                          stats=m.stats, mode=self.mode)
+                          stats=stats, mode=self.mode)
+        w.set_versions(*getattr(m, "version", (1, 1)))
         w.edit_requested.connect(self.edit_requested)
         w.regenerate_requested.connect(self.regenerate_requested)
         w.version_requested.connect(self.version_requested)
