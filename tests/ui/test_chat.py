@@ -22,6 +22,7 @@ def contents(w) -> list[tuple[str, str, str]]:
 def test_streams_an_answer_and_saves_both_messages(qtbot, loaded_window):
     w = loaded_window
     assert send_and_wait(qtbot, w, "hello there") == "done"
+    assert w.writer.flush(10)
     msgs = w.history.messages(w.conv.id)
     assert [(m.role, m.status) for m in msgs] == [("user", "done"), ("assistant", "done")]
     assert msgs[0].content == "hello there"
@@ -72,9 +73,11 @@ def test_stop_keeps_the_partial_answer(qtbot, window, tmp_path, monkeypatch):
 def test_regenerate_replaces_the_answer(qtbot, loaded_window):
     w = loaded_window
     send_and_wait(qtbot, w, "first question")
+    assert w.writer.flush(10)
     first_answer = w.history.messages(w.conv.id)[1]
     with qtbot.waitSignal(w.answer_finished, timeout=15000):
         w.chat.widgets[-1].regen_btn.click()
+    assert w.writer.flush(10)
     msgs = w.history.messages(w.conv.id)
     assert [m.role for m in msgs] == ["user", "assistant"]
     assert msgs[1].created > first_answer.created and msgs[1].status == "done"
@@ -101,6 +104,7 @@ def test_copy_puts_the_message_on_the_clipboard(qtbot, loaded_window):
     w = loaded_window
     send_and_wait(qtbot, w, "copy me")
     w.chat.widgets[-1].copy_btn.click()
+    assert w.writer.flush(10)
     assert QGuiApplication.clipboard().text() == w.history.messages(w.conv.id)[1].content
 
 
