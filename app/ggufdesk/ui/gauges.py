@@ -222,9 +222,9 @@ class RateGraph(QWidget):
                     f"{max(self.values):.0f} tok/s peak")
 
 
-def _legend(key_colour: QColor, text: str) -> str:
+def _legend(key_colour: QColor, text: str, mark: str = "■") -> str:
     text = text.replace(" ", "&nbsp;")
-    return f"<span style='color:{theme.css(key_colour)}'>■</span>&nbsp;{text}"
+    return f"<span style='color:{theme.css(key_colour)}'>{mark}</span>&nbsp;{text}"
 
 
 class GaugePanel(QScrollArea):
@@ -366,8 +366,8 @@ class GaugePanel(QScrollArea):
         items = [_legend(segment_colour(k), f"{label} {human_bytes(parts.get(k, 0))}")
                  for k, label in SEGMENTS if parts.get(k, 0) or k in ("weights", "other")]
         free = max(0, total - ours - other)
-        items.append(_legend(theme.role(QPalette.ColorRole.Base),
-                             f"free {human_bytes(free)} of {human_bytes(total)}"))
+        items.append(_legend(theme.muted(), f"free {human_bytes(free)} of {human_bytes(total)}",
+                             mark="□"))  # free is the bar's empty part: an outline
         # A space between items lets the legend wrap onto more lines instead of overlapping.
         self.legend.setText(" ".join(items))
         self.legend.setToolTip(self.legend.text().replace("&nbsp;", " "))

@@ -194,7 +194,7 @@ class MainWindow(QMainWindow):
         self.splitter.addWidget(self.gauges)
         self.splitter.setStretchFactor(1, 1)
         self.splitter.setCollapsible(1, False)
-        self.splitter.setSizes([200, 640, 260])
+        self.splitter.setSizes([190, 700, 230])  # at 800 px the conversation keeps most room
         self.setCentralWidget(self.splitter)
 
         tb = self.addToolBar("Main")

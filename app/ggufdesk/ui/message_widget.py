@@ -95,9 +95,11 @@ class MessageWidget(QFrame):
         self.setObjectName(f"msg_{role}")
         self.header = QLabel()
         self.header.setTextFormat(Qt.TextFormat.RichText)
+        self.header.setMinimumWidth(20)
         self.body = MarkdownView()
         self.footer = QLabel()
         self.footer.setObjectName("msgFooter")
+        self.footer.setWordWrap(True)  # a narrow window wraps it instead of widening the message
         self.copy_btn = self._button("Copy", "Copy this message as Markdown", self.copy)
         self.edit_btn = self._button("Edit", "Put this message back in the input box; sending "
                                      "replaces it and everything after it",
