@@ -176,9 +176,9 @@ def shoot_settings(app, size) -> Path:
     dlg.resize(*size)
     dlg.show()
     dlg.w["n_ctx"].setValue(32768)  # more than fits: the planner's warning
+    pump(app, 5, lambda: dlg.ctx_warning.isVisible())
     dlg.w["n_ubatch"].setValue(1024)  # larger than n_batch: shows how a bad value is refused
-    pump(app, 3, lambda: dlg.ctx_warning.isVisible())
-    pump(app, 0.3)
+    pump(app, 0.5)
     p = OUT / "settings.png"
     dlg.grab().save(str(p))
     dlg.close()
