@@ -96,3 +96,10 @@ def test_unknown_message_is_refused(hist):
         hist.keep_as_version(c.id, 999)
     with pytest.raises(KeyError):
         hist.switch_version(c.id, 999, -1)
+
+
+def test_exports_record_the_model(hist):
+    c = hist.new_conversation("t", model="/models/qwen2.5-7b-q4_k_m.gguf")
+    hist.add_message(c.id, "user", "hi")
+    assert hist.export_json(c.id)["model"] == "/models/qwen2.5-7b-q4_k_m.gguf"
+    assert "_Model: qwen2.5-7b-q4_k_m.gguf_" in hist.export_markdown(c.id)

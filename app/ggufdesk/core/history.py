@@ -441,6 +441,8 @@ class History:
     def export_markdown(self, conversation_id: int) -> str:
         conv = self.get_conversation(conversation_id)
         lines = [f"# {conv.title}", ""]
+        if conv.model:
+            lines += [f"_Model: {Path(conv.model).name}_", ""]
         if conv.system_prompt:
             lines += ["**System:**", "", conv.system_prompt, ""]
         for m in self.messages(conversation_id):
