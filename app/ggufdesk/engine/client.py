@@ -260,6 +260,8 @@ class EngineClient:
             self._handle(event)  # type: ignore[arg-type]  # the engine sends events only
         proc.popen.wait()
         time.sleep(0.05)  # let the stderr reader catch the last words
+        with self._cond:
+            self._cond.notify_all()  # a start waiting for Ready learns that it never comes
         self._jobs.put(("exited", proc.gen))
 
     def _handle(self, event: P.Event) -> None:
@@ -515,9 +517,8 @@ class EngineClient:
         """Ask the engine to stop rid; if it has not ended within `cancel_grace` seconds, the engine
         is killed and restarted (a runaway template render cannot be interrupted any other way)."""
         with self._cond:
-            if rid not in self._inflight:
-                return
-            self._cancel_deadlines.setdefault(rid, time.monotonic() + self.cancel_grace)
+            if rid in self._inflight:  # (a cancel may also come first: the engine remembers it)
+                self._cancel_deadlines.setdefault(rid, time.monotonic() + self.cancel_grace)
         if self.state not in ("failed", "stopped"):
             self._outbox.put(P.Cancel(id=rid))
 
@@ -530,7 +531,6 @@ class EngineClient:
             self._closing = True
             self._cond.notify_all()
         proc = self._proc
-        self._jobs.put(("close", 0))
         self._outbox.put(None)
         if proc is not None and proc.popen.poll() is None:
             popen = proc.popen
@@ -550,6 +550,8 @@ class EngineClient:
                 except subprocess.TimeoutExpired:
                     popen.kill()
                     popen.wait()
+        # Only now: the supervisor spawned the engine, and its end sends the parent-death signal.
+        self._jobs.put(("close", 0))
         if self.state != "stopped":
             self._set_state("stopped", "")
 
