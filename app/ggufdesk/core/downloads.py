@@ -175,7 +175,7 @@ def list_gguf(repo_id: str, *, revision: str | None = None, token: str | bool | 
     try:
         entries = [e for e in HfApi(endpoint=endpoint).list_repo_tree(
             repo_id, revision=revision, recursive=True, token=token) if hasattr(e, "size")]
-    except Exception as e:  # noqa: BLE001 - mapped to a user-readable KnownError
+    except Exception as e:
         if isinstance(e, _network_errors()) or e.__class__.__module__.startswith("huggingface_hub"):
             raise _hub_error(e, repo_id, "", revision) from e
         raise

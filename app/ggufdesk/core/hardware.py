@@ -274,7 +274,7 @@ def with_ggml_devices(hw: HardwareInfo, devices: list[dict[str, Any]]) -> Hardwa
     NVML found none; `devices` is the engine's Ready.devices. Bandwidth stays unknown for them."""
     if hw.gpus:
         return hw
-    gpus = []
+    gpus: list[GPUInfo] = []
     notes = list(hw.notes)
     for d in devices:
         if d.get("type") not in ("gpu", "igpu") or not d.get("memory_total"):

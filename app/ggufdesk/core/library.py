@@ -13,6 +13,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.gguf_meta import split_parts
@@ -142,7 +143,7 @@ def ollama_models(root: Path | None = None) -> list[LocalModel]:
     """Ollama's store: manifests/<registry>/<namespace>/<name>/<tag> → the model layer's GGUF blob."""
     root = root or ollama_root()
     manifests = root / "manifests"
-    out = []
+    out: list[LocalModel] = []
     if not manifests.is_dir():
         return out
     for mf in sorted(p for p in manifests.rglob("*") if p.is_file()):
@@ -184,7 +185,7 @@ def _data_file(name: str) -> Path:
     return d / name
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
@@ -192,7 +193,7 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _write_json(path: Path, data: dict) -> None:
+def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 import gguf
 
@@ -324,7 +324,7 @@ def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo
         raise SettingsError("a quantized V cache needs flash attention; set flash attention to auto or on")
     ram_budget, vram_budget = budgets(hw)
     has_gpu = bool(hw.gpus)
-    kw = dict(n_ctx=n_ctx, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
+    kw: dict[str, Any] = dict(n_ctx=n_ctx, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
               swa_full=swa_full, gpu=has_gpu)
 
     def total(ngl: int) -> tuple[Memory, Memory | None]:
@@ -443,9 +443,10 @@ def rank_quants(files: list[tuple[str, int]], ref: GGUFInfo, hw: HardwareInfo, *
         out.append(Ranked(file=name, quant=q, size=size, ppl_delta=quants.quality_loss(q),
                           plan=plan(info, hw, n_ctx=n_ctx)))
     order = {f: i for i, f in enumerate(FITS)}
-    speed = (lambda r: r.plan.pred_prefill_tok_s) if workload == "long_docs" else (lambda r: r.plan.pred_decode_tok_s)
+    speed: Callable[[Ranked], float] = (
+        (lambda r: r.plan.pred_prefill_tok_s) if workload == "long_docs" else (lambda r: r.plan.pred_decode_tok_s))
 
-    def key(r: Ranked) -> tuple:
+    def key(r: Ranked) -> tuple[Any, ...]:
         ok = r.plan.fit != "too_large"
         fast = r.plan.pred_decode_tok_s >= min_tok_s
         fits_gpu = order[r.plan.fit] if hw.gpus else 0

@@ -38,7 +38,8 @@ def _float(name: str, value: Any, lo: float, hi: float) -> float:
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise SettingsError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
-    return value
+    chosen: str = value
+    return chosen
 
 
 def default_threads() -> int:

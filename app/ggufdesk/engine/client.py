@@ -251,13 +251,13 @@ class EngineClient:
             proc.last_seen = time.monotonic()
             proc.ping_out = 0.0
             try:
-                event = P.decode(raw)
+                event = P.decode_event(raw)
             except P.ProtocolError as e:
                 log.warning("engine sent a bad line: %s", e)
                 continue
             if isinstance(event, P.Pong):
                 continue
-            self._handle(event)  # type: ignore[arg-type]  # the engine sends events only
+            self._handle(event)
         proc.popen.wait()
         time.sleep(0.05)  # let the stderr reader catch the last words
         with self._cond:
@@ -310,7 +310,7 @@ class EngineClient:
         if self.on_event is not None:
             try:
                 self.on_event(event)
-            except Exception:  # noqa: BLE001 - a broken listener must not stop the reader
+            except Exception:
                 log.exception("event listener failed")
         else:
             self._queue.put(event)
