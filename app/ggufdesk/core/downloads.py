@@ -638,8 +638,3 @@ def _origin(url: str) -> str:
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
-
-
-def download_model(repo_id: str, model: RemoteModel, **kwargs) -> list[Downloaded]:
-    """All files of a (possibly split) model; ``progress`` sees each part in turn."""
-    return [download(repo_id, f.path, **kwargs) for f in model.files]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ggufdesk.core.errors import KnownError
-from ggufdesk.core.gguf_meta import split_parts
+from ggufdesk.core.gguf_meta import split_names, split_parts
 from ggufdesk.core.quants import quant_from_name
 
 log = logging.getLogger("ggufdesk.library")
@@ -56,13 +56,12 @@ def _usable(name: str) -> bool:
 
 
 def _split_size(first: Path) -> tuple[int, int]:
-    sp = split_parts(first.name)
-    if sp is None:
+    names = split_names(first.name)
+    if len(names) == 1:
         return first.stat().st_size, 1
-    stem, _, count = sp
-    total = 0
-    for i in range(1, count + 1):
-        part = first.with_name(f"{stem}-{i:05d}-of-{count:05d}.gguf")
+    total, count = 0, len(names)
+    for name in names:
+        part = first.with_name(name)
         if not part.exists():
             raise FileNotFoundError(part)
         total += part.stat().st_size

@@ -161,6 +161,12 @@ class SpeculationSettings:
         _int("lookup n-gram size", self.ngram, 1, 16)
 
 
+# The most logits rows one decode may ask for: a verification batch is [last] + K max drafts.
+# The engine reserves this many at load (llama.cpp's n_outputs_max; without the cap it reserves
+# logits for every micro-batch position) and the planner counts them. The one source of both.
+LOGITS_ROWS = SpeculationSettings().k_max + 1
+
+
 @dataclass(slots=True, kw_only=True)
 class Settings:
     """Everything the user can set, saved to one JSON file."""
