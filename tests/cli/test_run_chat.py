@@ -1,4 +1,4 @@
-"""`ggufdesk run` and `ggufdesk chat` go through the engine process and report what DESIGN.md §6 promises."""
+"""`ggufdesk run` and `ggufdesk chat` go through the engine process and report what docs/architecture.md ("The CLI contract") promises."""
 from __future__ import annotations
 
 import io
