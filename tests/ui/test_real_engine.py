@@ -25,7 +25,7 @@ def test_chat_with_the_real_engine_on_a_tiny_model(qtbot, history, tiny_model):
         with qtbot.waitSignal(w.answer_finished, timeout=60000) as done:
             assert w.send("the cat and the dog")
         assert done.args == ["done"]
-        assert w.writer.flush(10.0)
+        assert w.writer.flush(10)
         user, answer = w.history.messages(w.conv.id)
         assert user.content == "the cat and the dog"
         assert answer.status == "done" and answer.content.strip()

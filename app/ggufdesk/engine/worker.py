@@ -197,11 +197,12 @@ class Engine:
                 on_stats=lambda s: self.emit(self._stats(req.id, s, final=False)),
                 cancelled=self.book.is_cancelled, drafter=drafter, t_start=t_start,
             )
-            self.emit(self._stats(req.id, st, final=True))
+            final = self._stats(req.id, st, final=True)
+            self.emit(final)
             self.emit(P.Done(id=req.id, finish_reason=finish, text="".join(pieces), tokens=st.tokens,
                              usage={"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen}))
             if drafter is None:  # after Done: the first call reads the GGUF header
-                self._calibrate(st.n_gen, st.decode_tok_s)
+                self._calibrate(st.n_gen, final.decode_tok_s)  # the speed the user was shown
         except Cancelled:
             self.emit(P.Done(id=req.id, finish_reason="cancelled"))
         except KnownError as e:
@@ -275,11 +276,15 @@ class Engine:
         )
 
 
+class ContextError(KnownError):
+    """The prompt cannot fit the context (Error kind "context")."""
+
+    kind: P.ErrorKind = "context"
+
+
 def _context_error(n: int, room: int) -> KnownError:
-    e = KnownError(f"the prompt is {n} tokens but the context has room for {room}; "
-                   "shorten it or load the model with a larger context")
-    e.kind = "context"  # type: ignore[attr-defined]
-    return e
+    return ContextError(f"the prompt is {n} tokens but the context has room for {room}; "
+                        "shorten it or load the model with a larger context")
 
 
 _OOM = re.compile(r"out of (device )?memory|failed to allocate|alloc_buffer|cudaMalloc|"
@@ -377,5 +382,19 @@ def main() -> int:
                          detail=traceback.format_exc()))
 
 
+def run() -> None:
+    """Exit without interpreter finalization: the request reader is a daemon thread blocked on
+    stdin, and finalizing while it holds stdin's lock aborts the process (so would llama.cpp's
+    static destructors racing its threads)."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -162,9 +162,9 @@ class ChatSession:
              versions: dict[int, tuple[int, int]] | None = None) -> None:
         """Show a stored conversation (read by the caller, off its thread if it has a GUI);
         `versions` is History.versions(conv.id): which messages have earlier versions."""
-        if self.busy:
+        if self.busy:  # the user moved on: the answer stops where it is
             self.stop()
-            self._finish("partial")
+            self._finish("cancelled")
         versions = versions or {}
         self._show(conv, [Turn.from_message(m, versions.get(m.id, (1, 1))) for m in messages],
                    Ref(conv.id))
