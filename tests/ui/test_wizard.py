@@ -11,7 +11,7 @@ from ggufdesk.core.errors import KnownError
 from ggufdesk.ui.services import (
     DownloadStopped, ModelChoice, ModelServices, describe_hardware, rough_plan,
 )
-from ggufdesk.ui.wizard import DOWNLOAD_PAGE, FINISH_PAGE, MODEL_PAGE, ModelWizard
+from ggufdesk.ui.wizard import DOWNLOAD_PAGE, FINISH_PAGE, MODEL_PAGE
 
 GB = 1024**3
 
@@ -101,21 +101,6 @@ class FakeServices:
         from ggufdesk.core.settings import LoadSettings, SpeculationSettings
 
         return LoadSettings(), SpeculationSettings()
-
-
-@pytest.fixture
-def wizard(qtbot):
-    made = []
-
-    def make(services):
-        wiz = ModelWizard(services)
-        qtbot.addWidget(wiz)
-        made.append(wiz)
-        return wiz
-
-    yield make
-    for w in made:
-        w.reject()
 
 
 def to_model_page(qtbot, wiz):

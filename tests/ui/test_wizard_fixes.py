@@ -4,7 +4,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog
 
-from tests.ui.test_wizard import FakeServices, to_model_page, wizard  # noqa: F401 - fixture
+from tests.ui.test_wizard import FakeServices, to_model_page
 from ggufdesk.ui.wizard import DOWNLOAD_PAGE, FINISH_PAGE, MODEL_PAGE
 
 

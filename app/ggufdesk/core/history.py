@@ -9,12 +9,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from ggufdesk.core.errors import BugError, KnownError, SettingsError
 from ggufdesk.core.settings import SamplingSettings
 
 log = logging.getLogger("ggufdesk.history")
+_T = TypeVar("_T")
 
 MODES = ("chat", "completion")
 ROLES = ("system", "user", "assistant")
@@ -354,7 +355,7 @@ class History:
                          (conversation_id, message_id))
         return pos, ordinal
 
-    def _transaction(self, fn):  # noqa: ANN001, ANN202 - small local helper
+    def _transaction(self, fn: Callable[[], _T]) -> _T:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:

@@ -5,6 +5,7 @@ import logging
 import os
 from pathlib import Path
 
+from ggufdesk.core.catalog import Catalog, CatalogEntry
 from ggufdesk.core.errors import KnownError
 
 log = logging.getLogger("ggufdesk.starter")
@@ -83,7 +84,7 @@ def starter_model_path() -> Path:
     return target
 
 
-def chat_suggestion(catalog) -> object | None:
+def chat_suggestion(catalog: Catalog) -> CatalogEntry | None:
     """The catalog entry to suggest for chatting (the starter's chat-tuned sibling), if listed."""
     entry = catalog.get(CHAT_SUGGESTION)
     if entry is not None:

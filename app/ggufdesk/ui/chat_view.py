@@ -46,13 +46,18 @@ class ChatView(QScrollArea):
             w.deleteLater()
         self.widgets.clear()
 
-    def set_messages(self, messages: list[Message]) -> None:
+    def set_messages(self, messages: list[Message],
+                     versions: dict[int, tuple[int, int]] | None = None) -> None:
+        """Show these messages; `versions` maps a message id to (its version, how many)."""
         self.clear()
+        versions = versions or {}
         for m in messages:
-            self.add(m)
+            self.add(m, version=versions.get(m.id, (1, 1)))
         self._follow = True
-        QTimer.singleShot(0, lambda: self.verticalScrollBar().setValue(
-            self.verticalScrollBar().maximum()))
+        QTimer.singleShot(0, self._scroll_to_end)  # a bound method: dropped if the view is gone
+
+    def _scroll_to_end(self) -> None:
+        self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
 
     def set_mode(self, mode: str) -> None:
         """chat: a conversation of turns; completion: one text the model continues."""
@@ -60,13 +65,10 @@ class ChatView(QScrollArea):
         for w in self.widgets:
             w.set_mode(mode)
 
-    def add(self, m: Message) -> MessageWidget:
-        stats = dict(m.stats)
-        if reason := getattr(m, "finish_reason", ""):  # a session Turn carries it before it is saved
-            stats["finish_reason"] = reason
+    def add(self, m: Message, version: tuple[int, int] = (1, 1)) -> MessageWidget:
         w = MessageWidget(message_id=m.id, role=m.role, text=m.content, status=m.status,
-                          stats=stats, mode=self.mode)
-        w.set_versions(*getattr(m, "version", (1, 1)))
+                          stats=m.stats, mode=self.mode)
+        w.set_versions(*version)
         w.edit_requested.connect(self.edit_requested)
         w.regenerate_requested.connect(self.regenerate_requested)
         w.version_requested.connect(self.version_requested)

@@ -36,8 +36,9 @@ log = logging.getLogger("ggufdesk.ui.chat")
 
 def _as_message(turn: Turn) -> Message:
     """What ChatView shows: a Turn, with its session key as the message id (saved or not)."""
+    stats = {**turn.stats, "finish_reason": turn.finish_reason} if turn.finish_reason else turn.stats
     return Message(id=turn.key, conversation_id=0, role=turn.role, content=turn.content,
-                   created=turn.created, status=turn.status, stats=turn.stats)
+                   created=turn.created, status=turn.status, stats=stats)
 
 
 class _WindowView(SessionView):
@@ -48,7 +49,7 @@ class _WindowView(SessionView):
 
     def show_conversation(self, conv: Conversation | None, turns: list[Turn]) -> None:
         w = self.win
-        w.chat.set_messages([_as_message(t) for t in turns])
+        w.chat.set_messages([_as_message(t) for t in turns], {t.key: t.version for t in turns})
         w.chat.set_actions_enabled(not w.session.busy)
         w._update_mode_label()
         w._select_current()
@@ -56,7 +57,7 @@ class _WindowView(SessionView):
             w.conversation_loaded.emit(conv.id)
 
     def turn_added(self, turn: Turn) -> None:
-        self.win.chat.add(_as_message(turn))
+        self.win.chat.add(_as_message(turn), version=turn.version)
 
     def turn_grew(self, turn: Turn, piece: str) -> None:
         if (widget := self.win.chat.widget_for(turn.key)) is not None:
@@ -345,8 +346,9 @@ class MainWindow(QMainWindow):
     def restore_state(self, qs: QSettings | None = None) -> None:
         """Reopen the conversation that was open last time and put the unsent draft back."""
         qs = qs or QSettings()
-        draft = qs.value("chat/draft", "", type=str)
-        last = qs.value("chat/last_conversation", 0, type=int)
+        draft = str(qs.value("chat/draft", "", type=str) or "")
+        stored = qs.value("chat/last_conversation", 0, type=int)
+        last = stored if isinstance(stored, int) else 0
         if draft and not self.input.toPlainText():
             self.input.setPlainText(draft)
         if last:

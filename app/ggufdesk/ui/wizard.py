@@ -186,7 +186,7 @@ class ModelPage(QWizardPage):
                 raise
             except OSError as e:  # a dropped network after the check: say so plainly
                 raise KnownError(offline_message(repo)) from e
-            except Exception as e:  # noqa: BLE001 - the hub library wraps network errors its own way
+            except Exception as e:
                 if any(w in str(e) for w in NETWORK_WORDS):
                     raise KnownError(offline_message(repo)) from e
                 raise
