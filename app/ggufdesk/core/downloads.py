@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from ggufdesk.core.errors import KnownError
+from ggufdesk.core.errors import KnownError, network_errors
 from ggufdesk.core.gguf_meta import split_parts
 from ggufdesk.core.quants import quant_from_name
 
@@ -110,15 +110,7 @@ class RemoteModel:
 # ----------------------------------------------------------------------------------- errors
 
 
-def _network_errors() -> tuple[type[BaseException], ...]:
-    errs: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for mod in ("httpx2", "httpx", "requests"):
-        try:
-            m = __import__(mod)
-        except ImportError:
-            continue
-        errs += [getattr(m, n) for n in ("TransportError", "HTTPError", "RequestException") if hasattr(m, n)]
-    return tuple(errs)
+_network_errors = network_errors
 
 
 def _status(e: BaseException) -> int | None:

@@ -168,9 +168,9 @@ def decode(line: str | bytes) -> Message:
     """Parse one JSON line back into its dataclass; raises ProtocolError on anything else."""
     try:
         data = json.loads(line)
-    except ValueError as e:
-        raise ProtocolError(f"not JSON: {str(line)[:200]!r}") from e
-    if not isinstance(data, dict) or data.get("type") not in _ALL:
+    except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
+        raise ProtocolError(f"not JSON: {str(line)[:200]!r}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("type"), str) or data["type"] not in _ALL:
         raise ProtocolError(f"unknown message: {str(line)[:200]!r}")
     cls = _ALL[data.pop("type")]
     try:
