@@ -101,6 +101,9 @@ class Engine:
             self.emit(P.Error(kind="settings", message=str(e)))
             return
         self.unload(quiet=True)
+        from ggufdesk.engine import memlimit  # a ceiling from the plan: runaway allocations fail, not the machine
+
+        memlimit.apply(memlimit.limit_for(req.model, settings, spec.draft_model if spec.mode == "draft" else None))
         try:
             lm = load_model(req.model, settings, self.llama_log, n_outputs=spec.k_max + 1)
         except KnownError as e:
