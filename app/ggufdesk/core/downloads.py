@@ -167,7 +167,12 @@ def list_gguf(repo_id: str, *, revision: str | None = None, token: str | bool | 
     file's header (a few MB over HTTP range reads).
     """
     from huggingface_hub import HfApi
+    from huggingface_hub.utils import validate_repo_id
 
+    try:
+        validate_repo_id(repo_id)
+    except ValueError as e:
+        raise KnownError(f"{repo_id!r} is not a repository id (owner/name): {e}") from None
     try:
         entries = [e for e in HfApi(endpoint=endpoint).list_repo_tree(
             repo_id, revision=revision, recursive=True, token=token) if hasattr(e, "size")]
@@ -472,9 +477,15 @@ def download(repo_id: str, filename: str, *, revision: str | None = None, token:
         return _from_cache(repo_id, filename, revision, cache_dir, why=e)
     except _network_errors() as e:
         return _from_cache(repo_id, filename, revision, cache_dir, why=e)
-    return _fetch(repo_id, filename, meta, revision=revision, token=token, cache_dir=cache_dir,
-                  endpoint=endpoint, progress=progress, cancel=cancel, retries=retries,
-                  backoff_s=backoff_s, chunk_size=chunk_size)
+    try:
+        return _fetch(repo_id, filename, meta, revision=revision, token=token, cache_dir=cache_dir,
+                      endpoint=endpoint, progress=progress, cancel=cancel, retries=retries,
+                      backoff_s=backoff_s, chunk_size=chunk_size)
+    except OSError as e:  # the cache folder: read-only, not a folder, full before we started
+        if isinstance(e, _network_errors()):
+            raise _hub_error(e, repo_id, filename, revision) from e
+        raise KnownError(f"cannot write {filename} into the Hugging Face cache "
+                         f"({e.strerror or e}: {e.filename or _storage(repo_id, cache_dir)})") from e
 
 
 def _expected_hashes(repo_id: str, filename: str, meta, token, endpoint) -> tuple[str | None, str | None]:
