@@ -34,7 +34,7 @@ def test_run_bad_settings_and_bad_model_exit_cleanly(tiny_model, tmp_path):
     bad.write_bytes(b"nope" * 10)
     p = ggufdesk("run", str(bad), "--prompt", "x", "--json")
     assert p.returncode == 1 and "Traceback" not in p.stderr
-    assert "could not load" in json.loads(p.stdout)["error"]
+    assert "not a GGUF file" in json.loads(p.stdout)["error"]  # refused before the engine starts
 
 
 def test_chat_keeps_the_conversation(tiny_model):

@@ -169,10 +169,11 @@ def test_template_with_syntax_error_falls_back_to_completion(tmp_path):
 
 def test_template_escaping_the_sandbox_is_blocked(tmp_path):
     evil = ggufs.write_malformed("template_escape", tmp_path)
-    with EngineClient() as c:
-        c.load(str(evil), settings=TINY_LOAD)
-        r = collect(c, c.generate(messages=[{"role": "user", "content": "hi"}], sampling=greedy(3)))
-        assert r.error is not None and "unsafe" in r.error.message
+    with EngineClient() as c:  # refused at load (the probe render), not at the first message
+        ld = c.load(str(evil), settings=TINY_LOAD)
+        errors = [e for e in c.events(timeout=0.2) if isinstance(e, P.Error)]
+        assert ld.chat_format == "completion"
+        assert errors and errors[0].kind == "template" and "unsafe" in errors[0].message
         assert collect(c, c.generate(prompt=PROMPT, sampling=greedy(3))).error is None
 
 

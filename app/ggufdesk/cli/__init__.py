@@ -5,6 +5,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -49,14 +50,43 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
-    except KnownError as e:
+    except BrokenPipeError:
+        return _stdout_closed()
+    except (KnownError, OSError) as e:  # OSError: a disk, folder or pipe the user can fix
+        return _report(args, e)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - one plain line, the trace with -v: never a bare traceback
+        log = logging.getLogger("ggufdesk")
+        log.debug("internal error", exc_info=True)
+        if not args.verbose:
+            e = KnownError(f"internal error ({type(e).__name__}: {e}); this is a bug in ggufdesk, "
+                           "run again with -v for the details")
+        else:
+            log.error("internal error", exc_info=True)
+        _report(args, e)
+        return 70  # EX_SOFTWARE
+
+
+def _report(args: argparse.Namespace, e: BaseException) -> int:
+    try:
         if getattr(args, "json", False):
             print_json({"error": str(e), "kind": type(e).__name__})
         else:
             print(f"ggufdesk: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+    return 1
+
+
+def _stdout_closed() -> int:
+    """`ggufdesk run ... | head`: the reader left. Quiet exit, as a program killed by SIGPIPE would."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+    except (OSError, ValueError):
+        pass
+    return 141
 
 
 if __name__ == "__main__":

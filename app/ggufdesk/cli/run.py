@@ -76,13 +76,24 @@ def run(args: argparse.Namespace) -> int:
     from ggufdesk.engine import protocol as P
     from ggufdesk.engine.client import EngineClient
 
+    from ggufdesk.cli import preflight
+
     load, sampling, spec = settings_from_args(args)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     model = resolve_model(args.model)
+    info = preflight.check(model, load, spec)  # before the engine: broken files, a plan that cannot fit
     text: list[str] = []
     stats = done = None
     with EngineClient(auto_restart=False) as client:
         loaded = client.load(model, settings=load, speculation=spec)
+        notices = {e.kind: e.message for e in client.events(timeout=0)
+                   if isinstance(e, P.Error) and e.kind in P.LOAD_NOTICE_KINDS}
+        if spec.mode == "draft" and not loaded.draft:
+            raise KnownError(f"the draft model {spec.draft_model} was refused: "
+                             f"{notices.get('draft', 'the engine did not load it')}")
+        if args.chat and info.chat_template is not None and loaded.chat_format != "template":
+            raise KnownError(f"--chat: {notices.get('template', 'the model chat template was refused')} "
+                             "(without --chat the prompt is sent as plain text)")
         if args.chat:
             msgs = ([{"role": "system", "content": args.system}] if args.system else [])
             rid = client.generate(messages=msgs + [{"role": "user", "content": prompt}], sampling=sampling)

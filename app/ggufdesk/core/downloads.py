@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from ggufdesk.core.errors import KnownError
+from ggufdesk.core.errors import KnownError, network_errors
 from ggufdesk.core.gguf_meta import split_parts
 from ggufdesk.core.quants import quant_from_name
 
@@ -42,6 +42,10 @@ CHUNK: int | None = 256 << 10
 SPACE_MARGIN = 16 << 20  # keep this much free beyond the file
 HASH_BACKLOG = 64 << 20  # received bytes that may wait in memory for the hasher
 HASH_BATCH = 1 << 20  # received bytes handed to the hasher at once
+# Give up on a file after this much traffic without finishing (x its size, plus a little): a hub that
+# under-reports a size or cuts every connection made hf_hub_download-style retry loops pull 7.5 GB in 4 min.
+TRAFFIC_FACTOR, TRAFFIC_SLACK = 3, 32 << 20
+MIN_GGUF_BYTES = 24  # magic, version and two counts: anything shorter is not a model
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -110,15 +114,7 @@ class RemoteModel:
 # ----------------------------------------------------------------------------------- errors
 
 
-def _network_errors() -> tuple[type[BaseException], ...]:
-    errs: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for mod in ("httpx2", "httpx", "requests"):
-        try:
-            m = __import__(mod)
-        except ImportError:
-            continue
-        errs += [getattr(m, n) for n in ("TransportError", "HTTPError", "RequestException") if hasattr(m, n)]
-    return tuple(errs)
+_network_errors = network_errors
 
 
 def _status(e: BaseException) -> int | None:
@@ -171,7 +167,12 @@ def list_gguf(repo_id: str, *, revision: str | None = None, token: str | bool | 
     file's header (a few MB over HTTP range reads).
     """
     from huggingface_hub import HfApi
+    from huggingface_hub.utils import validate_repo_id
 
+    try:
+        validate_repo_id(repo_id)
+    except ValueError as e:
+        raise KnownError(f"{repo_id!r} is not a repository id (owner/name): {e}") from None
     try:
         entries = [e for e in HfApi(endpoint=endpoint).list_repo_tree(
             repo_id, revision=revision, recursive=True, token=token) if hasattr(e, "size")]
@@ -183,6 +184,9 @@ def list_gguf(repo_id: str, *, revision: str | None = None, token: str | bool | 
     for e in entries:
         if not e.path.lower().endswith(".gguf") or e.path.rsplit("/", 1)[-1].lower().startswith("mmproj"):
             continue  # a vision projector (mmproj) is not a model on its own
+        if not isinstance(e.size, int) or e.size < MIN_GGUF_BYTES:
+            log.info("%s/%s: %s bytes, not a model; left out", repo_id, e.path, e.size)
+            continue  # an empty .gguf is never listed or recommended
         sp = split_parts(e.path)
         key = sp[0] if sp else e.path.removesuffix(".gguf").removesuffix(".GGUF")
         groups.setdefault(key, []).append(RemoteFile(e.path, int(e.size), e.lfs.sha256 if e.lfs else None))
@@ -225,8 +229,13 @@ class _Writer:
     READ_BLOCK = 4 << 20
 
     def __init__(self, f: IO[bytes], *, have: int, size: int, git: bool, report: Callable[[int], None],
-                 cancel: threading.Event | None, backlog: int = 64) -> None:
+                 cancel: threading.Event | None, backlog: int = 64, max_stalls: int = 5,
+                 label: str = "") -> None:
         self.f, self.report, self.cancel = f, report, cancel
+        # http_get restarts from byte 0 when a server ignores Range, and resets its own retry count
+        # whenever bytes arrive: count the restarts that got no further than the one before
+        self.best = self._best_at_restart = have
+        self.stalls, self.max_stalls, self.label = 0, max_stalls, label
         self.sha = hashlib.sha256()
         self.git = hashlib.sha1(b"blob %d\0" % size) if git else None
         self.valid = True
@@ -281,6 +290,7 @@ class _Writer:
                 raise OSError(errno.EIO, "write returned nothing")
             view = view[written:]
         self.pos += len(data)
+        self.best = max(self.best, self.pos)
         self._batch.append(data if isinstance(data, bytes) else bytes(data))
         self._batched += len(data)
         if self._batched >= HASH_BATCH:  # one hand-off per batch, not per socket read
@@ -316,6 +326,12 @@ class _Writer:
 
     def truncate(self, size: int | None = None) -> int:
         self.valid = False  # the server ignored Range: the hash restarts from the file at the end
+        self.stalls = self.stalls + 1 if self.best <= self._best_at_restart else 0
+        self._best_at_restart = self.best
+        if self.stalls > self.max_stalls:
+            raise KnownError(f"downloading {self.label} restarted from the beginning {self.stalls} times without "
+                             "getting further (the server ignores resume requests and the connection keeps "
+                             "dropping); try again later")
         return self.f.truncate(size)
 
     def flush(self) -> None:
@@ -461,9 +477,15 @@ def download(repo_id: str, filename: str, *, revision: str | None = None, token:
         return _from_cache(repo_id, filename, revision, cache_dir, why=e)
     except _network_errors() as e:
         return _from_cache(repo_id, filename, revision, cache_dir, why=e)
-    return _fetch(repo_id, filename, meta, revision=revision, token=token, cache_dir=cache_dir,
-                  endpoint=endpoint, progress=progress, cancel=cancel, retries=retries,
-                  backoff_s=backoff_s, chunk_size=chunk_size)
+    try:
+        return _fetch(repo_id, filename, meta, revision=revision, token=token, cache_dir=cache_dir,
+                      endpoint=endpoint, progress=progress, cancel=cancel, retries=retries,
+                      backoff_s=backoff_s, chunk_size=chunk_size)
+    except OSError as e:  # the cache folder: read-only, not a folder, full before we started
+        if isinstance(e, _network_errors()):
+            raise _hub_error(e, repo_id, filename, revision) from e
+        raise KnownError(f"cannot write {filename} into the Hugging Face cache "
+                         f"({e.strerror or e}: {e.filename or _storage(repo_id, cache_dir)})") from e
 
 
 def _expected_hashes(repo_id: str, filename: str, meta, token, endpoint) -> tuple[str | None, str | None]:
@@ -510,6 +532,7 @@ def _fetch(repo_id: str, filename: str, meta, *, revision, token, cache_dir, end
         blob.parent.mkdir(parents=True, exist_ok=True)
         _cache_commit_hash_for_specific_revision(str(storage), revision or constants.DEFAULT_REVISION, commit)
     if blob.exists():
+        _check_model(blob, filename, remove=False)
         digest = _verified_sha(blob, sha256)
         if not pointer.exists():
             pointer.parent.mkdir(parents=True, exist_ok=True)
@@ -517,6 +540,8 @@ def _fetch(repo_id: str, filename: str, meta, *, revision, token, cache_dir, end
         return Downloaded(pointer, repo_id, filename, commit, digest, blob.stat().st_size, from_cache=True)
     if size is None:
         raise KnownError(f"the hub did not report the size of {repo_id}/{filename}")
+    if filename.lower().endswith(".gguf") and size < MIN_GGUF_BYTES:
+        raise KnownError(f"{repo_id}/{filename} is {size} bytes on the hub: not a GGUF model, not downloaded")
     blob.parent.mkdir(parents=True, exist_ok=True)
     pointer.parent.mkdir(parents=True, exist_ok=True)
     have = partial.stat().st_size if partial.exists() else 0
@@ -549,19 +574,32 @@ def _transfer(partial: Path, blob: Path, pointer: Path, http_get, location, head
     start = partial.stat().st_size if partial.exists() else 0
     meter = _Meter(filename, size, 0, progress)
     attempt, writer = 0, None
+    best = start  # the furthest the partial file has got: only going beyond it is progress
+    received, budget = 0, TRAFFIC_FACTOR * size + TRAFFIC_SLACK
+
+    def count(n: int) -> None:
+        nonlocal received
+        received += n
+        meter.add(n)
+        if received > budget:
+            raise KnownError(
+                f"stopped downloading {filename}: {_mb(received)} received for a {_mb(size)} file without "
+                f"finishing (the hub or the connection keeps failing); {_mb(writer.pos if writer else 0)} "
+                "kept, run the download again to resume")
+
     while True:
         have = partial.stat().st_size if partial.exists() else 0
         if have > size:
-            log.warning("partial %s is longer than the file (%d > %d): starting over", partial, have, size)
             partial.unlink()
-            have = 0
+            raise KnownError(f"the hub says {filename} has {_mb(size)} ({size} bytes) but sent more "
+                             f"({have} bytes): its listing and the file disagree; try again later")
         meter.reset(have)
         try:
             if cancel is not None and cancel.is_set():
                 raise DownloadCancelled("download paused")
             with partial.open("r+b" if partial.exists() else "w+b", buffering=0) as f:
                 writer = _Writer(f, have=have, size=size, git=sha256 is None and git is not None,
-                                 report=meter.add, cancel=cancel,
+                                 report=count, cancel=cancel, max_stalls=retries, label=filename,
                                  backlog=max(2, HASH_BACKLOG // max(chunk_size or 0, HASH_BATCH)))
                 constants.DOWNLOAD_CHUNK_SIZE = chunk_size
                 try:
@@ -590,9 +628,12 @@ def _transfer(partial: Path, blob: Path, pointer: Path, http_get, location, head
                 raise _hub_error(e, repo_id, filename, commit) from e
             err = e
         now = partial.stat().st_size if partial.exists() else 0
-        attempt = 0 if now > have else attempt + 1
+        if now > size:
+            continue  # more bytes than the hub said: refused at the top of the loop
+        attempt = 0 if now > best else attempt + 1  # net progress only: a restart from 0 is not
+        best = max(best, now)
         if attempt > retries:
-            raise KnownError(f"downloading {filename} failed {attempt} times in a row ({err}); "
+            raise KnownError(f"downloading {filename} failed {attempt} times without getting further ({err}); "
                              f"{_mb(now)} of {_mb(size)} kept, run the download again to resume") from err
         wait = min(backoff_s * 2 ** max(attempt - 1, 0), 30.0)
         log.warning("%s: %s; retrying from byte %d in %.1fs", filename, err, now, wait)
@@ -608,6 +649,7 @@ def _transfer(partial: Path, blob: Path, pointer: Path, http_get, location, head
         partial.unlink(missing_ok=True)
         raise KnownError(f"{filename} failed its checksum (got {got[:12]}…, the hub says {expected[:12]}…): "
                          "the corrupt file was deleted; run the download again")
+    _check_model(partial, filename, remove=True)
     os.replace(partial, blob)  # created by open(): the mode already follows the umask
     from ggufdesk.core import library
 
@@ -616,6 +658,21 @@ def _transfer(partial: Path, blob: Path, pointer: Path, http_get, location, head
     _create_symlink(str(blob), str(pointer), new_blob=True)
     meter.emit("done")
     return Downloaded(pointer, repo_id, filename, commit, digest, size, resumed_from=start)
+
+
+def _check_model(path: Path, filename: str, *, remove: bool) -> None:
+    """A .gguf must start with the GGUF magic and hold at least a header before it enters the cache."""
+    if not filename.lower().endswith(".gguf"):
+        return
+    with path.open("rb") as f:
+        head = f.read(4)
+        n = os.fstat(f.fileno()).st_size
+    if head == b"GGUF" and n >= MIN_GGUF_BYTES:
+        return
+    if remove:
+        path.unlink(missing_ok=True)
+    raise KnownError(f"{filename} is not a GGUF model ({n} bytes, starting with {head!r}); "
+                     + ("it was not added to the library" if remove else f"the cached copy {path} is unusable"))
 
 
 def _digests(partial: Path, writer: _Writer | None, size: int) -> tuple[str, str]:

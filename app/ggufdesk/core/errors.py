@@ -15,3 +15,15 @@ class SettingsError(KnownError, ValueError):
 
 class BugError(Exception):
     """Something in ggufdesk itself is wrong; log it with a trace."""
+
+
+def network_errors() -> tuple[type[BaseException], ...]:
+    """The exception types a dropped, refused or timed-out connection raises (through any HTTP library)."""
+    errs: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for mod in ("httpx2", "httpx", "requests"):
+        try:
+            m = __import__(mod)
+        except ImportError:
+            continue
+        errs += [getattr(m, n) for n in ("TransportError", "HTTPError", "RequestException") if hasattr(m, n)]
+    return tuple(errs)

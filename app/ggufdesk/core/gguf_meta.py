@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import struct
@@ -12,7 +13,7 @@ from typing import IO, Any, Iterator
 import gguf
 import numpy as np
 
-from ggufdesk.core.errors import KnownError
+from ggufdesk.core.errors import KnownError, network_errors
 
 log = logging.getLogger("ggufdesk.gguf")
 
@@ -22,10 +23,22 @@ log = logging.getLogger("ggufdesk.gguf")
 # (value types, quant block sizes, key names, file types); tests check the result against GGUFReader.
 
 CHUNK = 1 << 20
+# Limits on what a header may claim. Real models stay far below them (the largest vocabularies are
+# ~260k tokens, the deepest models a few hundred layers, headers a few tens of MB); a file beyond
+# them is refused with a GGUFFormatError before any memory or time is spent on what it claims.
 MAX_HEADER_BYTES = 256 << 20  # no real header is this big; a bigger one is a broken file
 MAX_STRING = 64 << 20
+MAX_NAME = 4096  # metadata keys and tensor names (llama.cpp's own limit for tensor names is 64)
 MAX_COUNT = 1 << 31
+MAX_KV = 100_000
+MAX_TENSORS = 200_000
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_DEPTH = 3  # arrays of arrays of arrays
+MAX_WALKED = 2_000_000  # string-array items skipped one by one per header (vocab + merges: < 1M)
+MAX_KEPT = 200_000  # array items kept in memory per header (real models: a few thousand)
+MAX_TENSOR_BYTES = 1 << 50
 KEEP_ARRAY = 4096  # arrays longer than this (the vocabulary) keep only their length
+MAX_LAYERS = KEEP_ARRAY  # per-layer arrays are kept whole, so a model has at most this many layers
 
 SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 LAYER_RE = re.compile(r"^blk\.(\d+)\.")
@@ -139,6 +152,16 @@ class _Stream:
         self.buf = bytearray()
         self.pos = 0
         self.base = 0  # absolute offset of buf[0]
+        self.walked = 0  # array items read one by one
+        self.kept = 0  # array items kept in memory
+
+    def count_items(self, n: int, *, kept: bool) -> None:
+        self.walked += 0 if kept else n
+        self.kept += n if kept else 0
+        if self.walked > MAX_WALKED or self.kept > MAX_KEPT:
+            raise GGUFFormatError(f"{self.label}: the GGUF header holds more array items than any model "
+                                  f"(over {MAX_WALKED if self.walked > MAX_WALKED else MAX_KEPT}); "
+                                  "the file is corrupt")
 
     @property
     def offset(self) -> int:
@@ -179,9 +202,9 @@ class _Stream:
         self.need(n)
         self.pos += n
 
-    def string(self) -> str:
+    def string(self, limit: int = MAX_STRING) -> str:
         n = self.unpack(_U64)
-        if n > MAX_STRING:
+        if n > limit:
             raise GGUFFormatError(f"{self.label}: a {n}-byte string in the GGUF header; the file is corrupt")
         raw = self.take(n)
         return raw.decode("utf-8", errors="replace")
@@ -195,28 +218,37 @@ def _value_type(s: _Stream, raw: int, key: str) -> gguf.GGUFValueType:
                               "the file is corrupt") from None
 
 
-def _read_value(s: _Stream, vtype: gguf.GGUFValueType, key: str) -> Any:
+def _read_value(s: _Stream, vtype: gguf.GGUFValueType, key: str, depth: int = 0) -> Any:
     if vtype == gguf.GGUFValueType.STRING:
         return s.string()
     if vtype in _SCALARS:
         return s.unpack(_SCALARS[vtype])
     if vtype != gguf.GGUFValueType.ARRAY:
         raise GGUFFormatError(f"{s.label}: metadata key {key!r} has unknown value type {vtype}")
+    if depth >= MAX_DEPTH:
+        raise GGUFFormatError(f"{s.label}: metadata key {key!r} nests arrays more than {MAX_DEPTH} deep; "
+                              "the file is corrupt")
     itype = _value_type(s, s.unpack(_U32), key)
     count = s.unpack(_U64)
     if count > MAX_COUNT:
         raise GGUFFormatError(f"{s.label}: metadata array {key!r} claims {count} items; the file is corrupt")
+    keep = count <= KEEP_ARRAY
+    if itype == gguf.GGUFValueType.ARRAY and not keep:
+        raise GGUFFormatError(f"{s.label}: metadata key {key!r} holds {count} nested arrays; "
+                              "the file is corrupt")
     if itype in _NP:
         dt = np.dtype(_NP[itype])
         s.need(dt.itemsize * count)
-        if count > KEEP_ARRAY:
+        if not keep:
             s.skip(dt.itemsize * count)
             return ArrayInfo(itype.name, count)
+        s.count_items(count, kept=True)
         arr = np.frombuffer(bytes(s.buf[s.pos : s.pos + dt.itemsize * count]), dtype=dt)
         s.pos += dt.itemsize * count
         return arr.tolist()
+    s.count_items(count, kept=keep)
     if itype == gguf.GGUFValueType.STRING:
-        if count > KEEP_ARRAY:
+        if not keep:
             for _ in range(count):
                 n = s.unpack(_U64)
                 if n > MAX_STRING:
@@ -224,7 +256,7 @@ def _read_value(s: _Stream, vtype: gguf.GGUFValueType, key: str) -> Any:
                 s.skip(n)
             return ArrayInfo("STRING", count)
         return [s.string() for _ in range(count)]
-    return [_read_value(s, itype, key) for _ in range(count)]  # nested arrays: rare, kept
+    return [_read_value(s, itype, key, depth + 1) for _ in range(count)]  # nested arrays: rare, kept
 
 
 @dataclass(slots=True)
@@ -258,37 +290,51 @@ def parse_header(f: IO[bytes], *, label: str, file_index: int = 0,
     if version not in (2, 3):
         raise GGUFFormatError(f"{label}: GGUF version {version} is not supported (only 2 and 3)")
     n_tensors, n_kv = s.unpack(_U64), s.unpack(_U64)
-    if n_tensors > 1_000_000 or n_kv > 1_000_000:
+    if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
         raise GGUFFormatError(f"{label}: the header claims {n_tensors} tensors and {n_kv} keys; "
                               "the file is corrupt")
     kv: dict[str, Any] = {}
     for _ in range(n_kv):
-        key = s.string()
+        key = s.string(MAX_NAME)
         kv[key] = _read_value(s, _value_type(s, s.unpack(_U32), key), key)
     raw_tensors = []
     for _ in range(n_tensors):
-        name = s.string()
+        name = s.string(MAX_NAME)
         n_dims = s.unpack(_U32)
-        if n_dims > 8:
+        if n_dims > MAX_DIMS:
             raise GGUFFormatError(f"{label}: tensor {name!r} has {n_dims} dimensions; the file is corrupt")
         shape = tuple(s.unpack(_U64) for _ in range(n_dims))
         qtype = _quant_type(s.unpack(_U32), label, name)
         raw_tensors.append((name, shape, qtype, s.unpack(_U64)))
     align = kv.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
-    if not isinstance(align, int) or align <= 0 or align & (align - 1):
+    if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
         raise GGUFFormatError(f"{label}: general.alignment = {align!r} is not a power of two")
     data_offset = s.offset + (-s.offset % align)
     tensors = []
     for name, shape, qtype, rel in raw_tensors:
-        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        n_el = int(np.prod(shape, dtype=np.uint64)) if shape else 1
-        if shape and shape[0] % block:
-            raise GGUFFormatError(f"{label}: tensor {name!r} row size {shape[0]} is not a multiple of "
-                                  f"its {qtype.name} block size {block}")
+        n_bytes = _tensor_bytes(label, name, shape, qtype)
+        if rel % align or rel > MAX_TENSOR_BYTES:
+            raise GGUFFormatError(f"{label}: tensor {name!r} starts at offset {rel}, which is not "
+                                  f"{align}-byte aligned or lies beyond any model; the file is corrupt")
         m = LAYER_RE.match(name)
-        tensors.append(TensorInfo(name, qtype.name, shape, n_el // block * type_size,
+        tensors.append(TensorInfo(name, qtype.name, shape, n_bytes,
                                   int(m.group(1)) if m else None, data_offset + rel, file_index))
     return _Header(kv, tensors, data_offset)
+
+
+def _tensor_bytes(label: str, name: str, shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType) -> int:
+    """Bytes of a tensor's data, computed exactly (Python ints) and checked before use."""
+    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    if any(d <= 0 for d in shape):
+        raise GGUFFormatError(f"{label}: tensor {name!r} has a zero dimension {list(shape)}; the file is corrupt")
+    if shape and shape[0] % block:
+        raise GGUFFormatError(f"{label}: tensor {name!r} row size {shape[0]} is not a multiple of "
+                              f"its {qtype.name} block size {block}")
+    n_bytes = math.prod(shape) // block * type_size
+    if n_bytes > MAX_TENSOR_BYTES:
+        raise GGUFFormatError(f"{label}: tensor {name!r} claims dimensions {list(shape)} "
+                              f"({n_bytes} bytes); the file is corrupt")
+    return n_bytes
 
 
 def _check_data(h: _Header, size: int | None, label: str) -> None:
@@ -352,6 +398,14 @@ def parse_hf_url(url: str) -> tuple[str, str, str | None]:
     rev = None
     if "@" in repo:
         repo, rev = repo.split("@", 1)
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except ValueError as e:  # HFValidationError
+        raise KnownError(f"{url}: {repo!r} is not a repository id (owner/name): {e}") from None
+    if not rev and rev is not None:
+        raise KnownError(f"{url}: empty revision after '@'")
     return repo, path, rev
 
 
@@ -373,8 +427,12 @@ def _remote_parts(url: str) -> list[_Part]:
             size = int(fs.info(full)["size"])
         except FileNotFoundError:
             raise KnownError(f"hf://{repo}/{name}: no such file in the repository") from None
-        except OSError as e:
-            raise KnownError(f"hf://{repo}/{name}: could not reach the hub ({e})") from e
+        except (OSError, ValueError, *network_errors()) as e:  # ValueError: the hub's own URI errors
+            raise KnownError(f"hf://{repo}/{name}: could not reach the hub or read the repository ({e})") from e
+        except Exception as e:  # noqa: BLE001 - huggingface_hub's HTTP errors (gated, 5xx, ...)
+            if not type(e).__module__.startswith("huggingface_hub"):
+                raise
+            raise KnownError(f"hf://{repo}/{name}: the hub refused the request ({e})") from e
         parts.append(_Part(f"hf://{repo}/{name}", size,
                            (lambda full=full: fs.open(full, "rb", block_size=CHUNK, cache_type="readahead"))))
     return parts
@@ -383,24 +441,52 @@ def _remote_parts(url: str) -> list[_Part]:
 # --------------------------------------------------------------------------- interpretation
 
 
-def _per_layer(v: Any, n_layer: int, default: int) -> tuple[int, ...]:
-    if isinstance(v, list):
-        vals = [int(x) for x in v][:n_layer]
-        return tuple(vals + [vals[-1] if vals else default] * (n_layer - len(vals)))
-    return (int(v) if v is not None else default,) * n_layer
+class _Checker:
+    """Reads numbers out of the metadata, each one checked (a whole number within bounds) before use."""
+
+    def __init__(self, source: str, kv: dict[str, Any]) -> None:
+        self.source, self.kv = source, kv
+
+    def bad(self, key: str, v: Any, want: str) -> GGUFFormatError:
+        shown = repr(v) if not isinstance(v, list) else f"a list of {len(v)} items"
+        return GGUFFormatError(f"{self.source}: {key} is {shown[:80]}; expected {want}. "
+                               "The file is corrupt or not a model this app can plan")
+
+    def num(self, key: str, v: Any, lo: int, hi: int) -> int:
+        if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise self.bad(key, v, f"a whole number from {lo} to {hi}")
+        return v
+
+    def get(self, key: str, lo: int, hi: int, default: int = 0) -> int:
+        v = self.kv.get(key)
+        return default if v is None else self.num(key, v, lo, hi)
+
+    def per_layer(self, key: str, n_layer: int, default: int, hi: int) -> tuple[int, ...]:
+        v = self.kv.get(key)
+        if isinstance(v, ArrayInfo):
+            raise self.bad(key, f"an array of {v.count} items", f"one value per layer ({n_layer})")
+        if isinstance(v, list):
+            vals = [self.num(key, x, 0, hi) for x in v][:n_layer]
+            return tuple(vals + [vals[-1] if vals else default] * (n_layer - len(vals)))
+        return (self.num(key, v, 0, hi) if v is not None else default,) * n_layer
 
 
-def _swa_layers(arch: str, kv: dict[str, Any], n_layer: int, n_swa: int) -> tuple[bool, ...]:
+def _swa_layers(c: _Checker, arch: str, n_layer: int, n_swa: int) -> tuple[bool, ...]:
     if n_swa <= 0:
         return (False,) * n_layer
-    pat = kv.get(f"{arch}.attention.sliding_window_pattern")
+    key = f"{arch}.attention.sliding_window_pattern"
+    pat = c.kv.get(key)
     if isinstance(pat, list):
         vals = [bool(x) for x in pat][:n_layer]
         return tuple(vals + [False] * (n_layer - len(vals)))
+    if pat is not None:
+        pat = c.num(key, pat, 0, MAX_LAYERS)
     if arch not in SWA_PATTERNS and pat is None:
         return (False,) * n_layer  # llama.cpp does not use a sliding window here: full cache
-    n_pattern, dense_first = SWA_PATTERNS.get(arch, (int(pat or 0), False))
-    if isinstance(pat, int):
+    n_pattern, dense_first = SWA_PATTERNS.get(arch, (pat or 0, False))
+    if pat is not None:
         n_pattern = pat
     if dense_first:
         return tuple(n_pattern == 0 or il % n_pattern != 0 for il in range(n_layer))
@@ -422,34 +508,46 @@ def _interpret(source: str, kv: dict[str, Any], tensors: list[TensorInfo], file_
     arch = kv.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise GGUFFormatError(f"{source}: no general.architecture key; not a llama.cpp model file")
-
-    def g(key: str, default: Any = None) -> Any:
-        return kv.get(f"{arch}.{key}", default)
-
-    n_layer = g("block_count")
-    if not isinstance(n_layer, int) or n_layer <= 0:
+    if not tensors:
+        raise GGUFFormatError(f"{source}: the file holds no tensors (a vocabulary-only GGUF?); not a model")
+    c = _Checker(source, kv)
+    n_layer = kv.get(f"{arch}.block_count")
+    if isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer <= 0:
         raise GGUFFormatError(f"{source}: {arch}.block_count is {n_layer!r}; the model has no layers")
-    n_embd = int(g("embedding_length", 0) or 0)
-    heads = _per_layer(g("attention.head_count"), n_layer, 0)
+    if n_layer > MAX_LAYERS:
+        raise GGUFFormatError(f"{source}: {arch}.block_count is {n_layer}; no model has more than "
+                              f"{MAX_LAYERS} layers, the file is corrupt")
+    n_embd = c.get(f"{arch}.embedding_length", 0, 1 << 20)
+    heads = c.per_layer(f"{arch}.attention.head_count", n_layer, 0, 1 << 16)
     n_head = max(heads) if heads else 0
-    n_head_kv = _per_layer(g("attention.head_count_kv"), n_layer, n_head)
-    head_k = int(g("attention.key_length", 0) or (n_embd // n_head if n_head else 0))
-    head_v = int(g("attention.value_length", 0) or head_k)
-    n_swa = int(g("attention.sliding_window", 0) or 0) if not isinstance(g("attention.sliding_window"), list) else 0
-    ff = g("feed_forward_length", 0)
-    n_ff = max(ff) if isinstance(ff, list) and ff else int(ff or 0)
+    n_head_kv = c.per_layer(f"{arch}.attention.head_count_kv", n_layer, n_head, 1 << 16)
+    head_k = c.get(f"{arch}.attention.key_length", 0, 1 << 16) or (n_embd // n_head if n_head else 0)
+    head_v = c.get(f"{arch}.attention.value_length", 0, 1 << 16) or head_k
+    swa = kv.get(f"{arch}.attention.sliding_window")
+    n_swa = 0 if isinstance(swa, list) else c.get(f"{arch}.attention.sliding_window", 0, 1 << 31)
+    ff = kv.get(f"{arch}.feed_forward_length")
+    if isinstance(ff, list):
+        n_ff = max(c.per_layer(f"{arch}.feed_forward_length", n_layer, 0, 1 << 24))
+    else:
+        n_ff = c.get(f"{arch}.feed_forward_length", 0, 1 << 24)
     tok = kv.get("tokenizer.ggml.tokens")
-    n_vocab = int(g("vocab_size", 0) or (tok.count if isinstance(tok, ArrayInfo) else len(tok or [])))
+    n_tok = tok.count if isinstance(tok, ArrayInfo) else len(tok) if isinstance(tok, list) else 0
+    n_vocab = c.get(f"{arch}.vocab_size", 0, 1 << 24) or c.num("tokenizer.ggml.tokens (count)", n_tok, 0, 1 << 24)
     emb = next((t for t in tensors if t.name == "token_embd.weight"), None)
     if not n_vocab and emb is not None and len(emb.shape) == 2:
-        n_vocab = emb.shape[1]
+        n_vocab = c.num("token_embd.weight (rows)", emb.shape[1], 0, 1 << 24)
+    n_expert = c.get(f"{arch}.expert_count", 0, 1 << 16)
+    n_expert_used = c.get(f"{arch}.expert_used_count", 0, 1 << 16)
+    if n_expert and n_expert_used > n_expert:
+        raise c.bad(f"{arch}.expert_used_count", n_expert_used, f"at most {arch}.expert_count ({n_expert})")
     tmpl = kv.get("tokenizer.chat_template")
+    name = kv.get("general.name")
     return GGUFInfo(
-        source=source, architecture=arch, name=kv.get("general.name"), n_layer=n_layer, n_embd=n_embd,
-        n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_k, head_dim_v=head_v,
-        n_swa=n_swa, swa_layers=_swa_layers(arch, kv, n_layer, n_swa),
-        context_length=int(g("context_length", 0) or 0), n_vocab=n_vocab,
-        n_expert=int(g("expert_count", 0) or 0), n_expert_used=int(g("expert_used_count", 0) or 0),
+        source=source, architecture=arch, name=name if isinstance(name, str) else None, n_layer=n_layer,
+        n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_k, head_dim_v=head_v,
+        n_swa=n_swa, swa_layers=_swa_layers(c, arch, n_layer, n_swa),
+        context_length=c.get(f"{arch}.context_length", 0, 1 << 31), n_vocab=n_vocab,
+        n_expert=n_expert, n_expert_used=n_expert_used,
         chat_template=tmpl if isinstance(tmpl, str) else None,
         file_type=_file_type_name(kv.get("general.file_type")), file_bytes=file_bytes,
         split_count=split_count, tensors=tuple(tensors), metadata=kv,
@@ -463,11 +561,9 @@ def _read_parts(source: str, parts: list[_Part], limit: int) -> GGUFInfo:
         try:
             with part.opener() as f:
                 h = parse_header(f, label=part.label, file_index=i, limit=limit)
-        except GGUFFormatError:
-            raise
         except KnownError:
             raise
-        except OSError as e:
+        except (OSError, *network_errors()) as e:
             raise KnownError(f"{part.label}: could not read the file ({e})") from e
         _check_data(h, part.size, part.label)
         if i == 0:
@@ -491,9 +587,20 @@ def read_gguf(source: str | os.PathLike[str], *, limit: int = MAX_HEADER_BYTES) 
     Remote files are read from their header only (HTTP range reads, a few MB).
     """
     src = str(source)
-    if src.startswith("hf://"):
-        return _read_parts(src, _remote_parts(src), limit)
-    return _read_parts(src, _local_parts(Path(src).expanduser()), limit)
+    try:
+        if src.startswith("hf://"):
+            return _read_parts(src, _remote_parts(src), limit)
+        return _read_parts(src, _local_parts(Path(src).expanduser()), limit)
+    except KnownError:
+        raise
+    except OSError as e:  # permissions, a symlink loop, a vanished file
+        raise KnownError(f"{src}: could not read the file ({e.strerror or e})") from e
+    except (RecursionError, MemoryError, OverflowError, ValueError, TypeError, ZeroDivisionError,
+            struct.error, IndexError, KeyError) as e:
+        # The checks above should catch every malformed header; this is the net under them.
+        log.warning("unexpected %s reading %s", type(e).__name__, src, exc_info=True)
+        raise GGUFFormatError(f"{src}: the GGUF header could not be read ({type(e).__name__}: "
+                              f"{str(e)[:200]}); the file is corrupt") from None
 
 
 def iter_layers(info: GGUFInfo) -> Iterator[tuple[int, list[TensorInfo]]]:

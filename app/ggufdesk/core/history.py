@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -102,23 +103,130 @@ def _sampling_from_json(text: str) -> SamplingSettings:
         return SamplingSettings()
 
 
-class History:
-    """All conversations. Thread-safe: one connection guarded by a lock (reads run off the GUI thread)."""
+class HistoryError(KnownError):
+    """The history database cannot be used as it is; ``kind`` says why."""
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # "locked" | "read_only" | "corrupt" | "newer" | "unavailable"
+
+
+def _classify(e: BaseException) -> str:
+    name = getattr(e, "sqlite_errorname", "") or ""
+    text = str(e).lower()
+    if name.startswith("SQLITE_BUSY") or name.startswith("SQLITE_LOCKED") or "locked" in text:
+        return "locked"
+    if name.startswith("SQLITE_READONLY") or "readonly" in text or "read-only" in text:
+        return "read_only"
+    if name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")) or "not a database" in text or "malformed" in text:
+        return "corrupt"
+    return "unavailable"  # SQLITE_CANTOPEN, I/O errors, a folder we cannot write
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryOpen:
+    """How History.open got a history: ``mode`` "ok" | "read_only" | "recovered" | "memory", and what
+    to tell the user (``warning``; None when all is well)."""
+
+    history: History
+    mode: str = "ok"
+    warning: str | None = None
+    moved_to: Path | None = None
+
+
+class History:
+    """All conversations. Thread-safe: one connection guarded by a lock (reads run off the GUI thread).
+
+    ``read_only`` opens an existing file without writing to it (writes raise HistoryError);
+    ``memory`` keeps everything in memory (nothing is saved). ``History.open`` picks for the app.
+    """
+
+    def __init__(self, path: Path | None = None, *, read_only: bool = False, memory: bool = False,
+                 timeout: float = 5.0) -> None:
         self.path = Path(path) if path else history_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.read_only, self.memory = read_only, memory
         self._lock = threading.RLock()
+        self._db: sqlite3.Connection | None = None
         try:
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            if memory:
+                self._db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+            elif read_only:
+                self._db = self._connect_read_only(timeout)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                           timeout=timeout)
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA foreign_keys = ON")
-            self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.execute("PRAGMA synchronous = NORMAL")
+            if not read_only:
+                self._db.execute("PRAGMA journal_mode = WAL")
+                self._db.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
-        except sqlite3.DatabaseError as e:
-            raise KnownError(f"the chat history {self.path} cannot be opened: {e}") from e
-        self._recover_interrupted()
+            if not read_only:
+                self._recover_interrupted()
+            else:
+                self._db.execute("SELECT count(*) FROM conversations").fetchone()  # readable at all?
+        except (sqlite3.Error, OSError) as e:
+            if self._db is not None:
+                self._db.close()
+            kind = "unavailable" if isinstance(e, OSError) else _classify(e)
+            raise HistoryError(f"the chat history {self.path} cannot be opened: {e}", kind) from e
+
+    def _connect_read_only(self, timeout: float) -> sqlite3.Connection:
+        from urllib.parse import quote
+
+        if not self.path.is_file():
+            raise HistoryError(f"the chat history {self.path} does not exist", "unavailable")
+        uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+        db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None, timeout=timeout)
+        try:
+            db.execute("PRAGMA user_version").fetchone()
+            return db
+        except sqlite3.OperationalError:  # a WAL file in a read-only folder: read the file as it is
+            db.close()
+            return sqlite3.connect(uri + "&immutable=1", uri=True, check_same_thread=False,
+                                   isolation_level=None, timeout=timeout)
+
+    @classmethod
+    def open(cls, path: Path | None = None, *, timeout: float = 5.0) -> HistoryOpen:
+        """The history for the app to start with; never raises, never deletes anything.
+
+        Locked by another program, read-only or written by a newer version: opened read-only
+        (browsing works, new chats are not saved). Damaged: moved aside to
+        ``<name>.broken-<time>`` and a new, empty history started. Not even readable: in memory.
+        """
+        path = Path(path) if path else history_path()
+        try:
+            return HistoryOpen(cls(path, timeout=timeout))
+        except HistoryError as e:
+            first = e
+        if first.kind == "corrupt":
+            moved = _move_aside(path)
+            if moved is not None:
+                try:
+                    return HistoryOpen(cls(path, timeout=timeout), "recovered",
+                                       f"The chat history was damaged ({first.__cause__}). It was moved to "
+                                       f"{moved} (nothing was deleted) and a new history was started.", moved)
+                except HistoryError as e:
+                    first = e
+        else:
+            why = {"locked": "is locked by another program", "read_only": "cannot be written",
+                   "newer": "was written by a newer ggufdesk"}.get(first.kind, "cannot be written")
+            try:
+                return HistoryOpen(cls(path, read_only=True, timeout=timeout), "read_only",
+                                   f"The chat history {why} ({first.__cause__ or first}). It is open read-only: "
+                                   "you can read past chats, but new ones are not saved until you restart "
+                                   "ggufdesk once that is fixed.")
+            except HistoryError:
+                pass
+        return HistoryOpen(cls(path, memory=True), "memory",
+                           f"The chat history cannot be used ({first.__cause__ or first}). Chats in this "
+                           "session are kept in memory only and are lost when ggufdesk closes.")
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise HistoryError(f"the chat history {self.path} is open read-only; this change is not saved",
+                               "read_only")
 
     # ---- schema -------------------------------------------------------------------------------
 
@@ -128,12 +236,15 @@ class History:
 
     def _migrate(self) -> None:
         version = self.schema_version
-        if version > SCHEMA_VERSION:
-            raise KnownError(
+        if version > SCHEMA_VERSION and not self.read_only:
+            raise HistoryError(
                 f"the chat history {self.path} was written by a newer ggufdesk "
-                f"(schema {version}, this version knows {SCHEMA_VERSION}); update ggufdesk"
+                f"(schema {version}, this version knows {SCHEMA_VERSION}); update ggufdesk", "newer"
             )
-        if version == SCHEMA_VERSION:
+        if version >= SCHEMA_VERSION or self.read_only:
+            if version < SCHEMA_VERSION:
+                raise HistoryError(f"the chat history {self.path} needs an upgrade it cannot get read-only",
+                                   "read_only")
             return
         log.info("migrating %s from schema %d to %d", self.path, version, SCHEMA_VERSION)
         with self._lock:
@@ -156,7 +267,8 @@ class History:
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            if self._db is not None:
+                self._db.close()
 
     # ---- conversations ------------------------------------------------------------------------
 
@@ -175,6 +287,7 @@ class History:
             raise SettingsError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
         now = time.time()
         sampling = sampling or SamplingSettings()
+        self._writable()
         with self._lock:
             cur = self._db.execute(
                 "INSERT INTO conversations(title, created, updated, system_prompt, sampling, mode, model)"
@@ -232,6 +345,7 @@ class History:
             changes["model"] = model
         changes["updated"] = time.time()
         sets = ", ".join(f"{k} = ?" for k in changes)
+        self._writable()
         with self._lock:
             cur = self._db.execute(
                 f"UPDATE conversations SET {sets} WHERE id = ?", (*changes.values(), conversation_id)
@@ -241,6 +355,7 @@ class History:
         return self.get_conversation(conversation_id)
 
     def delete(self, conversation_id: int) -> None:
+        self._writable()
         with self._lock:
             self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
@@ -279,6 +394,7 @@ class History:
         if status not in STATUSES:
             raise BugError(f"unknown status {status!r}")
         now = time.time()
+        self._writable()
         with self._lock:
             cur = self._db.execute(
                 "INSERT INTO messages(conversation_id, role, content, created, status)"
@@ -306,11 +422,13 @@ class History:
         if not changes:
             return
         sets = ", ".join(f"{k} = ?" for k in changes)
+        self._writable()
         with self._lock:
             self._db.execute(f"UPDATE messages SET {sets} WHERE id = ?", (*changes.values(), message_id))
 
     def truncate_from(self, conversation_id: int, message_id: int) -> None:
         """Delete a message and everything after it (regenerate, edit-and-resend)."""
+        self._writable()
         with self._lock:
             self._db.execute(
                 "DELETE FROM messages WHERE conversation_id = ? AND id >= ?",
@@ -451,3 +569,26 @@ class History:
             lines += [f"**{m.role.capitalize()}:**{note}", "", m.content, ""]
         return "\n".join(lines).rstrip() + "\n"
 
+
+
+def _move_aside(path: Path) -> Path | None:
+    """Rename a damaged database (and its -wal/-shm files) to <name>.broken-<time>; never delete."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}.broken-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.broken-{stamp}-{n}")
+    try:
+        os.replace(path, target)
+    except OSError as e:
+        log.warning("could not move the damaged history %s aside: %s", path, e)
+        return None
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            try:
+                os.replace(side, target.with_name(target.name + suffix))
+            except OSError as e:
+                log.warning("could not move %s aside: %s", side, e)
+    return target

@@ -6,6 +6,7 @@ to a GGUF blob ``blobs/sha256-<hex>``).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from ggufdesk.core.quants import quant_from_name
 log = logging.getLogger("ggufdesk.library")
 
 GGUF_MAGIC = b"GGUF"
+MIN_BYTES = 24  # magic, version and the two counts: anything shorter (a 0-byte file) is not a model
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 _lock = threading.Lock()
 
@@ -41,10 +43,11 @@ class LocalModel:
 
 
 def _is_gguf(path: Path) -> bool:
+    """Starts with the GGUF magic and is long enough to hold a header (never a 0-byte file)."""
     try:
         with path.open("rb") as f:
-            return f.read(4) == GGUF_MAGIC
-    except OSError:
+            return f.read(4) == GGUF_MAGIC and os.fstat(f.fileno()).st_size >= MIN_BYTES
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop on some Pythons
         return False
 
 
@@ -69,6 +72,9 @@ def _split_size(first: Path) -> tuple[int, int]:
 
 
 def _entry(path: Path, name: str, source: str, quant: str | None = None) -> LocalModel | None:
+    if not _is_gguf(path):
+        log.info("skipping %s: empty or not a GGUF file", path)
+        return None
     try:
         size, parts = _split_size(path)
     except OSError:
@@ -87,6 +93,9 @@ def hf_cache_models(cache_dir: str | Path | None = None) -> list[LocalModel]:
     try:  # scan_cache_dir's own default is bound at import; read the constant now
         info = scan_cache_dir(cache_dir or constants.HF_HUB_CACHE)
     except CacheNotFound:
+        return []
+    except (OSError, ValueError) as e:  # an unreadable cache folder: the other sources still count
+        log.warning("cannot read the Hugging Face cache: %s", e)
         return []
     out, seen = [], set()
     for repo in sorted(info.repos, key=lambda r: r.repo_id):
@@ -119,7 +128,7 @@ def lmstudio_models(roots: list[Path] | None = None) -> list[LocalModel]:
         if not root.is_dir():
             continue
         for path in sorted(root.glob("*/*/*.gguf")):
-            if _usable(path.name) and _is_gguf(path):
+            if _usable(path.name):
                 rel = path.relative_to(root).as_posix()
                 if (e := _entry(path, rel, "lmstudio")) is not None:
                     out.append(e)
@@ -158,7 +167,7 @@ def ollama_models(root: Path | None = None) -> list[LocalModel]:
             log.info("skipping unreadable Ollama manifest %s", mf)
             continue
         blob = _ollama_blob(root, str(model.get("digest", "")))
-        if blob is None or not _is_gguf(blob):
+        if blob is None:
             continue
         quant = quant_from_name(tag)
         cfg = _ollama_blob(root, str((manifest.get("config") or {}).get("digest", "")))
@@ -179,9 +188,7 @@ def ollama_models(root: Path | None = None) -> list[LocalModel]:
 def _data_file(name: str) -> Path:
     from platformdirs import user_data_dir
 
-    d = Path(user_data_dir("ggufdesk", appauthor=False))
-    d.mkdir(parents=True, exist_ok=True)
-    return d / name
+    return Path(user_data_dir("ggufdesk", appauthor=False)) / name
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -193,18 +200,32 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Atomic write; a read-only data folder becomes a KnownError that says where."""
     tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise KnownError(f"cannot save the model list in {path.parent}: {e.strerror or e}") from e
+
+
+def _resolve(path: str | Path) -> Path:
+    try:
+        return Path(path).expanduser().resolve()
+    except (OSError, RuntimeError) as e:  # RuntimeError: "Symlink loop" (Python < 3.13)
+        raise KnownError(f"{path}: cannot follow this path ({e})") from None
 
 
 def add_path(path: str | Path) -> LocalModel:
     """Remember a GGUF the user picked or dropped; it is used where it is."""
-    p = Path(path).expanduser().resolve()
+    p = _resolve(path)
     if not p.is_file():
         raise KnownError(f"{path}: no such file")
     if not _is_gguf(p):
-        raise KnownError(f"{path}: not a GGUF file")
+        raise KnownError(f"{path}: not a GGUF file (empty, or it does not start with the GGUF header)")
     entry = _entry(p, p.name, "user")
     if entry is None:
         raise KnownError(f"{path}: some parts of this split model are missing")
@@ -220,7 +241,7 @@ def add_path(path: str | Path) -> LocalModel:
 
 
 def remove_path(path: str | Path) -> None:
-    p = str(Path(path).expanduser().resolve())
+    p = str(_resolve(path))
     with _lock:
         f = _data_file("library.json")
         data = _read_json(f)
@@ -231,17 +252,28 @@ def remove_path(path: str | Path) -> None:
 def user_models() -> list[LocalModel]:
     paths = _read_json(_data_file("library.json")).get("paths", [])
     out = []
-    for s in paths:
+    for s in paths if isinstance(paths, list) else []:
+        if not isinstance(s, str):
+            continue
         p = Path(s)
-        if isinstance(s, str) and p.is_file() and _is_gguf(p) and (e := _entry(p, p.name, "user")):
+        try:
+            ok = p.is_file()
+        except OSError:
+            ok = False
+        if ok and (e := _entry(p, p.name, "user")):
             out.append(e)
     return out
 
 
 def list_models(*, cache_dir: str | Path | None = None, home: Path | None = None) -> list[LocalModel]:
     """Everything usable, each file once (a file found twice keeps the app's source over "user")."""
-    found = (hf_cache_models(cache_dir) + lmstudio_models(lmstudio_roots(home))
-             + ollama_models(ollama_root(home)) + user_models())
+    found: list[LocalModel] = []
+    for source in (lambda: hf_cache_models(cache_dir), lambda: lmstudio_models(lmstudio_roots(home)),
+                   lambda: ollama_models(ollama_root(home)), user_models):
+        try:
+            found += source()
+        except OSError as e:  # one unreadable folder must not hide the models found elsewhere
+            log.warning("skipping a model folder: %s", e)
     out, seen = [], set()
     for m in found:
         key = os.path.realpath(m.path)
@@ -268,4 +300,7 @@ def remember_verified(path: Path, size: int, mtime_ns: int, sha256: str) -> None
         data = _read_json(f)
         data = {k: v for k, v in data.items() if Path(k).exists()}
         data[str(path)] = [size, mtime_ns, sha256]
-        _write_json(f, data)
+        try:
+            _write_json(f, data)
+        except KnownError as e:  # only a cache of checks done: the file is checked again next time
+            log.warning("%s", e)

@@ -30,7 +30,7 @@ from typing import Any, Callable
 import gguf
 
 from ggufdesk.core import quants
-from ggufdesk.core.errors import SettingsError
+from ggufdesk.core.errors import KnownError, SettingsError
 from ggufdesk.core.gguf_meta import GGUFInfo, TensorInfo
 from ggufdesk.core.hardware import Calibration, HardwareInfo
 from ggufdesk.core.settings import LOGITS_ROWS
@@ -56,6 +56,7 @@ EFF_PREFILL_CPU, EFF_PREFILL_GPU = 1.0, 0.35
 MIN_COMFORTABLE_TOK_S = 5.0
 FLOAT_TYPES = {"F32", "F16", "BF16"}
 FITS = ("full_gpu", "partial", "cpu", "too_large")
+MAX_CTX = 1 << 24
 
 
 def type_size(name: str) -> float:
@@ -232,7 +233,7 @@ def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth
         eff = EFF_CPU_FLOAT if float_type else EFF_CPU_QUANT
         per_thread = PER_THREAD_FLOAT if float_type else PER_THREAD_QUANT
         rate = min(hw.ram_bandwidth_gbs * eff, threads * per_thread)  # memory- or compute-bound
-        return nbytes / (rate * 1e9)
+        return nbytes / (max(rate, 1e-3) * 1e9)
 
     for tt in info.tensors:
         if tt.name == "token_embd.weight":
@@ -257,6 +258,8 @@ def prefill_tok_s(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, prompt
     """Predicted prompt-processing speed: 2 FLOPs per weight + attention over half the prompt."""
     attn = 4 * info.n_head * info.head_dim_k * (prompt / 2) * info.n_layer
     flops = 2 * layer_params(info) + attn
+    if flops <= 0:
+        raise KnownError(f"{info.source}: the model has no layer weights and no attention; nothing to plan")
     cpu = hw.cpu_gflops * 1e9 * EFF_PREFILL_CPU
     if hw.gpus and n_gpu_layers != 0:
         g = max(hw.gpus, key=lambda g: g.vram_total)
@@ -318,8 +321,15 @@ def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo
          type_k: str = "f16", type_v: str = "f16", n_gpu_layers: int | None = None,
          n_ubatch: int = 512, flash_attn: str = "auto", swa_full: bool = True) -> Plan:
     """Where the model goes on this machine and how fast it will run."""
-    if n_ctx < 16:
-        raise SettingsError(f"context length must be at least 16, got {n_ctx}")
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or not 16 <= n_ctx <= MAX_CTX:
+        raise SettingsError(f"context length must be a whole number from 16 to {MAX_CTX}, got {n_ctx!r}")
+    if isinstance(n_ubatch, bool) or not isinstance(n_ubatch, int) or not 1 <= n_ubatch <= 1 << 16:
+        raise SettingsError(f"micro-batch size must be from 1 to 65536, got {n_ubatch!r}")
+    if n_gpu_layers is not None and n_gpu_layers < -1:
+        raise SettingsError(f"GPU layers must be -1 (all) or more, got {n_gpu_layers}")
+    check_info(info)
+    if draft is not None:
+        check_info(draft)
     type_size(type_k), type_size(type_v)
     if type_v != "f16" and type_v != "f32" and flash_attn == "off":
         raise SettingsError("a quantized V cache needs flash attention; set flash attention to auto or on")
@@ -358,12 +368,44 @@ def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo
     dec_full = 1 / decode_seconds(info, hw, n_gpu_layers=ngl, depth=n_ctx, type_k=type_k, type_v=type_v)
     pre = prefill_tok_s(info, hw, n_gpu_layers=ngl)
     quant = info.file_type or quants.quant_from_name(info.source)
+    _check_figures(info, s, dec, dec_full, pre)
     p = Plan(model=info.source, quant=quant, n_ctx=n_ctx, fit=fit, n_gpu_layers=ngl, memory=m,
              draft_memory=dm, ram_bytes=s.ram, ram_resident_bytes=s.resident_ram(info, n_ubatch),
              vram_bytes=s.vram, ram_budget=ram_budget, vram_budget=vram_budget,
              pred_decode_tok_s=dec, pred_decode_tok_s_full=dec_full, pred_prefill_tok_s=pre,
              explanation="")
     return replace(p, explanation=explain(p, hw), advice=advise(p, info, hw, type_k=type_k))
+
+
+def check_info(info: GGUFInfo) -> None:
+    """Every number the memory and speed model uses is a whole number in range and consistent.
+
+    gguf_meta checks what it reads from a file; this also covers infos built or scaled elsewhere.
+    """
+    def bad(what: str) -> KnownError:
+        return KnownError(f"{info.source}: {what}; the model's metadata is inconsistent, cannot plan it")
+
+    counts = {"n_layer": info.n_layer, "n_embd": info.n_embd, "n_ff": info.n_ff, "n_head": info.n_head,
+              "head_dim_k": info.head_dim_k, "head_dim_v": info.head_dim_v, "n_swa": info.n_swa,
+              "n_vocab": info.n_vocab, "n_expert": info.n_expert, "n_expert_used": info.n_expert_used}
+    for k, v in counts.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > 1 << 31:
+            raise bad(f"{k} = {v!r} is not a whole number from 0 to 2^31")
+    if info.n_layer < 1:
+        raise bad("the model has no layers")
+    if len(info.n_head_kv) != info.n_layer or len(info.swa_layers) != info.n_layer:
+        raise bad("the per-layer head and window lists do not match the layer count")
+    if any(isinstance(h, bool) or not isinstance(h, int) or not 0 <= h <= 1 << 16 for h in info.n_head_kv):
+        raise bad("a KV head count is negative or absurd")
+    for t in info.tensors:
+        if t.n_bytes < 0 or any(d <= 0 for d in t.shape):
+            raise bad(f"tensor {t.name!r} has a negative size or a zero or negative dimension")
+
+
+def _check_figures(info: GGUFInfo, m: Memory, *speeds: float) -> None:
+    for v in (m.ram, m.vram, *speeds):
+        if not math.isfinite(v) or v < 0:
+            raise KnownError(f"{info.source}: the plan came out as {v!r}; the model's metadata is inconsistent")
 
 
 def explain(p: Plan, hw: HardwareInfo) -> str:
@@ -439,6 +481,8 @@ def rank_quants(files: list[tuple[str, int]], ref: GGUFInfo, hw: HardwareInfo, *
     """
     out = []
     for name, size in files:
+        if size <= 0:
+            continue  # an empty file is not a model: never ranked, never recommended
         q = quants.quant_from_name(name)
         info = ref if size == ref.file_bytes else scaled(ref, size, name, q)
         out.append(Ranked(file=name, quant=q, size=size, ppl_delta=quants.quality_loss(q),

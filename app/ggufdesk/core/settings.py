@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,7 @@ class SpeculationSettings:
 # The engine reserves this many at load (llama.cpp's n_outputs_max; without the cap it reserves
 # logits for every micro-batch position) and the planner counts them. The one source of both.
 LOGITS_ROWS = SpeculationSettings().k_max + 1
+SECTIONS = {"load": LoadSettings, "sampling": SamplingSettings, "speculation": SpeculationSettings}
 
 
 @dataclass(slots=True, kw_only=True)
@@ -176,28 +178,51 @@ class Settings:
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
     model: str | None = None  # last model used
     system_prompt: str = ""
+    # keys this version does not know (a newer ggufdesk's, or hand-written): kept and written back
+    unknown: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        known = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "unknown"}
+        out = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in known.items()}
+        for key, extra in self.unknown.items():
+            if key in SECTIONS and isinstance(extra, dict):
+                out[key] = {**extra, **out[key]}
+            elif key not in out:
+                out[key] = extra
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Settings:
+        """Strict about values (SettingsError says which), lenient about keys it does not know."""
         if not isinstance(data, dict):
             raise SettingsError("settings must be a JSON object")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise SettingsError(f"unknown settings: {', '.join(sorted(unknown))}")
-        try:
-            return cls(
-                load=LoadSettings(**data.get("load", {})),
-                sampling=SamplingSettings(**data.get("sampling", {})),
-                speculation=SpeculationSettings(**data.get("speculation", {})),
-                model=data.get("model"),
-                system_prompt=data.get("system_prompt", ""),
-            )
-        except TypeError as e:  # unknown key inside a section
-            raise SettingsError(f"bad settings: {e}") from None
+        known = {f.name for f in dataclasses.fields(cls)} - {"unknown"}
+        unknown: dict[str, Any] = {k: v for k, v in data.items() if k not in known}
+        sections = {}
+        for name, kind in SECTIONS.items():
+            sections[name], extra = _section(name, kind, data.get(name, {}))
+            if extra:
+                unknown[name] = extra
+        model, prompt = data.get("model"), data.get("system_prompt", "")
+        if model is not None and not isinstance(model, str):
+            raise SettingsError(f"model must be a file path, got {model!r}")
+        if not isinstance(prompt, str):
+            raise SettingsError(f"system_prompt must be text, got {prompt!r}")
+        return cls(**sections, model=model, system_prompt=prompt, unknown=unknown)
+
+
+def _section(name: str, kind: type, data: Any) -> tuple[Any, dict[str, Any]]:
+    """One section from its dict: (the settings, the keys it does not know)."""
+    if not isinstance(data, dict):
+        raise SettingsError(f"settings section {name!r} must be a JSON object, got {data!r}")
+    fields = {f.name for f in dataclasses.fields(kind)}
+    try:
+        return kind(**{k: v for k, v in data.items() if k in fields}), {
+            k: v for k, v in data.items() if k not in fields}
+    except SettingsError as e:
+        raise SettingsError(f"{name}: {e}") from None
+    except TypeError as e:
+        raise SettingsError(f"bad {name} settings: {e}") from None
 
 
 def settings_path() -> Path:
@@ -207,7 +232,7 @@ def settings_path() -> Path:
 
 
 def load_settings(path: Path | None = None) -> Settings:
-    """Read the settings file; a missing file gives defaults, a broken one a clear error."""
+    """Read the settings file; a missing file gives defaults, a broken one a clear SettingsError."""
     path = path or settings_path()
     if not path.exists():
         return Settings()
@@ -216,6 +241,77 @@ def load_settings(path: Path | None = None) -> Settings:
     except (OSError, ValueError) as e:
         raise SettingsError(f"cannot read settings file {path}: {e}") from None
     return Settings.from_dict(data)
+
+
+@dataclass(frozen=True, slots=True)
+class SettingsReport:
+    """What open_settings found: the settings to use, and what the user must be told (None: nothing)."""
+
+    settings: Settings
+    warning: str | None = None
+    kept_as: Path | None = None  # where the unreadable file was moved
+
+
+def open_settings(path: Path | None = None) -> SettingsReport:
+    """Settings for the app to start with; never raises for a broken file and never loses one.
+
+    A file that cannot be read or has a setting that cannot work is moved aside to
+    ``settings.json.broken-<time>`` (never overwritten or deleted) and the defaults are used — except
+    for sections that were fine, which are kept; the report's warning says what happened, for the GUI
+    or CLI to show.
+    """
+    path = path or settings_path()
+    try:
+        return SettingsReport(load_settings(path))
+    except SettingsError as e:
+        problem = str(e)
+    salvaged, reset = _salvage(path)
+    kept = _move_aside(path)
+    where = f"it was kept as {kept}" if kept else "it could not be moved aside either"
+    what = f"{', '.join(reset)} reset to defaults" if salvaged and reset else "defaults are used"
+    return SettingsReport(salvaged or Settings(), f"Your settings file could not be used ({problem}); "
+                          f"{what} and {where}.", kept)
+
+
+def _salvage(path: Path) -> tuple[Settings | None, list[str]]:
+    """The sections of a parseable file that are still valid; the names of those reset."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, []
+    if not isinstance(data, dict):
+        return None, []
+    out, reset = Settings(), []
+    for name, kind in SECTIONS.items():
+        try:
+            value, extra = _section(name, kind, data.get(name, {}))
+            setattr(out, name, value)
+            if extra:
+                out.unknown[name] = extra
+        except SettingsError:
+            reset.append(f"{name} settings")
+    for key in ("model", "system_prompt"):
+        value = data.get(key)
+        if isinstance(value, str):
+            setattr(out, key, value)
+        elif key in data and value is not None:
+            reset.append(key)
+    out.unknown.update({k: v for k, v in data.items() if k not in SECTIONS and k not in ("model", "system_prompt")})
+    return out, reset
+
+
+def _move_aside(path: Path) -> Path | None:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}.broken-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.broken-{stamp}-{n}")
+    try:
+        os.replace(path, target)
+    except OSError:
+        return None
+    return target
 
 
 def save_settings(settings: Settings, path: Path | None = None) -> Path:

@@ -1,11 +1,17 @@
-"""Chat prompts: the GGUF's own template in a sandboxed Jinja environment, or a built-in one by architecture."""
+"""Chat prompts: the GGUF's own template in a guarded Jinja sandbox, or a built-in one by architecture."""
 from __future__ import annotations
 
+import json
+from datetime import datetime
+from typing import Any
+
 import jinja2
+import jinja2.ext
 from jinja2.sandbox import SecurityError
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from ggufdesk.core.errors import KnownError
+from ggufdesk.engine.template_guard import (PROBE_SECONDS, RENDER_SECONDS, GuardedEnvironment,
+                                            TemplateBudgetError, render_with_deadline)
 
 # For models that ship no template (base models such as the starter model): a plain transcript.
 # Measured on the starter model, a base model continues "User:/Assistant:" sensibly, while chat
@@ -16,32 +22,117 @@ PLAIN_TEMPLATE = (
     "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
 )
 PLAIN_STOPS = ["\nUser:"]
+MAX_TEMPLATE_CHARS = 1 << 20  # real templates are a few KB; the largest known ~30 KB
+# Conversations rendered at load time: a template that cannot render any of them is refused then,
+# not at the first message. Templates may refuse a system turn (raise_exception), hence the fallbacks.
+PROBES: tuple[list[dict[str, str]], ...] = (
+    [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hello"},
+     {"role": "assistant", "content": "Hi! How can I help?"}, {"role": "user", "content": "Tell me a joke."}],
+    [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi! How can I help?"},
+     {"role": "user", "content": "Tell me a joke."}],
+    [{"role": "user", "content": "Hello"}],
+)
+
+
+class TemplateRaised(jinja2.TemplateError):
+    """The template itself called raise_exception (it refuses this conversation's shape)."""
+
+
+class _IgnoreGenerationTags(jinja2.ext.Extension):
+    """Pass-through for Hugging Face's ``{% generation %}`` tag (as llama-cpp-python and Transformers do)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> Any:
+        parser.stream.skip(1)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateRaised(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
 
 
 class ChatTemplate:
-    """Renders messages to a prompt; template problems become KnownError with a plain message."""
+    """Renders messages to a prompt; template problems become KnownError with a plain message.
 
-    def __init__(self, template: str | None, *, bos: str, eos: str) -> None:
+    The model's template is compiled in a guarded sandbox (template_guard: sizes and time bounded)
+    and rendered once at load on a probe conversation, so a template that hangs, explodes or fails
+    is refused when the model loads.
+    """
+
+    def __init__(self, template: str | None, *, bos: str, eos: str, probe: bool = True) -> None:
         self.builtin = template is None
         self.name = "builtin:plain" if self.builtin else "template"
         self.stops = list(PLAIN_STOPS) if self.builtin else []
+        self.bos, self.eos = bos, eos
         source = PLAIN_TEMPLATE if self.builtin else template
+        if len(source) > MAX_TEMPLATE_CHARS:
+            raise KnownError(f"the model's chat template is {len(source)} characters long "
+                             f"(limit {MAX_TEMPLATE_CHARS}); refused")
+        env = GuardedEnvironment(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
+                                 extensions=[_IgnoreGenerationTags, jinja2.ext.loopcontrols])
+        env.filters["tojson"] = GuardedEnvironment._guard_filter("tojson", _tojson)
         try:
-            self._fmt = Jinja2ChatFormatter(source, eos_token=eos, bos_token=bos)
-        except jinja2.TemplateError as e:
-            raise KnownError(f"the model's chat template is broken ({e}); using completion mode") from None
+            self._template = render_with_deadline(lambda: env.from_string(source), PROBE_SECONDS)
+        except jinja2.TemplateSyntaxError as e:
+            raise KnownError(f"the model's chat template is broken ({e})") from None
+        except (jinja2.TemplateError, RecursionError, MemoryError, ValueError, TypeError, OverflowError) as e:
+            raise KnownError(f"the model's chat template cannot be compiled ({type(e).__name__}: "
+                             f"{str(e)[:200]})") from None
+        if probe and not self.builtin:
+            self._probe()
 
-    def render(self, messages: list[dict[str, str]]) -> str:
+    def _probe(self) -> None:
+        last: KnownError | None = None
+        for messages in PROBES:
+            try:
+                self._render(messages, seconds=PROBE_SECONDS)
+                return
+            except _OverBudget:
+                raise
+            except _Refused as e:  # e.g. raise_exception('System role not supported'): try a simpler one
+                last = e
+        raise KnownError(f"the model's chat template fails on a plain conversation: {last}") from None
+
+    def render(self, messages: list[dict[str, str]], **extra: Any) -> str:
         for m in messages:
             if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
                     or not isinstance(m.get("content"), str):
                 raise KnownError(f"bad chat message: {str(m)[:100]}")
+        return self._render(messages, seconds=RENDER_SECONDS, **extra)
+
+    def _render(self, messages: list[dict[str, str]], *, seconds: float, **extra: Any) -> str:
+        kwargs = dict(messages=messages, eos_token=self.eos, bos_token=self.bos, add_generation_prompt=True,
+                      raise_exception=_raise_exception, strftime_now=_strftime_now, tools=None,
+                      functions=None, function_call=None, tool_choice=None)
+        kwargs.update(extra)
         try:
-            return self._fmt(messages=messages).prompt
+            return render_with_deadline(lambda: self._template.render(**kwargs), seconds)
+        except TemplateBudgetError as e:
+            raise _OverBudget(f"the model's chat template went over its budget and was stopped ({e})") from None
         except SecurityError as e:
-            raise KnownError(f"the model's chat template tried an unsafe operation and was blocked ({e})") from None
-        except (jinja2.TemplateError, ValueError, TypeError, KeyError, IndexError) as e:
-            raise KnownError(f"the model's chat template failed to render: {e}") from None
+            raise _OverBudget(f"the model's chat template tried an unsafe operation and was blocked ({e})") from None
+        except (jinja2.TemplateError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+                RecursionError, MemoryError, OverflowError, ZeroDivisionError) as e:
+            raise _Refused(f"the model's chat template failed to render: {type(e).__name__}: "
+                           f"{str(e)[:200]}") from None
+
+
+class _Refused(KnownError):
+    """A render that failed; plain KnownError to callers."""
+
+
+class _OverBudget(_Refused):
+    """Stopped for time, size or safety: no other probe is tried."""
 
 
 def fit_messages(messages: list[dict[str, str]], count_tokens, budget: int) -> list[dict[str, str]]:

@@ -113,6 +113,9 @@ class Engine:
             self.emit(P.Error(kind="settings", id=req.id, message=str(e)))
             return
         self.unload(quiet=True)
+        from ggufdesk.engine import memlimit  # a ceiling from the plan: runaway allocations fail, not the machine
+
+        memlimit.apply(memlimit.limit_for(req.model, settings, spec.draft_model if spec.mode == "draft" else None))
         self.emit(P.Loading(id=req.id, stage="model", path=req.model))
         try:
             lm = load_model(req.model, settings, self.llama_log, n_outputs=spec.k_max + 1)

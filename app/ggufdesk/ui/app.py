@@ -95,23 +95,23 @@ def raise_window(win) -> None:
 def build_main_window(*, engine_command: list[str] | None = None, services=None):
     """Everything main() builds, also used by benches and tests: (window, engine, history)."""
     from ggufdesk.core.history import History
-    from ggufdesk.core.settings import Settings, load_settings
+    from ggufdesk.core.settings import open_settings
     from ggufdesk.ui.engine_adapter import EngineBridge
     from ggufdesk.ui.main_window import MainWindow
     from ggufdesk.ui.services import ModelServices
     from ggufdesk.ui.wizard import ModelWizard
 
-    try:
-        settings = load_settings()
-    except KnownError as e:
-        log.warning("%s; using defaults", e)
-        settings = Settings()
-    history = History()
+    opened_settings = open_settings()  # a broken file is kept aside, never silently replaced
+    opened_history = History.open()  # locked, read-only or damaged: a mode and a warning, no traceback
+    settings, history = opened_settings.settings, opened_history.history
     engine = EngineBridge(command=engine_command)
     services = services or ModelServices(engine_devices=engine.devices)
     win = MainWindow(engine=engine, history=history, settings=settings,
                      recommended=lambda: services.recommended_settings(win.model_path),
                      estimate=services.context_estimate)
+    for warning in (opened_settings.warning, opened_history.warning):
+        if warning:
+            win.banner.notify(warning, "warning")
 
     def choose_model() -> None:
         wiz = ModelWizard(services, parent=win)
