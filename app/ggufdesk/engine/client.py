@@ -68,6 +68,7 @@ class EngineClient:
         self.loaded: P.Loaded | None = None
         self.stderr_tail: deque[str] = deque(maxlen=60)
         self._queue: queue.Queue = queue.Queue()
+        self._streams: dict[str, queue.Queue] = {}  # request id -> its events, so streams run concurrently
         self._cond = threading.Condition()
         self._write_lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -167,7 +168,10 @@ class EngineClient:
             except Exception:  # noqa: BLE001 - a broken listener must not stop the reader
                 log.exception("event listener failed")
         else:
-            self._queue.put(event)
+            rid = getattr(event, "id", None)
+            with self._cond:
+                q = self._streams.get(rid) if rid is not None else None
+            (q or self._queue).put(event)
 
     def _crashed(self, proc: subprocess.Popen) -> None:
         self._respawned.clear()
@@ -283,11 +287,14 @@ class EngineClient:
                          context_policy=context_policy)
         with self._cond:
             self._inflight.add(rid)
+            if self.on_event is None:
+                self._streams[rid] = queue.Queue()
         try:
             self._send(msg)
         except KnownError:
             with self._cond:
                 self._inflight.discard(rid)
+                self._streams.pop(rid, None)
             raise
         return rid
 
@@ -336,21 +343,29 @@ class EngineClient:
                 return
 
     def stream(self, rid: str, timeout: float = 600.0) -> Iterator[Any]:
-        """Events of request rid, ending with its Done or Error."""
+        """Events of request rid, ending with its Done or Error (several streams may run at once)."""
         deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise KnownError(f"no answer from the engine in {timeout:.0f} s")
-            try:
-                event = self._queue.get(timeout=left)
-            except queue.Empty:
-                continue
-            if getattr(event, "id", None) != rid:
-                continue
-            yield event
-            if isinstance(event, (P.Done, P.Error)):
-                return
+        with self._cond:
+            own = self._streams.get(rid)
+        q = own or self._queue
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise KnownError(f"no answer from the engine in {timeout:.0f} s")
+                try:
+                    event = q.get(timeout=left)
+                except queue.Empty:
+                    continue
+                if getattr(event, "id", None) != rid:
+                    continue
+                yield event
+                if isinstance(event, (P.Done, P.Error)):
+                    return
+        finally:
+            if own is not None:
+                with self._cond:
+                    self._streams.pop(rid, None)
 
     def __enter__(self) -> EngineClient:
         if self.proc is None:
