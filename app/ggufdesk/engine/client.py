@@ -279,12 +279,13 @@ class EngineClient:
         speculation: SpeculationSettings | dict | None = None,
         context_policy: str = "truncate",
         request_id: str | None = None,
+        logprobs: int = 0,
     ) -> str:
         """Start a generation; returns its request id (events follow)."""
         rid = request_id or f"r{next(self._ids)}"
         msg = P.Generate(id=rid, prompt=prompt, messages=messages, sampling=P.fields_of(sampling),
                          speculation=P.fields_of(speculation) if speculation is not None else None,
-                         context_policy=context_policy)
+                         context_policy=context_policy, logprobs=logprobs)
         with self._cond:
             self._inflight.add(rid)
             if self.on_event is None:
