@@ -104,6 +104,7 @@ class EngineClient:
         self.stderr_tail: deque[str] = deque(maxlen=60)
         self._proc: _Proc | None = None
         self._queue: queue.Queue[P.Event] = queue.Queue()
+        self._streams: dict[str, queue.Queue[P.Event]] = {}  # request id -> its events: streams run concurrently
         self._outbox: queue.Queue[P.Request | None] = queue.Queue()
         self._jobs: queue.Queue[tuple[_Job, int]] = queue.Queue()
         self._cond = threading.Condition()
@@ -313,7 +314,10 @@ class EngineClient:
             except Exception:
                 log.exception("event listener failed")
         else:
-            self._queue.put(event)
+            rid = getattr(event, "id", None)
+            with self._cond:
+                q = self._streams.get(rid) if rid is not None else None
+            (q or self._queue).put(event)
 
     # ---- crash, hang and restart --------------------------------------------------------------
 
@@ -505,11 +509,14 @@ class EngineClient:
                          context_policy=context_policy, logprobs=logprobs, **extra)
         with self._cond:
             self._inflight.add(rid)
+            if self.on_event is None:
+                self._streams[rid] = queue.Queue()
         try:
             self._send(msg)
         except KnownError:
             with self._cond:
                 self._inflight.discard(rid)
+                self._streams.pop(rid, None)
             raise
         return rid
 
@@ -574,21 +581,29 @@ class EngineClient:
                 return
 
     def stream(self, rid: str, timeout: float = 600.0) -> Iterator[P.Event]:
-        """Events of request rid, ending with its Done or Error."""
+        """Events of request rid, ending with its Done or Error (several streams may run at once)."""
         deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise KnownError(f"no answer from the engine in {timeout:.0f} s")
-            try:
-                event = self._queue.get(timeout=left)
-            except queue.Empty:
-                continue
-            if getattr(event, "id", None) != rid:
-                continue
-            yield event
-            if isinstance(event, (P.Done, P.Error)):
-                return
+        with self._cond:
+            own = self._streams.get(rid)
+        q = own or self._queue
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise KnownError(f"no answer from the engine in {timeout:.0f} s")
+                try:
+                    event = q.get(timeout=left)
+                except queue.Empty:
+                    continue
+                if getattr(event, "id", None) != rid:
+                    continue
+                yield event
+                if isinstance(event, (P.Done, P.Error)):
+                    return
+        finally:
+            if own is not None:
+                with self._cond:
+                    self._streams.pop(rid, None)
 
     def __enter__(self) -> EngineClient:
         if self.state == "stopped":
