@@ -27,6 +27,7 @@ class Generate:
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingSettings fields
     speculation: dict[str, Any] | None = None  # overrides the loaded SpeculationSettings
     context_policy: str = "truncate"  # "truncate" oldest turns or "refuse"
+    logprobs: int = 0  # 0 = off; N = the top-N alternatives (with their logprobs) for every token
 
 
 @dataclass(kw_only=True)
@@ -93,6 +94,9 @@ class Token:
     TYPE: ClassVar[str] = "token"
     id: str
     text: str
+    # with Generate.logprobs: one entry per token behind `text`:
+    # {"token": str, "logprob": float, "top": [{"token": str, "logprob": float}, ...]}
+    logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass(kw_only=True)
@@ -132,6 +136,23 @@ class Error:
     detail: str = ""
 
 
+# Error kinds of the batched engine (engine/scheduler.py): "overloaded" = its queue is full, try
+# again later (server: 503); "context" = the prompt can never fit one sequence's context (400).
+
+
+@dataclass(kw_only=True)
+class Status:
+    """The batched engine's load, sent when it changes (at most ~4 per second)."""
+
+    TYPE: ClassVar[str] = "status"
+    running: int = 0  # sequences being prefilled or decoded
+    queued: int = 0  # requests waiting for free KV cells
+    kv_cells_used: int = 0
+    kv_cells_total: int = 0
+    n_parallel: int = 1
+    spec: str = "off"  # speculation now: "off" | "lookup" | "draft" | "paused" (several running)
+
+
 @dataclass(kw_only=True)
 class Log:
     TYPE: ClassVar[str] = "log"
@@ -141,6 +162,7 @@ class Log:
 
 REQUESTS = {c.TYPE: c for c in (Load, Generate, Cancel, Unload, Shutdown)}
 EVENTS = {c.TYPE: c for c in (Ready, Loaded, Unloaded, Progress, Token, Stats, Done, Error, Log)}
+EVENTS[Status.TYPE] = Status
 _ALL = {**REQUESTS, **EVENTS}
 
 Message = Any  # one of the dataclasses above
