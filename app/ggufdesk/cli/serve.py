@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import asyncio
 import sys
 import threading
@@ -39,6 +40,7 @@ def build(args: argparse.Namespace):
     keys = tuple(k for k in args.api_key if k)
     check_exposure(args.host, keys)
     load, sampling, spec = settings_from_args(args)
+    load = dataclasses.replace(load, n_parallel=args.parallel)
     config = ServerConfig(api_keys=keys, rate_limit=args.rate_limit, parallel=args.parallel,
                           max_queue=args.queue, max_body=args.max_body, default_max_tokens=args.max_tokens,
                           sampling=sampling)

@@ -1,7 +1,6 @@
 """OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions (streaming and not)."""
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from typing import Any, AsyncIterator
@@ -18,9 +17,6 @@ from ggufdesk.server.http import caller, event_stream, read_body, service, sse
 from ggufdesk.server.schemas import (ChatRequest, CompletionRequest, SamplingFields, parse, refuse_unsupported,
                                      stops, text_of)
 from ggufdesk.server.service import GenSpec, Job, Service
-
-ENGINE_LOGPROBS = "logprobs" in {f.name for f in dataclasses.fields(P.Generate)}
-
 
 def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None) -> SamplingSettings:
     d = svc.config.sampling
@@ -40,9 +36,9 @@ def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None) -> S
         raise invalid(str(e)) from None
 
 
-def want_logprobs(n: int) -> int:
+def want_logprobs(svc: Service, n: int) -> int:
     """top-N for the engine (N >= 1 so the chosen token's own logprob comes back)."""
-    if not ENGINE_LOGPROBS:
+    if not svc.pool.logprobs_supported:
         raise not_supported("logprobs (needs the batched engine)")
     return max(1, n)
 
@@ -97,7 +93,7 @@ async def chat_completions(request: Request) -> Response:
         raise not_supported("response_format other than text")
     svc.check_model(req.model)
     top = req.top_logprobs or 0
-    lp = want_logprobs(top) if req.logprobs else 0
+    lp = want_logprobs(svc, top) if req.logprobs else 0
     sampling = sampling_for(svc, req, req.max_completion_tokens or req.max_tokens)
     spec = GenSpec(endpoint="chat", messages=chat_messages(req), sampling=sampling, logprobs=lp)
     job = await svc.start(caller(request), spec, request.receive)
@@ -162,7 +158,7 @@ async def completions(request: Request) -> Response:
         prompt = prompt[0]
     svc.check_model(req.model)
     top = req.logprobs
-    lp = want_logprobs(top) if top is not None else 0
+    lp = want_logprobs(svc, top) if top is not None else 0
     spec = GenSpec(endpoint="completions", prompt=prompt, sampling=sampling_for(svc, req, req.max_tokens),
                    logprobs=lp)
     job = await svc.start(caller(request), spec, request.receive)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import os
@@ -44,6 +45,7 @@ class EnginePool:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._ready = threading.Event()
+        self.logprobs_supported = "logprobs" in inspect.signature(self._client.generate).parameters
         self.on_state: Callable[[str], None] | None = None  # called on a worker thread
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -120,22 +122,22 @@ class EnginePool:
             self.loaded = event
             self._set_state("ready")
             return
-        if type(event).__name__ == "Status":
+        if isinstance(event, P.Status):
             self.status = P.fields_of(event)
             return
         rid = getattr(event, "id", None)
         if rid is not None:
             self._route(event)
-            return
         if isinstance(event, P.Error):
             if event.kind == "crash":
                 self.loaded = None
                 self.error = event.message
                 self._set_state("loading")  # the client restarts the engine and reloads the model
-            elif event.kind in ("load", "settings"):
+            elif event.kind in ("load", "settings") and rid is None:
                 self.error = event.message
                 self._set_state("failed")
-            log.warning("engine: %s", event.message)
+            if rid is None:
+                log.warning("engine: %s", event.message)
 
     def _route(self, event: Any) -> None:
         with self._lock:
