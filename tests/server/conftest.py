@@ -1,4 +1,4 @@
-"""Live servers shared per module: one `ggufdesk serve` on the tiny model, one over the fake engine."""
+"""One live `ggufdesk serve` on the tiny model, shared by the server tests."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from tests.server.serving import ServeProcess
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def served(tiny_model, tmp_path_factory):
     """`ggufdesk serve` on the tiny model: greedy by default, 4 at once, no key."""
     server = ServeProcess(tiny_model, "--ctx", "2048", "--parallel", "4", "--temperature", "0",
