@@ -7,9 +7,11 @@ takes effect while a generation (or a long prefill) is running on the main threa
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import os
 import queue
+import re
 import sys
 import threading
 import time
@@ -18,6 +20,7 @@ from typing import Any, TextIO
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
+from ggufdesk.engine import lifeline
 from ggufdesk.engine import protocol as P
 
 log = logging.getLogger("ggufdesk.engine")
@@ -30,11 +33,14 @@ class Emitter:
         self._out = out
         self._lock = threading.Lock()
 
-    def __call__(self, event: Any) -> None:
+    def __call__(self, event: P.Event) -> None:
         line = P.encode(event)
         with self._lock:
-            self._out.write(line)
-            self._out.flush()
+            try:
+                self._out.write(line)
+                self._out.flush()
+            except (BrokenPipeError, OSError):
+                os._exit(0)  # the client is gone: nobody is left to hear us
 
 
 class CancelBook:
@@ -58,6 +64,12 @@ class CancelBook:
             self._current = rid
             self.flag.clear()
             return rid in self._cancelled
+
+    def cancel_current(self) -> None:
+        with self._lock:
+            if self._current is not None:
+                self._cancelled.add(self._current)
+                self.flag.set()
 
     def is_cancelled(self) -> bool:
         return self.flag.is_set()
@@ -98,13 +110,15 @@ class Engine:
             if req.draft:
                 spec = dataclasses.replace(spec, mode="draft", draft_model=req.draft)
         except (KnownError, TypeError) as e:
-            self.emit(P.Error(kind="settings", message=str(e)))
+            self.emit(P.Error(kind="settings", id=req.id, message=str(e)))
             return
         self.unload(quiet=True)
+        self.emit(P.Loading(id=req.id, stage="model", path=req.model))
         try:
             lm = load_model(req.model, settings, self.llama_log, n_outputs=spec.k_max + 1)
         except KnownError as e:
-            self.emit(P.Error(kind="load", message=str(e), detail="\n".join(self.llama_log.since(0)[-30:])))
+            self.emit(P.Error(kind="load", id=req.id, message=str(e), out_of_memory=out_of_memory(str(e)),
+                              detail="\n".join(self.llama_log.since(0)[-30:])))
             return
         lm.aborter.flag = self.book.flag
         self.lm, self.gen, self.speculation = lm, Generator(lm), spec
@@ -115,21 +129,22 @@ class Engine:
         try:
             self.template = ChatTemplate(lm.chat_template, bos=bos, eos=eos)
         except KnownError as e:
-            self.emit(P.Error(kind="template", message=str(e)))
+            self.emit(P.Error(kind="template", id=req.id, message=str(e)))
             self.template = ChatTemplate(None, bos=bos, eos=eos)
         memory = dict(lm.memory)
         if spec.mode == "draft":
+            self.emit(P.Loading(id=req.id, stage="draft", path=str(spec.draft_model)))
             try:
                 from ggufdesk.engine.speculative import DraftModel
 
                 self.draft = DraftModel.load(spec, target=lm, llama_log=self.llama_log)
                 memory["draft"] = self.draft.memory_bytes
             except KnownError as e:
-                self.emit(P.Error(kind="draft", message=str(e)))
+                self.emit(P.Error(kind="draft", id=req.id, message=str(e)))
                 self.speculation = dataclasses.replace(spec, mode="off", draft_model=None)
         chat_format = "completion" if self.template.builtin else "template"
         self.emit(P.Loaded(
-            model=req.model, arch=lm.arch, n_ctx=lm.n_ctx, n_ctx_train=lm.model.n_ctx_train(),
+            id=req.id, model=req.model, arch=lm.arch, n_ctx=lm.n_ctx, n_ctx_train=lm.model.n_ctx_train(),
             n_vocab=lm.n_vocab, n_layer=lm.n_layer, n_gpu_layers=settings.n_gpu_layers,
             chat_format=chat_format, memory=memory, load_s=round(lm.load_s, 3),
             draft=self.draft.path if self.draft else None, settings=P.fields_of(settings),
@@ -267,6 +282,16 @@ def _context_error(n: int, room: int) -> KnownError:
     return e
 
 
+_OOM = re.compile(r"out of (device )?memory|failed to allocate|alloc_buffer|cudaMalloc|"
+                  r"ErrorOutOfDeviceMemory|not enough memory", re.I)
+
+
+def out_of_memory(reason: str) -> bool:
+    """Does llama.cpp's reason for a failure say that memory ran out? (Read once, here, where
+    llama.cpp's words are known; the receivers branch on Error.out_of_memory.)"""
+    return bool(_OOM.search(reason))
+
+
 def _piece(gen: Any, token_id: str | None) -> str:
     if token_id in (None, ""):
         return ""
@@ -284,7 +309,9 @@ def llama_bos_text(gen: Any) -> str:
     return _piece(gen, str(llama_cpp.llama_vocab_bos(gen.lm.vocab)))
 
 
-def _read_requests(stdin: TextIO, inbox: queue.Queue, book: CancelBook, emit: Emitter) -> None:
+def _read_requests(stdin: TextIO, inbox: queue.Queue[P.Message], book: CancelBook, emit: Emitter) -> None:
+    """The reader thread: Cancel and Ping are answered here, at once, even while the main thread is
+    busy in a decode; everything else queues for the main loop. EOF means the client is gone."""
     for line in stdin:
         if not line.strip():
             continue
@@ -293,20 +320,27 @@ def _read_requests(stdin: TextIO, inbox: queue.Queue, book: CancelBook, emit: Em
         except P.ProtocolError as e:
             emit(P.Error(kind="protocol", message=str(e)))
             continue
+        if isinstance(msg, P.Ping):
+            emit(P.Pong(id=msg.id))
+            continue
         if isinstance(msg, P.Cancel):
             book.cancel(msg.id)
         inbox.put(msg)
-    inbox.put(P.Shutdown())  # parent went away
+    book.cancel_current()  # stop a running generation so that the Shutdown below is seen
+    inbox.put(P.Shutdown())
+    lifeline.exit_soon()
 
 
 def main() -> int:
+    lifeline.guard()
     events_fd = os.dup(1)
     os.dup2(2, 1)  # C code printing to stdout now lands on stderr
     out = os.fdopen(events_fd, "w", encoding="utf-8", buffering=1)
     sys.stdout = sys.stderr
+    stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
     emit = Emitter(out)
     book = CancelBook()
-    inbox: queue.Queue = queue.Queue()
+    inbox: queue.Queue[P.Message] = queue.Queue()
     try:
         import llama_cpp
 
@@ -319,7 +353,8 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001 - the parent must hear why we cannot start
         emit(P.Error(kind="bug", message=f"the engine could not start: {e}", detail=traceback.format_exc()))
         return 1
-    threading.Thread(target=_read_requests, args=(sys.stdin, inbox, book, emit), daemon=True).start()
+    threading.Thread(target=_read_requests, args=(stdin, inbox, book, emit), daemon=True,
+                     name="engine-requests").start()
     while True:
         msg = inbox.get()
         try:
@@ -331,7 +366,8 @@ def main() -> int:
             elif isinstance(msg, P.Generate):
                 engine.generate(msg)
             elif isinstance(msg, P.Unload):
-                engine.unload()
+                engine.unload(quiet=True)
+                emit(P.Unloaded(id=msg.id))
             elif isinstance(msg, P.Cancel):
                 pass  # handled on the reader thread
             else:
