@@ -187,6 +187,9 @@ class MainWindow(QMainWindow):
         self.conv_settings_action = QAction("Conversation settings…", self)
         for a in (self.model_action, self.settings_action, self.conv_settings_action):
             tb.addAction(a)
+        from ggufdesk.ui import server_panel  # the "Local server" dock (off by default)
+        self.server_panel = server_panel.attach(
+            self, tb, lambda: (self.model_path, self.settings.load) if self.model_path else None)
         send_shortcut = QAction(self)
         send_shortcut.setShortcut(QKeySequence("Ctrl+Return"))
         send_shortcut.triggered.connect(lambda: self.send())
