@@ -87,6 +87,7 @@ def test_a_disconnect_cancels_the_generation_and_frees_its_slot(small):
 
     asyncio.run(main())
     assert metric(small.url, "ggufdesk_request_failures_total", reason="disconnected") == before + 1
+    assert metric(small.url, "ggufdesk_cancel_seconds_count") >= 1  # the engine confirmed the cancel
     r = httpx.post(small.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
     assert r.status_code == 200
 

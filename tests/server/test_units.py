@@ -96,3 +96,16 @@ def test_low_memory_refuses_new_work_with_503():
         assert adm.running == 0
 
     asyncio.run(main())
+
+
+def test_memory_under_the_planners_margin_is_a_reason_to_refuse(monkeypatch):
+    from types import SimpleNamespace
+
+    from ggufdesk.server import admission
+
+    monkeypatch.setattr(admission.psutil, "virtual_memory",
+                        lambda: SimpleNamespace(total=16 * 2**30, available=int(0.5 * 2**30)))
+    assert "low on memory (0.5 GiB free, keeping 1.6 GiB in reserve)" in admission.low_memory()
+    monkeypatch.setattr(admission.psutil, "virtual_memory",
+                        lambda: SimpleNamespace(total=16 * 2**30, available=8 * 2**30))
+    assert admission.low_memory() is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+import time
 from typing import Callable
 
 import psutil
@@ -11,21 +12,40 @@ import psutil
 from ggufdesk.server.errors import ApiError
 
 
-def ram_margin_bytes(total: int) -> int:
-    """The planner's margin: keep max(1 GiB, 10 % of RAM) free."""
-    from ggufdesk.core.planner import RAM_MARGIN
+def low_memory(*, gpu: bool = False) -> str | None:
+    """A reason to refuse new work when free RAM (or VRAM) is under the planner's margin, else None."""
+    from ggufdesk.core.planner import RAM_MARGIN, VRAM_MARGIN
 
-    return max(RAM_MARGIN[0], int(total * RAM_MARGIN[1]))
-
-
-def low_memory() -> str | None:
-    """A reason to refuse new work when free RAM is under the planner's margin, else None."""
     vm = psutil.virtual_memory()
-    margin = ram_margin_bytes(vm.total)
+    margin = max(RAM_MARGIN[0], int(vm.total * RAM_MARGIN[1]))
     if vm.available < margin:
         return (f"the server is low on memory ({vm.available / 2**30:.1f} GiB free, "
                 f"keeping {margin / 2**30:.1f} GiB in reserve); try again later")
+    if gpu:
+        from ggufdesk.core.hardware import probe_nvidia
+
+        for g in probe_nvidia()[0]:
+            margin = max(VRAM_MARGIN[0], int(g.vram_total * VRAM_MARGIN[1]))
+            if g.vram_free < margin:
+                return (f"GPU {g.index} is low on memory ({g.vram_free / 2**30:.1f} GiB free, "
+                        f"keeping {margin / 2**30:.1f} GiB in reserve); try again later")
     return None
+
+
+class MemoryGuard:
+    """low_memory(), asked at most once per `interval` seconds (NVML is too slow to ask per request)."""
+
+    def __init__(self, *, gpu: bool = False, interval: float = 1.0) -> None:
+        self.gpu = gpu
+        self.interval = interval
+        self._at = -1e9
+        self._answer: str | None = None
+
+    def __call__(self) -> str | None:
+        now = time.monotonic()
+        if now - self._at >= self.interval:
+            self._answer, self._at = low_memory(gpu=self.gpu), now
+        return self._answer
 
 
 class Admission:
@@ -36,12 +56,12 @@ class Admission:
     """
 
     def __init__(self, *, slots: int, max_queue: int,
-                 memory_check: Callable[[], str | None] = low_memory) -> None:
+                 memory_check: Callable[[], str | None] | None = None) -> None:
         if slots < 1 or max_queue < 0:
             raise ValueError("slots must be at least 1 and the queue cannot be negative")
         self.slots = slots
         self.max_queue = max_queue
-        self.memory_check = memory_check
+        self.memory_check = memory_check or MemoryGuard()
         self.running = 0
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self._mean_s = 5.0  # running mean of request time, for Retry-After

@@ -25,6 +25,9 @@ class Metrics:
                                 ["endpoint", "outcome"], registry=r)
         self.failures = Counter("ggufdesk_request_failures", "Requests refused or failed, by reason",
                                 ["reason"], registry=r)
+        self.cancel = Histogram("ggufdesk_cancel_seconds",
+                                "Time from a client's disconnect to the engine confirming the cancel",
+                                buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5), registry=r)
         self.running = Gauge("ggufdesk_requests_running", "Requests being generated", registry=r)
         self.queued = Gauge("ggufdesk_requests_queued", "Requests waiting for a slot", registry=r)
         self.kv_usage = Gauge("ggufdesk_kv_cache_usage_ratio", "Share of KV cache cells in use (0-1)",

@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine import protocol as P
-from ggufdesk.server.admission import Admission
+from ggufdesk.server.admission import Admission, MemoryGuard
 from ggufdesk.server.errors import ApiError
 from ggufdesk.server.metrics import Metrics
 from ggufdesk.server.pool import EnginePool
@@ -67,7 +67,9 @@ class Service:
                  limiter: RateLimiter | None = None, metrics: Metrics | None = None) -> None:
         self.pool = pool
         self.config = config
-        self.admission = admission or Admission(slots=config.parallel, max_queue=config.max_queue)
+        self.admission = admission or Admission(
+            slots=config.parallel, max_queue=config.max_queue,
+            memory_check=MemoryGuard(gpu=pool.load_settings.n_gpu_layers != 0))
         self.limiter = limiter or RateLimiter(config.rate_limit)
         self.metrics = metrics or Metrics()
         self.metrics.bind(running=lambda: self.admission.running, queued=lambda: self.admission.queued,
@@ -210,6 +212,7 @@ class Job:
         self.logprobs: list[dict[str, Any]] = []
         self.ttft_s: float | None = None
         self.disconnected = False
+        self._t_cancel: float | None = None
         self._ended = False
         gone.add_done_callback(self._on_gone)
 
@@ -251,6 +254,8 @@ class Job:
             self.stats = ev
         elif isinstance(ev, P.Done):
             self.done = ev
+            if self._t_cancel is not None and ev.finish_reason == "cancelled":
+                self.svc.metrics.cancel.observe(time.perf_counter() - self._t_cancel)
             self.finish("disconnected" if self.disconnected else ev.finish_reason)
         elif isinstance(ev, P.Error):
             self.error = ev
@@ -295,6 +300,7 @@ class Job:
         if fut.cancelled() or self._ended:
             return
         self.disconnected = True
+        self._t_cancel = time.perf_counter()
         self.svc.spawn(self.svc.pool.cancel(self.rid))
 
     def close(self) -> None:
@@ -302,6 +308,7 @@ class Job:
         if self._ended:
             return
         self.disconnected = True
+        self._t_cancel = self._t_cancel or time.perf_counter()
         self.svc.spawn(self._drain())
 
     async def _drain(self) -> None:
