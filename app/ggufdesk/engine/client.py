@@ -275,12 +275,16 @@ class EngineClient:
         speculation: SpeculationSettings | dict | None = None,
         context_policy: str = "truncate",
         request_id: str | None = None,
+        **structured: Any,
     ) -> str:
-        """Start a generation; returns its request id (events follow)."""
+        """Start a generation; returns its request id (events follow).
+
+        structured: json_schema / grammar / tools / tool_choice (protocol.Generate's fields).
+        """
         rid = request_id or f"r{next(self._ids)}"
         msg = P.Generate(id=rid, prompt=prompt, messages=messages, sampling=P.fields_of(sampling),
                          speculation=P.fields_of(speculation) if speculation is not None else None,
-                         context_policy=context_policy)
+                         context_policy=context_policy, **structured)
         with self._cond:
             self._inflight.add(rid)
         try:

@@ -27,6 +27,11 @@ class Generate:
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingSettings fields
     speculation: dict[str, Any] | None = None  # overrides the loaded SpeculationSettings
     context_policy: str = "truncate"  # "truncate" oldest turns or "refuse"
+    # structured output (engine/structured.py), at most one of the three:
+    json_schema: dict[str, Any] | str | None = None  # a JSON schema, or "json_object" for any object
+    grammar: str | None = None  # GBNF text with a `root` rule
+    tools: list[dict[str, Any]] | None = None  # OpenAI-style function tools (chat requests)
+    tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
 
 
 @dataclass(kw_only=True)
@@ -121,6 +126,8 @@ class Done:
     text: str = ""
     tokens: list[int] = field(default_factory=list)  # the generated token ids
     usage: dict[str, int] = field(default_factory=dict)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style, parsed from text
+    content: str | None = None  # with tool calls: the text that is not a call
 
 
 @dataclass(kw_only=True)
