@@ -150,17 +150,20 @@ def _openings(fmt: ToolFormat) -> list[bytes]:
     return out
 
 
-def tool_grammar(tools: list[dict[str, Any]], fmt: ToolFormat, mode: str) -> ToolGrammar:
-    """The grammar of one to four calls to `tools` in `fmt` (mode: "required" or "auto")."""
+def tool_grammar(tools: list[dict[str, Any]], fmt: ToolFormat, mode: str, *,
+                 parallel: bool = False) -> ToolGrammar:
+    """The grammar of one call (parallel: one to four) to `tools` in `fmt` (mode: "required" or "auto")."""
     call = schema_to_gbnf(T.call_schema(tools, fmt))
     call = re.sub(r"^root ::=", "call ::=", call, flags=re.M)
     ws = '[ \\n]?'
     if fmt.name == "mistral":
-        root = f'root ::= "[TOOL_CALLS]" "[" call ("," {ws} call){{0,3}} "]"'
+        more = f' ("," {ws} call){{0,3}}' if parallel else ""
+        root = f'root ::= "[TOOL_CALLS]" "[" call{more} "]"'
     elif fmt.name == "llama3":
         root = "root ::= call"
     else:
-        root = (f'root ::= tc ({ws} tc){{0,3}}\n'
+        more = f" ({ws} tc){{0,3}}" if parallel else ""
+        root = (f'root ::= tc{more}\n'
                 f'tc ::= "<tool_call>" {ws} call {ws} "</tool_call>"')
     return ToolGrammar(gbnf=root + "\n" + call, marker=fmt.marker, lazy=mode == "auto")
 

@@ -32,6 +32,7 @@ class Generate:
     grammar: str | None = None  # GBNF text with a `root` rule
     tools: list[dict[str, Any]] | None = None  # OpenAI-style function tools (chat requests)
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
+    parallel_tool_calls: bool = False  # up to 4 calls in one answer (off: one, as llama-server)
 
 
 @dataclass(kw_only=True)

@@ -76,7 +76,8 @@ def prepare_messages(messages: list[dict[str, Any]], st: Structured) -> list[dic
 
 
 def plan(*, json_schema: Any = None, grammar: str | None = None, tools: Any = None,
-         tool_choice: Any = None, template_source: str | None, chat: bool) -> Structured:
+         tool_choice: Any = None, parallel_tool_calls: bool = False, template_source: str | None,
+         chat: bool) -> Structured:
     """Resolve a request's structured-output fields; raises SchemaError on anything unsupported."""
     asked = [n for n, v in (("json_schema", json_schema), ("grammar", grammar), ("tools", tools))
              if v is not None]
@@ -100,5 +101,5 @@ def plan(*, json_schema: Any = None, grammar: str | None = None, tools: Any = No
     fmt = T.detect_format(template_source)
     if mode == "none":
         return Structured()
-    tg = tool_grammar(chosen, fmt, mode)
+    tg = tool_grammar(chosen, fmt, mode, parallel=parallel_tool_calls)
     return Structured(gbnf=tg.gbnf, marker=tg.marker if tg.lazy else None, tools=chosen, fmt=fmt, mode=mode)

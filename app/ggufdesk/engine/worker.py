@@ -211,7 +211,8 @@ class Engine:
 
         try:
             return structured.plan(json_schema=req.json_schema, grammar=req.grammar, tools=req.tools,
-                                   tool_choice=req.tool_choice, template_source=self.template.source,
+                                   tool_choice=req.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
+                                   template_source=self.template.source,
                                    chat=req.messages is not None)
         except KnownError as e:
             e.kind = "schema"  # type: ignore[attr-defined]
