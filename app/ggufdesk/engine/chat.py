@@ -1,6 +1,8 @@
 """Chat prompts: the GGUF's own template in a sandboxed Jinja environment, or a built-in one by architecture."""
 from __future__ import annotations
 
+from typing import Any
+
 import jinja2
 from jinja2.sandbox import SecurityError
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -23,6 +25,7 @@ class ChatTemplate:
 
     def __init__(self, template: str | None, *, bos: str, eos: str) -> None:
         self.builtin = template is None
+        self.source = template  # the model's own template text (tool format detection)
         self.name = "builtin:plain" if self.builtin else "template"
         self.stops = list(PLAIN_STOPS) if self.builtin else []
         source = PLAIN_TEMPLATE if self.builtin else template
@@ -31,13 +34,15 @@ class ChatTemplate:
         except jinja2.TemplateError as e:
             raise KnownError(f"the model's chat template is broken ({e}); using completion mode") from None
 
-    def render(self, messages: list[dict[str, str]]) -> str:
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt for `messages`; `tools` (OpenAI-style) go to the template's `tools` variable."""
         for m in messages:
-            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
-                    or not isinstance(m.get("content"), str):
+            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool") \
+                    or not (isinstance(m.get("content"), str)
+                            or (m.get("content") is None and m.get("tool_calls"))):
                 raise KnownError(f"bad chat message: {str(m)[:100]}")
         try:
-            return self._fmt(messages=messages).prompt
+            return self._fmt(messages=messages, tools=tools or None).prompt
         except SecurityError as e:
             raise KnownError(f"the model's chat template tried an unsafe operation and was blocked ({e})") from None
         except (jinja2.TemplateError, ValueError, TypeError, KeyError, IndexError) as e:

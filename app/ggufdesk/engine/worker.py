@@ -179,10 +179,13 @@ class Engine:
             cap = self.lm.n_outputs - 1  # logits rows reserved at load: [last] + K max
             if spec.k_max > cap:
                 spec = dataclasses.replace(spec, k_max=cap, k_min=min(spec.k_min, cap))
-            prompt, stops = self._prompt(req, sampling)
+            structured = self._structured(req)
+            prompt, stops = self._prompt(req, sampling, structured)
             if stops:
                 sampling = dataclasses.replace(sampling, stop=sampling.stop + stops)
-            drafter = self._drafter(spec, prompt, sampling.max_tokens)
+            constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=self.gen.piece,
+                                               tokenize=lambda t: self.gen.tokenize(t, add_bos=False))
+            drafter = None if constraint else self._drafter(spec, prompt, sampling.max_tokens)
             pieces: list[str] = []
 
             def emit_text(text: str) -> None:
@@ -195,11 +198,18 @@ class Engine:
             finish, st = self.gen.run(
                 prompt, sampling, emit_text=emit_text, on_progress=on_progress,
                 on_stats=lambda s: self.emit(self._stats(req.id, s, final=False)),
-                cancelled=self.book.is_cancelled, drafter=drafter, t_start=t_start,
+                cancelled=self.book.is_cancelled, drafter=drafter, t_start=t_start, constraint=constraint,
             )
+            if constraint is not None:
+                st.speculation = "off: grammar"
+            text = "".join(pieces)
+            content, calls = structured.parse(text)
+            if calls and finish == "stop":
+                finish = "tool_calls"
             self.emit(self._stats(req.id, st, final=True))
-            self.emit(P.Done(id=req.id, finish_reason=finish, text="".join(pieces), tokens=st.tokens,
-                             usage={"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen}))
+            self.emit(P.Done(id=req.id, finish_reason=finish, text=text, tokens=st.tokens,
+                             usage={"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen},
+                             tool_calls=calls, content=content if calls else None))
             if drafter is None:  # after Done: the first call reads the GGUF header
                 self._calibrate(st.n_gen, st.decode_tok_s)
         except Cancelled:
@@ -210,20 +220,39 @@ class Engine:
         finally:
             self.book.finish()
 
-    def _prompt(self, req: P.Generate, sampling: SamplingSettings) -> tuple[list[int], list[str]]:
+    def _structured(self, req: P.Generate) -> Any:
+        """The request's schema/grammar/tools resolved (engine/structured.py); SchemaError if unsupported."""
+        from ggufdesk.engine import structured
+
+        try:
+            return structured.plan(json_schema=req.json_schema, grammar=req.grammar, tools=req.tools,
+                                   tool_choice=req.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
+                                   template_source=self.template.source,
+                                   chat=req.messages is not None)
+        except KnownError as e:
+            e.kind = "schema"  # type: ignore[attr-defined]
+            raise
+
+    def _prompt(self, req: P.Generate, sampling: SamplingSettings,
+                structured: Any = None) -> tuple[list[int], list[str]]:
         from ggufdesk.engine.chat import fit_messages
+        from ggufdesk.engine.structured import prepare_messages
 
         gen, n_ctx = self.gen, self.lm.n_ctx
         reserve = min(sampling.max_tokens, n_ctx // 2)
         if req.messages is not None:
-            def count(msgs: list[dict[str, str]]) -> int:
-                return len(self._chat_tokens(msgs))
+            tools = structured.tools if structured is not None and structured.fmt is not None \
+                and structured.fmt.native else None
+            msgs = prepare_messages(req.messages, structured) if structured is not None else req.messages
+
+            def count(m: list[dict[str, Any]]) -> int:
+                return len(self._chat_tokens(m, tools))
 
             budget = n_ctx - reserve
-            if req.context_policy == "refuse" and count(req.messages) > budget:
-                raise _context_error(count(req.messages), budget)
-            messages = fit_messages(req.messages, count, budget)
-            return self._chat_tokens(messages), list(self.template.stops)
+            if req.context_policy == "refuse" and count(msgs) > budget:
+                raise _context_error(count(msgs), budget)
+            messages = fit_messages(msgs, count, budget)
+            return self._chat_tokens(messages, tools), list(self.template.stops)
         if req.prompt is None:
             raise KnownError("a generate request needs a prompt or messages")
         tokens = gen.tokenize(req.prompt)
@@ -231,8 +260,8 @@ class Engine:
             raise _context_error(len(tokens), n_ctx - 1)
         return tokens, []
 
-    def _chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
-        text = self.template.render(messages)
+    def _chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        text = self.template.render(messages, tools)
         bos = llama_bos_text(self.gen)
         return self.gen.tokenize(text, add_bos=not (bos and text.startswith(bos)))
 
