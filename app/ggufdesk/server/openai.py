@@ -10,8 +10,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ggufdesk.core.errors import SettingsError
+from ggufdesk.core.tools import GENERIC, CallStream
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine import protocol as P
+from ggufdesk.server import structured
 from ggufdesk.server.errors import ApiError, invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, read_body, service, sse
 from ggufdesk.server.schemas import (ChatRequest, CompletionRequest, SamplingFields, parse, refuse_unsupported,
@@ -43,14 +45,31 @@ def want_logprobs(svc: Service, n: int) -> int:
     return max(1, n)
 
 
-def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
-    out = []
+def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(req.messages):
-        if m.role in ("tool", "function"):
-            raise not_supported(f"messages[{i}] with role {m.role!r} (tool calls)")
-        role = "system" if m.role == "developer" else m.role
-        out.append({"role": role, "content": text_of(m.content, f"messages[{i}]")})
+        if m.role == "function":
+            raise not_supported(f"messages[{i}] with role 'function' (use tools and role 'tool')")
+        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                               "content": text_of(m.content, f"messages[{i}]")}
+        if m.tool_calls:
+            msg["tool_calls"] = m.tool_calls
+        if m.tool_call_id:
+            msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
     return out
+
+
+def chat_structured(req: ChatRequest) -> dict[str, Any]:
+    schema = structured.response_format(req.response_format)
+    tools = structured.openai_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+    if schema is not None and tools:
+        raise invalid("use response_format or tools, not both", param="response_format")
+    return {"json_schema": schema} if schema is not None else tools
+
+
+def openai_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"id": c["id"], "type": "function", "function": c["function"]} for c in calls]
 
 
 # ---- logprobs in OpenAI's two shapes --------------------------------------------------------------
@@ -87,35 +106,37 @@ async def chat_completions(request: Request) -> Response:
     svc = service(request)
     req: ChatRequest = parse(ChatRequest, await read_body(request, svc.config.max_body))
     refuse_unsupported(req)
-    if req.tools or req.tool_choice not in (None, "none"):
-        raise not_supported("tools (function calling)")
-    if req.response_format and req.response_format.get("type") not in (None, "text"):
-        raise not_supported("response_format other than text")
+    extra = chat_structured(req)
     svc.check_model(req.model)
     top = req.top_logprobs or 0
     lp = want_logprobs(svc, top) if req.logprobs else 0
     sampling = sampling_for(svc, req, req.max_completion_tokens or req.max_tokens)
-    spec = GenSpec(endpoint="chat", messages=chat_messages(req), sampling=sampling, logprobs=lp)
+    spec = GenSpec(endpoint="chat", messages=chat_messages(req), sampling=sampling, logprobs=lp, structured=extra)
     job = await svc.start(caller(request), spec, request.receive)
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return event_stream(_chat_stream(job, cid, created, svc.model_id, top if lp else None, usage))
+        calls = CallStream(svc.pool.tool_format or GENERIC) if "tools" in extra else None
+        return event_stream(_chat_stream(job, cid, created, svc.model_id, top if lp else None, usage, calls))
     try:
         await job.collect()
     finally:
         job.close()
     if job.error is not None:
         raise _mid_error(job)
-    choice = {"index": 0, "message": {"role": "assistant", "content": "".join(job.text)},
-              "logprobs": chat_logprobs(job.logprobs, top) if lp else None,
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(job.text)}
+    if job.done is not None and job.done.tool_calls:
+        message = {"role": "assistant", "content": job.done.content or None,
+                   "tool_calls": openai_calls(job.done.tool_calls)}
+    choice = {"index": 0, "message": message, "logprobs": chat_logprobs(job.logprobs, top) if lp else None,
               "finish_reason": job.finish_reason}
     return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": svc.model_id,
                          "choices": [choice], "usage": job.usage(), "system_fingerprint": None})
 
 
 async def _chat_stream(job: Job, cid: str, created: int, model: str, top: int | None,
-                       include_usage: bool) -> AsyncIterator[str]:
+                       include_usage: bool, calls: CallStream | None) -> AsyncIterator[str]:
+    """Chunks as tokens come; with tools, text that may be a call is held back and calls come at the end."""
     def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
         return sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                     "system_fingerprint": None,
@@ -126,9 +147,18 @@ async def _chat_stream(job: Job, cid: str, created: int, model: str, top: int | 
         async for ev in job.events():
             if isinstance(ev, P.Token):
                 lps = getattr(ev, "logprobs", None)
-                yield chunk({"content": ev.text},
-                            logprobs=chat_logprobs(lps, top) if top is not None and lps else None)
+                text = calls.push(ev.text) if calls is not None else ev.text
+                if text or lps:
+                    yield chunk({"content": text},
+                                logprobs=chat_logprobs(lps, top) if top is not None and lps else None)
             elif isinstance(ev, P.Done):
+                if ev.tool_calls:
+                    deltas = [{"index": i, **c} for i, c in enumerate(openai_calls(ev.tool_calls))]
+                    yield chunk({"tool_calls": deltas})
+                elif calls is not None:
+                    rest = calls.finish()[0]
+                    if rest:
+                        yield chunk({"content": rest})
                 yield chunk({}, job.finish_reason)
             elif isinstance(ev, P.Error):
                 yield sse(_mid_error(job).openai())

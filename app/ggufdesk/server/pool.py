@@ -40,6 +40,7 @@ class EnginePool:
         self.error: str | None = None
         self.loaded: P.Loaded | None = None
         self.status: dict[str, Any] = {}  # the engine's latest Status event, when it sends them
+        self.tool_format: Any = None  # core.tools.ToolFormat the engine uses for this model's calls
         self._client = client_factory(on_event=self._on_event)
         self._routes: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._lock = threading.Lock()
@@ -53,6 +54,9 @@ class EnginePool:
     def start(self) -> None:
         """Spawn the engine and load the model (blocking: run it on a thread). Raises KnownError."""
         self._set_state("loading")
+        from ggufdesk.server.structured import tool_format
+
+        self.tool_format = tool_format(self.model)
         try:
             self._client.start()
             self._client.load(self.model, settings=self.load_settings, speculation=self.speculation)
@@ -101,9 +105,9 @@ class EnginePool:
         with self._lock:
             self._routes.pop(rid, None)
 
-    async def generate(self, rid: str, *, prompt: str | None = None, messages: list[dict[str, str]] | None = None,
-                       sampling: SamplingSettings, logprobs: int = 0) -> None:
-        kwargs: dict[str, Any] = {}
+    async def generate(self, rid: str, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
+                       sampling: SamplingSettings, logprobs: int = 0, **structured: Any) -> None:
+        kwargs: dict[str, Any] = dict(structured)
         if logprobs:
             kwargs["logprobs"] = logprobs
         await asyncio.to_thread(self._client.generate, prompt=prompt, messages=messages, sampling=sampling,

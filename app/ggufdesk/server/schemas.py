@@ -25,6 +25,8 @@ class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Optional[Union[str, list[TextPart]]] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None  # an assistant's earlier calls
+    tool_call_id: Optional[str] = None  # a tool message answers this call
 
 
 class StreamOptions(Strict):
@@ -59,6 +61,7 @@ class ChatRequest(SamplingFields):
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
     tools: Optional[list[Any]] = None
     tool_choice: Optional[Any] = None
+    parallel_tool_calls: Optional[bool] = None
     response_format: Optional[dict[str, Any]] = None
 
 
@@ -76,6 +79,11 @@ class AnthropicBlock(Strict):
     model_config = ConfigDict(strict=True, extra="allow")
     type: str
     text: Optional[str] = None
+    id: Optional[str] = None  # tool_use
+    name: Optional[str] = None
+    input: Optional[dict[str, Any]] = None
+    tool_use_id: Optional[str] = None  # tool_result
+    content: Optional[Union[str, list[TextPart]]] = None
 
 
 class AnthropicMessage(Strict):
@@ -95,7 +103,7 @@ class MessagesRequest(Strict):
     stream: bool = False
     metadata: Optional[dict[str, Any]] = None
     tools: Optional[list[Any]] = None
-    tool_choice: Optional[Any] = None
+    tool_choice: Optional[dict[str, Any]] = None
     thinking: Optional[dict[str, Any]] = None
 
 

@@ -43,8 +43,9 @@ class GenSpec:
     endpoint: str  # "chat" | "completions" | "messages": the metrics label
     sampling: SamplingSettings
     prompt: str | None = None
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None
     logprobs: int = 0
+    structured: dict[str, Any] = field(default_factory=dict)  # json_schema or tools/tool_choice/...
 
 
 def engine_error(ev: P.Error) -> ApiError:
@@ -57,6 +58,8 @@ def engine_error(ev: P.Error) -> ApiError:
         return ApiError(503, ev.message, code="engine_restarting", retry_after=5, reason="engine_crash")
     if ev.kind == "settings":
         return ApiError(400, ev.message, reason="invalid")
+    if ev.kind == "schema":
+        return ApiError(400, ev.message, code="unsupported_schema", reason="invalid")
     return ApiError(500, ev.message, code=ev.kind, reason="engine_error")
 
 
@@ -151,7 +154,7 @@ class Service:
         self._inflight[caller] = self._inflight.get(caller, 0) + 1
         try:
             await self.pool.generate(rid, prompt=spec.prompt, messages=spec.messages, sampling=spec.sampling,
-                                     logprobs=spec.logprobs)
+                                     logprobs=spec.logprobs, **spec.structured)
         except KnownError as e:
             job.finish(None)
             raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
@@ -171,7 +174,7 @@ class Service:
         self._seen[job.caller] = time.monotonic()
         m.latency.labels(spec.endpoint).observe(seconds)
         m.requests.labels(spec.endpoint, outcome).inc()
-        if outcome not in ("stop", "length"):
+        if outcome not in ("stop", "length", "tool_calls"):
             m.failures.labels(outcome).inc()
         m.prompt_tokens.inc(job.prompt_tokens)
         m.generated_tokens.inc(job.completion_tokens)
@@ -277,9 +280,9 @@ class Job:
 
     @property
     def finish_reason(self) -> str:
-        """OpenAI's words: "stop" or "length" (the engine's "context" is a length cut too)."""
+        """OpenAI's words: "stop", "length" (the engine's "context" is a length cut too) or "tool_calls"."""
         reason = self.done.finish_reason if self.done else "stop"
-        return "length" if reason in ("length", "context") else "stop"
+        return "length" if reason in ("length", "context") else "tool_calls" if reason == "tool_calls" else "stop"
 
     def usage(self) -> dict[str, int]:
         p, c = self.prompt_tokens, self.completion_tokens
