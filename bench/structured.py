@@ -29,12 +29,12 @@ from ggufdesk.engine.client import EngineClient  # noqa: E402
 from tests.fixtures.schemas import SCHEMAS  # noqa: E402
 
 # A list of records: long enough output to measure decode, natural for a base model to continue.
-SCHEMA = {"type": "array", "minItems": 8, "maxItems": 8, "items": {
+SCHEMA = {"type": "array", "minItems": 5, "maxItems": 5, "items": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
                                      "country": {"type": "string", "maxLength": 24},
                                      "population": {"type": "integer", "minimum": 0, "maximum": 50000000}},
     "required": ["city", "country", "population"]}}
-PROMPT = ("The ten largest cities of Europe, as a JSON array of objects with the keys city, country and "
+PROMPT = ("The five largest cities of Europe, as a JSON array of objects with the keys city, country and "
           "population:\n")
 
 

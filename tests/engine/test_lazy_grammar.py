@@ -46,6 +46,17 @@ SCRIPT = textwrap.dedent('''
     out["after_marker_brace"] = c2.allows(gen.tokenize("{", add_bos=False)[0])
     out["after_marker_letter"] = c2.allows(gen.tokenize("x", add_bos=False)[0])
     out["after_marker_eos"] = c2.allows(2)
+    # after a rejection, greedy takes the best allowed token among the top 64: the same token as
+    # the argmax over the fully masked vocabulary whenever one of them is allowed
+    import numpy as np
+    rng = np.random.default_rng(0)
+    same = []
+    for _ in range(50):
+        logits = rng.normal(size=lm.n_vocab).astype(np.float32)
+        best = c2._best_allowed(logits)
+        full = int(np.argmax(c2.mask(logits)))
+        same.append(best is None or best == full)
+    out["top_k_exact"] = all(same)
     c3 = make()
     out["free_before"] = all(c3.allows(t) for t in gen.tokenize("x y z", add_bos=False))
     # a token that would complete the marker with text the grammar cannot take is refused
@@ -66,5 +77,5 @@ def test_lazy_grammar_token_by_token(tiny_model):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["all_allowed"] and out["triggered"] and out["eos_allowed_at_end"]
     assert out["after_marker_brace"] and not out["after_marker_letter"] and not out["after_marker_eos"]
-    assert out["free_before"]
+    assert out["free_before"] and out["top_k_exact"]
     assert out["guard"] == [False, True, True]

@@ -84,6 +84,9 @@ class LoadSettings:
                 f"micro-batch (n_ubatch={self.n_ubatch}) cannot be larger than the batch "
                 f"(n_batch={self.n_batch}): llama.cpp splits each batch into micro-batches"
             )
+        if self.n_parallel > self.n_batch:
+            raise SettingsError(f"{self.n_parallel} parallel sequences need a batch (n_batch) of at least "
+                                f"{self.n_parallel}: every step decodes one token of each")
         _choice("flash attention", self.flash_attn, FLASH_ATTN)
         _choice("K cache type (type_k)", self.type_k, KV_TYPES)
         _choice("V cache type (type_v)", self.type_v, KV_TYPES)

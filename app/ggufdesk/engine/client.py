@@ -104,6 +104,7 @@ class EngineClient:
         self.stderr_tail: deque[str] = deque(maxlen=60)
         self._proc: _Proc | None = None
         self._queue: queue.Queue[P.Event] = queue.Queue()
+        self._streams: dict[str, queue.Queue[P.Event]] = {}  # request id -> its events: streams run concurrently
         self._outbox: queue.Queue[P.Request | None] = queue.Queue()
         self._jobs: queue.Queue[tuple[_Job, int]] = queue.Queue()
         self._cond = threading.Condition()
@@ -260,6 +261,8 @@ class EngineClient:
             self._handle(event)  # type: ignore[arg-type]  # the engine sends events only
         proc.popen.wait()
         time.sleep(0.05)  # let the stderr reader catch the last words
+        with self._cond:
+            self._cond.notify_all()  # a start waiting for Ready learns that it never comes
         self._jobs.put(("exited", proc.gen))
 
     def _handle(self, event: P.Event) -> None:
@@ -311,7 +314,10 @@ class EngineClient:
             except Exception:  # noqa: BLE001 - a broken listener must not stop the reader
                 log.exception("event listener failed")
         else:
-            self._queue.put(event)
+            rid = getattr(event, "id", None)
+            with self._cond:
+                q = self._streams.get(rid) if rid is not None else None
+            (q or self._queue).put(event)
 
     # ---- crash, hang and restart --------------------------------------------------------------
 
@@ -503,11 +509,14 @@ class EngineClient:
                          context_policy=context_policy, logprobs=logprobs, **extra)
         with self._cond:
             self._inflight.add(rid)
+            if self.on_event is None:
+                self._streams[rid] = queue.Queue()
         try:
             self._send(msg)
         except KnownError:
             with self._cond:
                 self._inflight.discard(rid)
+                self._streams.pop(rid, None)
             raise
         return rid
 
@@ -515,9 +524,8 @@ class EngineClient:
         """Ask the engine to stop rid; if it has not ended within `cancel_grace` seconds, the engine
         is killed and restarted (a runaway template render cannot be interrupted any other way)."""
         with self._cond:
-            if rid not in self._inflight:
-                return
-            self._cancel_deadlines.setdefault(rid, time.monotonic() + self.cancel_grace)
+            if rid in self._inflight:  # (a cancel may also come first: the engine remembers it)
+                self._cancel_deadlines.setdefault(rid, time.monotonic() + self.cancel_grace)
         if self.state not in ("failed", "stopped"):
             self._outbox.put(P.Cancel(id=rid))
 
@@ -530,7 +538,6 @@ class EngineClient:
             self._closing = True
             self._cond.notify_all()
         proc = self._proc
-        self._jobs.put(("close", 0))
         self._outbox.put(None)
         if proc is not None and proc.popen.poll() is None:
             popen = proc.popen
@@ -550,6 +557,8 @@ class EngineClient:
                 except subprocess.TimeoutExpired:
                     popen.kill()
                     popen.wait()
+        # Only now: the supervisor spawned the engine, and its end sends the parent-death signal.
+        self._jobs.put(("close", 0))
         if self.state != "stopped":
             self._set_state("stopped", "")
 
@@ -572,21 +581,29 @@ class EngineClient:
                 return
 
     def stream(self, rid: str, timeout: float = 600.0) -> Iterator[P.Event]:
-        """Events of request rid, ending with its Done or Error."""
+        """Events of request rid, ending with its Done or Error (several streams may run at once)."""
         deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise KnownError(f"no answer from the engine in {timeout:.0f} s")
-            try:
-                event = self._queue.get(timeout=left)
-            except queue.Empty:
-                continue
-            if getattr(event, "id", None) != rid:
-                continue
-            yield event
-            if isinstance(event, (P.Done, P.Error)):
-                return
+        with self._cond:
+            own = self._streams.get(rid)
+        q = own or self._queue
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise KnownError(f"no answer from the engine in {timeout:.0f} s")
+                try:
+                    event = q.get(timeout=left)
+                except queue.Empty:
+                    continue
+                if getattr(event, "id", None) != rid:
+                    continue
+                yield event
+                if isinstance(event, (P.Done, P.Error)):
+                    return
+        finally:
+            if own is not None:
+                with self._cond:
+                    self._streams.pop(rid, None)
 
     def __enter__(self) -> EngineClient:
         if self.state == "stopped":

@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import Callable, Protocol
 
 import llama_cpp
 import numpy as np
@@ -21,9 +21,6 @@ from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.native import LoadedModel
 from ggufdesk.engine.text import TextStream
-
-if TYPE_CHECKING:
-    from ggufdesk.engine.grammar import GrammarConstraint
 
 log = logging.getLogger("ggufdesk.engine")
 
@@ -120,7 +117,6 @@ class Generator:
         self._mem = llama_cpp.llama_get_memory(lm.ctx.ctx)
         self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
-        self.constraint = None  # the running request's GrammarConstraint, if any
 
     # ---- tokens and text ----------------------------------------------------------------------
 
@@ -215,8 +211,6 @@ class Generator:
         return np.ctypeslib.as_array(ptr, shape=(self.lm.n_vocab,))
 
     def sample(self, sampler: internals.LlamaSampler | None, idx: int) -> int:
-        if self.constraint is not None:  # structured output: grammar-checked (engine/grammar.py)
-            return self.constraint.sample(self.logits_row(idx), sampler)
         if sampler is None:
             return int(np.argmax(self.logits_row(idx)))
         return llama_cpp.llama_sampler_sample(sampler.sampler, self.lm.ctx.ctx, idx)
@@ -253,36 +247,8 @@ class Generator:
         cancelled: Callable[[], bool] = lambda: False,
         drafter: Drafter | None = None,
         t_start: float | None = None,
-        constraint: GrammarConstraint | None = None,
     ) -> tuple[str, RunStats]:
-        """Generate for `prompt`; returns (finish_reason, stats). Raises Cancelled.
-
-        constraint: a grammar every sampled token must fit (no speculation then: a rejected draft
-        would have to be taken back out of the grammar's state).
-        """
-        self.constraint = constraint
-        if constraint is not None:
-            drafter = None
-        try:
-            return self._run(prompt, sampling, emit_text=emit_text, on_progress=on_progress,
-                             on_stats=on_stats, cancelled=cancelled, drafter=drafter, t_start=t_start)
-        finally:
-            self.constraint = None
-            if constraint is not None:
-                constraint.close()
-
-    def _run(
-        self,
-        prompt: list[int],
-        sampling: SamplingSettings,
-        *,
-        emit_text: Callable[[str], None],
-        on_progress: Callable[[int, int], None] | None,
-        on_stats: Callable[[RunStats], None] | None,
-        cancelled: Callable[[], bool],
-        drafter: Drafter | None,
-        t_start: float | None,
-    ) -> tuple[str, RunStats]:
+        """Generate for `prompt`; returns (finish_reason, stats). Raises Cancelled."""
         if self.lm.ctx.ctx is None:
             raise KnownError("the model was unloaded")
         st = RunStats(n_prompt=len(prompt), t_start=t_start or time.perf_counter())

@@ -264,6 +264,23 @@ class GrammarConstraint:
             raise KnownError("the sampler chose no token")
         return int(arr.data[arr.selected].id)
 
+    def _best_allowed(self, logits: np.ndarray, k: int = 64) -> int | None:
+        """Greedy after a rejection: the highest-logit allowed token among the top k, found by
+        asking the grammar about k tokens instead of the whole vocabulary (exactly the argmax of
+        the masked logits when one of them is allowed); None sends the caller to the full mask."""
+        k = min(k, self.n_vocab)
+        top = np.argpartition(logits, -k)[-k:]
+        top = top[np.argsort(-logits[top])]
+        data = np.zeros(k, dtype=_TOKEN_DATA)
+        data["id"] = top
+        data["logit"] = logits[top]
+        self._apply(self._smp, data)
+        for i in range(k):
+            t = int(data["id"][i])
+            if np.isfinite(data["logit"][i]) and self._utf8_ok(t) and (not self.awaiting or self.allows(t)):
+                return t
+        return None
+
     def sample(self, logits: np.ndarray, chain: Any | None) -> int:
         """Sample a token the grammar allows, and advance the grammar (and the chain) with it.
 
@@ -272,6 +289,11 @@ class GrammarConstraint:
         token = self._pick(logits, chain)
         if not self.allows(token):
             self.rejections += 1
+            if chain is None:
+                best = self._best_allowed(logits)
+                if best is not None:
+                    self.accept(best)
+                    return best
             values = self.mask(logits)
             for _ in range(64):
                 if not np.isfinite(values).any():

@@ -44,41 +44,42 @@ class Emitter:
 
 
 class CancelBook:
-    """Which requests are cancelled; sets the abort flag when the running one is."""
+    """Which requests are cancelled; sets the abort flag when one served by the running decode call is."""
 
     def __init__(self) -> None:
         self.flag = threading.Event()
         self._lock = threading.Lock()
         self._cancelled: set[str] = set()
-        self._current: str | None = None
+        self._batch: set[str] = set()  # the requests the decode call in progress serves
 
     def cancel(self, rid: str) -> None:
         with self._lock:
             self._cancelled.add(rid)
-            if rid == self._current:
+            if rid in self._batch:
                 self.flag.set()
 
-    def start(self, rid: str) -> bool:
-        """Mark rid as running; True if it was cancelled before it started."""
+    def is_cancelled(self, rid: str) -> bool:
         with self._lock:
-            self._current = rid
-            self.flag.clear()
             return rid in self._cancelled
 
-    def cancel_current(self) -> None:
+    def set_batch(self, rids: list[str]) -> None:
+        """The next decode call serves rids (empty: none running); the abort flag follows their cancels."""
         with self._lock:
-            if self._current is not None:
-                self._cancelled.add(self._current)
+            self._batch = set(rids)
+            self.flag.clear()
+            if self._batch & self._cancelled:
                 self.flag.set()
 
-    def is_cancelled(self) -> bool:
-        return self.flag.is_set()
-
-    def finish(self) -> None:
+    def cancel_current(self) -> None:
+        """Cancel what the decode call in progress serves (the client is gone: Shutdown must be seen)."""
         with self._lock:
-            self._cancelled.discard(self._current)
-            self._current = None
-            self.flag.clear()
+            self._cancelled |= self._batch
+            if self._batch:
+                self.flag.set()
+
+    def finish(self, rid: str) -> None:
+        with self._lock:
+            self._cancelled.discard(rid)
 
 
 class Engine:
@@ -95,11 +96,13 @@ class Engine:
         self.template = None
         self.speculation = SpeculationSettings()
         self.draft = None  # speculative.DraftModel
+        self.batch = None  # batch.BatchEngine: runs the admitted requests step by step
         self._bytes_per_token: int | None = None  # for self-calibration, read once per model
 
     # ---- load / unload --------------------------------------------------------------------------
 
     def load(self, req: P.Load) -> None:
+        from ggufdesk.engine.batch import BatchEngine
         from ggufdesk.engine.chat import ChatTemplate
         from ggufdesk.engine.generate import Generator
         from ggufdesk.engine.native import load_model
@@ -115,7 +118,9 @@ class Engine:
         self.unload(quiet=True)
         self.emit(P.Loading(id=req.id, stage="model", path=req.model))
         try:
-            lm = load_model(req.model, settings, self.llama_log, n_outputs=spec.k_max + 1)
+            # logits rows one decode may ask for: a verification batch [last] + K, or every sequence + a prefill
+            lm = load_model(req.model, settings, self.llama_log,
+                            n_outputs=max(spec.k_max + 1, settings.n_parallel + 1))
         except KnownError as e:
             self.emit(P.Error(kind="load", id=req.id, message=str(e), out_of_memory=out_of_memory(str(e)),
                               detail="\n".join(self.llama_log.since(0)[-30:])))
@@ -142,6 +147,9 @@ class Engine:
             except KnownError as e:
                 self.emit(P.Error(kind="draft", id=req.id, message=str(e)))
                 self.speculation = dataclasses.replace(spec, mode="off", draft_model=None)
+        self.batch = BatchEngine(lm, self.gen, emit=self._emit, cancelled=self.book.is_cancelled,
+                                 set_batch=self.book.set_batch,
+                                 on_plain_done=lambda st: self._calibrate(st.n_gen, st.decode_tok_s))
         chat_format = "completion" if self.template.builtin else "template"
         self.emit(P.Loaded(
             id=req.id, model=req.model, arch=lm.arch, n_ctx=lm.n_ctx, n_ctx_train=lm.model.n_ctx_train(),
@@ -151,6 +159,9 @@ class Engine:
         ))
 
     def unload(self, quiet: bool = False) -> None:
+        if self.batch is not None:
+            self.batch.cancel_all()
+            self.batch = None
         if self.draft is not None:
             self.draft.close()
             self.draft = None
@@ -163,17 +174,26 @@ class Engine:
 
     # ---- generate -------------------------------------------------------------------------------
 
+    def _emit(self, event: Any) -> None:
+        self.emit(event)
+        if isinstance(event, (P.Done, P.Error)) and event.id is not None:
+            self.book.finish(event.id)
+
     def generate(self, req: P.Generate) -> None:
-        from ggufdesk.engine.generate import Cancelled
+        """Check and queue a request; the step loop (next_request) runs it beside the others."""
+        from ggufdesk.engine.batch import Sequence
+        from ggufdesk.engine.generate import RunStats
 
         t_start = time.perf_counter()
-        if self.book.start(req.id):
-            self.emit(P.Done(id=req.id, finish_reason="cancelled"))
+        if self.book.is_cancelled(req.id):
+            self._emit(P.Done(id=req.id, finish_reason="cancelled"))
             return
         try:
-            if self.gen is None:
+            if self.gen is None or self.batch is None:
                 raise KnownError("no model is loaded")
             sampling = SamplingSettings(**req.sampling)
+            if isinstance(req.logprobs, bool) or not isinstance(req.logprobs, int) or not 0 <= req.logprobs <= 100:
+                raise KnownError(f"logprobs must be a whole number from 0 to 100, got {req.logprobs!r}")
             spec = self.speculation if req.speculation is None else dataclasses.replace(
                 self.speculation, **req.speculation)
             cap = self.lm.n_outputs - 1  # logits rows reserved at load: [last] + K max
@@ -186,39 +206,34 @@ class Engine:
             constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=self.gen.piece,
                                                tokenize=lambda t: self.gen.tokenize(t, add_bos=False))
             drafter = None if constraint else self._drafter(spec, prompt, sampling.max_tokens)
-            pieces: list[str] = []
-
-            def emit_text(text: str) -> None:
-                pieces.append(text)
-                self.emit(P.Token(id=req.id, text=text))
-
-            def on_progress(done: int, total: int) -> None:
-                self.emit(P.Progress(id=req.id, phase="prefill", done=done, total=total))
-
-            finish, st = self.gen.run(
-                prompt, sampling, emit_text=emit_text, on_progress=on_progress,
-                on_stats=lambda s: self.emit(self._stats(req.id, s, final=False)),
-                cancelled=self.book.is_cancelled, drafter=drafter, t_start=t_start, constraint=constraint,
-            )
-            if constraint is not None:
-                st.speculation = "off: grammar"
-            text = "".join(pieces)
-            content, calls = structured.parse(text)
-            if calls and finish == "stop":
-                finish = "tool_calls"
-            self.emit(self._stats(req.id, st, final=True))
-            self.emit(P.Done(id=req.id, finish_reason=finish, text=text, tokens=st.tokens,
-                             usage={"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen},
-                             tool_calls=calls, content=content if calls else None))
-            if drafter is None:  # after Done: the first call reads the GGUF header
-                self._calibrate(st.n_gen, st.decode_tok_s)
-        except Cancelled:
-            self.emit(P.Done(id=req.id, finish_reason="cancelled"))
-        except KnownError as e:
+            seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs, drafter=drafter,
+                           max_gen=min(sampling.max_tokens, self.lm.n_ctx - len(prompt)),
+                           stats=RunStats(n_prompt=len(prompt), t_start=t_start),
+                           constraint=constraint, structured=structured)
+            try:
+                self.batch.submit(seq)
+            except KnownError:
+                if constraint is not None:
+                    constraint.close()
+                raise
+        except (KnownError, TypeError) as e:
             kind = getattr(e, "kind", "generate")
-            self.emit(P.Error(kind=kind, id=req.id, message=str(e)))
-        finally:
-            self.book.finish()
+            self._emit(P.Error(kind=kind, id=req.id, message=str(e)))
+
+    def next_request(self, inbox: queue.Queue) -> Any:
+        """Run engine steps until a request arrives (requests are read between steps); block when idle."""
+        while self.batch is not None and self.batch.busy:
+            try:
+                return inbox.get_nowait()
+            except queue.Empty:
+                pass
+            try:
+                self.batch.step()
+            except Exception as e:  # noqa: BLE001 - a bug of ours ends the requests, not the engine
+                self.batch.fail_all(f"internal error: {e}", traceback.format_exc())
+        if self.batch is not None:
+            self.batch.idle()
+        return inbox.get()
 
     def _structured(self, req: P.Generate) -> Any:
         """The request's schema/grammar/tools resolved (engine/structured.py); SchemaError if unsupported."""
@@ -235,6 +250,7 @@ class Engine:
 
     def _prompt(self, req: P.Generate, sampling: SamplingSettings,
                 structured: Any = None) -> tuple[list[int], list[str]]:
+        from ggufdesk.engine.batch import context_error
         from ggufdesk.engine.chat import fit_messages
         from ggufdesk.engine.structured import prepare_messages
 
@@ -250,14 +266,14 @@ class Engine:
 
             budget = n_ctx - reserve
             if req.context_policy == "refuse" and count(msgs) > budget:
-                raise _context_error(count(msgs), budget)
+                raise context_error(count(msgs), budget)
             messages = fit_messages(msgs, count, budget)
             return self._chat_tokens(messages, tools), list(self.template.stops)
         if req.prompt is None:
             raise KnownError("a generate request needs a prompt or messages")
         tokens = gen.tokenize(req.prompt)
         if len(tokens) >= n_ctx:
-            raise _context_error(len(tokens), n_ctx - 1)
+            raise context_error(len(tokens), n_ctx - 1)
         return tokens, []
 
     def _chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
@@ -292,23 +308,6 @@ class Engine:
 
         return speculative.make_drafter(spec, prompt=prompt, draft=self.draft, target=self.lm,
                                        max_tokens=max_tokens)
-
-    @staticmethod
-    def _stats(rid: str, st, *, final: bool) -> P.Stats:
-        return P.Stats(
-            id=rid, n_prompt=st.n_prompt, n_reused=st.n_reused, n_gen=st.n_gen,
-            ttft_s=round(st.ttft_s, 4), prefill_tok_s=round(st.prefill_tok_s, 2),
-            decode_tok_s=round(st.decode_tok_s, 2), drafted=st.drafted, accepted=st.accepted,
-            draft_len=st.draft_len, speculation=st.speculation, final=final,
-            llama_perf=st.perf if final else {},
-        )
-
-
-def _context_error(n: int, room: int) -> KnownError:
-    e = KnownError(f"the prompt is {n} tokens but the context has room for {room}; "
-                   "shorten it or load the model with a larger context")
-    e.kind = "context"  # type: ignore[attr-defined]
-    return e
 
 
 _OOM = re.compile(r"out of (device )?memory|failed to allocate|alloc_buffer|cudaMalloc|"
@@ -385,7 +384,7 @@ def main() -> int:
     threading.Thread(target=_read_requests, args=(stdin, inbox, book, emit), daemon=True,
                      name="engine-requests").start()
     while True:
-        msg = inbox.get()
+        msg = engine.next_request(inbox)
         try:
             if isinstance(msg, P.Shutdown):
                 engine.unload(quiet=True)
@@ -406,5 +405,19 @@ def main() -> int:
                          detail=traceback.format_exc()))
 
 
+def run() -> None:
+    """Exit without interpreter finalization: the request reader is a daemon thread blocked on
+    stdin, and finalizing while it holds stdin's lock aborts the process (so would llama.cpp's
+    static destructors racing its threads)."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
