@@ -38,7 +38,7 @@ class ServeProcess:
                 line = self.lines.get(timeout=timeout)
             except queue.Empty:
                 self.stop()
-                raise RuntimeError(f"serve did not get ready in {timeout} s: {self.output} {self.stderr[-5:]}")
+                raise RuntimeError(f"serve did not get ready in {timeout} s: {self.output} {self.stderr[-5:]}") from None
             if line is None:
                 self.proc.wait()
                 raise RuntimeError(f"serve exited ({self.proc.returncode}): {self.output} {self.stderr[-5:]}")

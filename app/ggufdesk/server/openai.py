@@ -18,7 +18,7 @@ from ggufdesk.server.errors import ApiError, invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, read_body, service, sse
 from ggufdesk.server.schemas import (ChatRequest, CompletionRequest, SamplingFields, parse, refuse_unsupported,
                                      stops, text_of)
-from ggufdesk.server.service import GenSpec, Job, Service
+from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
 def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None) -> SamplingSettings:
     d = svc.config.sampling
@@ -203,7 +203,7 @@ async def completions(request: Request) -> Response:
     if job.error is not None:
         raise _mid_error(job)
     choice = {"text": "".join(job.text), "index": 0,
-              "logprobs": completion_logprobs(job.logprobs, top, 0) if lp else None,
+              "logprobs": completion_logprobs(job.logprobs, top or 0, 0) if lp else None,
               "finish_reason": job.finish_reason}
     return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": svc.model_id,
                          "choices": [choice], "usage": job.usage(), "system_fingerprint": None})
@@ -221,7 +221,7 @@ async def _completion_stream(job: Job, cid: str, created: int, model: str, top: 
         async for ev in job.events():
             if isinstance(ev, P.Token):
                 lps = getattr(ev, "logprobs", None)
-                yield chunk(ev.text, logprobs=completion_logprobs(lps, top, offset)
+                yield chunk(ev.text, logprobs=completion_logprobs(lps, top or 0, offset)
                             if top is not None and lps else None)
                 offset += len(ev.text)
             elif isinstance(ev, P.Done):
@@ -238,8 +238,7 @@ async def _completion_stream(job: Job, cid: str, created: int, model: str, top: 
 
 
 def _mid_error(job: Job) -> ApiError:
-    from ggufdesk.server.service import engine_error
-
+    assert job.error is not None
     return engine_error(job.error)
 
 

@@ -81,7 +81,7 @@ class EnginePool:
         if self.on_state is not None:
             try:
                 self.on_state(state)
-            except Exception:  # noqa: BLE001 - a listener must not break the engine's reader
+            except Exception:
                 log.exception("state listener failed")
 
     def wait_ready(self, timeout: float | None = None) -> bool:

@@ -76,6 +76,7 @@ class ServerRunner:
         """Serve until stop() (or Ctrl-C in the main thread)."""
         if self._sock is None:
             self.bind()
+        assert self._sock is not None
         try:
             await self._make_server().serve(sockets=[self._sock])
         finally:
@@ -84,8 +85,9 @@ class ServerRunner:
     def start_thread(self) -> str:
         """Serve on a daemon thread with its own event loop (the GUI); returns the URL."""
         url = self.bind() if self._sock is None else self.url
-        server = self._make_server()
-        self._thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[self._sock])),
+        server, sock = self._make_server(), self._sock
+        assert sock is not None
+        self._thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
                                         name="ggufdesk-server", daemon=True)
         self._thread.start()
         return url

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ggufdesk.server.errors import invalid, not_supported
 
-Stop = Optional[Union[str, list[str]]]
+Stop = str | list[str] | None
 
 
 class Strict(BaseModel):
@@ -18,15 +18,15 @@ class Strict(BaseModel):
 class TextPart(Strict):
     model_config = ConfigDict(strict=True, extra="allow")
     type: str
-    text: Optional[str] = None
+    text: str | None = None
 
 
 class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: Optional[Union[str, list[TextPart]]] = None
-    name: Optional[str] = None
-    tool_calls: Optional[list[dict[str, Any]]] = None  # an assistant's earlier calls
-    tool_call_id: Optional[str] = None  # a tool message answers this call
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message answers this call
 
 
 class StreamOptions(Strict):
@@ -36,75 +36,75 @@ class StreamOptions(Strict):
 class SamplingFields(Strict):
     """Sampling fields shared by the OpenAI endpoints (llama.cpp's extras included)."""
 
-    temperature: Optional[float] = Field(None, ge=0, le=2)
-    top_p: Optional[float] = Field(None, ge=0, le=1)
-    top_k: Optional[int] = Field(None, ge=0)
-    min_p: Optional[float] = Field(None, ge=0, le=1)
-    repeat_penalty: Optional[float] = Field(None, ge=0, le=10)
-    seed: Optional[int] = Field(None, ge=0, le=2**32 - 1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repeat_penalty: float | None = Field(None, ge=0, le=10)
+    seed: int | None = Field(None, ge=0, le=2**32 - 1)
     stop: Stop = None
     stream: bool = False
-    stream_options: Optional[StreamOptions] = None
+    stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1)
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    logit_bias: Optional[dict[str, float]] = None
-    user: Optional[str] = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
 
 
 class ChatRequest(SamplingFields):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Optional[int] = Field(None, ge=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
-    tools: Optional[list[Any]] = None
-    tool_choice: Optional[Any] = None
-    parallel_tool_calls: Optional[bool] = None
-    response_format: Optional[dict[str, Any]] = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Any] | None = None
+    tool_choice: Any | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):
     model: str
-    prompt: Union[str, list[str]]
-    max_tokens: Optional[int] = Field(16, ge=1)
-    logprobs: Optional[int] = Field(None, ge=0, le=20)
+    prompt: str | list[str]
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
-    suffix: Optional[str] = None
-    best_of: Optional[int] = None
+    suffix: str | None = None
+    best_of: int | None = None
 
 
 class AnthropicBlock(Strict):
     model_config = ConfigDict(strict=True, extra="allow")
     type: str
-    text: Optional[str] = None
-    id: Optional[str] = None  # tool_use
-    name: Optional[str] = None
-    input: Optional[dict[str, Any]] = None
-    tool_use_id: Optional[str] = None  # tool_result
-    content: Optional[Union[str, list[TextPart]]] = None
+    text: str | None = None
+    id: str | None = None  # tool_use
+    name: str | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: str | None = None  # tool_result
+    content: str | list[TextPart] | None = None
 
 
 class AnthropicMessage(Strict):
     role: Literal["user", "assistant"]
-    content: Union[str, list[AnthropicBlock]]
+    content: str | list[AnthropicBlock]
 
 
 class MessagesRequest(Strict):
     model: str
     messages: list[AnthropicMessage] = Field(min_length=1)
     max_tokens: int = Field(ge=1)
-    system: Optional[Union[str, list[AnthropicBlock]]] = None
-    stop_sequences: Optional[list[str]] = None
-    temperature: Optional[float] = Field(None, ge=0, le=1)
-    top_p: Optional[float] = Field(None, ge=0, le=1)
-    top_k: Optional[int] = Field(None, ge=0)
+    system: str | list[AnthropicBlock] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=0)
     stream: bool = False
-    metadata: Optional[dict[str, Any]] = None
-    tools: Optional[list[Any]] = None
-    tool_choice: Optional[dict[str, Any]] = None
-    thinking: Optional[dict[str, Any]] = None
+    metadata: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
 
 
 def parse(model: type[Strict], body: bytes) -> Any:

@@ -5,7 +5,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import SamplingSettings
@@ -18,7 +18,7 @@ from ggufdesk.server.ratelimit import RateLimiter
 
 log = logging.getLogger("ggufdesk.server")
 
-Receive = Callable[[], Awaitable[dict[str, Any]]]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 CLIENT_WINDOW_S = 60.0  # a caller counts as a client for this long after its last request
 DRAIN_TIMEOUT_S = 30.0  # how long a cancelled request may take to confirm before its slot is freed anyway
 

@@ -57,7 +57,7 @@ def anthropic_tools(tools: list[Any] | None, choice: dict[str, Any] | None) -> d
             fn["description"] = t["description"]
         converted.append({"type": "function", "function": fn})
     choice = choice or {"type": "auto"}
-    kind = choice.get("type")
+    kind = str(choice.get("type"))
     mapped: Any = {"auto": "auto", "any": "required", "none": "none"}.get(kind)
     if kind == "tool":
         mapped = {"type": "function", "function": {"name": choice.get("name")}}
