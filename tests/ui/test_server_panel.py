@@ -50,3 +50,39 @@ def test_serves_the_loaded_model_and_stops(qtbot, panel):
 def test_the_main_window_has_it_hidden_and_off(window):
     assert window.server_panel.isHidden() and window.server_panel.state == "off"
     assert not window.server_panel.toggle.isChecked()
+
+
+def test_the_chat_keeps_answering_while_the_server_is_busy(qtbot, loaded_window, monkeypatch):
+    import threading
+
+    w = loaded_window
+    panel = w.server_panel
+    panel._pool_factory = lambda model, load: fake_pool(model, env={"FAKE_ENGINE_TOKENS_PER_S": "20"})
+    panel.port.setValue(0)
+    with qtbot.waitSignals([panel.state_changed, panel.state_changed], timeout=30_000):
+        panel.toggle.setChecked(True)
+    assert panel.state == "ready"
+    busy = threading.Event()
+
+    def long_request() -> None:  # about 20 s of tokens: the server stays busy for the whole test
+        body = {"model": "model-instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400,
+                "stream": True}
+        with httpx.stream("POST", panel.url + "/v1/chat/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if '"content"' in line:
+                    busy.set()
+                if done.is_set():
+                    return
+
+    done = threading.Event()
+    t = threading.Thread(target=long_request, daemon=True)
+    t.start()
+    assert busy.wait(30)
+    with qtbot.waitSignal(w.answer_finished, timeout=15_000) as blocker:
+        assert w.send("hello while the server works")
+    assert blocker.args[0] == "done"
+    assert panel.service.snapshot()["running"] == 1  # the server's request is still going
+    done.set()
+    w.close()  # closing the window stops the server
+    assert panel.state == "off"
+    t.join(30)
