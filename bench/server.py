@@ -19,6 +19,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -284,6 +285,7 @@ def main() -> int:
         from ggufdesk.core.starter import starter_model_path
 
         a.model = str(starter_model_path())
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on kill too
     servers = make_servers(a.model, a)
     logs = Path(tempfile.mkdtemp(prefix="bench-server-"))
     results: dict = {"config": {k: v for k, v in vars(a).items()}, "load_avg_start": os.getloadavg(),

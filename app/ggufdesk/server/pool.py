@@ -125,23 +125,27 @@ class EnginePool:
         if isinstance(event, P.Loaded):
             self.loaded = event
             self._set_state("ready")
-            return
-        if isinstance(event, P.Status):
+        elif isinstance(event, P.Status):
             self.status = P.fields_of(event)
-            return
-        rid = getattr(event, "id", None)
-        if rid is not None:
+        elif isinstance(event, P.Lifecycle):
+            self._lifecycle(event)
+        elif getattr(event, "id", None) is not None:
             self._route(event)
-        if isinstance(event, P.Error):
-            if event.kind == "crash":
-                self.loaded = None
-                self.error = event.message
-                self._set_state("loading")  # the client restarts the engine and reloads the model
-            elif event.kind in ("load", "settings") and rid is None:
-                self.error = event.message
-                self._set_state("failed")
-            if rid is None:
-                log.warning("engine: %s", event.message)
+        elif isinstance(event, P.Error):
+            log.warning("engine: %s", event.message)
+
+    def _lifecycle(self, ev: P.Lifecycle) -> None:
+        """The client's account of the engine process: a crash or hang restarts it and reloads."""
+        if ev.state == "loaded":
+            self._set_state("ready")
+        elif ev.state in ("starting", "loading"):
+            self.loaded = None
+            self.error = ev.reason or None
+            self._set_state("loading")
+        elif ev.state == "failed" or (ev.state == "ready" and ev.reason and self.state != "starting"):
+            self.loaded = None  # it cannot run, or it restarted without the model
+            self.error = ev.reason or "the engine stopped"
+            self._set_state("failed")
 
     def _route(self, event: Any) -> None:
         with self._lock:

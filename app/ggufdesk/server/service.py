@@ -54,7 +54,7 @@ def engine_error(ev: P.Error) -> ApiError:
         return ApiError(400, ev.message, code="context_length_exceeded", param="messages", reason="context")
     if ev.kind == "overloaded":
         return ApiError(503, ev.message, code="overloaded", retry_after=2, reason="overloaded")
-    if ev.kind == "crash":
+    if ev.kind in ("crash", "hung"):
         return ApiError(503, ev.message, code="engine_restarting", retry_after=5, reason="engine_crash")
     if ev.kind == "settings":
         return ApiError(400, ev.message, reason="invalid")
