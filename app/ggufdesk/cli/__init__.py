@@ -12,7 +12,8 @@ from typing import Any
 from ggufdesk.core.errors import KnownError
 
 # Each module defines NAME, HELP, add_arguments(parser) and run(args) -> int.
-SUBCOMMANDS = ("probe", "plan", "recommend", "download", "library", "run", "chat")
+SUBCOMMANDS = ("probe", "plan", "recommend", "download", "library", "run", "chat",
+               "serve")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,6 +44,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
     p.add_argument("--system", default="", help="system prompt (with --chat)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", help="constrain the output to this JSON schema")
+    shape.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")
+    shape.add_argument("--tools", metavar="FILE", help="OpenAI-style tools (JSON list) the model may call")
+    p.add_argument("--tool-choice", default="auto",
+                   help="auto | required | none | the name of one tool (with --tools)")
+
+
+def structured_from_args(args: argparse.Namespace) -> dict:
+    """The Generate fields for --json-schema / --json-object / --tools (checked here, before loading)."""
+    import json
+    from pathlib import Path
+
+    from ggufdesk.core import schema as S
+    from ggufdesk.core import tools as T
+
+    def read(path: str, what: str) -> str:
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise KnownError(f"could not read the {what} file {path}: {e}") from None
+
+    if args.json_object:
+        return {"json_schema": "json_object"}
+    if args.json_schema:
+        return {"json_schema": S.load_schema(read(args.json_schema, "schema"), source=args.json_schema)}
+    if args.tools:
+        try:
+            tools = json.loads(read(args.tools, "tools"))
+        except ValueError as e:
+            raise KnownError(f"{args.tools} is not valid JSON: {e}") from None
+        checked = T.check_tools(tools)
+        choice = args.tool_choice
+        if choice not in ("auto", "required", "none"):
+            choice = {"type": "function", "function": {"name": choice}}
+        T.pick_tools(checked, choice)
+        return {"tools": checked, "tool_choice": choice}
+    return {}
 
 
 def settings_from_args(args: argparse.Namespace) -> tuple[LoadSettings, SamplingSettings, SpeculationSettings]:
@@ -80,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
 
     load, sampling, spec = settings_from_args(args)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    structured = structured_from_args(args)
+    if structured.get("tools") and not args.chat:
+        args.chat = True  # tools are offered through the chat template
     model = resolve_model(args.model)
     info = preflight.check(model, load, spec)  # before the engine: broken files, a plan that cannot fit
     text: list[str] = []
@@ -96,9 +137,10 @@ def run(args: argparse.Namespace) -> int:
                              "(without --chat the prompt is sent as plain text)")
         if args.chat:
             msgs = ([{"role": "system", "content": args.system}] if args.system else [])
-            rid = client.generate(messages=msgs + [{"role": "user", "content": prompt}], sampling=sampling)
+            rid = client.generate(messages=msgs + [{"role": "user", "content": prompt}], sampling=sampling,
+                                  **structured)
         else:
-            rid = client.generate(prompt=prompt, sampling=sampling)
+            rid = client.generate(prompt=prompt, sampling=sampling, **structured)
         for ev in client.stream(rid):
             if isinstance(ev, P.Token):
                 text.append(ev.text)
@@ -122,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         "speculation": stats.speculation if stats else "off",
         "llama_perf": stats.llama_perf if stats else {},
         "finish_reason": done.finish_reason if done else None,
+        "tool_calls": done.tool_calls if done else [],
         "chat_format": loaded.chat_format, "load_s": loaded.load_s, "memory": loaded.memory,
     }
     if args.json:

@@ -22,6 +22,8 @@ from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine import protocol as P
 from ggufdesk.engine.generate import Drafter, Generator, RunStats, llama_perf, make_sampler
+from ggufdesk.engine.grammar import GrammarConstraint
+from ggufdesk.engine.structured import Structured
 from ggufdesk.engine.native import LoadedModel
 from ggufdesk.engine.prefix_cache import Slot, Slots
 from ggufdesk.engine.scheduler import Overloaded, Scheduler
@@ -53,6 +55,8 @@ class Sequence:
     pending_lp: list[dict[str, Any]] = field(default_factory=list)
     next_stats: float = 0.0
     alone: bool = True  # never shared a step with another request (then llama_perf is its own)
+    constraint: GrammarConstraint | None = None  # structured output: every token must fit its grammar
+    structured: Structured | None = None  # what the request asked for (tool calls are parsed at the end)
     paused_steps: int = 0  # steps decoded in a batch while it had a drafter
 
     @property
@@ -283,7 +287,10 @@ class BatchEngine:
     # ---- sampling and output ------------------------------------------------------------------
 
     def _sample(self, s: Sequence, row: int) -> int:
-        t = self.gen.sample(s.sampler, row)
+        if s.constraint is not None:  # engine/grammar.py: check the sampled token, resample if rejected
+            t = s.constraint.sample(self.gen.logits_row(row), s.sampler)
+        else:
+            t = self.gen.sample(s.sampler, row)
         if s.logprobs:
             s.pending_lp.append(self._logprob_entry(row, t, s.logprobs))
         return t
@@ -334,6 +341,8 @@ class BatchEngine:
     def _stats(self, s: Sequence, *, final: bool) -> P.Stats:
         st = s.stats
         spec = st.speculation if s.drafter is None else s.drafter.status
+        if s.structured is not None and s.structured.active:
+            spec = "off: grammar"
         if s.paused_steps:
             spec = "paused" if not st.drafted else f"{spec}, paused while batched"
         return P.Stats(
@@ -349,6 +358,9 @@ class BatchEngine:
         if s.sampler is not None:
             s.sampler.close()
             s.sampler = None
+        if s.constraint is not None:
+            s.constraint.close()
+            s.constraint = None
         if s.slot is not None:
             # keep the KV for later prefixes; a request that stopped mid-prompt leaves a partial one
             self.slots.release(s.slot)
@@ -366,8 +378,13 @@ class BatchEngine:
         st = s.stats
         final = self._stats(s, final=True)
         self.emit(final)
-        self.emit(P.Done(id=s.rid, finish_reason=reason, text="".join(s.pieces), tokens=st.tokens,
-                         usage={"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen}))
+        text = "".join(s.pieces)
+        content, calls = s.structured.parse(text) if s.structured is not None else (text, [])
+        if calls and reason == "stop":
+            reason = "tool_calls"
+        self.emit(P.Done(id=s.rid, finish_reason=reason, text=text, tokens=st.tokens,
+                         usage={"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen},
+                         tool_calls=calls, content=content if calls else None))
         if started and s.alone and s.drafter is None and self.on_plain_done is not None:
             self.on_plain_done(final)  # the figures the user saw
 

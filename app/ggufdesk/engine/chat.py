@@ -71,6 +71,7 @@ class ChatTemplate:
 
     def __init__(self, template: str | None, *, bos: str, eos: str, probe: bool = True) -> None:
         self.builtin = template is None
+        self.source = template  # the model's own template text (tool format detection)
         self.name = "builtin:plain" if self.builtin else "template"
         self.stops = list(PLAIN_STOPS) if self.builtin else []
         self.bos, self.eos = bos, eos
@@ -103,10 +104,12 @@ class ChatTemplate:
                 last = e
         raise KnownError(f"the model's chat template fails on a plain conversation: {last}") from None
 
-    def render(self, messages: list[dict[str, str]], **extra: Any) -> str:
+    def render(self, messages: list[dict[str, Any]], **extra: Any) -> str:
+        """The prompt for `messages`; `extra` are further template variables (tools=[...], OpenAI-style)."""
         for m in messages:
-            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
-                    or not isinstance(m.get("content"), str):
+            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool") \
+                    or not (isinstance(m.get("content"), str)
+                            or (m.get("content") is None and m.get("tool_calls"))):
                 raise KnownError(f"bad chat message: {str(m)[:100]}")
         return self._render(messages, seconds=RENDER_SECONDS, **extra)
 

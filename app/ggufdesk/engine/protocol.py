@@ -70,6 +70,12 @@ class Generate:
     speculation: dict[str, Any] | None = None  # overrides the loaded SpeculationSettings
     context_policy: Literal["truncate", "refuse"] = "truncate"  # drop oldest turns, or refuse
     logprobs: int = 0  # 0 = off; N = the top-N alternatives (with their logprobs) for every token
+    # structured output (engine/structured.py), at most one of the three:
+    json_schema: dict[str, Any] | str | None = None  # a JSON schema, or "json_object" for any object
+    grammar: str | None = None  # GBNF text with a `root` rule
+    tools: list[dict[str, Any]] | None = None  # OpenAI-style function tools (chat requests)
+    tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
+    parallel_tool_calls: bool = False  # up to 4 calls in one answer (off: one, as llama-server)
 
 
 @dataclass(kw_only=True)
@@ -188,6 +194,8 @@ class Done:
     text: str = ""
     tokens: list[int] = field(default_factory=list)  # the generated token ids
     usage: dict[str, int] = field(default_factory=dict)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style, parsed from text
+    content: str | None = None  # with tool calls: the text that is not a call
 
 
 @dataclass(kw_only=True)

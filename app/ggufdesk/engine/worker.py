@@ -202,14 +202,23 @@ class Engine:
             cap = self.lm.n_outputs - 1  # logits rows reserved at load: [last] + K max
             if spec.k_max > cap:
                 spec = dataclasses.replace(spec, k_max=cap, k_min=min(spec.k_min, cap))
-            prompt, stops = self._prompt(req, sampling)
+            structured = self._structured(req)
+            prompt, stops = self._prompt(req, sampling, structured)
             if stops:
                 sampling = dataclasses.replace(sampling, stop=sampling.stop + stops)
-            drafter = self._drafter(spec, prompt, sampling.max_tokens)
+            constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=self.gen.piece,
+                                               tokenize=lambda t: self.gen.tokenize(t, add_bos=False))
+            drafter = None if constraint else self._drafter(spec, prompt, sampling.max_tokens)
             seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs, drafter=drafter,
                            max_gen=min(sampling.max_tokens, self.lm.n_ctx - len(prompt)),
-                           stats=RunStats(n_prompt=len(prompt), t_start=t_start))
-            self.batch.submit(seq)
+                           stats=RunStats(n_prompt=len(prompt), t_start=t_start),
+                           constraint=constraint, structured=structured)
+            try:
+                self.batch.submit(seq)
+            except KnownError:
+                if constraint is not None:
+                    constraint.close()
+                raise
         except (KnownError, TypeError) as e:
             kind = getattr(e, "kind", "generate")
             self._emit(P.Error(kind=kind, id=req.id, message=str(e)))
@@ -229,21 +238,40 @@ class Engine:
             self.batch.idle()
         return inbox.get()
 
-    def _prompt(self, req: P.Generate, sampling: SamplingSettings) -> tuple[list[int], list[str]]:
+    def _structured(self, req: P.Generate) -> Any:
+        """The request's schema/grammar/tools resolved (engine/structured.py); SchemaError if unsupported."""
+        from ggufdesk.engine import structured
+
+        try:
+            return structured.plan(json_schema=req.json_schema, grammar=req.grammar, tools=req.tools,
+                                   tool_choice=req.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
+                                   template_source=self.template.source,
+                                   chat=req.messages is not None)
+        except KnownError as e:
+            e.kind = "schema"  # type: ignore[attr-defined]
+            raise
+
+    def _prompt(self, req: P.Generate, sampling: SamplingSettings,
+                structured: Any = None) -> tuple[list[int], list[str]]:
         from ggufdesk.engine.batch import context_error
         from ggufdesk.engine.chat import fit_messages
+        from ggufdesk.engine.structured import prepare_messages
 
         gen, n_ctx = self.gen, self.lm.n_ctx
         reserve = min(sampling.max_tokens, n_ctx // 2)
         if req.messages is not None:
-            def count(msgs: list[dict[str, str]]) -> int:
-                return len(self._chat_tokens(msgs))
+            tools = structured.tools if structured is not None and structured.fmt is not None \
+                and structured.fmt.native else None
+            msgs = prepare_messages(req.messages, structured) if structured is not None else req.messages
+
+            def count(m: list[dict[str, Any]]) -> int:
+                return len(self._chat_tokens(m, tools))
 
             budget = n_ctx - reserve
-            if req.context_policy == "refuse" and count(req.messages) > budget:
-                raise context_error(count(req.messages), budget)
-            messages = fit_messages(req.messages, count, budget)
-            return self._chat_tokens(messages), list(self.template.stops)
+            if req.context_policy == "refuse" and count(msgs) > budget:
+                raise context_error(count(msgs), budget)
+            messages = fit_messages(msgs, count, budget)
+            return self._chat_tokens(messages, tools), list(self.template.stops)
         if req.prompt is None:
             raise KnownError("a generate request needs a prompt or messages")
         tokens = gen.tokenize(req.prompt)
@@ -251,8 +279,8 @@ class Engine:
             raise context_error(len(tokens), n_ctx - 1)
         return tokens, []
 
-    def _chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
-        text = self.template.render(messages)
+    def _chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        text = self.template.render(messages, tools=tools)
         bos = llama_bos_text(self.gen)
         return self.gen.tokenize(text, add_bos=not (bos and text.startswith(bos)))
 

@@ -213,6 +213,9 @@ class MainWindow(QMainWindow):
         for a in (self.model_action, self.settings_action, self.conv_settings_action):
             tb.addAction(a)
         self._build_menus()
+        from ggufdesk.ui import server_panel  # the "Local server" dock (off by default)
+        self.server_panel = server_panel.attach(
+            self, tb, lambda: (self.model_path, self.settings.load) if self.model_path else None)
         self.sampler = SystemSampler(lambda: self.engine.pid, parent=self)
         self.resize(1180, 760)
 

@@ -1,0 +1,250 @@
+"""Tool calling: the formats models are trained on, detecting a template's format, and parsing calls back.
+
+Formats (what the model writes when it calls a tool):
+- hermes:  <tool_call>{"name": ..., "arguments": {...}}</tool_call>   (Qwen 2.5, Hermes, generic)
+- llama3:  {"name": ..., "parameters": {...}}, optionally after <|python_tag|>   (Llama 3.1-3.3)
+- mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]   (Mistral 7B v0.3, Nemo, Small)
+Models whose template knows no tools (Gemma 3, Phi, base models) get the hermes format explained
+in a system message (`generic`). Calls come back as OpenAI-style dicts:
+{"id": "call_...", "type": "function", "function": {"name": ..., "arguments": "<json text>"}}.
+"""
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from ggufdesk.core.schema import SchemaError, check_schema
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+MAX_TOOLS = 128
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    marker: str  # the text that opens a call (the lazy grammar's trigger)
+    args_key: str  # "arguments" or "parameters"
+    native: bool  # the model's own template renders the tools
+
+
+HERMES = ToolFormat("hermes", "<tool_call>", "arguments", True)
+GENERIC = ToolFormat("generic", "<tool_call>", "arguments", False)
+LLAMA3 = ToolFormat("llama3", '{"name"', "parameters", True)
+MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "arguments", True)
+FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL)}
+
+
+def detect_format(template: str | None) -> ToolFormat:
+    """The tool format a chat template was written for (generic when it renders no tools)."""
+    t = template or ""
+    if "tools" not in t:
+        return GENERIC
+    if "<tool_call>" in t:
+        return HERMES
+    if "[TOOL_CALLS]" in t or "[AVAILABLE_TOOLS]" in t:
+        return MISTRAL
+    if "<|python_tag|>" in t or "ipython" in t:
+        return LLAMA3
+    return GENERIC
+
+
+def check_tools(tools: Any) -> list[dict[str, Any]]:
+    """Validate OpenAI-style tools; returns them normalised ({"type": "function", "function": {...}})."""
+    if not isinstance(tools, list) or not tools:
+        raise SchemaError("`tools` must be a non-empty list of {\"type\": \"function\", \"function\": {...}}")
+    if len(tools) > MAX_TOOLS:
+        raise SchemaError(f"at most {MAX_TOOLS} tools are supported, got {len(tools)}")
+    out, seen = [], set()
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise SchemaError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{...}}}}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise SchemaError(f"tools[{i}]: the function name {name!r} must be 1-64 letters, digits, _ . -")
+        if name in seen:
+            raise SchemaError(f"tools[{i}]: the function name {name!r} is used twice")
+        seen.add(name)
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        try:
+            check_schema(params)
+        except SchemaError as e:
+            raise SchemaError(f"tools[{i}] ({name}) parameters: {e}") from None
+        norm = {"name": name, "parameters": params}
+        if isinstance(fn.get("description"), str):
+            norm["description"] = fn["description"]
+        out.append({"type": "function", "function": norm})
+    return out
+
+
+def pick_tools(tools: list[dict[str, Any]], choice: Any) -> tuple[list[dict[str, Any]], str]:
+    """Apply tool_choice: returns (the tools the model may call, mode) with mode none|auto|required."""
+    if choice in (None, "auto"):
+        return tools, "auto"
+    if choice == "none":
+        return [], "none"
+    if choice in ("required", "any"):
+        return tools, "required"
+    name = None
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") or choice.get("name")
+    if isinstance(name, str):
+        chosen = [t for t in tools if t["function"]["name"] == name]
+        if not chosen:
+            raise SchemaError(f"tool_choice names {name!r}, which is not among the tools")
+        return chosen, "required"
+    raise SchemaError("tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                      "\"function\": {\"name\": ...}}")
+
+
+def call_schema(tools: list[dict[str, Any]], fmt: ToolFormat) -> dict[str, Any]:
+    """The JSON schema of one call to any of `tools` in this format (what the grammar enforces)."""
+    alts = []
+    for t in tools:
+        fn = t["function"]
+        alts.append({"type": "object", "properties": {"name": {"const": fn["name"]},
+                                                      fmt.args_key: fn["parameters"]},
+                     "required": ["name", fmt.args_key]})
+    return alts[0] if len(alts) == 1 else {"anyOf": alts}
+
+
+def system_prompt(tools: list[dict[str, Any]]) -> str:
+    """How to call tools, for templates that cannot render them (the generic format)."""
+    listing = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+    return ("You can call functions. The functions, as JSON schemas:\n<tools>\n" + listing + "\n</tools>\n"
+            "To call one, reply with exactly:\n<tool_call>\n{\"name\": <function name>, "
+            "\"arguments\": <arguments as a JSON object>}\n</tool_call>")
+
+
+def call_text(call: dict[str, Any]) -> str:
+    """An OpenAI-style call as the JSON object models write ({"name": ..., "arguments": {...}})."""
+    fn = call.get("function") or {}
+    args = fn.get("arguments") or "{}"
+    try:
+        args_obj = json.loads(args) if isinstance(args, str) else args
+    except ValueError:
+        args_obj = {}
+    return json.dumps({"name": fn.get("name", ""), "arguments": args_obj}, ensure_ascii=False)
+
+
+def _call(name: Any, args: Any) -> dict[str, Any] | None:
+    if not isinstance(name, str) or not name:
+        return None
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        return None
+    return {"id": "call_" + secrets.token_hex(12), "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def _from_obj(obj: Any) -> dict[str, Any] | None:
+    if not isinstance(obj, dict):
+        return None
+    args = obj["arguments"] if "arguments" in obj else obj.get("parameters")
+    return _call(obj.get("name"), args)
+
+
+def _json_prefix(text: str) -> tuple[Any, int]:
+    """Decode the JSON value at the start of text (after spaces); returns (value, end) or (None, 0)."""
+    s = len(text) - len(text.lstrip())
+    try:
+        value, end = json.JSONDecoder().raw_decode(text, s)
+    except ValueError:
+        return None, 0
+    return value, end
+
+
+def parse_calls(text: str, fmt: ToolFormat) -> tuple[str, list[dict[str, Any]]]:
+    """Split a model's output into (the text that is not a call, the calls)."""
+    calls: list[dict[str, Any]] = []
+    if fmt.name in ("hermes", "generic"):
+        rest = []
+        pos = 0
+        for m in re.finditer(r"<tool_call>(.*?)(?:</tool_call>|$)", text, re.S):
+            value, _ = _json_prefix(m.group(1))
+            call = _from_obj(value)
+            if call is None:
+                continue
+            rest.append(text[pos:m.start()])
+            pos = m.end()
+            calls.append(call)
+        rest.append(text[pos:])
+        return "".join(rest).strip() if calls else text, calls
+    if fmt.name == "mistral":
+        i = text.find("[TOOL_CALLS]")
+        if i < 0:
+            return text, []
+        body = text[i + len("[TOOL_CALLS]"):]
+        value, _ = _json_prefix(body)
+        if isinstance(value, dict):
+            value = [value]
+        if isinstance(value, list):
+            calls = [c for c in (_from_obj(v) for v in value) if c]
+        else:  # newer Mistral: [TOOL_CALLS]name[ARGS]{...}
+            for m in re.finditer(r"([A-Za-z0-9_.-]+)\[ARGS\]", body):
+                args, _ = _json_prefix(body[m.end():])
+                call = _call(m.group(1), args)
+                if call:
+                    calls.append(call)
+        return (text[:i].strip(), calls) if calls else (text, [])
+    # llama3: the whole answer is one JSON call (or a list of them), maybe after <|python_tag|>
+    body = text.replace("<|python_tag|>", "").strip()
+    value, end = _json_prefix(body)
+    if end and not body[end:].strip().strip(";"):
+        items = value if isinstance(value, list) else [value]
+        calls = [c for c in (_from_obj(v) for v in items) if c]
+        if calls and len(calls) == len(items):
+            return "", calls
+    return text, []
+
+
+class CallStream:
+    """Streams text while holding back anything that may be the start of a tool call.
+
+    push(text) -> text that is safe to show now; calls are parsed from the whole output at the end.
+    """
+
+    def __init__(self, fmt: ToolFormat) -> None:
+        self.fmt = fmt
+        self.text = ""
+        self._shown = 0
+        self.in_call = False
+
+    def push(self, piece: str) -> str:
+        self.text += piece
+        if self.in_call:
+            return ""
+        marker = self.fmt.marker
+        i = self.text.find(marker, self._shown) if self.fmt.name != "llama3" else (
+            0 if self.text.lstrip().startswith(("{", "<|python_tag|>")) else -1)
+        if i >= 0:
+            self.in_call = True
+            out, self._shown = self.text[self._shown:i], len(self.text)
+            return out
+        # keep back a tail that could still grow into the marker
+        keep = 0
+        for n in range(min(len(marker) - 1, len(self.text) - self._shown), 0, -1):
+            if marker.startswith(self.text[-n:]):
+                keep = n
+                break
+        if self.fmt.name == "llama3" and not self.text.strip():
+            keep = len(self.text) - self._shown
+        end = len(self.text) - keep
+        out, self._shown = self.text[self._shown:end], max(self._shown, end)
+        return out
+
+    def finish(self) -> tuple[str, list[dict[str, Any]]]:
+        """(text not yet shown that is not a call, the calls)."""
+        content, calls = parse_calls(self.text, self.fmt)
+        if calls:
+            return "", calls
+        return self.text[self._shown:], []

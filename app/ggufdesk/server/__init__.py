@@ -1,0 +1,1 @@
+"""The local OpenAI/Anthropic-compatible HTTP server: routes, service layer, engine pool."""

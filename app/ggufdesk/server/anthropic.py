@@ -1,0 +1,157 @@
+"""Anthropic-compatible route: POST /v1/messages, streaming (the real event sequence) and not."""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ggufdesk.core.errors import SettingsError
+from ggufdesk.core.settings import SamplingSettings
+from ggufdesk.core.tools import GENERIC, CallStream
+from ggufdesk.engine import protocol as P
+from ggufdesk.server import structured
+from ggufdesk.server.errors import invalid, not_supported
+from ggufdesk.server.http import caller, event_stream, read_body, service, sse
+from ggufdesk.server.schemas import MessagesRequest, parse, text_of
+from ggufdesk.server.service import GenSpec, Job, Service, engine_error
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def sampling_for(svc: Service, req: MessagesRequest) -> SamplingSettings:
+    d = svc.config.sampling
+    stop = [s for s in (req.stop_sequences or []) if s]
+    if len(stop) > 16:
+        raise invalid("stop_sequences: at most 16", param="stop_sequences")
+    try:
+        return SamplingSettings(
+            temperature=d.temperature if req.temperature is None else req.temperature,
+            top_p=d.top_p if req.top_p is None else req.top_p,
+            top_k=d.top_k if req.top_k is None else req.top_k,
+            min_p=d.min_p, repeat_penalty=d.repeat_penalty, repeat_last_n=d.repeat_last_n, seed=d.seed,
+            max_tokens=req.max_tokens, stop=stop,
+        )
+    except SettingsError as e:
+        raise invalid(str(e)) from None
+
+
+def messages_of(req: MessagesRequest) -> list[dict[str, Any]]:
+    """Anthropic turns as the engine's (OpenAI-style) messages: tool_use blocks become tool_calls,
+    tool_result blocks become role "tool" messages."""
+    out: list[dict[str, Any]] = []
+    if req.system:
+        out.append({"role": "system", "content": text_of(req.system, "system")})
+    for i, m in enumerate(req.messages):
+        if isinstance(m.content, str):
+            out.append({"role": m.role, "content": m.content})
+            continue
+        text, calls = [], []
+        for j, b in enumerate(m.content):
+            where = f"messages[{i}].content[{j}]"
+            if b.type == "text":
+                text.append(b.text or "")
+            elif b.type == "tool_use" and m.role == "assistant":
+                calls.append({"id": b.id or f"call_{i}_{j}", "type": "function",
+                              "function": {"name": b.name or "", "arguments": json.dumps(b.input or {})}})
+            elif b.type == "tool_result" and m.role == "user":
+                out.append({"role": "tool", "tool_call_id": b.tool_use_id or "",
+                            "content": text_of(b.content, where)})
+            else:
+                raise not_supported(f"{where} of type {b.type!r}")
+        if text or calls or m.role == "assistant":
+            msg: dict[str, Any] = {"role": m.role, "content": "".join(text)}
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+    return out
+
+
+def stop_reason(job: Job) -> str:
+    return STOP_REASONS[job.finish_reason]
+
+
+async def messages(request: Request) -> Response:
+    svc = service(request)
+    req: MessagesRequest = parse(MessagesRequest, await read_body(request, svc.config.max_body))
+    extra = structured.anthropic_tools(req.tools, req.tool_choice)
+    if req.thinking and req.thinking.get("type") != "disabled":
+        raise not_supported("thinking")
+    svc.check_model(req.model)
+    spec = GenSpec(endpoint="messages", messages=messages_of(req), sampling=sampling_for(svc, req), structured=extra)
+    job = await svc.start(caller(request), spec, request.receive)
+    mid = f"msg_{uuid.uuid4().hex[:24]}"
+    if req.stream:
+        calls = CallStream(svc.pool.tool_format or GENERIC) if extra else None
+        return event_stream(_stream(job, mid, svc.model_id, calls))
+    try:
+        await job.collect()
+    finally:
+        job.close()
+    if job.error is not None:
+        raise engine_error(job.error)
+    content = [{"type": "text", "text": "".join(job.text)}]
+    if job.done is not None and job.done.tool_calls:
+        content = ([{"type": "text", "text": job.done.content}] if job.done.content else []) + [
+            structured.anthropic_tool_use(c) for c in job.done.tool_calls]
+    return JSONResponse({
+        "id": mid, "type": "message", "role": "assistant", "model": svc.model_id,
+        "content": content,
+        "stop_reason": stop_reason(job), "stop_sequence": None,
+        "usage": {"input_tokens": job.prompt_tokens, "output_tokens": job.completion_tokens},
+    })
+
+
+async def _stream(job: Job, mid: str, model: str, calls: CallStream | None) -> AsyncIterator[str]:
+    """Anthropic's event sequence; with tools, call text is held back and each call becomes a
+    tool_use block (content_block_start + one input_json_delta + content_block_stop) at the end."""
+    def message(usage_in: int) -> dict[str, Any]:
+        return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
+                "stop_reason": None, "stop_sequence": None,
+                "usage": {"input_tokens": usage_in, "output_tokens": 0}}
+
+    started = False
+    try:
+        async for ev in job.events():
+            if not started and not isinstance(ev, P.Error):
+                started = True
+                known = ev.total if isinstance(ev, P.Progress) else job.prompt_tokens
+                yield sse({"type": "message_start", "message": message(known)}, "message_start")
+                yield sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                          "content_block_start")
+                yield sse({"type": "ping"}, "ping")
+            if isinstance(ev, P.Token) and ev.text:
+                text = calls.push(ev.text) if calls is not None else ev.text
+                if text:
+                    yield sse({"type": "content_block_delta", "index": 0,
+                               "delta": {"type": "text_delta", "text": text}}, "content_block_delta")
+            elif isinstance(ev, P.Done):
+                rest = calls.finish()[0] if calls is not None and not ev.tool_calls else ""
+                if rest:
+                    yield sse({"type": "content_block_delta", "index": 0,
+                               "delta": {"type": "text_delta", "text": rest}}, "content_block_delta")
+                yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+                for k, call in enumerate(ev.tool_calls, start=1):
+                    use = structured.anthropic_tool_use(call)
+                    yield sse({"type": "content_block_start", "index": k,
+                               "content_block": {**use, "input": {}}}, "content_block_start")
+                    yield sse({"type": "content_block_delta", "index": k,
+                               "delta": {"type": "input_json_delta", "partial_json": json.dumps(use["input"])}},
+                              "content_block_delta")
+                    yield sse({"type": "content_block_stop", "index": k}, "content_block_stop")
+                yield sse({"type": "message_delta",
+                           "delta": {"stop_reason": stop_reason(job), "stop_sequence": None},
+                           "usage": {"input_tokens": job.prompt_tokens, "output_tokens": job.completion_tokens}},
+                          "message_delta")
+                yield sse({"type": "message_stop"}, "message_stop")
+            elif isinstance(ev, P.Error):
+                yield sse(engine_error(ev).anthropic(), "error")
+                return
+    finally:
+        job.close()
+
+
+ROUTES = [Route("/v1/messages", messages, methods=["POST"])]

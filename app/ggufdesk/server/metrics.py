@@ -1,0 +1,59 @@
+"""Prometheus metrics of one server (its own registry, so several servers can live in one process)."""
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 60)
+
+
+class Metrics:
+    """What /metrics shows. Gauges that mirror live state read it through callbacks when scraped."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self._drafted = self._accepted = 0
+        self.latency = Histogram("ggufdesk_request_duration_seconds", "Time from request to its last byte",
+                                 ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("ggufdesk_time_to_first_token_seconds", "Time from request to its first token",
+                              ["endpoint"], buckets=TTFT_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("ggufdesk_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generated_tokens = Counter("ggufdesk_generation_tokens", "Tokens generated", registry=r)
+        self.requests = Counter("ggufdesk_requests", "Requests finished, by endpoint and outcome",
+                                ["endpoint", "outcome"], registry=r)
+        self.failures = Counter("ggufdesk_request_failures", "Requests refused or failed, by reason",
+                                ["reason"], registry=r)
+        self.cancel = Histogram("ggufdesk_cancel_seconds",
+                                "Time from a client's disconnect to the engine confirming the cancel",
+                                buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5), registry=r)
+        self.running = Gauge("ggufdesk_requests_running", "Requests being generated", registry=r)
+        self.queued = Gauge("ggufdesk_requests_queued", "Requests waiting for a slot", registry=r)
+        self.kv_usage = Gauge("ggufdesk_kv_cache_usage_ratio", "Share of KV cache cells in use (0-1)",
+                              registry=r)
+        self.drafted = Counter("ggufdesk_speculative_drafted_tokens", "Tokens proposed by speculation",
+                               registry=r)
+        self.accepted = Counter("ggufdesk_speculative_accepted_tokens", "Drafted tokens accepted",
+                                registry=r)
+        self.acceptance = Gauge("ggufdesk_speculative_acceptance_ratio",
+                                "Accepted / drafted tokens since start (0 when nothing was drafted)", registry=r)
+        self.acceptance.set_function(self._acceptance)
+
+    def bind(self, *, running: Callable[[], float], queued: Callable[[], float],
+             kv_usage: Callable[[], float]) -> None:
+        self.running.set_function(running)
+        self.queued.set_function(queued)
+        self.kv_usage.set_function(kv_usage)
+
+    def speculation(self, drafted: int, accepted: int) -> None:
+        self._drafted += drafted
+        self._accepted += accepted
+        self.drafted.inc(drafted)
+        self.accepted.inc(accepted)
+
+    def _acceptance(self) -> float:
+        return self._accepted / self._drafted if self._drafted else 0.0
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,249 @@
+"""OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions (streaming and not)."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ggufdesk.core.errors import SettingsError
+from ggufdesk.core.tools import GENERIC, CallStream
+from ggufdesk.core.settings import SamplingSettings
+from ggufdesk.engine import protocol as P
+from ggufdesk.server import structured
+from ggufdesk.server.errors import ApiError, invalid, not_supported
+from ggufdesk.server.http import caller, event_stream, read_body, service, sse
+from ggufdesk.server.schemas import (ChatRequest, CompletionRequest, SamplingFields, parse, refuse_unsupported,
+                                     stops, text_of)
+from ggufdesk.server.service import GenSpec, Job, Service, engine_error
+
+def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None) -> SamplingSettings:
+    d = svc.config.sampling
+
+    def pick(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    try:
+        return SamplingSettings(
+            temperature=pick(req.temperature, d.temperature), top_p=pick(req.top_p, d.top_p),
+            top_k=pick(req.top_k, d.top_k), min_p=pick(req.min_p, d.min_p),
+            repeat_penalty=pick(req.repeat_penalty, d.repeat_penalty), repeat_last_n=d.repeat_last_n,
+            seed=pick(req.seed, d.seed), max_tokens=max_tokens or svc.config.default_max_tokens,
+            stop=stops(req.stop) or list(d.stop),
+        )
+    except SettingsError as e:
+        raise invalid(str(e)) from None
+
+
+def want_logprobs(svc: Service, n: int) -> int:
+    """top-N for the engine (N >= 1 so the chosen token's own logprob comes back)."""
+    if not svc.pool.logprobs_supported:
+        raise not_supported("logprobs (needs the batched engine)")
+    return max(1, n)
+
+
+def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(req.messages):
+        if m.role == "function":
+            raise not_supported(f"messages[{i}] with role 'function' (use tools and role 'tool')")
+        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                               "content": text_of(m.content, f"messages[{i}]")}
+        if m.tool_calls:
+            msg["tool_calls"] = m.tool_calls
+        if m.tool_call_id:
+            msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
+    return out
+
+
+def chat_structured(req: ChatRequest) -> dict[str, Any]:
+    schema = structured.response_format(req.response_format)
+    tools = structured.openai_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+    if schema is not None and tools:
+        raise invalid("use response_format or tools, not both", param="response_format")
+    return {"json_schema": schema} if schema is not None else tools
+
+
+def openai_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"id": c["id"], "type": "function", "function": c["function"]} for c in calls]
+
+
+# ---- logprobs in OpenAI's two shapes --------------------------------------------------------------
+
+
+def chat_logprobs(items: list[dict[str, Any]], top: int) -> dict[str, Any]:
+    def one(t: dict[str, Any]) -> dict[str, Any]:
+        return {"token": t["token"], "logprob": t["logprob"], "bytes": list(t["token"].encode("utf-8"))}
+
+    return {"content": [{**one(t), "top_logprobs": [one(x) for x in (t.get("top") or [])[:top]]}
+                        for t in items]}
+
+
+def completion_logprobs(items: list[dict[str, Any]], top: int, offset: int) -> dict[str, Any]:
+    offsets = []
+    for t in items:
+        offsets.append(offset)
+        offset += len(t["token"])
+    return {"tokens": [t["token"] for t in items], "token_logprobs": [t["logprob"] for t in items],
+            "top_logprobs": [{x["token"]: x["logprob"] for x in (t.get("top") or [])[:top]} for t in items],
+            "text_offset": offsets}
+
+
+# ---- routes -----------------------------------------------------------------------------------
+
+
+async def models(request: Request) -> Response:
+    svc = service(request)
+    return JSONResponse({"object": "list", "data": [
+        {"id": svc.model_id, "object": "model", "created": svc.created, "owned_by": "ggufdesk"}]})
+
+
+async def chat_completions(request: Request) -> Response:
+    svc = service(request)
+    req: ChatRequest = parse(ChatRequest, await read_body(request, svc.config.max_body))
+    refuse_unsupported(req)
+    extra = chat_structured(req)
+    svc.check_model(req.model)
+    top = req.top_logprobs or 0
+    lp = want_logprobs(svc, top) if req.logprobs else 0
+    sampling = sampling_for(svc, req, req.max_completion_tokens or req.max_tokens)
+    spec = GenSpec(endpoint="chat", messages=chat_messages(req), sampling=sampling, logprobs=lp, structured=extra)
+    job = await svc.start(caller(request), spec, request.receive)
+    cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    if req.stream:
+        usage = bool(req.stream_options and req.stream_options.include_usage)
+        calls = CallStream(svc.pool.tool_format or GENERIC) if "tools" in extra else None
+        return event_stream(_chat_stream(job, cid, created, svc.model_id, top if lp else None, usage, calls))
+    try:
+        await job.collect()
+    finally:
+        job.close()
+    if job.error is not None:
+        raise _mid_error(job)
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(job.text)}
+    if job.done is not None and job.done.tool_calls:
+        message = {"role": "assistant", "content": job.done.content or None,
+                   "tool_calls": openai_calls(job.done.tool_calls)}
+    choice = {"index": 0, "message": message, "logprobs": chat_logprobs(job.logprobs, top) if lp else None,
+              "finish_reason": job.finish_reason}
+    return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": svc.model_id,
+                         "choices": [choice], "usage": job.usage(), "system_fingerprint": None})
+
+
+async def _chat_stream(job: Job, cid: str, created: int, model: str, top: int | None,
+                       include_usage: bool, calls: CallStream | None) -> AsyncIterator[str]:
+    """Chunks as tokens come; with tools, text that may be a call is held back and calls come at the end."""
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
+        return sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "system_fingerprint": None,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        async for ev in job.events():
+            if isinstance(ev, P.Token):
+                lps = getattr(ev, "logprobs", None)
+                text = calls.push(ev.text) if calls is not None else ev.text
+                if text or lps:
+                    yield chunk({"content": text},
+                                logprobs=chat_logprobs(lps, top) if top is not None and lps else None)
+            elif isinstance(ev, P.Done):
+                if ev.tool_calls:
+                    deltas = [{"index": i, **c} for i, c in enumerate(openai_calls(ev.tool_calls))]
+                    yield chunk({"tool_calls": deltas})
+                elif calls is not None:
+                    rest = calls.finish()[0]
+                    if rest:
+                        yield chunk({"content": rest})
+                yield chunk({}, job.finish_reason)
+            elif isinstance(ev, P.Error):
+                yield sse(_mid_error(job).openai())
+                return
+        if include_usage:
+            yield sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                       "system_fingerprint": None, "choices": [], "usage": job.usage()})
+        yield "data: [DONE]\n\n"
+    finally:
+        job.close()
+
+
+async def completions(request: Request) -> Response:
+    svc = service(request)
+    req: CompletionRequest = parse(CompletionRequest, await read_body(request, svc.config.max_body))
+    refuse_unsupported(req)
+    if req.echo:
+        raise not_supported("echo")
+    if req.suffix:
+        raise not_supported("suffix")
+    if req.best_of not in (None, 1):
+        raise not_supported("best_of other than 1")
+    prompt = req.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise not_supported("prompt as a list of several prompts")
+        prompt = prompt[0]
+    svc.check_model(req.model)
+    top = req.logprobs
+    lp = want_logprobs(svc, top) if top is not None else 0
+    spec = GenSpec(endpoint="completions", prompt=prompt, sampling=sampling_for(svc, req, req.max_tokens),
+                   logprobs=lp)
+    job = await svc.start(caller(request), spec, request.receive)
+    cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    if req.stream:
+        usage = bool(req.stream_options and req.stream_options.include_usage)
+        return event_stream(_completion_stream(job, cid, created, svc.model_id, top, usage))
+    try:
+        await job.collect()
+    finally:
+        job.close()
+    if job.error is not None:
+        raise _mid_error(job)
+    choice = {"text": "".join(job.text), "index": 0,
+              "logprobs": completion_logprobs(job.logprobs, top or 0, 0) if lp else None,
+              "finish_reason": job.finish_reason}
+    return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": svc.model_id,
+                         "choices": [choice], "usage": job.usage(), "system_fingerprint": None})
+
+
+async def _completion_stream(job: Job, cid: str, created: int, model: str, top: int | None,
+                             include_usage: bool) -> AsyncIterator[str]:
+    def chunk(text: str, finish: str | None = None, logprobs: Any = None) -> str:
+        return sse({"id": cid, "object": "text_completion", "created": created, "model": model,
+                    "system_fingerprint": None,
+                    "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]})
+
+    offset = 0
+    try:
+        async for ev in job.events():
+            if isinstance(ev, P.Token):
+                lps = getattr(ev, "logprobs", None)
+                yield chunk(ev.text, logprobs=completion_logprobs(lps, top or 0, offset)
+                            if top is not None and lps else None)
+                offset += len(ev.text)
+            elif isinstance(ev, P.Done):
+                yield chunk("", job.finish_reason)
+            elif isinstance(ev, P.Error):
+                yield sse(_mid_error(job).openai())
+                return
+        if include_usage:
+            yield sse({"id": cid, "object": "text_completion", "created": created, "model": model,
+                       "system_fingerprint": None, "choices": [], "usage": job.usage()})
+        yield "data: [DONE]\n\n"
+    finally:
+        job.close()
+
+
+def _mid_error(job: Job) -> ApiError:
+    assert job.error is not None
+    return engine_error(job.error)
+
+
+ROUTES = [
+    Route("/v1/models", models, methods=["GET"]),
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+]

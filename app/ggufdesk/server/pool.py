@@ -1,0 +1,159 @@
+"""The server's engine: one EngineClient whose events are routed by request id to per-request asyncio queues."""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+from ggufdesk.core.errors import KnownError
+from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
+from ggufdesk.engine import protocol as P
+
+log = logging.getLogger("ggufdesk.server.pool")
+
+
+def default_client(**kwargs: Any) -> Any:
+    from ggufdesk.engine.client import EngineClient
+
+    return EngineClient(**kwargs)
+
+
+class EnginePool:
+    """Loads one model in one engine process and multiplexes many generations over it.
+
+    `state` is "starting", "loading", "ready" or "failed" (`error` says why). After an engine crash
+    the client restarts it and reloads the model: the state goes back to "loading", then "ready".
+    Events for a request id go to the queue opened for it; events for closed ids are dropped.
+    """
+
+    def __init__(self, *, model: str, load: LoadSettings, speculation: SpeculationSettings | None = None,
+                 client_factory: Callable[..., Any] = default_client) -> None:
+        self.model = model
+        self.model_id = os.path.splitext(os.path.basename(model))[0]
+        self.load_settings = load
+        self.speculation = speculation or SpeculationSettings()
+        self.state = "starting"
+        self.error: str | None = None
+        self.loaded: P.Loaded | None = None
+        self.status: dict[str, Any] = {}  # the engine's latest Status event, when it sends them
+        self.tool_format: Any = None  # core.tools.ToolFormat the engine uses for this model's calls
+        self._client = client_factory(on_event=self._on_event)
+        self._routes: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._ready = threading.Event()
+        self.logprobs_supported = "logprobs" in inspect.signature(self._client.generate).parameters
+        self.on_state: Callable[[str], None] | None = None  # called on a worker thread
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn the engine and load the model (blocking: run it on a thread). Raises KnownError."""
+        self._set_state("loading")
+        from ggufdesk.server.structured import tool_format
+
+        self.tool_format = tool_format(self.model)
+        try:
+            self._client.start()
+            self._client.load(self.model, settings=self.load_settings, speculation=self.speculation)
+        except KnownError as e:
+            self.error = str(e)
+            self._set_state("failed")
+            raise
+        self._set_state("ready")
+
+    def shutdown(self) -> None:
+        self._client.shutdown()
+        with self._lock:
+            routes = list(self._routes.items())
+        for rid, _ in routes:  # nobody is left to answer them
+            self._route(P.Error(kind="crash", id=rid, message="the server is shutting down"))
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        if state == "ready":
+            self.error = None
+            self._ready.set()
+        if self.on_state is not None:
+            try:
+                self.on_state(state)
+            except Exception:
+                log.exception("state listener failed")
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self._ready.wait(timeout)
+
+    @property
+    def engine_pid(self) -> int | None:
+        return self._client.pid
+
+    # ---- requests -----------------------------------------------------------------------------
+
+    def open(self) -> tuple[str, asyncio.Queue]:
+        """A fresh request id and the queue its events will arrive on (in the calling loop)."""
+        rid = f"srv{next(self._ids)}"
+        q: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            self._routes[rid] = (asyncio.get_running_loop(), q)
+        return rid, q
+
+    def close(self, rid: str) -> None:
+        with self._lock:
+            self._routes.pop(rid, None)
+
+    async def generate(self, rid: str, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
+                       sampling: SamplingSettings, logprobs: int = 0, **structured: Any) -> None:
+        kwargs: dict[str, Any] = dict(structured)
+        if logprobs:
+            kwargs["logprobs"] = logprobs
+        await asyncio.to_thread(self._client.generate, prompt=prompt, messages=messages, sampling=sampling,
+                                context_policy="refuse", request_id=rid, **kwargs)
+
+    async def cancel(self, rid: str) -> None:
+        try:
+            await asyncio.to_thread(self._client.cancel, rid)
+        except KnownError as e:
+            log.info("cancel %s: %s", rid, e)
+
+    # ---- events (engine reader thread) ----------------------------------------------------------
+
+    def _on_event(self, event: Any) -> None:
+        if isinstance(event, P.Loaded):
+            self.loaded = event
+            self._set_state("ready")
+        elif isinstance(event, P.Status):
+            self.status = P.fields_of(event)
+        elif isinstance(event, P.Lifecycle):
+            self._lifecycle(event)
+        elif getattr(event, "id", None) is not None:
+            self._route(event)
+        elif isinstance(event, P.Error):
+            log.warning("engine: %s", event.message)
+
+    def _lifecycle(self, ev: P.Lifecycle) -> None:
+        """The client's account of the engine process: a crash or hang restarts it and reloads."""
+        if ev.state == "loaded":
+            self._set_state("ready")
+        elif ev.state in ("starting", "loading"):
+            self.loaded = None
+            self.error = ev.reason or None
+            self._set_state("loading")
+        elif ev.state == "failed" or (ev.state == "ready" and ev.reason and self.state != "starting"):
+            self.loaded = None  # it cannot run, or it restarted without the model
+            self.error = ev.reason or "the engine stopped"
+            self._set_state("failed")
+
+    def _route(self, event: Any) -> None:
+        with self._lock:
+            route = self._routes.get(event.id)
+        if route is None:
+            return
+        loop, q = route
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, event)
+        except RuntimeError:  # the loop has closed
+            pass

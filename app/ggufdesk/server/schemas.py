@@ -1,0 +1,154 @@
+"""Request bodies of the OpenAI and Anthropic endpoints, validated strictly (wrong types are 400s)."""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ggufdesk.server.errors import invalid, not_supported
+
+Stop = str | list[str] | None
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class TextPart(Strict):
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message answers this call
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class SamplingFields(Strict):
+    """Sampling fields shared by the OpenAI endpoints (llama.cpp's extras included)."""
+
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repeat_penalty: float | None = Field(None, ge=0, le=10)
+    seed: int | None = Field(None, ge=0, le=2**32 - 1)
+    stop: Stop = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+
+class ChatRequest(SamplingFields):
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Any] | None = None
+    tool_choice: Any | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+
+
+class CompletionRequest(SamplingFields):
+    model: str
+    prompt: str | list[str]
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class AnthropicBlock(Strict):
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+    text: str | None = None
+    id: str | None = None  # tool_use
+    name: str | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: str | None = None  # tool_result
+    content: str | list[TextPart] | None = None
+
+
+class AnthropicMessage(Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[AnthropicBlock]
+
+
+class MessagesRequest(Strict):
+    model: str
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    system: str | list[AnthropicBlock] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+
+
+def parse(model: type[Strict], body: bytes) -> Any:
+    """The body as `model`, or a 400 that names the first bad field."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise invalid(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise invalid("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise invalid(f"{where}: {err['msg']}", param=where or None) from None
+
+
+def stops(stop: Stop) -> list[str]:
+    items = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(items) > 16:
+        raise invalid("stop: at most 16 stop strings", param="stop")
+    return [s for s in items if s]
+
+
+def refuse_unsupported(req: SamplingFields) -> None:
+    """Fields we cannot honour are refused, never silently ignored."""
+    if req.n != 1:
+        raise not_supported("n other than 1")
+    if req.presence_penalty or req.frequency_penalty:
+        raise not_supported("presence_penalty/frequency_penalty (use repeat_penalty)")
+    if req.logit_bias:
+        raise not_supported("logit_bias")
+
+
+def text_of(content: Any, where: str) -> str:
+    """A message's content (a string or text parts) as one string; other parts are refused."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    out = []
+    for part in content:
+        if part.type != "text" or part.text is None:
+            raise not_supported(f"{where} content of type {part.type!r}")
+        out.append(part.text)
+    return "".join(out)

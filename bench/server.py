@@ -1,0 +1,360 @@
+"""Server benchmark: ggufdesk serve vs llama.cpp's llama-server vs llama-cpp-python's server, one run, side by side.
+
+All three serve the starter model with the same threads, per-sequence context, batch sizes and flash
+attention, and are driven by the same streaming OpenAI /v1/completions client (greedy). Measurements
+are interleaved server by server, so machine load drifts hit all three alike. Prints absolute
+numbers and the ratios the issue asks for. `llama-server` is built once from the vendored llama.cpp of
+the llama-cpp-python sdist (same portable CPU flags as installer/llama_wheel.sh) and cached under
+~/.cache/ggufdesk/tools/; llama-cpp-python's server runs in a cached venv with its [server] extras and
+`--interrupt_requests False` (by default a new request interrupts the running one; see docs/DESIGN).
+
+    python bench/server.py [--threads 2] [--ctx 4096] [--parallel 8] [--tokens 96] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+VERSION = "0.3.36"
+CPU_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+             "-DGGML_BMI2=ON"]
+SERVER_FLAGS = ["-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                "-DLLAMA_BUILD_SERVER=ON", "-DBUILD_SHARED_LIBS=OFF", "-DCMAKE_BUILD_TYPE=Release"]
+PROMPT = "Here is a list of the numbers from one to five hundred, written out in words: one, two, three,"
+
+
+def tools_dir() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "ggufdesk" / "tools"
+
+
+# ---- the two reference servers ------------------------------------------------------------------
+
+
+def llama_server_binary() -> Path:
+    """Build llama-server from the sdist's vendored llama.cpp once (about 10-20 min on 2 cores)."""
+    key = hashlib.sha256("|".join([VERSION, *CPU_FLAGS, *SERVER_FLAGS]).encode()).hexdigest()[:12]
+    out = tools_dir() / f"llama-server-{VERSION}-{key}" / "llama-server"
+    if out.exists():
+        return out
+    tools_dir().mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="llama-server-build-", dir=tools_dir()))
+    print(f"building llama-server {VERSION} in {work} (cached afterwards)", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
+                    f"llama-cpp-python=={VERSION}", "-d", str(work)], check=True)
+    with tarfile.open(next(work.glob("llama_cpp_python-*.tar.gz"))) as t:
+        t.extractall(work, filter="data")
+    src = next(work.glob("llama_cpp_python-*/vendor/llama.cpp"))
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    subprocess.run(["cmake", "-S", str(src), "-B", str(work / "build"), *gen, *CPU_FLAGS, *SERVER_FLAGS], check=True)
+    subprocess.run(["nice", "cmake", "--build", str(work / "build"), "--target", "llama-server",
+                    "-j", str(os.cpu_count() or 2)], check=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(work / "build" / "bin" / "llama-server", out)
+    shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def llama_cpp_python_server_venv() -> Path:
+    """A venv with our cached llama-cpp-python wheel and its [server] extras (kept out of ours)."""
+    venv = tools_dir() / f"llama-cpp-python-server-{VERSION}"
+    py = venv / "bin" / "python"
+    if (venv / ".ok").exists():
+        return py
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    wheel = subprocess.run([str(ROOT / "installer" / "llama_wheel.sh"), str(py)], check=True,
+                           capture_output=True, text=True).stdout.strip()
+    subprocess.run([str(py), "-m", "pip", "install", "-q", f"{wheel}[server]"], check=True)
+    (venv / ".ok").touch()
+    return py
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    name: str
+    cmd: list[str]
+    port: int
+    ready_path: str
+    proc: subprocess.Popen | None = None
+    model: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, log_dir: Path) -> None:
+        log = open(log_dir / f"{self.name.replace(' ', '_')}.log", "w")
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT))
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
+            try:
+                if httpx.get(self.url + self.ready_path, timeout=2).status_code == 200:
+                    self.model = httpx.get(self.url + "/v1/models", timeout=5).json()["data"][0]["id"]
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} did not get ready in {timeout} s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def make_servers(model: str, a: argparse.Namespace) -> list[Server]:
+    t, ctx, np_ = str(a.threads), str(a.ctx), str(a.parallel)
+    ours = Server("ggufdesk serve", [sys.executable, "-m", "ggufdesk", "serve", model, "--port", "{port}",
+                                     "--threads", t, "--threads-batch", t, "--ctx", ctx, "--parallel", np_,
+                                     "--batch", "512", "--ubatch", "512", "--flash-attn", "on",
+                                     "--temperature", "0"], 0, "/health")
+    servers = [ours]
+    if not a.skip_llama_server:
+        servers.append(Server("llama-server", [str(llama_server_binary()), "-m", model, "--port", "{port}",
+                                               "-t", t, "-tb", t, "-c", ctx, "-np", np_, "-kvu",
+                                               "-cb", "-b", "512", "-ub", "512", "-fa", "on", "--no-webui"],
+                              0, "/health"))
+    if not a.skip_llama_cpp_python:
+        py = llama_cpp_python_server_venv()
+        servers.append(Server("llama-cpp-python", [str(py), "-m", "llama_cpp.server", "--model", model,
+                                                   "--port", "{port}", "--n_threads", t, "--n_threads_batch", t,
+                                                   "--n_ctx", ctx, "--n_batch", "512", "--n_ubatch", "512",
+                                                   "--flash_attn", "True", "--interrupt_requests", "False"],
+                              0, "/v1/models"))
+    for s in servers:
+        s.port = free_port()
+        s.cmd = [c.replace("{port}", str(s.port)) for c in s.cmd]
+    return servers
+
+
+# ---- the client -------------------------------------------------------------------------------
+
+
+@dataclass
+class Stream:
+    sent: float
+    times: list[float] = field(default_factory=list)  # arrival of each non-empty text chunk
+    text: str = ""
+
+    @property
+    def ttft(self) -> float:
+        return self.times[0] - self.sent
+
+    def gaps(self) -> list[float]:
+        return [b - a for a, b in zip(self.times, self.times[1:])]
+
+
+async def stream(c: httpx.AsyncClient, srv: Server, prompt: str, max_tokens: int,
+                 on_token=None) -> Stream:
+    body = {"model": srv.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    s = Stream(sent=time.perf_counter())
+    async with c.stream("POST", srv.url + "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[6:])
+            text = (data.get("choices") or [{}])[0].get("text") or ""
+            if text:
+                s.times.append(time.perf_counter())
+                s.text += text
+                if on_token:
+                    on_token(s)
+    return s
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else float("nan")
+
+
+def decode_rate(s: Stream) -> float:
+    return (len(s.times) - 1) / (s.times[-1] - s.times[0]) if len(s.times) > 1 else 0.0
+
+
+async def concurrent(srv: Server, n: int, tokens: int) -> dict:
+    async with httpx.AsyncClient(timeout=600) as c:
+        t0 = time.perf_counter()
+        ss = await asyncio.gather(*(stream(c, srv, f"{PROMPT} (list {i})", tokens) for i in range(n)))
+        wall = time.perf_counter() - t0
+    gaps = [g for s in ss for g in s.gaps()]
+    return {"aggregate_tok_s": sum(len(s.times) for s in ss) / wall, "tokens": sum(len(s.times) for s in ss),
+            "ttft_p50": pct([s.ttft for s in ss], 50), "ttft_p99": pct([s.ttft for s in ss], 99),
+            "itl_p50": pct(gaps, 50), "itl_p99": pct(gaps, 99),
+            "single_decode_tok_s": decode_rate(ss[0]) if n == 1 else None}
+
+
+def long_prompt(n_words: int, seed: int) -> str:
+    rnd = random.Random(seed)
+    words = ("river mountain quiet garden signal harbor lantern meadow copper violet engine window paper "
+             "silver thunder orchard marble canyon velvet compass shadow crystal falcon ember").split()
+    return " ".join(rnd.choice(words) for _ in range(n_words)) + "\nSummary:"
+
+
+async def big_prompt_arrives(srv: Server, tokens: int, words: int, seed: int) -> dict:
+    """Three streams run; a long prompt arrives; how long do the three stall, and how slow is its TTFT?"""
+    async with httpx.AsyncClient(timeout=900) as c:
+        alone = await stream(c, srv, long_prompt(words, seed), 4)
+        started = asyncio.Event()
+
+        def on_token(s: Stream) -> None:
+            if len(s.times) >= 12:
+                started.set()
+
+        runners = [asyncio.create_task(stream(c, srv, f"{PROMPT} (run {i})", tokens, on_token)) for i in range(3)]
+        await started.wait()
+        t_arrive = time.perf_counter()
+        big = await stream(c, srv, long_prompt(words, seed + 1), 4)
+        ss = await asyncio.gather(*runners)
+    before = [g for s in ss for a, g in zip(s.times, s.gaps()) if a < t_arrive]
+    during = [g for s in ss for a, g in zip(s.times, s.gaps()) if t_arrive <= a <= big.times[0]]
+    median = statistics.median(before) if before else float("nan")
+    worst = max(during, default=0.0)
+    return {"ttft_alone_s": alone.ttft, "ttft_beside_3_s": big.ttft, "ttft_ratio": big.ttft / alone.ttft,
+            "running_median_gap_s": median, "running_worst_gap_s": worst,
+            "worst_over_median": worst / median if median else float("nan")}
+
+
+async def shared_prefix(srv: Server, words: int, seed: int) -> dict:
+    system = long_prompt(words, seed)
+    async with httpx.AsyncClient(timeout=900) as c:
+        first = await stream(c, srv, system + " first question:", 2)
+        second = await stream(c, srv, system + " second question:", 2)
+    return {"ttft_first_s": first.ttft, "ttft_second_s": second.ttft, "ratio": second.ttft / first.ttft}
+
+
+def ggufdesk_run(model: str, a: argparse.Namespace) -> float:
+    out = subprocess.run([sys.executable, "-m", "ggufdesk", "run", model, "--prompt", PROMPT, "--max-tokens",
+                          str(a.tokens), "--temperature", "0", "--threads", str(a.threads), "--threads-batch",
+                          str(a.threads), "--ctx", str(a.ctx), "--flash-attn", "on", "--json"],
+                         capture_output=True, text=True, check=True, cwd=str(ROOT))
+    return json.loads(out.stdout)["decode_tok_s"]
+
+
+# ---- main -------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="GGUF (default: the starter)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--ctx", type=int, default=8192,
+                    help="KV cells shared by all sequences (each may use them all), as ggufdesk's unified cache")
+    ap.add_argument("--parallel", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=96, help="tokens per streamed answer")
+    ap.add_argument("--reps", type=int, default=2, help="single-stream repetitions per server")
+    ap.add_argument("--big-words", type=int, default=3000, help="words in the long prompt (~tokens)")
+    ap.add_argument("--prefix-words", type=int, default=1500)
+    ap.add_argument("--skip-llama-server", action="store_true")
+    ap.add_argument("--skip-llama-cpp-python", action="store_true")
+    ap.add_argument("--json", help="write the results here too")
+    a = ap.parse_args()
+    if a.model is None:
+        sys.path.insert(0, str(ROOT / "app"))
+        from ggufdesk.core.starter import starter_model_path
+
+        a.model = str(starter_model_path())
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on kill too
+    servers = make_servers(a.model, a)
+    logs = Path(tempfile.mkdtemp(prefix="bench-server-"))
+    results: dict = {"config": {k: v for k, v in vars(a).items()}, "load_avg_start": os.getloadavg(),
+                     "servers": {s.name: {} for s in servers}}
+    try:
+        for s in servers:  # one at a time: loading competes for the same cores
+            s.start(logs)
+            s.wait_ready()
+        print(f"servers ready (logs in {logs}); load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+        run_rates = []
+        for rep in range(a.reps):
+            run_rates.append(ggufdesk_run(a.model, a))
+            for s in servers:
+                r = asyncio.run(concurrent(s, 1, a.tokens))
+                results["servers"][s.name].setdefault("single", []).append(r["single_decode_tok_s"])
+                print(f"  single #{rep + 1} {s.name}: {r['single_decode_tok_s']:.1f} tok/s", file=sys.stderr)
+        results["ggufdesk_run_decode_tok_s"] = run_rates
+        for n in (4, 8):
+            for s in servers:
+                r = asyncio.run(concurrent(s, n, a.tokens))
+                results["servers"][s.name][f"c{n}"] = r
+                print(f"  {n} streams {s.name}: {r['aggregate_tok_s']:.1f} tok/s", file=sys.stderr)
+        seed = int(time.time())  # fresh text: no server has it cached from an earlier run
+        for s in servers:
+            results["servers"][s.name]["big_prompt"] = asyncio.run(big_prompt_arrives(s, a.tokens * 3, a.big_words,
+                                                                                     seed))
+            results["servers"][s.name]["shared_prefix"] = asyncio.run(shared_prefix(s, a.prefix_words, seed + 7))
+            print(f"  long prompt and shared prefix {s.name}: done", file=sys.stderr)
+    finally:
+        for s in servers:
+            s.stop()
+    results["load_avg_end"] = os.getloadavg()
+    report(results)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def report(r: dict) -> None:
+    servers = r["servers"]
+    ours = servers["ggufdesk serve"]
+    single = {n: statistics.median(v["single"]) for n, v in servers.items()}
+    print(f"\nload average at start {r['load_avg_start'][0]:.1f}, at end {r['load_avg_end'][0]:.1f} "
+          f"(2-core machine shared with other work: absolute numbers drift, ratios are same-run)")
+    print(f"{'server':18} {'1 stream':>9} {'4 streams':>10} {'8 streams':>10} {'TTFT p50/p99 @8':>17} "
+          f"{'ITL p50/p99 @8 (ms)':>20}")
+    for name, v in servers.items():
+        c8 = v["c8"]
+        print(f"{name:18} {single[name]:9.1f} {v['c4']['aggregate_tok_s']:10.1f} {c8['aggregate_tok_s']:10.1f} "
+              f"{c8['ttft_p50']:8.2f}/{c8['ttft_p99']:.2f} s {1000 * c8['itl_p50']:10.0f}/{1000 * c8['itl_p99']:.0f}")
+    print("\nlong prompt arriving beside 3 running streams:")
+    for name, v in servers.items():
+        b, p = v["big_prompt"], v["shared_prefix"]
+        print(f"  {name:18} worst gap {b['running_worst_gap_s']:.2f} s = {b['worst_over_median']:.1f}x median; "
+              f"its TTFT {b['ttft_beside_3_s']:.2f} s = {b['ttft_ratio']:.2f}x alone; "
+              f"shared-prefix 2nd TTFT = {p['ratio']:.2f}x 1st")
+    run = statistics.median(r["ggufdesk_run_decode_tok_s"])
+    print("\nratios (targets from issue 9):")
+    print(f"  single stream vs ggufdesk run:           {single['ggufdesk serve'] / run:.2f}x (>= 0.95)")
+    one = single["ggufdesk serve"]
+    print(f"  4 streams vs our single stream:          {ours['c4']['aggregate_tok_s'] / one:.2f}x (>= 1.4)")
+    print(f"  8 streams vs our single stream:          {ours['c8']['aggregate_tok_s'] / one:.2f}x (>= 2.0)")
+    if "llama-server" in servers:
+        print(f"  4 streams vs llama-server 4 streams:     "
+              f"{ours['c4']['aggregate_tok_s'] / servers['llama-server']['c4']['aggregate_tok_s']:.2f}x (>= 1.0)")
+    print(f"  long prompt: worst gap / median          {ours['big_prompt']['worst_over_median']:.1f}x (<= 10)")
+    print(f"  long prompt: TTFT beside 3 / alone       {ours['big_prompt']['ttft_ratio']:.2f}x (<= 1.5)")
+    print(f"  shared 1,500-token prefix: 2nd/1st TTFT  {ours['shared_prefix']['ratio']:.2f}x (<= 0.25)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

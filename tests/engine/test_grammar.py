@@ -1,0 +1,57 @@
+"""JSON schema -> GBNF: the integer ranges we add to llama-cpp-python's converter are exact."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ggufdesk.core.schema import SchemaError
+from ggufdesk.engine.grammar import int_range_gbnf, schema_to_gbnf, tool_grammar
+from ggufdesk.core import tools as T
+
+
+def _as_regex(gbnf: str) -> re.Pattern:
+    """Our range expressions use only "literals", [a-b] classes, groups, | and juxtaposition."""
+    out = []
+    for tok in re.findall(r'"[^"]*"|\[[^\]]*\]|[()|]|\s+', gbnf):
+        if tok.startswith('"'):
+            out.append(re.escape(tok[1:-1]))
+        elif not tok.isspace():
+            out.append(tok)
+    return re.compile("".join(out))
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 9), (10, 99), (7, 1234), (-50, -3), (-12, 305), (0, 0),
+                                   (1, 1), (99, 101), (-1, 1), (190, 2010), (None, 5), (1000, None),
+                                   (None, -7), (-3, None)])
+def test_integer_ranges_match_exactly(lo, hi):
+    rx = _as_regex(int_range_gbnf(lo, hi))
+    window = range((lo if lo is not None else (hi or 0) - 3000) - 300,
+                   (hi if hi is not None else (lo or 0) + 3000) + 300)
+    for n in window:
+        inside = (lo is None or n >= lo) and (hi is None or n <= hi)
+        assert bool(rx.fullmatch(str(n))) == inside, (lo, hi, n)
+    # no leading zeros, no "-0"
+    assert not rx.fullmatch("007") and not rx.fullmatch("-0")
+
+
+def test_unbounded_integers_are_bounded_in_length():
+    rx = _as_regex(int_range_gbnf(0, None))
+    assert rx.fullmatch("9" * 16) and not rx.fullmatch("1" + "0" * 16)
+
+
+def test_converter_errors_are_schema_errors():
+    for pattern in ("(?<=a)b", "^(?:ab)+$"):
+        with pytest.raises(SchemaError, match="cannot be turned into a grammar"):
+            schema_to_gbnf({"type": "string", "pattern": pattern})
+    assert "root ::=" in schema_to_gbnf({"type": "integer", "minimum": 3, "maximum": 5})
+
+
+def test_tool_grammar_wraps_calls_in_the_format():
+    tools = T.check_tools([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 3}},
+        "required": ["x"]}}}])
+    g = tool_grammar(tools, T.HERMES, "required")
+    assert g.gbnf.startswith("root ::= tc") and '"<tool_call>"' in g.gbnf and not g.lazy
+    assert "call ::=" in g.gbnf and "\nroot ::=" not in g.gbnf.split("\n", 1)[1]
+    assert tool_grammar(tools, T.MISTRAL, "auto").lazy
