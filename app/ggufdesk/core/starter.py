@@ -16,15 +16,16 @@ STARTER_FAMILY = "gemma"  # the catalog family whose instruction-tuned models ch
 CHAT_SUGGESTION = "gemma-3-1b-it"  # catalog id: the smallest chat-tuned sibling of the starter
 
 # The starter is a base model: it continues text, it does not answer. The composer offers this
-# beginning as an example. It was picked by running each candidate on the starter (greedy and
-# three sampled seeds, `python bench/starter_prompts.py`) and reading what came back; the README
-# quotes the run. Story beginnings and encyclopedia-style openings stay on topic; questions and
-# instructions make it ramble.
-EXAMPLE_PROMPT = "Once upon a time, in a small village by the sea, there lived"
+# beginning as an example. It was picked by running each candidate on the starter (greedy and two
+# sampled seeds at the app's defaults, 48 tokens: `python bench/starter_prompts.py`) and reading
+# what came back. Encyclopedia-style openings stay on topic and true ("…plants and algae convert
+# light energy into chemical energy."; 0.97 distinct word 3-grams); the story opening loops when
+# greedy ("They had a lot of fun." again and again; 0.79); questions make it ramble.
+EXAMPLE_PROMPT = "Photosynthesis is the process by which plants"
 CANDIDATE_PROMPTS = (
-    EXAMPLE_PROMPT,
+    "Once upon a time, in a small village by the sea, there lived",
     "The capital of France is",
-    "Photosynthesis is the process by which plants",
+    EXAMPLE_PROMPT,
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
     "Dear Sam,\n\nThank you for",
     "What is the capital of France?",
