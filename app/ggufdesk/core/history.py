@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import sqlite3
 import threading
 import time
@@ -12,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ggufdesk.core.aside import move_aside
 from ggufdesk.core.errors import BugError, KnownError, SettingsError
 from ggufdesk.core.settings import SamplingSettings
 
@@ -445,24 +445,11 @@ class History:
 
 
 
+
 def _move_aside(path: Path) -> Path | None:
     """Rename a damaged database (and its -wal/-shm files) to <name>.broken-<time>; never delete."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = path.with_name(f"{path.name}.broken-{stamp}")
-    n = 1
-    while target.exists():
-        n += 1
-        target = path.with_name(f"{path.name}.broken-{stamp}-{n}")
     try:
-        os.replace(path, target)
+        return move_aside(path, companions=("-wal", "-shm"))
     except OSError as e:
         log.warning("could not move the damaged history %s aside: %s", path, e)
         return None
-    for suffix in ("-wal", "-shm"):
-        side = path.with_name(path.name + suffix)
-        if side.exists():
-            try:
-                os.replace(side, target.with_name(target.name + suffix))
-            except OSError as e:
-                log.warning("could not move %s aside: %s", side, e)
-    return target

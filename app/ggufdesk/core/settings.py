@@ -4,11 +4,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ggufdesk.core.aside import move_aside
 from ggufdesk.core.errors import SettingsError
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
@@ -296,17 +296,10 @@ def _salvage(path: Path) -> tuple[Settings | None, list[str]]:
 
 
 def _move_aside(path: Path) -> Path | None:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = path.with_name(f"{path.name}.broken-{stamp}")
-    n = 1
-    while target.exists():
-        n += 1
-        target = path.with_name(f"{path.name}.broken-{stamp}-{n}")
     try:
-        os.replace(path, target)
+        return move_aside(path)
     except OSError:
         return None
-    return target
 
 
 def save_settings(settings: Settings, path: Path | None = None) -> Path:
