@@ -279,11 +279,15 @@ class Engine:
         )
 
 
+class ContextError(KnownError):
+    """The prompt cannot fit the context (Error kind "context")."""
+
+    kind: P.ErrorKind = "context"
+
+
 def _context_error(n: int, room: int) -> KnownError:
-    e = KnownError(f"the prompt is {n} tokens but the context has room for {room}; "
-                   "shorten it or load the model with a larger context")
-    e.kind = "context"  # type: ignore[attr-defined]
-    return e
+    return ContextError(f"the prompt is {n} tokens but the context has room for {room}; "
+                        "shorten it or load the model with a larger context")
 
 
 _OOM = re.compile(r"out of (device )?memory|failed to allocate|alloc_buffer|cudaMalloc|"
