@@ -132,16 +132,16 @@ class History:
         self.path = Path(path) if path else history_path()
         self.read_only, self.memory = read_only, memory
         self._lock = threading.RLock()
-        self._db: sqlite3.Connection | None = None
+        db: sqlite3.Connection | None = None
         try:
             if memory:
-                self._db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+                db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
             elif read_only:
-                self._db = self._connect_read_only(timeout)
+                db = self._connect_read_only(timeout)
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                                           timeout=timeout)
+                db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=timeout)
+            self._db = db
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA foreign_keys = ON")
             if not read_only:
@@ -153,8 +153,8 @@ class History:
             else:
                 self._db.execute("SELECT count(*) FROM conversations").fetchone()  # readable at all?
         except (sqlite3.Error, OSError) as e:
-            if self._db is not None:
-                self._db.close()
+            if db is not None:
+                db.close()
             kind = "unavailable" if isinstance(e, OSError) else _classify(e)
             raise HistoryError(f"the chat history {self.path} cannot be opened: {e}", kind) from e
 
@@ -253,8 +253,7 @@ class History:
 
     def close(self) -> None:
         with self._lock:
-            if self._db is not None:
-                self._db.close()
+            self._db.close()
 
     # ---- conversations ------------------------------------------------------------------------
 

@@ -183,8 +183,9 @@ class Settings:
     unknown: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        known = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "unknown"}
-        out = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in known.items()}
+        out: dict[str, Any] = {"load": dataclasses.asdict(self.load), "sampling": dataclasses.asdict(self.sampling),
+                               "speculation": dataclasses.asdict(self.speculation), "model": self.model,
+                               "system_prompt": self.system_prompt}
         for key, extra in self.unknown.items():
             if key in SECTIONS and isinstance(extra, dict):
                 out[key] = {**extra, **out[key]}
