@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args, e)
     except KeyboardInterrupt:
         return 130
-    except Exception as e:  # noqa: BLE001 - one plain line, the trace with -v: never a bare traceback
+    except Exception as e:  # one plain line, the trace with -v: never a bare traceback
         log = logging.getLogger("ggufdesk")
         log.debug("internal error", exc_info=True)
         if not args.verbose:

@@ -421,15 +421,16 @@ def _remote_parts(url: str) -> list[_Part]:
     fs = hf_filesystem()
     names = split_names(path)
     parts = []
+    unreachable: tuple[type[BaseException], ...] = (OSError, ValueError, *network_errors())
     for name in names:
         full = f"{repo}@{rev}/{name}" if rev else f"{repo}/{name}"
         try:
             size = int(fs.info(full)["size"])
         except FileNotFoundError:
             raise KnownError(f"hf://{repo}/{name}: no such file in the repository") from None
-        except (OSError, ValueError, *network_errors()) as e:  # ValueError: the hub's own URI errors
+        except unreachable as e:  # ValueError: the hub's own URI errors
             raise KnownError(f"hf://{repo}/{name}: could not reach the hub or read the repository ({e})") from e
-        except Exception as e:  # noqa: BLE001 - huggingface_hub's HTTP errors (gated, 5xx, ...)
+        except Exception as e:  # huggingface_hub's HTTP errors (gated, 5xx, ...)
             if not type(e).__module__.startswith("huggingface_hub"):
                 raise
             raise KnownError(f"hf://{repo}/{name}: the hub refused the request ({e})") from e
@@ -557,13 +558,14 @@ def _interpret(source: str, kv: dict[str, Any], tensors: list[TensorInfo], file_
 def _read_parts(source: str, parts: list[_Part], limit: int) -> GGUFInfo:
     kv: dict[str, Any] = {}
     tensors: list[TensorInfo] = []
+    unreadable: tuple[type[BaseException], ...] = (OSError, *network_errors())
     for i, part in enumerate(parts):
         try:
             with part.opener() as f:
                 h = parse_header(f, label=part.label, file_index=i, limit=limit)
         except KnownError:
             raise
-        except (OSError, *network_errors()) as e:
+        except unreadable as e:
             raise KnownError(f"{part.label}: could not read the file ({e})") from e
         _check_data(h, part.size, part.label)
         if i == 0:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import sqlite3
 import threading
 import time
@@ -12,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from ggufdesk.core.aside import move_aside
 from ggufdesk.core.errors import BugError, KnownError, SettingsError
 from ggufdesk.core.settings import SamplingSettings
 
@@ -146,16 +146,16 @@ class History:
         self.path = Path(path) if path else history_path()
         self.read_only, self.memory = read_only, memory
         self._lock = threading.RLock()
-        self._db: sqlite3.Connection | None = None
+        db: sqlite3.Connection | None = None
         try:
             if memory:
-                self._db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+                db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
             elif read_only:
-                self._db = self._connect_read_only(timeout)
+                db = self._connect_read_only(timeout)
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                                           timeout=timeout)
+                db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=timeout)
+            self._db = db
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA foreign_keys = ON")
             if not read_only:
@@ -167,8 +167,8 @@ class History:
             else:
                 self._db.execute("SELECT count(*) FROM conversations").fetchone()  # readable at all?
         except (sqlite3.Error, OSError) as e:
-            if self._db is not None:
-                self._db.close()
+            if db is not None:
+                db.close()
             kind = "unavailable" if isinstance(e, OSError) else _classify(e)
             raise HistoryError(f"the chat history {self.path} cannot be opened: {e}", kind) from e
 
@@ -267,8 +267,7 @@ class History:
 
     def close(self) -> None:
         with self._lock:
-            if self._db is not None:
-                self._db.close()
+            self._db.close()
 
     # ---- conversations ------------------------------------------------------------------------
 
@@ -571,24 +570,11 @@ class History:
 
 
 
+
 def _move_aside(path: Path) -> Path | None:
     """Rename a damaged database (and its -wal/-shm files) to <name>.broken-<time>; never delete."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = path.with_name(f"{path.name}.broken-{stamp}")
-    n = 1
-    while target.exists():
-        n += 1
-        target = path.with_name(f"{path.name}.broken-{stamp}-{n}")
     try:
-        os.replace(path, target)
+        return move_aside(path, companions=("-wal", "-shm"))
     except OSError as e:
         log.warning("could not move the damaged history %s aside: %s", path, e)
         return None
-    for suffix in ("-wal", "-shm"):
-        side = path.with_name(path.name + suffix)
-        if side.exists():
-            try:
-                os.replace(side, target.with_name(target.name + suffix))
-            except OSError as e:
-                log.warning("could not move %s aside: %s", side, e)
-    return target

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,8 @@ def hf_cache_models(cache_dir: str | Path | None = None) -> list[LocalModel]:
     except (OSError, ValueError) as e:  # an unreadable cache folder: the other sources still count
         log.warning("cannot read the Hugging Face cache: %s", e)
         return []
-    out, seen = [], set()
+    out: list[LocalModel] = []
+    seen: set[Path] = set()
     for repo in sorted(info.repos, key=lambda r: r.repo_id):
         if repo.repo_type != "model":
             continue
@@ -107,9 +109,9 @@ def hf_cache_models(cache_dir: str | Path | None = None) -> list[LocalModel]:
                 if not _usable(rel) or f.blob_path in seen:
                     continue
                 seen.add(f.blob_path)
-                e = _entry(f.file_path, f"{repo.repo_id}/{rel}", "hf-cache")
-                if e is not None:
-                    out.append(e)
+                entry = _entry(f.file_path, f"{repo.repo_id}/{rel}", "hf-cache")
+                if entry is not None:
+                    out.append(entry)
     return out
 
 
@@ -268,8 +270,10 @@ def user_models() -> list[LocalModel]:
 def list_models(*, cache_dir: str | Path | None = None, home: Path | None = None) -> list[LocalModel]:
     """Everything usable, each file once (a file found twice keeps the app's source over "user")."""
     found: list[LocalModel] = []
-    for source in (lambda: hf_cache_models(cache_dir), lambda: lmstudio_models(lmstudio_roots(home)),
-                   lambda: ollama_models(ollama_root(home)), user_models):
+    sources: tuple[Callable[[], list[LocalModel]], ...] = (
+        lambda: hf_cache_models(cache_dir), lambda: lmstudio_models(lmstudio_roots(home)),
+        lambda: ollama_models(ollama_root(home)), user_models)
+    for source in sources:
         try:
             found += source()
         except OSError as e:  # one unreadable folder must not hide the models found elsewhere

@@ -4,11 +4,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ggufdesk.core.aside import move_aside
 from ggufdesk.core.errors import SettingsError
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
@@ -169,6 +169,7 @@ class SpeculationSettings:
 # The engine reserves this many at load (llama.cpp's n_outputs_max; without the cap it reserves
 # logits for every micro-batch position) and the planner counts them. The one source of both.
 LOGITS_ROWS = SpeculationSettings().k_max + 1
+
 SECTIONS = {"load": LoadSettings, "sampling": SamplingSettings, "speculation": SpeculationSettings}
 
 
@@ -185,8 +186,9 @@ class Settings:
     unknown: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        known = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "unknown"}
-        out = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in known.items()}
+        out: dict[str, Any] = {"load": dataclasses.asdict(self.load), "sampling": dataclasses.asdict(self.sampling),
+                               "speculation": dataclasses.asdict(self.speculation), "model": self.model,
+                               "system_prompt": self.system_prompt}
         for key, extra in self.unknown.items():
             if key in SECTIONS and isinstance(extra, dict):
                 out[key] = {**extra, **out[key]}
@@ -304,17 +306,10 @@ def _salvage(path: Path) -> tuple[Settings | None, list[str]]:
 
 
 def _move_aside(path: Path) -> Path | None:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = path.with_name(f"{path.name}.broken-{stamp}")
-    n = 1
-    while target.exists():
-        n += 1
-        target = path.with_name(f"{path.name}.broken-{stamp}-{n}")
     try:
-        os.replace(path, target)
+        return move_aside(path)
     except OSError:
         return None
-    return target
 
 
 def save_settings(settings: Settings, path: Path | None = None) -> Path:

@@ -16,7 +16,7 @@ MAX_ITEMS = 1_000_000  # str/list results of *, +, %, range(), filters and metho
 MAX_WIDTH_DIGITS = 7  # a format width like '%9999999d' or '{:>9999999}'
 RENDER_SECONDS = 5.0  # per render; the probe at load time uses PROBE_SECONDS
 PROBE_SECONDS = 2.0
-_WIDE = re.compile(r"\d{%d,}" % MAX_WIDTH_DIGITS)
+_WIDE = re.compile(rf"\d{{{MAX_WIDTH_DIGITS},}}")
 
 
 class TemplateBudgetError(SecurityError):
