@@ -262,9 +262,11 @@ class BatchEngine:
         k = min(drafter.k, room - 1, s.max_gen - s.stats.n_gen - 1, self.lm.n_outputs - 1, self.n_batch - 1)
         t_step = time.perf_counter()
         draft = drafter.propose(slot.tokens, s.last, k)[:k] if k > 0 else []
+        if self.cancelled(s.rid):
+            return  # drafting took a while: the next step ends it
         toks = [s.last] + draft
         rows = [(t, n0 + i, slot.seq, True) for i, t in enumerate(toks)]
-        if not self._decode(rows, [s], abortable=False):
+        if not self._decode(rows, [s], abortable=len(toks) > 1):
             return
         self.slots.extend(slot, toks)
         out: list[int] = []

@@ -1,0 +1,292 @@
+"""Batched engine: aggregate decode speed, stalls while a long prompt arrives, prefix cache, chunk size.
+
+Everything is measured in one run, side by side and interleaved, on the starter model with 2
+threads (medians over rounds; the machine is shared, so read the ratios, not the absolutes):
+
+1. step cost vs prefill chunk (in-process, low-level: 4 decode rows + C prompt rows in one
+   llama_decode), and the cost of extra verification rows beside 4 decode rows (do lookup
+   drafts riding in a batch pay?);
+2. aggregate tok/s with 1, 4 and 8 concurrent streams through the engine process, against the
+   same batches driven in-process through the low-level API (DESIGN: 79 / 118 / 178 tok/s);
+3. one stream: an engine loaded for 8 sequences vs one loaded for 1 (what `ggufdesk run` uses)
+   vs the pre-batching decode loop in-process (generate.Generator.run);
+4. 4 streams decoding while a 3,000-token prompt arrives: their worst inter-token gap vs their
+   undisturbed median, and that prompt's time to first token vs alone;
+5. a second request sharing a 1,500-token system prompt: its TTFT vs the first's.
+
+    .venv/bin/python bench/batch.py [MODEL] [--rounds N] [--threads N] [--chunk C]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ggufdesk.core.settings import LoadSettings, SamplingSettings  # noqa: E402
+from ggufdesk.engine import protocol as P  # noqa: E402
+from ggufdesk.engine.client import EngineClient  # noqa: E402
+
+WORDS = ("river town woke slowly fishermen pulled their boats onto the gravel baker opened his shutters "
+         "thin smoke rose from chimneys along water children ran to school on hill while parents argued "
+         "about price of grain and coming rain").split()
+GEN = 32
+LONG = 2950  # words of the long prompt (about 3,000 tokens; the bench prints the count)
+SYSTEM = 1480  # words of the shared system prompt (about 1,500 tokens)
+
+
+def text(n_words: int, tag: str) -> str:
+    """A prompt of about n_words words that differs from other tags from its first word on."""
+    words = [WORDS[(i * 7 + len(tag)) % len(WORDS)] for i in range(n_words)]
+    return f"{tag}: " + " ".join(words)
+
+
+def greedy(n: int) -> SamplingSettings:
+    return SamplingSettings(temperature=0, max_tokens=n, stop=["never-stop-here"])
+
+
+def stream_times(client: EngineClient, rid: str, t0: float, out: dict) -> None:
+    """Collect (token arrival times, done) of one request."""
+    times: list[float] = []
+    for ev in client.stream(rid):
+        if isinstance(ev, P.Token):
+            times.append(time.perf_counter())
+        elif isinstance(ev, P.Error):
+            out[rid] = {"error": f"{ev.kind}: {ev.message}"}
+            return
+    out[rid] = {"t0": t0, "times": times}
+
+
+def run_together(client: EngineClient, prompts: list[str], gen: int) -> list[dict]:
+    out: dict = {}
+    threads = []
+    t0 = time.perf_counter()
+    rids = [client.generate(prompt=p, sampling=greedy(gen)) for p in prompts]
+    for rid in rids:
+        th = threading.Thread(target=stream_times, args=(client, rid, t0, out))
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join()
+    errors = [out[r]["error"] for r in rids if "error" in out[r]]
+    if errors:
+        raise SystemExit(f"engine error: {errors[0]}")
+    return [out[r] for r in rids]
+
+
+def aggregate(results: list[dict]) -> float:
+    """Tokens per second over the span where all streams were decoding (first token of the
+    last to start .. last token of the first to finish), counted over every stream."""
+    start = max(r["times"][0] for r in results)
+    end = min(r["times"][-1] for r in results)
+    n = sum(sum(1 for t in r["times"] if start <= t <= end) for r in results)
+    return (n - len(results)) / (end - start) if end > start else 0.0
+
+
+# ---- in-process, low-level ---------------------------------------------------------------------
+
+class LowLevel:
+    """The starter in-process: time single llama_decode calls of given shapes."""
+
+    def __init__(self, model: str, threads: int) -> None:
+        import llama_cpp
+        from llama_cpp import _internals as internals
+
+        from ggufdesk.engine.native import LlamaLog, load_model
+
+        self.llama_cpp = llama_cpp
+        s = LoadSettings(n_ctx=8192, n_batch=1024, n_ubatch=1024, n_threads=threads, n_threads_batch=threads,
+                         n_parallel=9, flash_attn="auto")
+        self.lm = load_model(model, s, LlamaLog(), n_outputs=32)
+        self.batch = internals.LlamaBatch(n_tokens=1024, embd=0, n_seq_max=1)
+        self.mem = llama_cpp.llama_get_memory(self.lm.ctx.ctx)
+        self.pos: dict[int, int] = {}
+
+    def decode(self, rows: list[tuple[int, int, bool]]) -> float:
+        """rows: (token, seq, logits); positions follow on per sequence. Returns seconds."""
+        b = self.batch.batch
+        for i, (tok, seq, out) in enumerate(rows):
+            p = self.pos.get(seq, 0)
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, p, 1, out
+            b.seq_id[i][0] = seq
+            self.pos[seq] = p + 1
+        b.n_tokens = len(rows)
+        t = time.perf_counter()
+        rc = self.llama_cpp.llama_decode(self.lm.ctx.ctx, b)
+        dt = time.perf_counter() - t
+        if rc != 0:
+            raise SystemExit(f"llama_decode returned {rc}")
+        return dt
+
+    def reset(self, n_seqs: int, prompt_len: int = 64) -> None:
+        self.llama_cpp.llama_memory_clear(self.mem, True)
+        self.pos = {}
+        for s in range(n_seqs):
+            self.decode([(100 + (i % 50), s, False) for i in range(prompt_len)])
+
+    def step_ms(self, n_decode: int, extra: int, *, extra_logits: bool, prefill_seq: int = 8, reps: int = 3) -> float:
+        """Median ms of a step: n_decode one-token rows (logits) + `extra` rows (a prompt chunk on
+        its own sequence without logits, or draft rows on sequence 0 with logits)."""
+        out = []
+        for _ in range(reps):
+            rows = [(200, s, True) for s in range(n_decode)]
+            seq = 0 if extra_logits else prefill_seq
+            rows += [(300 + i % 40, seq, extra_logits) for i in range(extra)]
+            out.append(self.decode(rows) * 1000)
+            if not extra_logits and extra:
+                self.llama_cpp.llama_memory_seq_rm(self.mem, prefill_seq, -1, -1)
+                self.pos[prefill_seq] = 0
+        return statistics.median(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--chunk", type=int, default=0, help="prefill_chunk for the engine (0 = the default)")
+    args = ap.parse_args()
+    if args.model is None:
+        from ggufdesk.core.starter import starter_model_path
+
+        args.model = str(starter_model_path())
+    print(f"model {Path(args.model).name}; threads {args.threads}; {args.rounds} interleaved rounds, medians; "
+          f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    th = args.threads
+    base = dict(n_batch=512, n_ubatch=512, n_threads=th, n_threads_batch=th, flash_attn="auto")
+    if args.chunk:
+        base["prefill_chunk"] = args.chunk
+    low = LowLevel(args.model, th)
+
+    # 1. step cost vs chunk, and verification rows beside 4 decode rows
+    low.reset(4)
+    chunks = (0, 64, 128, 256, 512)
+    cost = {c: low.step_ms(4, c, extra_logits=False) for c in chunks}
+    print("\n1. one step = 4 decode rows + a prompt chunk of C tokens (in-process), median ms")
+    print("| C | " + " | ".join(str(c) for c in chunks) + " |")
+    print("|---|" + "---:|" * len(chunks))
+    print("| ms/step | " + " | ".join(f"{cost[c]:.1f}" for c in chunks) + " |")
+    print("| x undisturbed | " + " | ".join(f"{cost[c] / cost[0]:.1f}" for c in chunks) + " |")
+    drafts = (0, 4, 8)
+    low.reset(4)
+    vcost = {k: low.step_ms(4, k, extra_logits=True) for k in drafts}
+    print("   4 decode rows + k draft rows on one of them (all with logits): "
+          + ", ".join(f"k={k}: {vcost[k]:.1f} ms" for k in drafts)
+          + f"; each draft row costs {(vcost[8] - vcost[0]) / 8 / (vcost[0] / 4):.2f}x a decode row's share")
+
+    # engines: n_parallel 8 (serve), n_parallel 1 (run)
+    serve = EngineClient(auto_restart=False)
+    run1 = EngineClient(auto_restart=False)
+    serve.start()
+    run1.start()
+    serve.load(args.model, settings=LoadSettings(n_ctx=12288, n_parallel=8, **base))
+    run1.load(args.model, settings=LoadSettings(n_ctx=4096, n_parallel=1, **base))
+    from ggufdesk.engine.generate import Generator
+    from ggufdesk.engine.native import LlamaLog, load_model
+
+    old = Generator(load_model(args.model, LoadSettings(n_ctx=4096, **{k: v for k, v in base.items()
+                                                                      if k != "prefill_chunk"}), LlamaLog()))
+    rows: dict[str, list[float]] = {}
+    n_long, n_system = len(old.tokenize(text(LONG, "r0longA"))), len(old.tokenize(text(SYSTEM, "r0system")))
+
+    def add(key: str, v: float) -> None:
+        rows.setdefault(key, []).append(v)
+
+    chunk = serve.loaded.settings["prefill_chunk"]
+    for r in range(args.rounds):
+        tag = f"r{r}"
+        # 2. aggregate tok/s, engine vs low-level
+        for n in (1, 4, 8):
+            res = run_together(serve, [text(20, f"{tag}s{n}q{i}") for i in range(n)], GEN)
+            add(f"agg{n}", aggregate(res))
+            low.reset(n, 16)
+            ms = statistics.median(low.step_ms(n, 0, extra_logits=False, reps=1) for _ in range(GEN // 4))
+            add(f"low{n}", n * 1000 / ms)
+        # 3. one stream three ways (order alternates by round)
+        order = ["serve", "run", "old"] if r % 2 == 0 else ["old", "run", "serve"]
+        for who in order:
+            p = text(20, f"{tag}one{who}")
+            if who == "old":
+                times: list[float] = []
+                old.truncate(0)
+                old.run(old.tokenize(p), greedy(GEN), emit_text=lambda _t: times.append(time.perf_counter()))
+                add("one_old", (len(times) - 1) / (times[-1] - times[0]))
+            else:
+                res = run_together(serve if who == "serve" else run1, [p], GEN)[0]
+                add(f"one_{who}", (len(res["times"]) - 1) / (res["times"][-1] - res["times"][0]))
+        # 4. a 3,000-token prompt: alone, then while 4 streams decode
+        long_alone = text(LONG, f"{tag}longA")
+        res = run_together(serve, [long_alone], 2)[0]
+        add("ttft_alone", res["times"][0] - res["t0"])
+        out: dict = {}
+        ths, bg = [], []
+        t0 = time.perf_counter()
+        for i in range(4):
+            rid = serve.generate(prompt=text(20, f"{tag}bg{i}"), sampling=greedy(4000))
+            th_ = threading.Thread(target=stream_times, args=(serve, rid, t0, out))
+            th_.start()
+            ths.append(th_)
+            bg.append(rid)
+        time.sleep(3.0)  # let the four settle into plain decoding
+        t_long = time.perf_counter()
+        res_long = run_together(serve, [text(LONG, f"{tag}longB")], 2)[0]
+        t_first = res_long["times"][0]
+        time.sleep(0.5)
+        for rid in bg:
+            serve.cancel(rid)
+        for th_ in ths:
+            th_.join()
+        gaps_before, gaps_during = [], []
+        for o in out.values():
+            ts = o["times"]
+            for a, b in zip(ts, ts[1:]):
+                if b < t_long:
+                    gaps_before.append(b - a)
+                elif a <= t_first:  # a gap that overlaps the long prompt's prefill
+                    gaps_during.append(b - a)
+        add("gap_median", statistics.median(gaps_before))
+        add("gap_worst", max(gaps_during))
+        add("ttft_busy", t_first - t_long)
+        # 5. shared 1,500-token system prompt
+        system = text(SYSTEM, f"{tag}system")
+        first = run_together(serve, [system + " Question: what rose from the chimneys?"], 2)[0]
+        second = run_together(serve, [system + " Question: who argued about grain?"], 2)[0]
+        add("pfx_first", first["times"][0] - first["t0"])
+        add("pfx_second", second["times"][0] - second["t0"])
+        print(f"round {r + 1}/{args.rounds} done (load average {os.getloadavg()[0]:.1f})", flush=True)
+    serve.shutdown()
+    run1.shutdown()
+
+    def m(key: str) -> float:
+        return statistics.median(rows[key])
+
+    print(f"\n2. aggregate decode tok/s, {GEN} tokens per stream (engine process, n_parallel=8)")
+    print("| streams | engine | low-level in-process, same run | ratio | DESIGN §7 (quiet machine) |")
+    print("|---:|---:|---:|---:|---:|")
+    for n, ref in ((1, 79), (4, 118), (8, 178)):
+        print(f"| {n} | {m(f'agg{n}'):.1f} | {m(f'low{n}'):.1f} | {m(f'agg{n}') / m(f'low{n}'):.2f}x | {ref} |")
+    print(f"   4 streams vs one: {m('agg4') / m('agg1'):.2f}x; 8 streams vs one: {m('agg8') / m('agg1'):.2f}x")
+    print("\n3. one stream, decode tok/s")
+    print(f"| engine n_parallel=8 | engine n_parallel=1 (ggufdesk run) | pre-batching loop in-process |")
+    print("|---:|---:|---:|")
+    print(f"| {m('one_serve'):.1f} | {m('one_run'):.1f} | {m('one_old'):.1f} |")
+    print(f"   n_parallel=8 vs run: {m('one_serve') / m('one_run'):.3f}x; run vs the old loop: "
+          f"{m('one_run') / m('one_old'):.3f}x (target >= 0.95x)")
+    print(f"\n4. a {n_long}-token prompt arriving while 4 streams decode (prefill_chunk {chunk})")
+    print(f"   running streams: undisturbed median gap {m('gap_median') * 1000:.0f} ms, worst gap during the "
+          f"prefill {m('gap_worst') * 1000:.0f} ms = {m('gap_worst') / m('gap_median'):.1f}x (target <= 10x)")
+    print(f"   its TTFT: {m('ttft_busy'):.2f} s beside them vs {m('ttft_alone'):.2f} s alone = "
+          f"{m('ttft_busy') / m('ttft_alone'):.2f}x (target <= 1.5x)")
+    print(f"\n5. shared {n_system}-token system prompt: TTFT first {m('pfx_first'):.2f} s, second "
+          f"{m('pfx_second'):.3f} s = {m('pfx_second') / m('pfx_first'):.3f}x (target <= 0.25x)")
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
