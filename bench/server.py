@@ -295,33 +295,44 @@ def main() -> int:
             s.start(logs)
             s.wait_ready()
         print(f"servers ready (logs in {logs}); load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
-        run_rates = []
+        run_rates: list[float] = []
+        results["ggufdesk_run_decode_tok_s"] = run_rates
         for rep in range(a.reps):
             run_rates.append(ggufdesk_run(a.model, a))
+            print(f"  single #{rep + 1} ggufdesk run: {run_rates[-1]:.1f} tok/s", file=sys.stderr)
             for s in servers:
                 r = asyncio.run(concurrent(s, 1, a.tokens))
                 results["servers"][s.name].setdefault("single", []).append(r["single_decode_tok_s"])
                 print(f"  single #{rep + 1} {s.name}: {r['single_decode_tok_s']:.1f} tok/s", file=sys.stderr)
-        results["ggufdesk_run_decode_tok_s"] = run_rates
+                save(a, results)
         for n in (4, 8):
             for s in servers:
                 r = asyncio.run(concurrent(s, n, a.tokens))
                 results["servers"][s.name][f"c{n}"] = r
-                print(f"  {n} streams {s.name}: {r['aggregate_tok_s']:.1f} tok/s", file=sys.stderr)
+                print(f"  {n} streams {s.name}: {r['aggregate_tok_s']:.1f} tok/s, TTFT p50 {r['ttft_p50']:.2f} s, "
+                      f"ITL p50 {1000 * r['itl_p50']:.0f} ms", file=sys.stderr)
+                save(a, results)
         seed = int(time.time())  # fresh text: no server has it cached from an earlier run
         for s in servers:
             results["servers"][s.name]["big_prompt"] = asyncio.run(big_prompt_arrives(s, a.tokens * 3, a.big_words,
                                                                                      seed))
             results["servers"][s.name]["shared_prefix"] = asyncio.run(shared_prefix(s, a.prefix_words, seed + 7))
-            print(f"  long prompt and shared prefix {s.name}: done", file=sys.stderr)
+            print(f"  long prompt and shared prefix {s.name}: {results['servers'][s.name]['big_prompt']} "
+                  f"{results['servers'][s.name]['shared_prefix']}", file=sys.stderr)
+            save(a, results)
     finally:
         for s in servers:
             s.stop()
     results["load_avg_end"] = os.getloadavg()
+    save(a, results)
     report(results)
+    return 0
+
+
+def save(a: argparse.Namespace, results: dict) -> None:
+    """Results so far (a long run that is stopped keeps what it measured)."""
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
-    return 0
 
 
 def report(r: dict) -> None:

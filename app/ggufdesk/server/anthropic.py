@@ -116,6 +116,8 @@ async def _stream(job: Job, mid: str, model: str, calls: CallStream | None) -> A
     started = False
     try:
         async for ev in job.events():
+            if job.disconnected:
+                return  # nobody is reading: close() drains the rest
             if not started and not isinstance(ev, P.Error):
                 started = True
                 known = ev.total if isinstance(ev, P.Progress) else job.prompt_tokens

@@ -145,6 +145,8 @@ async def _chat_stream(job: Job, cid: str, created: int, model: str, top: int | 
     try:
         yield chunk({"role": "assistant", "content": ""})
         async for ev in job.events():
+            if job.disconnected:
+                return  # nobody is reading: close() drains the rest
             if isinstance(ev, P.Token):
                 lps = getattr(ev, "logprobs", None)
                 text = calls.push(ev.text) if calls is not None else ev.text
@@ -219,6 +221,8 @@ async def _completion_stream(job: Job, cid: str, created: int, model: str, top: 
     offset = 0
     try:
         async for ev in job.events():
+            if job.disconnected:
+                return  # nobody is reading: close() drains the rest
             if isinstance(ev, P.Token):
                 lps = getattr(ev, "logprobs", None)
                 yield chunk(ev.text, logprobs=completion_logprobs(lps, top or 0, offset)
