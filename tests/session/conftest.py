@@ -126,11 +126,11 @@ class Rig:
         self.until(lambda: len(self.engine.requests) > n)
         return f"r{len(self.engine.requests)}"
 
-    def answer(self, rid: str, *pieces: str, reason: str = "stop") -> None:
+    def answer(self, rid: str, *pieces: str, reason: P.FinishReason = "stop") -> None:
         for piece in pieces:
             self.session.on_event(P.Token(id=rid, text=piece))
         self.session.on_event(P.Stats(id=rid, n_gen=len(pieces), final=True))
-        self.session.on_event(P.Done(id=rid, finish_reason=reason))  # type: ignore[arg-type]
+        self.session.on_event(P.Done(id=rid, finish_reason=reason))
 
 
 @pytest.fixture

@@ -150,9 +150,9 @@ class ChatSession:
 
     def open(self, conv: Conversation, messages: list[Message]) -> None:
         """Show a stored conversation (read by the caller, off its thread if it has a GUI)."""
-        if self.busy:
+        if self.busy:  # the user moved on: the answer stops where it is
             self.stop()
-            self._finish("partial")
+            self._finish("cancelled")
         self._show(conv, [Turn.from_message(m) for m in messages], Ref(conv.id))
 
     def close_conversation(self) -> None:
