@@ -43,7 +43,8 @@ def load_schema(text: str | bytes, *, source: str = "the schema") -> dict[str, A
     except (ValueError, RecursionError) as e:
         raise SchemaError(f"{source} is not valid JSON: {e}") from None
     check_schema(schema)
-    return schema
+    checked: dict[str, Any] = schema
+    return checked
 
 
 def check_schema(schema: Any) -> None:
