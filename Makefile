@@ -30,9 +30,7 @@ run: $(VENV)/.run
 	  echo "make run: no display found; starting the terminal chat on the starter model (ggufdesk chat)"; \
 	  exec $(VENV)/bin/ggufdesk chat; \
 	fi; \
-	if [ "$$(uname -s)" = Linux ] && ! ldconfig -p 2>/dev/null | grep -q libxcb-cursor.so.0; then \
-	  echo "make run: Qt needs libxcb-cursor0 for X11 windows (Debian/Ubuntu: sudo apt-get install libxcb-cursor0)"; \
-	fi; \
+	$(PY) -m ggufdesk.ui.platform_check || exit 1; \
 	exec $(VENV)/bin/ggufdesk
 
 chat: $(VENV)/.run

@@ -1,15 +1,19 @@
-"""Screenshots for the README: the wizard, the chat window mid-stream with gauges, the settings dialog.
+"""Screenshots for the README: the wizard, the chat (light and dark, 800x600, 200 % scale), the settings.
 
-    .venv/bin/python bench/screenshots.py      (make screenshots)
+    .venv/bin/python bench/screenshots.py [--only NAME ...] [--stream-chars N]     (make screenshots)
 
-Offscreen Qt, QWidget.grab(). The chat streams from the real engine on the starter model (Gemma 3
-270M, base model, so completion mode); a tiny synthetic model is used when the starter is missing.
-The wizard's hardware page shows this machine's real probe; its model list is a demo list planned
-for this machine (the hub is not reachable from where screenshots are taken).
+Offscreen Qt, QWidget.grab(). Each variant runs in its own process, because the scale factor
+(QT_SCALE_FACTOR) and the theme (GGUFDESK_THEME, what a dark desktop hands Qt) are fixed when the
+QApplication starts. The chat streams from the real engine on the starter model (Gemma 3 270M, a
+base model: continue-text mode); a tiny synthetic model is used when the starter is missing. The
+wizard's hardware page shows this machine's real probe; its model list is a demo list planned for
+this machine (the hub is not reachable from where screenshots are taken).
 """
 from __future__ import annotations
 
+import argparse
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -18,12 +22,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "docs" / "screenshots"
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-TMP = Path(tempfile.mkdtemp(prefix="ggufdesk-shots-"))
-for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
-    os.environ[var] = str(TMP / var.lower())
-
 GB = 1024**3
+
+# name -> (theme, scale, window size, what)
+VARIANTS = {
+    "wizard": ("light", 1, (820, 560), "wizard"),
+    "chat-light": ("light", 1, (1280, 800), "chat"),
+    "chat-dark": ("dark", 1, (1280, 800), "chat"),
+    "chat-800x600-light": ("light", 1, (800, 600), "chat"),
+    "chat-800x600-dark": ("dark", 1, (800, 600), "chat"),
+    "chat-200pct": ("light", 2, (800, 600), "chat"),
+    "settings": ("light", 1, (900, 720), "settings"),
+}
 
 
 def pump(app, seconds: float, until=None) -> None:
@@ -46,8 +56,8 @@ def demo_services():
                     ("Qwen2.5 1.5B Instruct Q8_0", "Qwen/Qwen2.5-1.5B-Instruct-GGUF", 1.89),
                     ("Gemma 3 1B IT Q4_K_M", "unsloth/gemma-3-1b-it-GGUF", 0.81),
                     ("Qwen2.5 32B Instruct Q4_K_M", "bartowski/Qwen2.5-32B-Instruct-GGUF", 19.9)]
-            out = [rough_plan(ModelChoice(label=name, source="catalog", repo=r, filename="x.gguf",
-                                          size_bytes=int(s * GB)), hw) for name, r, s in rows]
+            out = [rough_plan(ModelChoice(label=lbl, source="catalog", repo=r, filename="x.gguf",
+                                          size_bytes=int(s * GB)), hw) for lbl, r, s in rows]
             out[1].recommended = True
             out[1].draft = ModelChoice(label="Llama 3.2 1B Instruct Q8_0", source="catalog",
                                        repo="bartowski/Llama-3.2-1B-Instruct-GGUF",
@@ -60,10 +70,11 @@ def demo_services():
     return Demo()
 
 
-def shoot_wizard(app) -> list[Path]:
+def shoot_wizard(app, size) -> list[Path]:
     from ggufdesk.ui.wizard import ModelWizard
 
     wiz = ModelWizard(demo_services())
+    wiz.resize(*size)
     done = []
     wiz.probe_done.connect(lambda: done.append(1))
     wiz.show()
@@ -82,83 +93,143 @@ def shoot_wizard(app) -> list[Path]:
     return [p1, p2]
 
 
-def shoot_chat(app) -> list[Path]:
-    from ggufdesk.core.history import History
-    from ggufdesk.core.settings import LoadSettings, SamplingSettings
-    from ggufdesk.ui.engine_adapter import EngineBridge
-    from ggufdesk.ui.main_window import MainWindow
-
+def starter_or_tiny(tmp: Path) -> Path:
     try:
         from ggufdesk.core.starter import starter_model_path
 
-        model = starter_model_path()
+        return starter_model_path()
     except Exception:  # noqa: BLE001 - no starter: the tiny synthetic model still streams
         from tests.fixtures.ggufs import TinySpec, write_tiny_llama
 
-        model = write_tiny_llama(TMP / "tiny.gguf", TinySpec())
-    history = History(TMP / "history.sqlite3")
+        return write_tiny_llama(tmp / "tiny.gguf", TinySpec())
+
+
+def shoot_chat(app, name: str, size, tmp: Path, stream_chars: int) -> list[Path]:
+    from ggufdesk.core.history import History
+    from ggufdesk.core.settings import LoadSettings, SamplingSettings
+    from ggufdesk.core.starter import EXAMPLE_PROMPT
+    from ggufdesk.ui.engine_adapter import EngineBridge
+    from ggufdesk.ui.main_window import MainWindow
+
+    model = starter_or_tiny(tmp)
+    history = History(tmp / "history.sqlite3")
     old = history.new_conversation("Reverse a list in Python", mode="chat")
     history.add_message(old.id, "user", "How do I reverse a list in Python?")
-    history.add_message(old.id, "assistant",
-                        "Two common ways:\n\n```python\nxs = [1, 2, 3]\nxs.reverse()      # in place\n"
-                        "ys = xs[::-1]     # a reversed copy\n```\n\nUse **`reversed(xs)`** when you "
-                        "only need to iterate.")
+    answer = history.add_message(
+        old.id, "assistant",
+        "Two common ways:\n\n```python\nxs = [1, 2, 3]\nxs.reverse()      # in place\n"
+        "ys = xs[::-1]     # a reversed copy\n```\n\nUse **`reversed(xs)`** when you only need "
+        "to iterate.")
+    history.update_message(answer.id, stats={"finish_reason": "stop", "n_gen": 48,
+                                              "decode_tok_s": 41.3, "model": "qwen2.5-7b-q4_k_m.gguf"})
     history.new_conversation("Trip ideas for Lisbon", mode="chat")
     engine = EngineBridge()
     win = MainWindow(engine=engine, history=history, persist_settings=False)
-    win.resize(1280, 800)
+    win.resize(*size)
     win.show()
     loaded = []
     engine.loaded.connect(loaded.append)
     win.load_model(str(model), LoadSettings(n_ctx=2048))
-    pump(app, 120, lambda: loaded)
+    pump(app, 180, lambda: loaded)
+    win.banner.hide()
     win.sampler.sample_now()
-    win.new_conversation()
-    win.session.update_conversation(sampling=SamplingSettings(temperature=0.7, seed=7, max_tokens=400))
-    win.send("A short guide to speculative decoding.\n\nSpeculative decoding makes language models")
-    pump(app, 60, lambda: win.session.answer is not None and len(win.session.answer.content) > 600)
-    pump(app, 0.3)
-    p1 = OUT / "chat-streaming.png"
-    win.grab().save(str(p1))
-    win.stop()
-    pump(app, 5, lambda: win.session.answer is None)
-    # the earlier conversation with a code block, to show Markdown rendering
+    shots = []
+    if name == "chat-light":
+        win.new_conversation()
+        win.session.update_conversation(sampling=SamplingSettings(temperature=0.7, seed=7,
+                                                                  max_tokens=300))
+        win.send(EXAMPLE_PROMPT)
+        pump(app, 120, lambda: win.session.answer is not None
+             and len(win.session.answer.content) > stream_chars)
+        pump(app, 0.3)
+        shots.append(OUT / "chat-streaming.png")
+        win.grab().save(str(shots[-1]))
+        win.stop()
+        pump(app, 10, lambda: not win.session.busy)
+    # the earlier conversation with a code block: Markdown, the stop reason and speed line
     win.conv_list.setCurrentIndex(win.conv_model.index(win.conv_model.row_of(old.id)))
+    pump(app, 10, lambda: win.conv is not None and win.conv.id == old.id)
     pump(app, 1.0)
-    p2 = OUT / "chat-markdown.png"
-    win.grab().save(str(p2))
+    out = OUT / ("chat-markdown.png" if name == "chat-light" else f"{name}.png")
+    win.grab().save(str(out))
+    shots.append(out)
     win.close()
     engine.shutdown()
     history.close()
-    return [p1, p2]
+    return shots
 
 
-def shoot_settings(app) -> Path:
+def shoot_settings(app, size) -> Path:
     from ggufdesk.core.settings import LoadSettings, SpeculationSettings
+    from ggufdesk.ui.services import ContextEstimate
     from ggufdesk.ui.settings_dialog import SettingsDialog
 
-    dlg = SettingsDialog(LoadSettings(n_ctx=8192), SpeculationSettings(mode="lookup"))
+    def estimate(load: LoadSettings) -> ContextEstimate:  # the planner's numbers for a 7B Q4_K_M
+        kv = load.n_ctx * 56 * 1024
+        return ContextEstimate(n_ctx=load.n_ctx, n_ctx_train=32768, kv_bytes=kv,
+                               ram_bytes=int(4.9 * GB) + kv, vram_bytes=0,
+                               ram_budget=int(6.5 * GB), vram_budget=0,
+                               fits=int(4.9 * GB) + kv <= int(6.5 * GB))
+
+    dlg = SettingsDialog(LoadSettings(n_ctx=8192), SpeculationSettings(mode="lookup"),
+                         n_ctx_train=32768, estimate=estimate)
+    dlg.resize(*size)
     dlg.show()
+    dlg.w["n_ctx"].setValue(32768)  # more than fits: the planner's warning
+    pump(app, 5, lambda: dlg.ctx_warning.isVisible())
     dlg.w["n_ubatch"].setValue(1024)  # larger than n_batch: shows how a bad value is refused
-    pump(app, 0.3)
+    pump(app, 0.5)
     p = OUT / "settings.png"
     dlg.grab().save(str(p))
     dlg.close()
     return p
 
 
-def main() -> int:
+def child(name: str, stream_chars: int) -> int:
     from PySide6.QtWidgets import QApplication
 
+    from ggufdesk.ui import theme
     from ggufdesk.ui.app import app_icon
 
-    OUT.mkdir(parents=True, exist_ok=True)
+    kind, size = VARIANTS[name][3], VARIANTS[name][2]
+    tmp = Path(tempfile.mkdtemp(prefix="ggufdesk-shots-"))
     app = QApplication.instance() or QApplication([])
+    app.setOrganizationName("ggufdesk-screenshots")
     app.setWindowIcon(app_icon())
-    shots = shoot_wizard(app) + shoot_chat(app) + [shoot_settings(app)]
+    theme.follow_system(app)
+    if kind == "wizard":
+        shots = shoot_wizard(app, size)
+    elif kind == "settings":
+        shots = [shoot_settings(app, size)]
+    else:
+        shots = shoot_chat(app, name, size, tmp, stream_chars)
     for s in shots:
-        print(s.relative_to(ROOT))
+        print(s.relative_to(ROOT), flush=True)
     return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", choices=sorted(VARIANTS), help="variants to shoot")
+    ap.add_argument("--stream-chars", type=int, default=400,
+                    help="characters streamed before the mid-stream shot")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args.child, args.stream_chars)
+    OUT.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for name in args.only or list(VARIANTS):
+        theme_name, scale, _, _ = VARIANTS[name]
+        tmp = Path(tempfile.mkdtemp(prefix="ggufdesk-shots-env-"))
+        env = dict(os.environ, GGUFDESK_THEME=theme_name, QT_SCALE_FACTOR=str(scale))
+        env.setdefault("QT_QPA_PLATFORM", "offscreen")
+        for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+            env[var] = str(tmp / var.lower())  # a fresh profile; the starter cache is shared
+        r = subprocess.run([sys.executable, __file__, "--child", name,
+                            "--stream-chars", str(args.stream_chars)], env=env, timeout=900)
+        failed += r.returncode != 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -49,6 +49,24 @@ def loaded_window(qtbot, window, tmp_path):
     return window
 
 
+@pytest.fixture
+def wizard(qtbot):
+    """Makes ModelWizards over the given services; each is closed (downloads cancelled) after."""
+    from ggufdesk.ui.wizard import ModelWizard
+
+    made = []
+
+    def make(services):
+        wiz = ModelWizard(services)
+        qtbot.addWidget(wiz)
+        made.append(wiz)
+        return wiz
+
+    yield make
+    for w in made:
+        w.reject()
+
+
 def pytest_collection_modifyitems(config, items):
     """The offscreen platform warns about a window-manager feature it lacks; that is not our bug."""
     here = Path(__file__).parent

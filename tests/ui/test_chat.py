@@ -22,6 +22,7 @@ def contents(w) -> list[tuple[str, str, str]]:
 def test_streams_an_answer_and_saves_both_messages(qtbot, loaded_window):
     w = loaded_window
     assert send_and_wait(qtbot, w, "hello there") == "done"
+    assert w.writer.flush(10)
     msgs = w.history.messages(w.conv.id)
     assert [(m.role, m.status) for m in msgs] == [("user", "done"), ("assistant", "done")]
     assert msgs[0].content == "hello there"
@@ -72,6 +73,7 @@ def test_stop_keeps_the_partial_answer(qtbot, window, tmp_path, monkeypatch):
 def test_regenerate_replaces_the_answer(qtbot, loaded_window):
     w = loaded_window
     send_and_wait(qtbot, w, "first question")
+    assert w.writer.flush(10)
     first_answer = w.history.messages(w.conv.id)[1]
     with qtbot.waitSignal(w.answer_finished, timeout=15000):
         w.chat.widgets[-1].regen_btn.click()
@@ -102,6 +104,7 @@ def test_copy_puts_the_message_on_the_clipboard(qtbot, loaded_window):
     w = loaded_window
     send_and_wait(qtbot, w, "copy me")
     w.chat.widgets[-1].copy_btn.click()
+    assert w.writer.flush(10)
     assert QGuiApplication.clipboard().text() == w.history.messages(w.conv.id)[1].content
 
 
@@ -177,9 +180,11 @@ def test_completion_mode_for_a_base_model(qtbot, window, tmp_path):
     w = window
     with qtbot.waitSignal(w.engine.loaded, timeout=15000):
         w.load_model(str(tmp_path / "gemma-base.gguf"))
-    assert "no chat template" in w.banner.text
+    assert "is a base model: it continues the text you start" in w.banner.text
+    assert "Gemma 3 1B Instruct" in w.banner.text  # a chat-tuned download from the catalog
     conv = w.new_conversation()
-    assert conv.mode == "completion" and w.mode_label.text() == "completion mode"
+    assert conv.mode == "completion" and w.mode_label.text() == "continue-text mode"
+    assert w.send_btn.text() == "Continue" and "Write the beginning of a text" in w.input.placeholderText()
     sent = []
     real = w.engine.generate
     w.engine.generate = lambda **kw: (sent.append(kw), real(**kw))[1]

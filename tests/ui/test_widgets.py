@@ -19,7 +19,8 @@ def test_gauges_follow_engine_stats_during_a_stream(qtbot, loaded_window):
     # What the panel shows is what the engine's final stats said (the same numbers `run --json` prints).
     assert w.gauges.decode.text() == f"{final['decode_tok_s']:.1f} tok/s"
     assert w.gauges.ttft.text() == f"{final['ttft_s'] * 1000:.0f} ms"
-    assert w.gauges.prefill_bar.value() == final["n_prompt"]
+    assert not w.gauges.prefill_bar.isVisible()  # no idle "prompt 0 / 1 tokens" bar after the answer
+    assert w.gauges.decode_note.text() == f"average of this answer ({final['n_gen']} tokens)"
     assert len(w.gauges.graph.values) >= 2
 
 
@@ -180,3 +181,14 @@ def test_window_geometry_is_remembered(qtbot, bridge, history, tmp_path):
     qtbot.addWidget(w2)
     w2.restore_geometry(QSettings(str(tmp_path / "ui.ini"), QSettings.Format.IniFormat))
     assert (w2.width(), w2.height()) == (771, 533)
+
+
+def test_single_instance_is_per_user_and_display():
+    from ggufdesk.ui.app import SERVER_NAME, SingleInstance, instance_name
+
+    a = instance_name({"DISPLAY": ":0"})
+    assert a.startswith(SERVER_NAME + "-") and a != SERVER_NAME
+    assert a == instance_name({"DISPLAY": ":0"})
+    assert a != instance_name({"DISPLAY": ":1"})
+    assert instance_name({"WAYLAND_DISPLAY": "wayland-0"}) != instance_name({"DISPLAY": ":0"})
+    assert SingleInstance().name == instance_name()

@@ -11,7 +11,7 @@ from ggufdesk.core.errors import KnownError
 from ggufdesk.ui.services import (
     DownloadStopped, ModelChoice, ModelServices, describe_hardware, rough_plan,
 )
-from ggufdesk.ui.wizard import DOWNLOAD_PAGE, FINISH_PAGE, MODEL_PAGE, ModelWizard
+from ggufdesk.ui.wizard import DOWNLOAD_PAGE, FINISH_PAGE, MODEL_PAGE
 
 GB = 1024**3
 
@@ -90,25 +90,17 @@ class FakeServices:
         self.downloads.append(choice.label)
         return out
 
+    def context_estimate(self, model, load):
+        from ggufdesk.ui.services import ContextEstimate
+
+        kv = load.n_ctx * 64 * 1024
+        return ContextEstimate(n_ctx=load.n_ctx, n_ctx_train=8192, kv_bytes=kv, ram_bytes=GB + kv,
+                               vram_bytes=0, ram_budget=2 * GB, vram_budget=0, fits=GB + kv <= 2 * GB)
+
     def recommended_settings(self, model):
         from ggufdesk.core.settings import LoadSettings, SpeculationSettings
 
         return LoadSettings(), SpeculationSettings()
-
-
-@pytest.fixture
-def wizard(qtbot):
-    made = []
-
-    def make(services):
-        wiz = ModelWizard(services)
-        qtbot.addWidget(wiz)
-        made.append(wiz)
-        return wiz
-
-    yield make
-    for w in made:
-        w.reject()
 
 
 def to_model_page(qtbot, wiz):
@@ -135,12 +127,16 @@ def test_full_flow_downloads_model_and_draft_then_loads(qtbot, wizard, tmp_path)
     page.table.selectRow(1)
     with qtbot.waitSignal(wiz.download_finished, timeout=10000):
         wiz.next()
-    assert wiz.currentId() == DOWNLOAD_PAGE
     assert svc.downloads == ["Good model Q4_K_M", "Tiny draft Q8_0"]
     assert wiz.download_page.isComplete()
-    wiz.next()
+    # Finished downloads move on by themselves: no stop on a 100 % page with live Pause/Cancel.
     assert wiz.currentId() == FINISH_PAGE
-    assert "good-q4_k_m.gguf with tiny-q8_0.gguf as draft" in wiz.finish_page.text.text()
+    assert not wiz.download_page.pause_btn.isVisibleTo(wiz.download_page)
+    assert not wiz.download_page.cancel_btn.isVisibleTo(wiz.download_page)
+    # The page names the button the user will press ("Load"), not another one.
+    assert wiz.buttonText(wiz.WizardButton.FinishButton) == "Load"
+    assert wiz.finish_page.text.text().startswith("Press Load to open good-q4_k_m.gguf with "
+                                                  "tiny-q8_0.gguf as draft")
     wiz.accept()
     sel = wiz.selection
     assert sel.path == tmp_path / "good-q4_k_m.gguf" and sel.path.stat().st_size == 16384
@@ -182,6 +178,9 @@ def test_cancel_goes_back_and_failure_offers_retry(qtbot, wizard, tmp_path):
     assert wiz.download_page.pause_btn.text() == "Retry"
     with qtbot.waitSignal(wiz.download_finished, timeout=10000):
         wiz.download_page.pause_btn.click()
+    assert wiz.currentId() == FINISH_PAGE
+    wiz.back()
+    assert wiz.currentId() == DOWNLOAD_PAGE
     wiz.download_page.cancel()
     assert wiz.currentId() == MODEL_PAGE
 

@@ -9,12 +9,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from ggufdesk.core.errors import BugError, KnownError, SettingsError
 from ggufdesk.core.settings import SamplingSettings
 
 log = logging.getLogger("ggufdesk.history")
+_T = TypeVar("_T")
 
 MODES = ("chat", "completion")
 ROLES = ("system", "user", "assistant")
@@ -46,6 +47,19 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE messages ADD COLUMN stats TEXT NOT NULL DEFAULT '{}';
     ALTER TABLE conversations ADD COLUMN model TEXT NOT NULL DEFAULT '';
+    """,
+    # Regenerate and edit keep what they replace: the replaced message and the turns after it
+    # become an earlier version (message_versions), stepped through in the window.
+    """
+    ALTER TABLE messages ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE message_versions (
+        id INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        position INTEGER NOT NULL,
+        ordinal INTEGER NOT NULL,
+        turns TEXT NOT NULL
+    );
+    CREATE INDEX versions_by_position ON message_versions(conversation_id, position);
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -303,6 +317,116 @@ class History:
                 (conversation_id, message_id),
             )
 
+    # ---- versions (regenerate / edit keep what they replace) -----------------------------------
+
+    def _position(self, conversation_id: int, message_id: int) -> int:
+        return int(self._db.execute(
+            "SELECT COUNT(*) FROM messages WHERE conversation_id = ? AND id < ?",
+            (conversation_id, message_id)).fetchone()[0])
+
+    def _ordinals(self, conversation_id: int, position: int) -> list[int]:
+        return [int(r[0]) for r in self._db.execute(
+            "SELECT ordinal FROM message_versions WHERE conversation_id = ? AND position = ?",
+            (conversation_id, position))]
+
+    def _stash(self, conversation_id: int, message_id: int) -> tuple[int, int]:
+        """Move the message and everything after it (with their own versions) into a version
+        record; returns (position, its ordinal). Runs inside the caller's transaction."""
+        rows = self._db.execute(
+            "SELECT * FROM messages WHERE conversation_id = ? AND id >= ? ORDER BY id",
+            (conversation_id, message_id)).fetchall()
+        if not rows or rows[0]["id"] != message_id:
+            raise KeyError(message_id)
+        pos = self._position(conversation_id, message_id)
+        nested = self._db.execute(
+            "SELECT position, ordinal, turns FROM message_versions WHERE conversation_id = ? "
+            "AND position > ?", (conversation_id, pos)).fetchall()
+        record = {
+            "turns": [{k: r[k] for k in ("role", "content", "created", "status", "stats", "version")}
+                      for r in rows],
+            "nested": [dict(n) for n in nested],
+        }
+        ordinal = int(rows[0]["version"])
+        self._db.execute("INSERT INTO message_versions(conversation_id, position, ordinal, turns) "
+                         "VALUES (?, ?, ?, ?)", (conversation_id, pos, ordinal, json.dumps(record)))
+        self._db.execute("DELETE FROM message_versions WHERE conversation_id = ? AND position > ?",
+                         (conversation_id, pos))
+        self._db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?",
+                         (conversation_id, message_id))
+        return pos, ordinal
+
+    def _transaction(self, fn: Callable[[], _T]) -> _T:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                out = fn()
+                self._db.execute("COMMIT")
+                return out
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def keep_as_version(self, conversation_id: int, message_id: int) -> int:
+        """Regenerate / edit: the message and the turns after it become an earlier version instead
+        of being deleted. Returns the ordinal the replacing message gets (set_version)."""
+        def run() -> int:
+            pos, ordinal = self._stash(conversation_id, message_id)
+            return max([ordinal, *self._ordinals(conversation_id, pos)]) + 1
+
+        return self._transaction(run)
+
+    def set_version(self, message_id: int, ordinal: int) -> None:
+        with self._lock:
+            self._db.execute("UPDATE messages SET version = ? WHERE id = ?", (ordinal, message_id))
+
+    def versions(self, conversation_id: int) -> dict[int, tuple[int, int]]:
+        """{message id: (its version number, how many)} for messages that have earlier versions."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, version FROM messages WHERE conversation_id = ? ORDER BY id",
+                (conversation_id,)).fetchall()
+            out: dict[int, tuple[int, int]] = {}
+            for pos, r in enumerate(rows):
+                others = self._ordinals(conversation_id, pos)
+                if others:
+                    ordinals = sorted({*others, int(r["version"])})
+                    out[int(r["id"])] = (ordinals.index(int(r["version"])) + 1, len(ordinals))
+        return out
+
+    def switch_version(self, conversation_id: int, message_id: int, step: int) -> list[Message]:
+        """Show the previous (step -1) or next (+1) version of a message: the shown one and its
+        later turns are kept as a version, the chosen one comes back with its own later turns."""
+        def run() -> None:
+            row = self._db.execute("SELECT version FROM messages WHERE id = ? AND conversation_id = ?",
+                                   (message_id, conversation_id)).fetchone()
+            if row is None:
+                raise KeyError(message_id)
+            pos, live = self._position(conversation_id, message_id), int(row["version"])
+            ordinals = sorted({*self._ordinals(conversation_id, pos), live})
+            i = ordinals.index(live) + step
+            if not 0 <= i < len(ordinals) or step == 0:
+                return
+            target = ordinals[i]
+            self._stash(conversation_id, message_id)
+            rec = self._db.execute(
+                "SELECT id, turns FROM message_versions WHERE conversation_id = ? AND position = ? "
+                "AND ordinal = ? ORDER BY id DESC LIMIT 1", (conversation_id, pos, target)).fetchone()
+            self._db.execute("DELETE FROM message_versions WHERE id = ?", (rec["id"],))
+            record = json.loads(rec["turns"])
+            for t in record["turns"]:
+                self._db.execute(
+                    "INSERT INTO messages(conversation_id, role, content, created, status, stats, "
+                    "version) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (conversation_id, t["role"], t["content"], t["created"], t["status"],
+                     t["stats"], t["version"]))
+            for n in record["nested"]:
+                self._db.execute("INSERT INTO message_versions(conversation_id, position, ordinal, "
+                                 "turns) VALUES (?, ?, ?, ?)",
+                                 (conversation_id, n["position"], n["ordinal"], n["turns"]))
+
+        self._transaction(run)
+        return self.messages(conversation_id)
+
     # ---- export -------------------------------------------------------------------------------
 
     def export_json(self, conversation_id: int) -> dict[str, Any]:
@@ -318,6 +442,8 @@ class History:
     def export_markdown(self, conversation_id: int) -> str:
         conv = self.get_conversation(conversation_id)
         lines = [f"# {conv.title}", ""]
+        if conv.model:
+            lines += [f"_Model: {Path(conv.model).name}_", ""]
         if conv.system_prompt:
             lines += ["**System:**", "", conv.system_prompt, ""]
         for m in self.messages(conversation_id):

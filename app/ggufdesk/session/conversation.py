@@ -62,6 +62,11 @@ class SessionView:
 
     def model_changed(self, model: P.Loaded | None) -> None: ...
 
+    def base_model_loaded(self, model: P.Loaded) -> None:
+        """A model without a chat template (a base model) was loaded; the window says so once."""
+        self.notice(f"{Path(model.model).name} has no chat template: new conversations use "
+                    "completion mode (the model continues your text)")
+
     def notice(self, text: str, level: Level = "info") -> None: ...
 
 
@@ -96,6 +101,7 @@ class ChatSession:
         self.model: P.Loaded | None = None
         self.no_model_reason = ""
         self._saved_at = 0.0
+        self._pending_version: dict[str, int] | None = None
         if writer is not None:
             writer.on_state = lambda st: self.post(lambda: self.view.save_state_changed(st))
 
@@ -139,21 +145,29 @@ class ChatSession:
         row = Ref()
         self._show(conv, [], row)
 
+        model = self.model.model if self.model is not None else ""
+        conv = dataclasses.replace(conv, model=model)
+        self.conv = conv
+
         def create(h: History) -> Conversation:
             saved = h.new_conversation(title, system_prompt=system_prompt, sampling=conv.sampling,
-                                       mode=mode)
+                                       mode=mode, model=model)
             row.id = saved.id
             return saved
 
         self._write(create, then=lambda saved: self._conversation_saved(row, saved))
         return conv
 
-    def open(self, conv: Conversation, messages: list[Message]) -> None:
-        """Show a stored conversation (read by the caller, off its thread if it has a GUI)."""
+    def open(self, conv: Conversation, messages: list[Message],
+             versions: dict[int, tuple[int, int]] | None = None) -> None:
+        """Show a stored conversation (read by the caller, off its thread if it has a GUI);
+        `versions` is History.versions(conv.id): which messages have earlier versions."""
         if self.busy:  # the user moved on: the answer stops where it is
             self.stop()
             self._finish("cancelled")
-        self._show(conv, [Turn.from_message(m) for m in messages], Ref(conv.id))
+        versions = versions or {}
+        self._show(conv, [Turn.from_message(m, versions.get(m.id, (1, 1))) for m in messages],
+                   Ref(conv.id))
 
     def close_conversation(self) -> None:
         self._show(None, [], Ref())
@@ -168,17 +182,19 @@ class ChatSession:
         if self.conv_row is row and self.conv is not None:
             self.conv = dataclasses.replace(saved, title=self.conv.title, mode=self.conv.mode,
                                             system_prompt=self.conv.system_prompt,
-                                            sampling=self.conv.sampling)
+                                            sampling=self.conv.sampling, model=self.conv.model)
             saved = self.conv
         self.view.conversation_saved(saved)
 
     def update_conversation(self, *, title: str | None = None, system_prompt: str | None = None,
-                            sampling: SamplingSettings | None = None, mode: str | None = None) -> None:
+                            sampling: SamplingSettings | None = None, mode: str | None = None,
+                            model: str | None = None) -> None:
         """Change the open conversation now; the row follows in the background."""
         if self.conv is None:
             return
         changes: dict[str, Any] = {k: v for k, v in (("title", title), ("system_prompt", system_prompt),
-                                                     ("sampling", sampling), ("mode", mode)) if v is not None}
+                                                     ("sampling", sampling), ("mode", mode),
+                                                     ("model", model)) if v is not None}
         if "title" in changes:
             changes["title"] = changes["title"].strip() or "Untitled"
         self.conv = dataclasses.replace(self.conv, **changes)
@@ -213,23 +229,86 @@ class ChatSession:
         if self.conv is None:
             self.new_conversation(system_prompt=system_prompt, sampling=sampling)
         assert self.conv is not None
-        if self.editing is not None:
-            self._truncate_from(self.editing)
         user = Turn(role="user", content=text)
-        self._add(user, status="done")
-        if self.conv.title == "New chat":
+        edited = self.editing
+        retitle = self.conv.title == "New chat"
+        if edited is not None and edited in self.turns:
+            # The edited message and what followed it stay as an earlier version.
+            first_user = next((t for t in self.turns if t.role == "user"), None)
+            retitle = retitle or (edited is first_user
+                                  and self.conv.title == title_from(edited.content))
+            self._replace_from(edited, user)
+        else:
+            self.editing = None
+            self._add(user, status="done")
+        if retitle:
             self.update_conversation(title=title_from(text))
+        if self.model is not None and self.conv.model != self.model.model:
+            self.update_conversation(model=self.model.model)  # the conversation remembers its model
         self._start_answer()
         return user
 
     def regenerate(self, key: int) -> None:
-        """Drop the turn `key` and everything after it, then answer again."""
+        """Answer turn `key` again. The current answer and every turn after it are kept as an
+        earlier version (step back to it with step_version), never deleted."""
         self.check_can_send()
         turn = self._turn(key)
         if turn is None:
             return
-        self._truncate_from(turn)
-        self._start_answer()
+        if turn.role != "assistant":
+            raise Refused("only an answer can be written again")
+        self._replace_from(turn, None)
+        self._start_answer(version=(turn.version[1] + 1, turn.version[1] + 1))
+
+    def step_version(self, key: int, step: int) -> None:
+        """Show the previous (-1) or next (+1) version of turn `key`, with its own later turns."""
+        if self.busy:
+            raise Refused("an answer is still being written; stop it first")
+        turn = self._turn(key)
+        if turn is None or self.conv is None or self.writer is None:
+            return
+        conv, conv_row, row = self.conv, self.conv_row, turn.row
+
+        def switch(h: History) -> tuple[list[Message], dict[int, tuple[int, int]]]:
+            msgs = h.switch_version(conv_row.get(), row.get(), step)
+            return msgs, h.versions(conv_row.get())
+
+        def shown(result: tuple[list[Message], dict[int, tuple[int, int]]] | None) -> None:
+            if result is None or self.conv_row is not conv_row or self.busy:
+                return
+            msgs, versions = result
+            self._show(conv, [Turn.from_message(m, versions.get(m.id, (1, 1))) for m in msgs],
+                       conv_row)
+
+        self._write(switch, then=shown)
+
+    def _replace_from(self, turn: Turn, replacement: Turn | None) -> None:
+        """`turn` and what follows leave the screen and become an earlier version in the history;
+        `replacement` (an edited message) takes its place, numbered as the next version."""
+        self.editing = None
+        index = self.turns.index(turn)
+        self.turns = self.turns[:index]
+        conv_row, first = self.conv_row, turn.row
+        holder: dict[str, int] = {}
+
+        def keep(h: History) -> int:
+            holder["version"] = h.keep_as_version(conv_row.get(), first.get())
+            return holder["version"]
+
+        self._write(keep)
+        self.view.show_conversation(self.conv, list(self.turns))
+        self._pending_version = holder
+        if replacement is not None:
+            replacement.version = (turn.version[1] + 1, turn.version[1] + 1)
+            self._add(replacement, status="done")
+            self._number(replacement)
+
+    def _number(self, turn: Turn) -> None:
+        """Give the row that replaced an earlier version its version number (after it is written)."""
+        holder, row = self._pending_version, turn.row
+        self._pending_version = None
+        if holder is not None:
+            self._write(lambda h: h.set_version(row.get(), holder["version"]))
 
     def edit(self, key: int) -> str:
         """Start editing turn `key`: returns its text; the next send replaces it and what follows."""
@@ -244,15 +323,6 @@ class ChatSession:
     def _turn(self, key: int) -> Turn | None:
         return next((t for t in self.turns if t.key == key), None)
 
-    def _truncate_from(self, turn: Turn) -> None:
-        self.editing = None
-        if turn not in self.turns:
-            return
-        self.turns = self.turns[:self.turns.index(turn)]
-        conv_row, first = self.conv_row, turn.row
-        self._write(lambda h: h.truncate_from(conv_row.get(), first.get()))
-        self.view.show_conversation(self.conv, list(self.turns))
-
     def _add(self, turn: Turn, *, status: str, then: Callable[[Any], None] | None = None) -> None:
         self.turns.append(turn)
         self.view.turn_added(turn)
@@ -264,16 +334,21 @@ class ChatSession:
 
         self._write(insert, then=then)
 
-    def _start_answer(self) -> None:
+    def _start_answer(self, version: tuple[int, int] | None = None) -> None:
         """Commit the answer's (empty) row, then ask the engine: what the user wrote is on disk
         before generation for it starts."""
         assert self.conv is not None
         conv = self.conv
         request = build_request(conv, self.turns)
-        answer = Turn(role="assistant", content="", status="streaming")
+        answer = Turn(role="assistant", content="", status="streaming",
+                      stats={"model": Path(self.model.model).name} if self.model else {})
+        if version is not None:
+            answer.version = version
         self.answer = answer
         self._set_phase("saving")
         self._add(answer, status="streaming", then=lambda _: self._begin(answer, conv, request))
+        if version is not None:
+            self._number(answer)
 
     def _begin(self, answer: Turn, conv: Conversation, request: dict[str, Any]) -> None:
         if self.answer is not answer or self.phase not in ("saving", "stopping"):
@@ -305,6 +380,8 @@ class ChatSession:
             return
         self.answer, self.rid = None, None
         answer.status, answer.finish_reason = status, finish_reason
+        if finish_reason:
+            answer.stats["finish_reason"] = finish_reason  # shown under the answer, also later
         self._save_answer(answer, final=True)
         self._set_phase("idle")
         self.view.turn_finished(answer)
@@ -334,7 +411,10 @@ class ChatSession:
                 self._saved_at = self.clock()
                 self._save_answer(answer, final=False)
         elif isinstance(ev, P.Stats) and mine and answer is not None:
+            model = answer.stats.get("model")
             answer.stats = dataclasses.asdict(ev)
+            if model:
+                answer.stats["model"] = model
         elif isinstance(ev, P.Done) and mine and answer is not None:
             if ev.text and not answer.content:
                 answer.content = ev.text
@@ -375,8 +455,7 @@ class ChatSession:
         if ev.chat_format == "completion":
             if conv is not None and conv.mode == "chat" and not self.turns:
                 self.update_conversation(mode="completion")
-            self.view.notice(f"{Path(ev.model).name} has no chat template: new conversations use "
-                             "completion mode (the model continues your text)")
+            self.view.base_model_loaded(ev)
 
     def _on_lifecycle(self, ev: P.Lifecycle) -> None:
         if ev.state != "loaded":

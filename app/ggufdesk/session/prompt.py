@@ -1,6 +1,7 @@
 """What the engine gets for the next answer, and a conversation's title from its first message."""
 from __future__ import annotations
 
+import re
 from typing import Any, Protocol, Sequence
 
 from ggufdesk.core.history import Conversation
@@ -27,9 +28,19 @@ def build_request(conv: Conversation, messages: Sequence[_Said]) -> dict[str, An
     return {"prompt": None, "messages": msgs}
 
 
+def plain_line(line: str) -> str:
+    """One line of Markdown as plain words: no heading marks, emphasis, code ticks or link targets."""
+    line = re.sub(r"^\s{0,3}(#{1,6}\s+|>\s*|[-*+]\s+|\d+[.)]\s+)", "", line)
+    line = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", line)  # [text](url), ![alt](src)
+    line = re.sub(r"(\*\*|__|~~|`+)", "", line)
+    line = re.sub(r"(?<!\w)[*_](\S(?:.*?\S)?)[*_](?!\w)", r"\1", line)
+    return " ".join(line.split())
+
+
 def title_from(text: str, limit: int = 48) -> str:
-    """A conversation title: the first line of the first message, shortened at a word."""
-    first = " ".join(text.strip().splitlines()[0].split()) if text.strip() else "New chat"
+    """A conversation title: the first line of the first message in plain words, shortened at a word."""
+    lines = [plain_line(ln) for ln in text.strip().splitlines() if not ln.strip().startswith("```")]
+    first = next((ln for ln in lines if ln), "") or "New chat"
     if len(first) <= limit:
         return first
     return first[:limit].rsplit(" ", 1)[0] + "…"

@@ -33,6 +33,7 @@ class Turn:
     status: str = "done"
     stats: dict[str, Any] = field(default_factory=dict)
     finish_reason: str = ""
+    version: tuple[int, int] = (1, 1)  # (which, of how many): regenerate/edit keep earlier ones
     row: Ref = field(default_factory=Ref)
     key: int = field(default_factory=lambda: next(_keys))
     created: float = field(default_factory=time.time)
@@ -43,6 +44,7 @@ class Turn:
         return self.key
 
     @classmethod
-    def from_message(cls, m: Message) -> Turn:
+    def from_message(cls, m: Message, version: tuple[int, int] = (1, 1)) -> Turn:
         return cls(role=m.role, content=m.content, status=m.status, stats=dict(m.stats),
+                   finish_reason=str(m.stats.get("finish_reason", "")), version=version,
                    row=Ref(m.id), created=m.created)

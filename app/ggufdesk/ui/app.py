@@ -1,7 +1,10 @@
 """The `ggufdesk-gui` entry point: single instance, icon, remembered geometry, first-run wizard."""
 from __future__ import annotations
 
+import getpass
+import hashlib
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +19,18 @@ from ggufdesk.core.errors import KnownError
 log = logging.getLogger("ggufdesk.ui")
 
 SERVER_NAME = "ggufdesk-single-instance"
+
+
+def instance_name(env: dict[str, str] | None = None) -> str:
+    """One instance per user and display: another user, or another X/Wayland display, gets its own."""
+    env = dict(os.environ if env is None else env)
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers)
+        user = str(os.getuid()) if hasattr(os, "getuid") else "user"
+    display = env.get("WAYLAND_DISPLAY") or env.get("DISPLAY") or ""
+    tag = hashlib.sha1(f"{user}\0{display}".encode()).hexdigest()[:12]
+    return f"{SERVER_NAME}-{tag}"
 
 
 def resources_dir() -> Path:
@@ -42,8 +57,8 @@ def app_icon() -> QIcon:
 class SingleInstance:
     """The first instance listens on a local socket; a second one pokes it and exits."""
 
-    def __init__(self, name: str = SERVER_NAME) -> None:
-        self.name = name
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or instance_name()
         self.server: QLocalServer | None = None
 
     def another_is_running(self) -> bool:
@@ -60,6 +75,7 @@ class SingleInstance:
     def listen(self, on_raise) -> bool:
         QLocalServer.removeServer(self.name)  # a stale socket from a crashed instance
         self.server = QLocalServer()
+        self.server.setSocketOptions(QLocalServer.SocketOption.UserAccessOption)
         self.server.newConnection.connect(lambda: self._accept(on_raise))
         return self.server.listen(self.name)
 
@@ -94,7 +110,8 @@ def build_main_window(*, engine_command: list[str] | None = None, services=None)
     engine = EngineBridge(command=engine_command)
     services = services or ModelServices(engine_devices=engine.devices)
     win = MainWindow(engine=engine, history=history, settings=settings,
-                     recommended=lambda: services.recommended_settings(win.model_path))
+                     recommended=lambda: services.recommended_settings(win.model_path),
+                     estimate=services.context_estimate)
 
     def choose_model() -> None:
         wiz = ModelWizard(services, parent=win)
@@ -110,20 +127,34 @@ def build_main_window(*, engine_command: list[str] | None = None, services=None)
 
 
 def load_starter(win) -> None:
-    """Nothing chosen and nothing loaded: open the offline starter model, so the first run can chat."""
+    """Nothing chosen and nothing loaded: open the offline starter model, so the first run can chat.
+
+    Assembling it the first time reads and hashes 253 MB: off the GUI thread."""
     from ggufdesk.core.starter import starter_available, starter_model_path
+    from ggufdesk.ui.tasks import describe_failure, run_in_background
 
     if not starter_available():
         return
-    try:
-        win.load_model(str(starter_model_path()))
-    except KnownError as e:
-        log.warning("starter model: %s", e)
+
+    def done(fut) -> None:
+        if (msg := describe_failure(fut)) is not None:
+            log.warning("starter model: %s", msg)
+            return
+        if not win.model_path:
+            win.load_model(str(fut.result()))
+
+    run_in_background(starter_model_path, done, owner=win)
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from ggufdesk.ui import platform_check, theme
+
+    if QApplication.instance() is None and (line := platform_check.check()):
+        print(line, file=sys.stderr)  # Qt itself would abort with a core dump and one name
+        return 1
     app = QApplication.instance() or QApplication(sys.argv if argv is None else argv)
+    theme.follow_system(app)  # light or dark as the system says, and when it changes (parented to app)
     app.setApplicationName("ggufdesk")
     app.setOrganizationName("ggufdesk")
     app.setApplicationVersion(__version__)
@@ -142,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     qs = QSettings()
     win.restore_geometry(qs)
     win.show()
+    win.restore_state(qs)  # the last conversation and the unsent draft
     model = win.settings.model
     if model and Path(model).is_file():
         win.load_model(model)
@@ -151,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         QTimer.singleShot(0, choose_model)
     rc = app.exec()
     win.save_geometry(qs)
+    from ggufdesk.ui import tasks
+
+    tasks.manager().shutdown()  # a late background result must not reach a closing app
     engine.shutdown()
     history.close()
     return rc

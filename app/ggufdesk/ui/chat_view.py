@@ -11,6 +11,7 @@ from ggufdesk.ui.message_widget import MessageWidget
 class ChatView(QScrollArea):
     edit_requested = Signal(int)
     regenerate_requested = Signal(int)
+    version_requested = Signal(int, int)  # message id, step
     copied = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -26,6 +27,7 @@ class ChatView(QScrollArea):
         self.column.addStretch(1)
         self.setWidget(inner)
         self.widgets: list[MessageWidget] = []
+        self.mode = "chat"
         self._follow = True
         self.verticalScrollBar().rangeChanged.connect(self._on_range)
         self.verticalScrollBar().valueChanged.connect(self._on_scroll)
@@ -44,18 +46,32 @@ class ChatView(QScrollArea):
             w.deleteLater()
         self.widgets.clear()
 
-    def set_messages(self, messages: list[Message]) -> None:
+    def set_messages(self, messages: list[Message],
+                     versions: dict[int, tuple[int, int]] | None = None) -> None:
+        """Show these messages; `versions` maps a message id to (its version, how many)."""
         self.clear()
+        versions = versions or {}
         for m in messages:
-            self.add(m)
+            self.add(m, version=versions.get(m.id, (1, 1)))
         self._follow = True
-        QTimer.singleShot(0, lambda: self.verticalScrollBar().setValue(
-            self.verticalScrollBar().maximum()))
+        QTimer.singleShot(0, self._scroll_to_end)  # a bound method: dropped if the view is gone
 
-    def add(self, m: Message) -> MessageWidget:
-        w = MessageWidget(message_id=m.id, role=m.role, text=m.content, status=m.status)
+    def _scroll_to_end(self) -> None:
+        self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+
+    def set_mode(self, mode: str) -> None:
+        """chat: a conversation of turns; completion: one text the model continues."""
+        self.mode = mode
+        for w in self.widgets:
+            w.set_mode(mode)
+
+    def add(self, m: Message, version: tuple[int, int] = (1, 1)) -> MessageWidget:
+        w = MessageWidget(message_id=m.id, role=m.role, text=m.content, status=m.status,
+                          stats=m.stats, mode=self.mode)
+        w.set_versions(*version)
         w.edit_requested.connect(self.edit_requested)
         w.regenerate_requested.connect(self.regenerate_requested)
+        w.version_requested.connect(self.version_requested)
         w.copy_requested.connect(self.copied)
         self.column.insertWidget(self.column.count() - 1, w)
         self.widgets.append(w)

@@ -6,12 +6,19 @@ from typing import Any
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 from PySide6.QtGui import QColor
 
+from ggufdesk.ui import theme
 from ggufdesk.ui.gauges import human_bytes
 from ggufdesk.ui.services import FIT_WORDS, ModelChoice
 
 COLUMNS = ("Model", "Size", "Fit", "GPU layers", "Reads prompt", "Writes answer")
-FIT_COLOURS = {"full_gpu": "#1e7d3a", "partial": "#2c62b0", "cpu": "#7a5200",
-               "too_large": "#a51d1d", "unknown": "#66727f"}
+FIT_HUES = {"full_gpu": theme.SUCCESS_HUE, "partial": 215, "cpu": theme.WARNING_HUE,
+            "too_large": theme.ERROR_HUE}
+
+
+def fit_colour(fit: str) -> QColor:
+    """Green fits the GPU, blue splits, amber is the CPU, red does not fit: readable light or dark."""
+    hue = FIT_HUES.get(fit)
+    return theme.muted() if hue is None else theme.tone(hue, strong=True)
 
 Index = QModelIndex | QPersistentModelIndex
 
@@ -57,7 +64,7 @@ class ChoiceTableModel(QAbstractTableModel):
             if col == 5:
                 return _speed(c.pred_decode_tok_s)
         if role == Qt.ItemDataRole.ForegroundRole and col == 2:
-            return QColor(FIT_COLOURS.get(c.fit, "#66727f"))
+            return fit_colour(c.fit)
         if role == Qt.ItemDataRole.ToolTipRole:
             where = c.repo and f"{c.repo}/{c.filename}" or (str(c.path) if c.path else c.label)
             return f"{where}\n{c.note}".strip()

@@ -9,6 +9,7 @@ from PySide6.QtWidgets import (
 from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.history import MODES
 from ggufdesk.core.settings import SamplingSettings
+from ggufdesk.ui import theme
 
 MODE_HELP = ("chat: the model's chat template turns messages into a prompt. "
              "completion: the text is continued as it is (base models without a template).")
@@ -38,7 +39,7 @@ class ConversationDialog(QDialog):
         form.addRow("Mode", self.mode)
         note = QLabel(MODE_HELP)
         note.setWordWrap(True)
-        note.setStyleSheet("color: #66727f; font-size: 11px;")
+        note.setStyleSheet(f"color: {theme.css(theme.muted())};")
         form.addRow("", note)
         form.addRow("Temperature (0 = always the likeliest word)", self.temperature)
         form.addRow("Top-k", self.top_k)
@@ -48,7 +49,8 @@ class ConversationDialog(QDialog):
         form.addRow("Max tokens per answer", self.max_tokens)
         form.addRow("Seed (-1 = random)", self.seed)
         self.error_label = QLabel()
-        self.error_label.setStyleSheet("color: #a51d1d;")
+        self.error_label.setStyleSheet(
+            f"color: {theme.css(theme.tone(theme.ERROR_HUE, strong=True))};")
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
                                    | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)

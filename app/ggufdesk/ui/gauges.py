@@ -5,24 +5,64 @@ import collections
 import logging
 from dataclasses import dataclass, field
 
-from PySide6.QtCore import QObject, QPointF, QRectF, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
+from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, QTimer, Signal
+from PySide6.QtGui import QColor, QPainter, QPainterPath, QPalette, QPen
 from PySide6.QtWidgets import (
-    QFormLayout, QGroupBox, QLabel, QProgressBar, QSizePolicy, QVBoxLayout, QWidget,
+    QFormLayout, QFrame, QGroupBox, QLabel, QProgressBar, QScrollArea, QSizePolicy, QVBoxLayout,
+    QWidget,
 )
 
 from ggufdesk.engine import protocol as p
+from ggufdesk.ui import theme
 from ggufdesk.ui.tasks import run_in_background
 
 log = logging.getLogger("ggufdesk.ui.gauges")
 
-SEGMENTS = (  # key, label, colour
-    ("weights", "weights", "#3b7dd8"),
-    ("kv", "KV cache", "#36a773"),
-    ("compute", "compute", "#e3a33b"),
-    ("draft", "draft", "#9b59b6"),
-    ("other", "other processes", "#9aa5b1"),
+SEGMENTS = (  # key, label; colours are the palette's chart series (theme.series)
+    ("weights", "weights"),
+    ("kv", "KV cache"),
+    ("compute", "compute"),
+    ("draft", "draft"),
+    ("other", "other processes"),
 )
+RATE_WINDOW_S = 2.0  # the decode gauge shows the speed over the last 2 s of writing
+MIN_RATE_TOKENS = 16  # fewer new prompt tokens than this: show the time, not a rate
+
+
+def segment_colour(key: str) -> QColor:
+    if key == "other":
+        return theme.muted()
+    return theme.series([k for k, _ in SEGMENTS].index(key))
+
+
+class DecodeRate:
+    """Decode tok/s over a recent window, from the engine's own clock.
+
+    Each Stats carries the request's running average `(n_gen - 1) / t` since the first token, so
+    `t` is known exactly at every report; two reports a window apart give the recent speed, which
+    drops at once when writing slows (a running average would hide it for a long time).
+    """
+
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self.rid: str | None = None
+        self.points: collections.deque[tuple[float, int]] = collections.deque()
+
+    def add(self, ev: p.Stats) -> float | None:
+        """The recent rate after this report, or None while too little has been written."""
+        if ev.id != self.rid:
+            self.rid = ev.id
+            self.points.clear()
+        if ev.n_gen < 2 or ev.decode_tok_s <= 0:
+            return None
+        t = (ev.n_gen - 1) / ev.decode_tok_s  # seconds since the first token, engine clock
+        self.points.append((t, ev.n_gen))
+        while len(self.points) > 2 and t - self.points[1][0] >= self.window_s:
+            self.points.popleft()
+        t0, n0 = self.points[0]
+        if len(self.points) < 2 or t <= t0:
+            return ev.decode_tok_s
+        return (ev.n_gen - n0) / (t - t0)
 
 
 def human_bytes(n: float) -> str:
@@ -126,18 +166,19 @@ class MemoryBar(QWidget):
         qp = QPainter(self)
         qp.setRenderHint(QPainter.RenderHint.Antialiasing)
         r = QRectF(self.rect()).adjusted(1, 1, -1, -1)
-        qp.setPen(QPen(QColor("#c5ccd4")))
-        qp.setBrush(QColor("#eef1f4"))
+        pal = self.palette()
+        qp.setPen(QPen(pal.color(QPalette.ColorRole.Mid)))
+        qp.setBrush(pal.color(QPalette.ColorRole.Base))
         qp.drawRoundedRect(r, 4, 4)
         if self.total <= 0:
             return
         x = r.left()
         qp.setPen(Qt.PenStyle.NoPen)
-        for key, _, colour in SEGMENTS:
+        for key, _ in SEGMENTS:
             w = r.width() * min(1.0, self.parts.get(key, 0) / self.total)
             w = min(w, r.right() - x)
             if w > 0:
-                qp.setBrush(QColor(colour))
+                qp.setBrush(segment_colour(key))
                 qp.drawRect(QRectF(x, r.top() + 1, w, r.height() - 2))
                 x += w
 
@@ -158,11 +199,12 @@ class RateGraph(QWidget):
         qp = QPainter(self)
         qp.setRenderHint(QPainter.RenderHint.Antialiasing)
         r = QRectF(self.rect()).adjusted(1, 1, -1, -1)
-        qp.setPen(QPen(QColor("#d5dbe1")))
-        qp.setBrush(QColor("#fbfcfd"))
+        pal = self.palette()
+        qp.setPen(QPen(pal.color(QPalette.ColorRole.Mid)))
+        qp.setBrush(pal.color(QPalette.ColorRole.Base))
         qp.drawRect(r)
         if len(self.values) < 2:
-            qp.setPen(QColor("#8a96a3"))
+            qp.setPen(theme.muted(pal))
             qp.drawText(r, Qt.AlignmentFlag.AlignCenter, "tok/s history")
             return
         top = max(self.values) * 1.15 or 1.0
@@ -172,61 +214,87 @@ class RateGraph(QWidget):
         for i, v in enumerate(self.values):
             pt = QPointF(x0 + i * step, r.bottom() - (v / top) * (r.height() - 4))
             path.moveTo(pt) if i == 0 else path.lineTo(pt)
-        qp.setPen(QPen(QColor("#3b7dd8"), 1.6))
+        qp.setPen(QPen(theme.series(0, pal), 1.6))
         qp.setBrush(Qt.BrushStyle.NoBrush)
         qp.drawPath(path)
-        qp.setPen(QColor("#5b6875"))
+        qp.setPen(theme.muted(pal))
         qp.drawText(r.adjusted(4, 2, -4, -2), Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft,
                     f"{max(self.values):.0f} tok/s peak")
 
 
-def _legend(key_colour: str, text: str) -> str:
+def _legend(key_colour: QColor, text: str, mark: str = "■") -> str:
     text = text.replace(" ", "&nbsp;")
-    return f"<span style='color:{key_colour}'>■</span>&nbsp;{text}"
+    return f"<span style='color:{theme.css(key_colour)}'>{mark}</span>&nbsp;{text}"
 
 
-class GaugePanel(QGroupBox):
-    """Everything the engine and the system report, updated live."""
+class GaugePanel(QScrollArea):
+    """Everything the engine and the system report, updated live; scrolls when the window is short."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__("Live", parent)
+        super().__init__(parent)
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.box = QGroupBox("Live")
+        self.box.setMinimumWidth(180)
         self.memory: dict[str, int] = {}
         self.n_gpu_layers = 0
         self.sample = SystemSample()
+        self.rate = DecodeRate()
         self.mem_title = QLabel("Memory")
-        self.mem_title.setStyleSheet("font-weight: 600;")
+        self.mem_title.setWordWrap(True)
         self.bar = MemoryBar()
         self.legend = QLabel()
         self.legend.setWordWrap(True)
         self.legend.setTextFormat(Qt.TextFormat.RichText)
         self.decode = QLabel("–")
-        self.decode.setStyleSheet("font-size: 20px; font-weight: 600;")
+        self.decode.setWordWrap(True)
+        self.decode_note = QLabel("")
+        self.decode_note.setWordWrap(True)
         self.prefill = QLabel("–")
+        self.prefill.setWordWrap(True)
         self.prefill_bar = QProgressBar()
         self.prefill_bar.setRange(0, 1)
         self.prefill_bar.setValue(0)
         self.prefill_bar.setTextVisible(True)
         self.prefill_bar.setFormat("prompt %v / %m tokens")
+        self.prefill_bar.setVisible(False)  # only while a prompt is being read
         self.ttft = QLabel("–")
         self.accept = QLabel("–")
+        self.accept.setWordWrap(True)
         self.draft_len = QLabel("–")
         self.graph = RateGraph()
         form = QFormLayout()
+        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         form.addRow("Decode", self.decode)
+        form.addRow("", self.decode_note)
         form.addRow("Prefill", self.prefill)
-        form.addRow("", self.prefill_bar)
+        form.addRow(self.prefill_bar)
         form.addRow("First token", self.ttft)
         form.addRow("Draft accepted", self.accept)
         form.addRow("Draft length", self.draft_len)
-        lay = QVBoxLayout(self)
+        lay = QVBoxLayout(self.box)
         lay.addWidget(self.mem_title)
         lay.addWidget(self.bar)
         lay.addWidget(self.legend)
         lay.addLayout(form)
         lay.addWidget(self.graph)
         lay.addStretch(1)
+        self.setWidget(self.box)
         self.last_stats: p.Stats | None = None
+        self._restyle()
         self._refresh_memory()
+
+    def _restyle(self) -> None:
+        self.mem_title.setStyleSheet("font-weight: 600;")
+        self.decode.setStyleSheet("font-size: 20px; font-weight: 600;")
+        self.decode_note.setStyleSheet(f"color: {theme.css(theme.muted())};")
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt API
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.ApplicationPaletteChange:
+            self._restyle()
+            self._refresh_memory()
 
     # ---- engine events ------------------------------------------------------------------------
 
@@ -237,19 +305,32 @@ class GaugePanel(QGroupBox):
 
     def on_unloaded(self) -> None:
         self.memory = {}
+        self.n_gpu_layers = 0
         self._refresh_memory()
 
     def on_progress(self, ev: p.Progress) -> None:
-        self.prefill_bar.setRange(0, max(1, ev.total))
+        if ev.total <= 0 or ev.done >= ev.total:
+            self.prefill_bar.setVisible(False)
+            return
+        self.prefill_bar.setRange(0, ev.total)
         self.prefill_bar.setValue(ev.done)
+        self.prefill_bar.setVisible(True)
 
     def on_stats(self, ev: p.Stats) -> None:
         self.last_stats = ev
-        self.decode.setText(f"{ev.decode_tok_s:.1f} tok/s" if ev.n_gen > 1 else "…")
-        reused = f", {ev.n_reused} reused" if ev.n_reused else ""
-        self.prefill.setText(f"{ev.prefill_tok_s:.0f} tok/s ({ev.n_prompt} tokens{reused})")
-        self.prefill_bar.setRange(0, max(1, ev.n_prompt))
-        self.prefill_bar.setValue(ev.n_prompt)
+        recent = self.rate.add(ev)
+        if ev.final:
+            self.decode.setText(f"{ev.decode_tok_s:.1f} tok/s" if ev.n_gen > 1 else "–")
+            self.decode_note.setText(f"average of this answer ({ev.n_gen} tokens)"
+                                     if ev.n_gen > 1 else "")
+        elif recent is not None:
+            self.decode.setText(f"{recent:.1f} tok/s")
+            self.decode_note.setText(f"last {self.rate.window_s:.0f} s")
+        else:
+            self.decode.setText("…")
+            self.decode_note.setText("")
+        self.prefill.setText(prefill_words(ev))
+        self.prefill_bar.setVisible(False)  # stats come after the prompt has been read
         self.ttft.setText(f"{ev.ttft_s * 1000:.0f} ms")
         if ev.speculation in ("draft", "lookup") and ev.drafted:
             self.accept.setText(f"{100 * ev.accepted / ev.drafted:.0f}% "
@@ -258,8 +339,8 @@ class GaugePanel(QGroupBox):
         else:
             self.accept.setText(ev.speculation if ev.speculation != "off" else "off")
             self.draft_len.setText("–")
-        if ev.n_gen > 1:
-            self.graph.add(ev.decode_tok_s)
+        if recent is not None and not ev.final:
+            self.graph.add(recent)
 
     def on_sample(self, s: SystemSample) -> None:
         self.sample = s
@@ -282,9 +363,22 @@ class GaugePanel(QGroupBox):
         parts["other"] = other
         self.mem_title.setText(f"Memory · {where}")
         self.bar.set_parts(total, parts)
-        items = [_legend(c, f"{label} {human_bytes(parts.get(k, 0))}")
-                 for k, label, c in SEGMENTS if parts.get(k, 0) or k in ("weights", "other")]
+        items = [_legend(segment_colour(k), f"{label} {human_bytes(parts.get(k, 0))}")
+                 for k, label in SEGMENTS if parts.get(k, 0) or k in ("weights", "other")]
         free = max(0, total - ours - other)
-        items.append(_legend("#eef1f4", f"free {human_bytes(free)} of {human_bytes(total)}"))
-        self.legend.setText(" &nbsp; ".join(items))
+        items.append(_legend(theme.muted(), f"free {human_bytes(free)} of {human_bytes(total)}",
+                             mark="□"))  # free is the bar's empty part: an outline
+        # A space between items lets the legend wrap onto more lines instead of overlapping.
+        self.legend.setText(" ".join(items))
         self.legend.setToolTip(self.legend.text().replace("&nbsp;", " "))
+
+
+def prefill_words(ev: p.Stats) -> str:
+    """How fast the prompt was read, counting only the tokens actually processed."""
+    new = max(0, ev.n_prompt - ev.n_reused)
+    reused = f"; {ev.n_reused} reused from before" if ev.n_reused else ""
+    if new >= MIN_RATE_TOKENS and ev.prefill_tok_s > 0:
+        return f"{ev.prefill_tok_s:.0f} tok/s ({new} new tokens{reused})"
+    if new and ev.prefill_tok_s > 0:
+        return f"{new} new token{'s' if new != 1 else ''} in {1000 * new / ev.prefill_tok_s:.0f} ms{reused}"
+    return f"nothing new to read{reused}" if ev.n_reused else "–"

@@ -1,20 +1,49 @@
-"""One chat message: a Markdown body (Qt's own renderer) with copy / edit / regenerate buttons."""
+"""One chat message: a Markdown body (Qt's own renderer), copy / edit / regenerate, its versions and its speed."""
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QGuiApplication, QTextDocument
+from typing import Any
+
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QGuiApplication, QPalette, QTextDocument
 from PySide6.QtWidgets import (
     QFrame, QHBoxLayout, QLabel, QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout, QWidget,
 )
 
+from ggufdesk.ui import theme
+
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
+# Completion mode is one text the model continues, not a conversation.
+COMPLETION_NAMES = {"user": "Your text", "assistant": "Continued by the model", "system": "System"}
 STATUS_NOTES = {
     "streaming": "writing…",
     "partial": "partial: the engine stopped",
     "cancelled": "stopped",
     "error": "failed",
 }
+# Why an answer ended (Done.finish_reason), in words.
+FINISH_WORDS = {
+    "stop": "finished",
+    "length": "stopped at the token limit",
+    "cancelled": "stopped by you",
+    "context": "stopped: the context is full",
+}
 RENDER_INTERVAL_MS = 50  # a streaming body re-renders at most 20 times a second
+
+
+def footer_text(stats: dict[str, Any]) -> str:
+    """'stopped at the token limit · 512 tokens · 41.8 tok/s' from a message's stored stats."""
+    parts = []
+    if (reason := stats.get("finish_reason")) in FINISH_WORDS:
+        parts.append(FINISH_WORDS[reason])
+    n_gen = int(stats.get("n_gen") or 0)
+    if n_gen:
+        parts.append(f"{n_gen} tokens")
+    rate = float(stats.get("decode_tok_s") or 0.0)
+    if n_gen > 1 and rate > 0:
+        parts.append(f"{rate:.1f} tok/s")
+    if stats.get("model"):
+        parts.append(str(stats["model"]))
+    return " · ".join(parts)
 
 
 class MarkdownView(QTextBrowser):
@@ -27,6 +56,7 @@ class MarkdownView(QTextBrowser):
         self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setMinimumWidth(50)
         self.document().setDocumentMargin(2)
         self.document().contentsChanged.connect(self._fit)
 
@@ -48,43 +78,60 @@ class MessageWidget(QFrame):
     copy_requested = Signal()
     edit_requested = Signal(int)  # message id
     regenerate_requested = Signal(int)
+    version_requested = Signal(int, int)  # message id, step (-1 older / +1 newer)
 
     def __init__(self, *, message_id: int, role: str, text: str, status: str = "done",
+                 stats: dict[str, Any] | None = None, mode: str = "chat",
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.message_id = message_id
         self.role = role
         self.status = status
+        self.mode = mode
+        self.stats: dict[str, Any] = dict(stats or {})
+        self.version = (1, 1)  # (this one, how many)
         self._text = text
+        self._style = ""
         self.setObjectName(f"msg_{role}")
-        bg = "#f3f6fa" if role == "user" else "#ffffff"
-        self.setStyleSheet(f"#msg_{role} {{ background: {bg}; border: 1px solid #dde3ea;"
-                           " border-radius: 8px; }")
         self.header = QLabel()
-        self.header.setStyleSheet("font-weight: 600; color: #40556b;")
+        self.header.setTextFormat(Qt.TextFormat.RichText)
+        self.header.setMinimumWidth(20)
         self.body = MarkdownView()
-        self.body.setStyleSheet(f"background: {bg};")
+        self.footer = QLabel()
+        self.footer.setObjectName("msgFooter")
+        self.footer.setWordWrap(True)  # a narrow window wraps it instead of widening the message
         self.copy_btn = self._button("Copy", "Copy this message as Markdown", self.copy)
         self.edit_btn = self._button("Edit", "Put this message back in the input box; sending "
                                      "replaces it and everything after it",
                                      lambda: self.edit_requested.emit(self.message_id))
-        self.regen_btn = self._button("Regenerate", "Write this answer again",
+        self.regen_btn = self._button("Regenerate", "Write this answer again (the current one "
+                                      "stays as an earlier version)",
                                       lambda: self.regenerate_requested.emit(self.message_id))
+        self.prev_btn = self._button("‹", "Earlier version of this answer",
+                                     lambda: self.version_requested.emit(self.message_id, -1))
+        self.next_btn = self._button("›", "Later version of this answer",
+                                     lambda: self.version_requested.emit(self.message_id, +1))
+        self.version_label = QLabel()
         self.edit_btn.setVisible(role == "user")
         self.regen_btn.setVisible(role == "assistant")
         top = QHBoxLayout()
         top.setContentsMargins(0, 0, 0, 0)
         top.addWidget(self.header, 1)
-        for b in (self.copy_btn, self.edit_btn, self.regen_btn):
+        for b in (self.prev_btn, self.version_label, self.next_btn, self.copy_btn, self.edit_btn,
+                  self.regen_btn):
             top.addWidget(b)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(10, 6, 10, 8)
         lay.setSpacing(2)
         lay.addLayout(top)
         lay.addWidget(self.body)
+        lay.addWidget(self.footer)
         self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
         self._render_timer.timeout.connect(self._render)
+        self._restyle()
+        self.set_versions(1, 1)
         self.set_status(status)
+        self.set_stats(self.stats)
         self._render()
 
     def _button(self, text: str, tip: str, slot) -> QToolButton:
@@ -92,26 +139,81 @@ class MessageWidget(QFrame):
         b.setText(text)
         b.setToolTip(tip)
         b.setAutoRaise(True)
-        b.clicked.connect(slot)
+        b.clicked.connect(lambda _checked=False: slot())
         return b
+
+    # ---- colours: from the palette, again whenever it changes ---------------------------------
+
+    def _restyle(self) -> None:
+        pal = theme.palette()  # the application's: our own style sheet changes the widget's
+        base = theme.role(QPalette.ColorRole.Base, pal)
+        bg = (theme.mix(base, theme.role(QPalette.ColorRole.Highlight, pal), 0.10)
+              if self.role == "user" else base)
+        border = theme.mix(base, theme.role(QPalette.ColorRole.Text, pal), 0.18)
+        text = theme.role(QPalette.ColorRole.Text, pal)
+        style = (f"#msg_{self.role} {{ background: {theme.css(bg)}; border: 1px solid "
+                 f"{theme.css(border)}; border-radius: 8px; }}"
+                 f" #msg_{self.role} QTextBrowser {{ background: {theme.css(bg)};"
+                 f" color: {theme.css(text)}; }}"
+                 f" #msg_{self.role} QLabel {{ color: {theme.css(text)}; }}"
+                 f" #msg_{self.role} QLabel#msgFooter {{ color: {theme.css(theme.muted(pal))}; }}"
+                 f" #msg_{self.role} QToolButton {{ color: {theme.css(text)}; }}")
+        if style != self._style:
+            self._style = style
+            self.setStyleSheet(style)
+            if hasattr(self, "header"):
+                self.set_status(self.status)
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt API
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
+            self._restyle()
+
+    # ---- state ----------------------------------------------------------------------------------
 
     @property
     def text(self) -> str:
         return self._text
 
+    def set_mode(self, mode: str) -> None:
+        self.mode = mode
+        self.set_status(self.status)
+
     def set_status(self, status: str) -> None:
         self.status = status
         note = STATUS_NOTES.get(status, "")
-        name = ROLE_NAMES.get(self.role, self.role)
-        self.header.setText(f"{name}  <span style='font-weight:400;color:#8a5a00'>{note}</span>"
-                            if note else name)
+        names = COMPLETION_NAMES if self.mode == "completion" else ROLE_NAMES
+        name = names.get(self.role, self.role)
+        colour = theme.css(theme.tone(theme.WARNING_HUE, strong=True))
+        self.header.setText(f"<b>{name}</b>&nbsp;&nbsp;<span style='color:{colour}'>{note}</span>"
+                            if note else f"<b>{name}</b>")
         streaming = status == "streaming"
         self.regen_btn.setEnabled(not streaming)
         self.edit_btn.setEnabled(not streaming)
 
+    def set_stats(self, stats: dict[str, Any]) -> None:
+        """Why the answer ended and how fast it was written (assistant messages)."""
+        self.stats = dict(stats or {})
+        text = footer_text(self.stats) if self.role == "assistant" else ""
+        self.footer.setText(text)
+        self.footer.setVisible(bool(text))
+
+    def set_versions(self, index: int, count: int) -> None:
+        """Show 'index/count' with arrows when regenerate left earlier versions of this answer."""
+        self.version = (index, count)
+        many = count > 1
+        for w in (self.prev_btn, self.version_label, self.next_btn):
+            w.setVisible(many)
+        self.version_label.setText(f"{index}/{count}")
+        self.prev_btn.setEnabled(index > 1)
+        self.next_btn.setEnabled(index < count)
+
     def set_actions_enabled(self, enabled: bool) -> None:
         self.regen_btn.setEnabled(enabled and self.status != "streaming")
         self.edit_btn.setEnabled(enabled)
+        idx, count = self.version
+        self.prev_btn.setEnabled(enabled and idx > 1)
+        self.next_btn.setEnabled(enabled and idx < count)
 
     def append(self, piece: str) -> None:
         """Streaming: add text now, re-render the Markdown soon (coalesced)."""

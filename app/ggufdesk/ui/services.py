@@ -59,6 +59,32 @@ class Selection:
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
 
 
+@dataclass(slots=True, kw_only=True)
+class ContextEstimate:
+    """What a context length costs for one model on this machine (the planner's numbers)."""
+
+    n_ctx: int
+    n_ctx_train: int
+    kv_bytes: int
+    ram_bytes: int
+    vram_bytes: int
+    ram_budget: int
+    vram_budget: int
+    fits: bool
+
+    def words(self) -> str:
+        gb = 1024**3
+        where = (f"{self.vram_bytes / gb:.1f} GB of VRAM and {self.ram_bytes / gb:.1f} GB of RAM"
+                 if self.vram_bytes else f"{self.ram_bytes / gb:.1f} GB of RAM")
+        head = (f"A {self.n_ctx:,}-token context needs about {where} "
+                f"(KV cache {self.kv_bytes / gb:.1f} GB)")
+        if self.fits:
+            return head + "; that fits here."
+        room = (f"{self.vram_budget / gb:.1f} GB VRAM + {self.ram_budget / gb:.1f} GB RAM"
+                if self.vram_bytes else f"{self.ram_budget / gb:.1f} GB")
+        return head + f", more than the {room} free here: loading will probably fail."
+
+
 class DownloadControl:
     """One stop flag a download checks between chunks; `reason` says pause (keep the part) or cancel."""
 
@@ -141,6 +167,7 @@ class ModelServices:
 
     def __init__(self, *, engine_devices: Any = None) -> None:
         self.hw: Any = None
+        self._infos: dict[str, Any] = {}  # GGUF headers read for context estimates
         self.engine_devices = engine_devices  # () -> the running engine's ggml device list
 
     def probe(self) -> Any:
@@ -304,6 +331,30 @@ class ModelServices:
             first = first or Path(got.path)
         assert first is not None
         return first
+
+    def context_estimate(self, model: str | None, load: LoadSettings) -> ContextEstimate | None:
+        """The planner's memory estimate for `load` on `model` (None when it cannot say)."""
+        if not model or not Path(model).is_file():
+            return None
+        from ggufdesk.core import hardware, planner
+        from ggufdesk.core.gguf_meta import read_gguf
+
+        try:
+            info = self._infos.get(model) or read_gguf(model)
+            self._infos[model] = info
+            hw = self.hw or hardware.probe()
+            self.hw = hw
+            pl = planner.plan(info, hw, n_ctx=load.n_ctx, n_gpu_layers=load.n_gpu_layers,
+                              n_ubatch=load.n_ubatch, type_k=load.type_k, type_v=load.type_v,
+                              flash_attn=load.flash_attn)
+        except KnownError as e:
+            log.info("no memory estimate for %s: %s", model, e)
+            return None
+        m = pl.memory
+        return ContextEstimate(n_ctx=load.n_ctx, n_ctx_train=info.context_length,
+                               kv_bytes=m.kv_cpu + m.kv_gpu, ram_bytes=pl.ram_bytes,
+                               vram_bytes=pl.vram_bytes, ram_budget=pl.ram_budget,
+                               vram_budget=pl.vram_budget, fits=pl.fit != "too_large")
 
     def recommended_settings(self, model: str | None) -> tuple[LoadSettings, SpeculationSettings]:
         if model and self.hw is not None and Path(model).is_file():

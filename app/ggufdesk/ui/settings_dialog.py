@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from PySide6.QtCore import QTimer, Signal
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QGroupBox,
     QHBoxLayout, QLabel, QLineEdit, QPushButton, QScrollArea, QSizePolicy, QSpinBox, QVBoxLayout,
@@ -13,6 +15,10 @@ from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.settings import (
     FLASH_ATTN, KV_TYPES, SPEC_MODES, LoadSettings, SpeculationSettings,
 )
+from ggufdesk.ui import theme
+from ggufdesk.ui.tasks import describe_failure, run_in_background
+
+ESTIMATE_DELAY_MS = 200  # ask the planner once typing pauses
 
 # field -> (label, one-line explanation)
 HELP: dict[str, tuple[str, str]] = {
@@ -34,27 +40,39 @@ HELP: dict[str, tuple[str, str]] = {
 }
 
 
-def _add_row(form: QFormLayout, widget: QWidget, field_name: str) -> None:
+def _add_row(form: QFormLayout, widget: QWidget, field_name: str) -> QLabel:
     """The field on one row, its one-line explanation spanning the row below."""
     form.addRow(HELP[field_name][0], widget)
     note = QLabel(HELP[field_name][1])
     note.setWordWrap(True)
-    note.setStyleSheet("color: #66727f; font-size: 11px; margin-bottom: 4px;")
+    note.setStyleSheet(f"color: {theme.css(theme.muted())}; margin-bottom: 4px;")
     note.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
     form.addRow(note)
+    return note
 
 
 class SettingsDialog(QDialog):
     """Edits LoadSettings + SpeculationSettings; OK is enabled only while they validate."""
 
+    memory_checked = Signal(object)  # ContextEstimate
+
     def __init__(self, load: LoadSettings, speculation: SpeculationSettings, *,
                  recommended: Callable[[], tuple[LoadSettings, SpeculationSettings]] | None = None,
+                 n_ctx_train: int = 0,
+                 estimate: Callable[[LoadSettings], Any] | None = None,
                  parent: QWidget | None = None) -> None:
+        """`n_ctx_train` bounds the context (the model's trained length); `estimate(load)` returns
+        the planner's ContextEstimate (runs off the GUI thread) for the memory warning."""
         super().__init__(parent)
         self.setWindowTitle("Engine settings")
-        self.setMinimumWidth(860)
-        self.resize(900, 720)
+        screen = QGuiApplication.primaryScreen()
+        avail = screen.availableGeometry() if screen is not None else None
+        self.resize(min(900, avail.width() - 40) if avail else 900,
+                    min(720, avail.height() - 60) if avail else 720)
         self._recommended = recommended or (lambda: (LoadSettings(), SpeculationSettings()))
+        self.n_ctx_train = n_ctx_train
+        self._estimate = estimate
+        self.last_estimate: Any = None
         self.w: dict[str, Any] = {}
         perf = QGroupBox("Model and memory")
         pf = QFormLayout(perf)
@@ -62,10 +80,20 @@ class SettingsDialog(QDialog):
                              ("n_batch", 1, 1 << 16), ("n_ubatch", 1, 1 << 16),
                              ("n_threads", 0, 1024), ("n_threads_batch", 0, 1024)):
             sb = QSpinBox()
+            if name == "n_ctx" and n_ctx_train > 0:
+                hi = max(lo, n_ctx_train)  # past its trained length a model writes nonsense
             sb.setRange(lo, hi)
             sb.setObjectName(name)
             self.w[name] = sb
-            _add_row(pf, sb, name)
+            note = _add_row(pf, sb, name)
+            if name == "n_ctx":
+                if n_ctx_train > 0:
+                    note.setText(f"{HELP[name][1]} This model was trained on up to "
+                                 f"{n_ctx_train:,} tokens.")
+                self.ctx_warning = QLabel()
+                self.ctx_warning.setWordWrap(True)
+                self.ctx_warning.setVisible(False)
+                pf.addRow(self.ctx_warning)
         for name, choices in (("flash_attn", FLASH_ATTN), ("type_k", KV_TYPES), ("type_v", KV_TYPES)):
             cb = QComboBox()
             cb.addItems(list(choices))
@@ -81,7 +109,7 @@ class SettingsDialog(QDialog):
         draft = QLineEdit()
         draft.setPlaceholderText("path to a small .gguf")
         browse = QPushButton("Browse…")
-        browse.clicked.connect(self._browse_draft)
+        browse.clicked.connect(lambda _checked=False: self._browse_draft())
         row = QWidget()
         rl = QHBoxLayout(row)
         rl.setContentsMargins(0, 0, 0, 0)
@@ -100,12 +128,17 @@ class SettingsDialog(QDialog):
 
         self.error_label = QLabel()
         self.error_label.setWordWrap(True)
-        self.error_label.setStyleSheet("color: #a51d1d; font-weight: 600;")
+        self.error_label.setStyleSheet(
+            f"color: {theme.css(theme.tone(theme.ERROR_HUE, strong=True))}; font-weight: 600;")
+        self.ctx_warning.setStyleSheet(
+            f"color: {theme.css(theme.tone(theme.WARNING_HUE, strong=True))}; font-weight: 600;")
+        self._estimate_timer = QTimer(self, singleShot=True, interval=ESTIMATE_DELAY_MS)
+        self._estimate_timer.timeout.connect(self.check_memory)
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
                                         | QDialogButtonBox.StandardButton.Cancel)
         self.reset_btn = self.buttons.addButton("Reset to recommended",
                                                 QDialogButtonBox.ButtonRole.ResetRole)
-        self.reset_btn.clicked.connect(self.reset_to_recommended)
+        self.reset_btn.clicked.connect(lambda _checked=False: self.reset_to_recommended())
         self.buttons.accepted.connect(self.accept)
         self.buttons.rejected.connect(self.reject)
         body = QWidget()
@@ -129,8 +162,37 @@ class SettingsDialog(QDialog):
             sig = (wdg.valueChanged if isinstance(wdg, QSpinBox) else
                    wdg.currentIndexChanged if isinstance(wdg, QComboBox) else
                    wdg.textChanged if isinstance(wdg, QLineEdit) else wdg.toggled)
-            sig.connect(self.validate)
+            sig.connect(lambda *_: self.validate())
+        for name in ("n_ctx", "n_gpu_layers", "n_ubatch", "type_k", "type_v", "flash_attn"):
+            wdg = self.w[name]
+            sig = wdg.valueChanged if isinstance(wdg, QSpinBox) else wdg.currentIndexChanged
+            sig.connect(lambda *_: self._estimate_timer.start())
         self.validate()
+        self.check_memory()
+
+    def check_memory(self) -> None:
+        """Ask the planner what this context costs; warn when it will not fit."""
+        if self._estimate is None:
+            return
+        try:
+            load, _ = self.values()
+        except SettingsError:
+            return
+        estimate = self._estimate
+
+        def shown(fut) -> None:
+            if describe_failure(fut) is not None:
+                return
+            est = fut.result()
+            self.last_estimate = est
+            if est is None or est.n_ctx != self.w["n_ctx"].value():
+                return  # nothing to say, or the value changed meanwhile
+            self.ctx_warning.setText(est.words())
+            self.ctx_warning.setVisible(not est.fits)
+            self.w["n_ctx"].setToolTip(est.words())
+            self.memory_checked.emit(est)
+
+        run_in_background(lambda: estimate(load), shown, owner=self)
 
     def _browse_draft(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Draft model", "", "GGUF models (*.gguf)")

@@ -5,17 +5,19 @@ import logging
 import time
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
     QAbstractItemView, QCheckBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
     QProgressBar, QPushButton, QTableView, QVBoxLayout, QWidget, QWizard, QWizardPage,
 )
 
+from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SpeculationSettings
 from ggufdesk.ui.choice_model import ChoiceTableModel
 from ggufdesk.ui.gauges import human_bytes
 from ggufdesk.ui.services import DownloadControl, DownloadStopped, ModelChoice, Selection
-from ggufdesk.ui.tasks import describe_failure, run_in_background, run_on_main
+from ggufdesk.ui.tasks import alive, describe_failure, run_in_background, run_on_main
 
 log = logging.getLogger("ggufdesk.ui.wizard")
 
@@ -25,8 +27,37 @@ HW_PAGE, MODEL_PAGE, DOWNLOAD_PAGE, FINISH_PAGE = range(4)
 def _note(text: str = "") -> QLabel:
     lbl = QLabel(text)
     lbl.setWordWrap(True)
-    lbl.setStyleSheet("color: #66727f;")
     return lbl
+
+
+class RepoField(QLineEdit):
+    """The repo box: Enter looks the repo up and stops there (it must not press the wizard's Next)."""
+
+    submitted = Signal()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 - Qt API
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
+            event.accept()
+            self.submitted.emit()
+            return
+        super().keyPressEvent(event)
+
+
+NETWORK_WORDS = ("Name or service not known", "Temporary failure in name resolution",
+                 "Connection refused", "Network is unreachable", "timed out")
+
+
+def offline_message(repo: str) -> str:
+    return (f"Cannot look up {repo}: Hugging Face cannot be reached (this computer seems to be "
+            "offline). The starter model and the models on this computer still work.")
+
+
+def mark_pick(rows: list[ModelChoice]) -> None:
+    """The page promises a ★ pick: when nothing is recommended (offline), the first that fits is."""
+    if rows and not any(r.recommended for r in rows):
+        best = next((r for r in rows if r.fit != "too_large"), None)
+        if best is not None:
+            best.recommended = True
 
 
 class HardwarePage(QWizardPage):
@@ -61,7 +92,7 @@ class HardwarePage(QWizardPage):
             self.completeChanged.emit()
             self.wiz.probe_done.emit()
 
-        run_in_background(self.wiz.services.probe, probed)
+        run_in_background(self.wiz.services.probe, probed, owner=self)
 
     def isComplete(self) -> bool:  # noqa: N802 - Qt API
         return self.done
@@ -82,12 +113,15 @@ class ModelPage(QWizardPage):
         self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         self.table.horizontalHeader().setStretchLastSection(True)
         self.table.selectionModel().selectionChanged.connect(self._selection_changed)
-        self.repo = QLineEdit(placeholderText="or type a Hugging Face repo, e.g. unsloth/gemma-3-1b-it-GGUF")
+        self.repo = RepoField(placeholderText="or type a Hugging Face repo, e.g. unsloth/gemma-3-1b-it-GGUF")
         self.lookup_btn = QPushButton("Look up")
-        self.lookup_btn.clicked.connect(self.lookup)
-        self.repo.returnPressed.connect(self.lookup)
+        self.lookup_btn.setAutoDefault(False)
+        # clicked(bool) must not land in a parameter: every slot here is called without arguments.
+        self.lookup_btn.clicked.connect(lambda _checked=False: self.lookup())
+        self.repo.submitted.connect(self.lookup)
         self.file_btn = QPushButton("Open a .gguf file…")
-        self.file_btn.clicked.connect(self.pick_file)
+        self.file_btn.setAutoDefault(False)
+        self.file_btn.clicked.connect(lambda _checked=False: self.pick_file())
         self.status = _note()
         self.draft_box = QCheckBox()
         self.draft_box.setVisible(False)
@@ -120,6 +154,7 @@ class ModelPage(QWizardPage):
             else:
                 online, rows = fut.result()
                 self.wiz.online = online
+                mark_pick(rows)
                 self.model.set_rows(rows)
                 self.status.setText("" if online else
                                     "Offline: Hugging Face cannot be reached, so here are the "
@@ -131,7 +166,7 @@ class ModelPage(QWizardPage):
                 self.table.resizeColumnToContents(col)
             self.wiz.choices_loaded.emit()
 
-        run_in_background(gather, done)
+        run_in_background(gather, done, owner=self)
 
     def lookup(self) -> None:
         repo = self.repo.text().strip()
@@ -140,6 +175,21 @@ class ModelPage(QWizardPage):
         self.status.setText(f"Looking up {repo}…")
         self.lookup_btn.setEnabled(False)
         svc, hw = self.wiz.services, self.wiz.hw
+
+        def find() -> list[ModelChoice]:
+            # Offline, the hub library would retry for ~25 s before failing: ask once, quickly.
+            if not svc.hub_reachable():
+                raise KnownError(offline_message(repo))
+            try:
+                return svc.lookup_repo(repo, hw)
+            except KnownError:
+                raise
+            except OSError as e:  # a dropped network after the check: say so plainly
+                raise KnownError(offline_message(repo)) from e
+            except Exception as e:
+                if any(w in str(e) for w in NETWORK_WORDS):
+                    raise KnownError(offline_message(repo)) from e
+                raise
 
         def done(fut) -> None:
             self.lookup_btn.setEnabled(True)
@@ -155,7 +205,7 @@ class ModelPage(QWizardPage):
                     self.table.selectRow(len(keep))
             self.wiz.choices_loaded.emit()
 
-        run_in_background(lambda: svc.lookup_repo(repo, hw), done)
+        run_in_background(find, done, owner=self)
 
     def pick_file(self, path: str | None = None) -> None:
         if path is None:
@@ -210,8 +260,10 @@ class DownloadPage(QWizardPage):
         self.detail = _note()
         self.pause_btn = QPushButton("Pause")
         self.cancel_btn = QPushButton("Cancel")
-        self.pause_btn.clicked.connect(self.toggle_pause)
-        self.cancel_btn.clicked.connect(self.cancel)
+        self.pause_btn.clicked.connect(lambda _checked=False: self.toggle_pause())
+        self.cancel_btn.clicked.connect(lambda _checked=False: self.cancel())
+        for b in (self.pause_btn, self.cancel_btn):
+            b.setAutoDefault(False)
         row = QHBoxLayout()
         row.addStretch(1)
         row.addWidget(self.pause_btn)
@@ -244,16 +296,23 @@ class DownloadPage(QWizardPage):
     def start(self) -> None:
         if not self.queue:
             self.state = "done"
+            # Nothing left to pause or cancel: go straight on to the last page.
+            self.pause_btn.setVisible(False)
+            self.cancel_btn.setVisible(False)
+            self.bar.setValue(self.bar.maximum())
+            self.detail.setText("Done.")
             self.completeChanged.emit()
-            self.wiz.download_finished.emit()
+            # Not from inside initializePage: QWizard records the page in its history afterwards.
+            QTimer.singleShot(0, self._advance)
             return
         item = self.queue[0]
         self.state = "running"
         self.pause_btn.setText("Pause")
         self.control = DownloadControl()
         control = self.control
-        self.what.setText(f"Unpacking {item.label} (first time only)" if item.source == "starter"
-                          else f"Getting {item.label}")
+        self.what.setText(self._what(item))
+        self.pause_btn.setVisible(True)
+        self.cancel_btn.setVisible(True)
         self._speed, self._last = 0.0, (time.monotonic(), -1)
         last_ui = [0.0]
 
@@ -261,7 +320,7 @@ class DownloadPage(QWizardPage):
             now = time.monotonic()
             if now - last_ui[0] >= 0.1 or done >= total:
                 last_ui[0] = now
-                run_on_main(lambda: self._show_progress(done, total))
+                run_on_main(lambda: alive(self) and self._show_progress(done, total))
 
         def finished(fut) -> None:
             if control is not self.control:
@@ -287,7 +346,22 @@ class DownloadPage(QWizardPage):
                 self.wiz.draft_path = path
             self.start()
 
-        run_in_background(lambda: self.wiz.services.download(item, progress, control), finished)
+        run_in_background(lambda: self.wiz.services.download(item, progress, control), finished,
+                          owner=self)
+
+    def _advance(self) -> None:
+        if self.state == "done" and self.wiz.currentPage() is self:
+            self.wiz.next()
+        self.wiz.download_finished.emit()
+
+    @staticmethod
+    def _what(item: ModelChoice) -> str:
+        if item.source != "starter":
+            return f"Getting {item.label}"
+        from ggufdesk.core.starter import starter_ready
+
+        return (f"Opening {item.label}" if starter_ready() else
+                f"Unpacking {item.label} (first time only)")
 
     def _show_progress(self, done: int, total: int) -> None:
         if self.state != "running":
@@ -337,7 +411,7 @@ class FinishPage(QWizardPage):
             if c.draft is not None and self.wiz.model_page.draft_box.isChecked():
                 self.wiz.draft_path = c.draft.path
         draft = f" with {Path(self.wiz.draft_path).name} as draft" if self.wiz.draft_path else ""
-        self.text.setText(f"Finish loads {Path(self.wiz.model_path).name}{draft}. "
+        self.text.setText(f"Press Load to open {Path(self.wiz.model_path).name}{draft}. "
                           "You can change engine settings later from the toolbar.")
 
 

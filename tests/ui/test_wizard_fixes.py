@@ -1,0 +1,141 @@
+"""The wizard as a new user meets it: the file button, Enter in the repo box, offline look-up, the ★ pick."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFileDialog
+
+from tests.ui.test_wizard import FakeServices, to_model_page
+from ggufdesk.ui.wizard import DOWNLOAD_PAGE, FINISH_PAGE, MODEL_PAGE
+
+
+class CountingServices(FakeServices):
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.lookups = 0
+        self.reach_checks = 0
+
+    def hub_reachable(self):
+        self.reach_checks += 1
+        return self.online
+
+    def lookup_repo(self, repo, hw):
+        self.lookups += 1
+        return super().lookup_repo(repo, hw)
+
+
+def test_open_a_gguf_file_button_opens_the_picked_file(qtbot, wizard, tmp_path, monkeypatch):
+    local = tmp_path / "mine.gguf"
+    local.write_bytes(b"GGUF" + b"\0" * 1000)
+    monkeypatch.setattr(QFileDialog, "getOpenFileName",
+                        staticmethod(lambda *a, **k: (str(local), "GGUF models (*.gguf)")))
+    wiz = wizard(FakeServices(tmp_path, online=False))
+    to_model_page(qtbot, wiz)
+    page = wiz.model_page
+    page.file_btn.click()  # clicked(bool) once landed in pick_file(path=False)
+    assert page.current() is not None and page.current().path == local
+    assert "expected str" not in page.status.text()
+
+
+def test_enter_in_the_repo_box_looks_up_and_never_presses_next(qtbot, wizard, tmp_path):
+    svc = CountingServices(tmp_path)
+    wiz = wizard(svc)
+    to_model_page(qtbot, wiz)
+    page = wiz.model_page
+    page.repo.setText("someone/thing-GGUF")
+    page.repo.setFocus()
+    with qtbot.waitSignal(wiz.choices_loaded, timeout=5000):
+        qtbot.keyClick(page.repo, Qt.Key.Key_Return)
+    assert wiz.currentId() == MODEL_PAGE  # Enter did not start a download
+    assert svc.lookups == 1 and svc.downloads == []
+    qtbot.keyClick(page.repo, Qt.Key.Key_Enter)  # the keypad's Enter too
+    qtbot.waitUntil(lambda: svc.lookups == 2, timeout=5000)
+    assert wiz.currentId() == MODEL_PAGE
+
+
+def test_offline_look_up_answers_at_once_in_plain_words(qtbot, wizard, tmp_path):
+    svc = CountingServices(tmp_path, online=False)
+    wiz = wizard(svc)
+    to_model_page(qtbot, wiz)
+    page = wiz.model_page
+    page.repo.setText("unsloth/gemma-3-1b-it-GGUF")
+    with qtbot.waitSignal(wiz.choices_loaded, timeout=5000):
+        page.lookup_btn.click()
+    assert svc.lookups == 0  # no retrying library call while offline
+    text = page.status.text()
+    assert "offline" in text and "Errno" not in text and "internal error" not in text
+    assert page.lookup_btn.isEnabled()
+
+
+def test_network_errors_during_look_up_are_plain(qtbot, wizard, tmp_path):
+    class Flaky(CountingServices):
+        def lookup_repo(self, repo, hw):
+            raise OSError("[Errno -2] Name or service not known")
+
+    wiz = wizard(Flaky(tmp_path))
+    to_model_page(qtbot, wiz)
+    page = wiz.model_page
+    page.repo.setText("org/x-GGUF")
+    with qtbot.waitSignal(wiz.choices_loaded, timeout=5000):
+        page.lookup_btn.click()
+    assert "cannot be reached" in page.status.text() and "Errno" not in page.status.text()
+
+
+def test_offline_the_promised_star_pick_is_shown(qtbot, wizard, tmp_path):
+    wiz = wizard(FakeServices(tmp_path, online=False))
+    to_model_page(qtbot, wiz)
+    page = wiz.model_page
+    assert "★" in page.subTitle()
+    labels = [page.model.data(page.model.index(r, 0)) for r in range(page.model.rowCount())]
+    assert any(lbl.startswith("★ ") for lbl in labels)
+    assert page.current().recommended
+
+
+def test_unpacking_is_said_only_the_first_time(qtbot, wizard, tmp_path, monkeypatch):
+    from ggufdesk.core import starter
+
+    wiz = wizard(FakeServices(tmp_path, online=False))
+    to_model_page(qtbot, wiz)
+    assert wiz.model_page.current().source == "starter"
+    monkeypatch.setattr(starter, "starter_ready", lambda: False)
+    with qtbot.waitSignal(wiz.download_finished, timeout=5000):
+        wiz.next()
+    assert "Unpacking" in wiz.download_page.what.text()
+    assert wiz.currentId() == FINISH_PAGE
+    wiz.back()
+    wiz.back()
+    assert wiz.currentId() == MODEL_PAGE
+    monkeypatch.setattr(starter, "starter_ready", lambda: True)
+    wiz.download_page.state = "idle"
+    with qtbot.waitSignal(wiz.download_finished, timeout=5000):
+        wiz.next()
+    assert "Unpacking" not in wiz.download_page.what.text()
+    assert "Opening" in wiz.download_page.what.text()
+
+
+def test_a_late_background_result_never_reaches_a_closed_wizard(qtbot, tmp_path):
+    import threading
+
+    from ggufdesk.ui.tasks import run_in_background
+    from ggufdesk.ui.wizard import ModelWizard
+
+    wiz = ModelWizard(FakeServices(tmp_path))
+    gate = threading.Event()
+    got = []
+    fut = run_in_background(lambda: gate.wait(5), lambda f: got.append(f), owner=wiz.model_page)
+    wiz.deleteLater()
+    qtbot.waitUntil(lambda: not __import__("shiboken6").isValid(wiz), timeout=3000)
+    gate.set()
+    fut.result(timeout=5)
+    done = []
+    run_in_background(lambda: None, lambda f: done.append(1))  # queued after the first callback
+    qtbot.waitUntil(lambda: bool(done), timeout=3000)
+    assert got == []
+
+
+def test_download_page_is_skipped_when_everything_is_on_disk(qtbot, wizard, tmp_path):
+    wiz = wizard(FakeServices(tmp_path, online=False))
+    to_model_page(qtbot, wiz)
+    local = tmp_path / "here.gguf"
+    local.write_bytes(b"GGUF" + b"\0" * 100)
+    wiz.model_page.pick_file(str(local))
+    assert wiz.model_page.nextId() == FINISH_PAGE != DOWNLOAD_PAGE
