@@ -20,13 +20,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jsonschema  # noqa: E402
+import jsonschema
 
-from ggufdesk.core.settings import LoadSettings  # noqa: E402
-from ggufdesk.core.starter import starter_model_path  # noqa: E402
-from ggufdesk.engine import protocol as P  # noqa: E402
-from ggufdesk.engine.client import EngineClient  # noqa: E402
-from tests.fixtures.schemas import SCHEMAS  # noqa: E402
+from ggufdesk.core.settings import LoadSettings
+from ggufdesk.core.starter import starter_model_path
+from ggufdesk.engine import protocol as P
+from ggufdesk.engine.client import EngineClient
+from tests.fixtures.schemas import SCHEMAS
 
 # A list of records: long enough output to measure decode, natural for a base model to continue.
 SCHEMA = {"type": "array", "minItems": 5, "maxItems": 5, "items": {

@@ -8,7 +8,6 @@ import jsonschema
 import pytest
 
 from ggufdesk.core.settings import LoadSettings
-from ggufdesk.engine import protocol as P
 from ggufdesk.engine.client import EngineClient
 from tests.engine.helpers import collect, greedy
 from tests.fixtures import ggufs

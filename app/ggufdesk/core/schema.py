@@ -43,19 +43,18 @@ def load_schema(text: str | bytes, *, source: str = "the schema") -> dict[str, A
     except (ValueError, RecursionError) as e:
         raise SchemaError(f"{source} is not valid JSON: {e}") from None
     check_schema(schema)
-    return schema
+    checked: dict[str, Any] = schema
+    return checked
 
 
 def check_schema(schema: Any) -> None:
     """Raise SchemaError naming the first feature the grammar could not enforce."""
     if not isinstance(schema, dict):
         raise SchemaError("a JSON schema must be an object (for example {\"type\": \"object\"})")
-    try:
-        from jsonschema import exceptions, validators
+    from jsonschema import exceptions, validators
 
+    try:
         validators.validator_for(schema).check_schema(schema)
-    except ImportError:  # pragma: no cover - jsonschema is a dependency
-        pass
     except RecursionError:
         raise SchemaError(f"the schema is too large (nested more than {MAX_DEPTH} levels deep)") from None
     except exceptions.SchemaError as e:

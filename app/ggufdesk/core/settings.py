@@ -123,6 +123,8 @@ class SamplingSettings:
     seed: int = -1  # -1 = a new random seed each request
     max_tokens: int = 512
     stop: list[str] = field(default_factory=list)
+    # structured output: "" off, "json_object", a JSON schema or a JSON list of tools (core/tools.py)
+    structured: str = ""
 
     def __post_init__(self) -> None:
         _float("temperature", self.temperature, 0.0, 5.0)
@@ -135,6 +137,16 @@ class SamplingSettings:
         _int("max tokens", self.max_tokens, 1, 1 << 20)
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise SettingsError("stop must be a list of non-empty strings")
+        if not isinstance(self.structured, str):
+            raise SettingsError("structured output must be text")
+        if self.structured.strip():
+            from ggufdesk.core.schema import SchemaError
+            from ggufdesk.core.tools import request_fields
+
+            try:
+                request_fields(self.structured)
+            except SchemaError as e:
+                raise SettingsError(str(e)) from None
 
 
 @dataclass(slots=True, kw_only=True)

@@ -16,7 +16,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from ggufdesk.core.schema import SchemaError, check_schema
+from ggufdesk.core.schema import SchemaError, check_schema, load_schema
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MAX_TOOLS = 128
@@ -78,6 +78,23 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
             norm["description"] = fn["description"]
         out.append({"type": "function", "function": norm})
     return out
+
+
+def request_fields(structured: str) -> dict[str, Any]:
+    """A conversation's structured-output setting as Generate fields: "" (off), "json_object", a
+    JSON schema (an object) or tools (a list). Raises SchemaError naming what is wrong."""
+    text = structured.strip()
+    if not text:
+        return {}
+    if text == "json_object":
+        return {"json_schema": "json_object"}
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise SchemaError(f"structured output: not valid JSON ({e})") from None
+    if isinstance(value, list):
+        return {"tools": check_tools(value), "tool_choice": "auto"}
+    return {"json_schema": load_schema(text, source="the structured-output schema")}
 
 
 def pick_tools(tools: list[dict[str, Any]], choice: Any) -> tuple[list[dict[str, Any]], str]:

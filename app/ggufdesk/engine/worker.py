@@ -202,7 +202,7 @@ class Engine:
             cap = self.lm.n_outputs - 1  # logits rows reserved at load: [last] + K max
             if spec.k_max > cap:
                 spec = dataclasses.replace(spec, k_max=cap, k_min=min(spec.k_min, cap))
-            structured = self._structured(req)
+            structured = self._structured(req, sampling)
             prompt, stops = self._prompt(req, sampling, structured)
             if stops:
                 sampling = dataclasses.replace(sampling, stop=sampling.stop + stops)
@@ -238,13 +238,18 @@ class Engine:
             self.batch.idle()
         return inbox.get()
 
-    def _structured(self, req: P.Generate) -> Any:
-        """The request's schema/grammar/tools resolved (engine/structured.py); SchemaError if unsupported."""
+    def _structured(self, req: P.Generate, sampling: SamplingSettings) -> Any:
+        """The request's schema/grammar/tools resolved (engine/structured.py); SchemaError if unsupported.
+        Without any, a conversation's `sampling.structured` setting applies (the window's)."""
+        from ggufdesk.core.tools import request_fields
         from ggufdesk.engine import structured
 
         try:
-            return structured.plan(json_schema=req.json_schema, grammar=req.grammar, tools=req.tools,
-                                   tool_choice=req.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
+            fields: dict[str, Any] = {"json_schema": req.json_schema, "grammar": req.grammar,
+                                      "tools": req.tools, "tool_choice": req.tool_choice}
+            if not any(v is not None for v in fields.values()) and sampling.structured:
+                fields.update(request_fields(sampling.structured))
+            return structured.plan(**fields, parallel_tool_calls=req.parallel_tool_calls,
                                    template_source=self.template.source,
                                    chat=req.messages is not None)
         except KnownError as e:

@@ -418,6 +418,9 @@ class ChatSession:
         elif isinstance(ev, P.Done) and mine and answer is not None:
             if ev.text and not answer.content:
                 answer.content = ev.text
+            if ev.tool_calls:  # shown as readable blocks under the answer (ui/message_widget.py)
+                answer.stats["tool_calls"] = ev.tool_calls
+                answer.stats["content"] = ev.content or ""
             self._finish("cancelled" if ev.finish_reason == "cancelled" else "done", ev.finish_reason)
         elif isinstance(ev, P.Error):
             self._on_error(ev, mine)

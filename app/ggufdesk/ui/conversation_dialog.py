@@ -8,8 +8,28 @@ from PySide6.QtWidgets import (
 
 from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.history import MODES
+from ggufdesk.core.schema import SchemaError
+from ggufdesk.core.tools import request_fields
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.ui import theme
+
+STRUCTURED_KINDS = ("Off", "Any JSON object", "JSON schema", "Tools")
+STRUCTURED_HELP = {
+    "JSON schema": '{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}',
+    "Tools": '[{"type": "function", "function": {"name": "get_weather", "parameters": '
+             '{"type": "object", "properties": {"city": {"type": "string"}}}}}]',
+}
+
+
+def _split_structured(value: str) -> tuple[str, str]:
+    """SamplingSettings.structured -> (the combo's choice, the text field)."""
+    text = value.strip()
+    if not text:
+        return "Off", ""
+    if text == "json_object":
+        return "Any JSON object", ""
+    return ("Tools" if text.startswith("[") else "JSON schema"), text
+
 
 MODE_HELP = ("chat: the model's chat template turns messages into a prompt. "
              "completion: the text is continued as it is (base models without a template).")
@@ -33,7 +53,20 @@ class ConversationDialog(QDialog):
         self.top_k = self._spin(0, 1_000_000, sampling.top_k)
         self.max_tokens = self._spin(1, 1 << 20, sampling.max_tokens)
         self.seed = self._spin(-1, 2**31 - 1, sampling.seed)
+        self.structured_valid = True
         self._rest = {"repeat_last_n": sampling.repeat_last_n, "stop": list(sampling.stop)}
+        self.structured_kind = QComboBox()
+        self.structured_kind.addItems(list(STRUCTURED_KINDS))
+        self.structured_text = QPlainTextEdit()
+        self.structured_text.setFixedHeight(90)
+        self.structured_status = QLabel()
+        self.structured_status.setWordWrap(True)
+        kind, text = _split_structured(sampling.structured)
+        self.structured_kind.setCurrentText(kind)
+        self.structured_text.setPlainText(text)
+        self.structured_kind.currentTextChanged.connect(self._check_structured)
+        self.structured_text.textChanged.connect(self._check_structured)
+        self._check_structured()
         form = QFormLayout()
         form.addRow("System prompt", self.system)
         form.addRow("Mode", self.mode)
@@ -48,6 +81,9 @@ class ConversationDialog(QDialog):
         form.addRow("Repeat penalty", self.repeat_penalty)
         form.addRow("Max tokens per answer", self.max_tokens)
         form.addRow("Seed (-1 = random)", self.seed)
+        form.addRow("Structured output", self.structured_kind)
+        form.addRow("", self.structured_text)
+        form.addRow("", self.structured_status)
         self.error_label = QLabel()
         self.error_label.setStyleSheet(
             f"color: {theme.css(theme.tone(theme.ERROR_HUE, strong=True))};")
@@ -79,8 +115,51 @@ class ConversationDialog(QDialog):
             temperature=self.temperature.value(), top_k=self.top_k.value(),
             top_p=self.top_p.value(), min_p=self.min_p.value(),
             repeat_penalty=self.repeat_penalty.value(), seed=self.seed.value(),
-            max_tokens=self.max_tokens.value(), **self._rest,
+            max_tokens=self.max_tokens.value(), structured=self.structured(), **self._rest,
         )
+
+    def structured(self) -> str:
+        """The structured-output setting as SamplingSettings.structured holds it."""
+        kind = self.structured_kind.currentText()
+        if kind == "Off":
+            return ""
+        if kind == "Any JSON object":
+            return "json_object"
+        return self.structured_text.toPlainText().strip()
+
+    def _check_structured(self) -> None:
+        """Validate as the user types: the answer is constrained only by a schema we can enforce."""
+        kind = self.structured_kind.currentText()
+        needs_text = kind in ("JSON schema", "Tools")
+        self.structured_text.setEnabled(needs_text)
+        self.structured_text.setPlaceholderText(STRUCTURED_HELP.get(kind, ""))
+        if not needs_text:
+            self.structured_status.setText(
+                "" if kind == "Off" else "Every answer will be one JSON object.")
+            return
+        text = self.structured_text.toPlainText().strip()
+        if not text:
+            self._structured_state("empty: paste a JSON schema" if kind == "JSON schema"
+                                   else "empty: paste a JSON list of tools", ok=False)
+            return
+        try:
+            fields = request_fields(text)
+        except SchemaError as e:
+            self._structured_state(str(e), ok=False)
+            return
+        if kind == "JSON schema" and "json_schema" not in fields:
+            self._structured_state("this is a list: choose Tools, or paste a schema object", ok=False)
+        elif kind == "Tools" and "tools" not in fields:
+            self._structured_state("tools are a JSON list of {\"type\": \"function\", ...}", ok=False)
+        else:
+            what = "schema" if kind == "JSON schema" else f"{len(fields['tools'])} tool(s)"
+            self._structured_state(f"\u2713 valid {what}: answers will match it", ok=True)
+
+    def _structured_state(self, text: str, *, ok: bool) -> None:
+        hue = theme.tone(theme.SUCCESS_HUE if ok else theme.ERROR_HUE, strong=True)
+        self.structured_status.setStyleSheet(f"color: {theme.css(hue)};")
+        self.structured_status.setText(text)
+        self.structured_valid = ok
 
     def accept(self) -> None:
         try:

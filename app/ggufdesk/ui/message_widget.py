@@ -1,6 +1,9 @@
 """One chat message: a Markdown body (Qt's own renderer), copy / edit / regenerate, its versions and its speed."""
 from __future__ import annotations
 
+import html
+import json
+
 from typing import Any
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
@@ -26,8 +29,23 @@ FINISH_WORDS = {
     "length": "stopped at the token limit",
     "cancelled": "stopped by you",
     "context": "stopped: the context is full",
+    "tool_calls": "called a tool",
 }
 RENDER_INTERVAL_MS = 50  # a streaming body re-renders at most 20 times a second
+
+
+def tool_calls_html(calls: list[dict[str, Any]]) -> str:
+    """Tool calls (OpenAI-style) as a block a person can read: the function and its arguments."""
+    blocks = []
+    for call in calls:
+        fn = call.get("function") or {}
+        try:
+            args = json.dumps(json.loads(fn.get("arguments") or "{}"), indent=2, ensure_ascii=False)
+        except ValueError:
+            args = str(fn.get("arguments", ""))
+        blocks.append(f"<p><b>Tool call: {html.escape(str(fn.get('name', '?')))}</b></p>"
+                      f"<pre>{html.escape(args)}</pre>")
+    return "".join(blocks)
 
 
 def footer_text(stats: dict[str, Any]) -> str:
@@ -97,6 +115,10 @@ class MessageWidget(QFrame):
         self.header.setTextFormat(Qt.TextFormat.RichText)
         self.header.setMinimumWidth(20)
         self.body = MarkdownView()
+        self.tools = QLabel()  # the answer's tool calls, when it made some
+        self.tools.setTextFormat(Qt.TextFormat.RichText)
+        self.tools.setWordWrap(True)
+        self.tools.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.footer = QLabel()
         self.footer.setObjectName("msgFooter")
         self.footer.setWordWrap(True)  # a narrow window wraps it instead of widening the message
@@ -125,6 +147,7 @@ class MessageWidget(QFrame):
         lay.setSpacing(2)
         lay.addLayout(top)
         lay.addWidget(self.body)
+        lay.addWidget(self.tools)
         lay.addWidget(self.footer)
         self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
         self._render_timer.timeout.connect(self._render)
@@ -197,6 +220,11 @@ class MessageWidget(QFrame):
         text = footer_text(self.stats) if self.role == "assistant" else ""
         self.footer.setText(text)
         self.footer.setVisible(bool(text))
+        calls = self.stats.get("tool_calls") or [] if self.role == "assistant" else []
+        self.tools.setText(tool_calls_html(calls))
+        self.tools.setVisible(bool(calls))
+        if calls:
+            self._render()
 
     def set_versions(self, index: int, count: int) -> None:
         """Show 'index/count' with arrows when regenerate left earlier versions of this answer."""
@@ -235,7 +263,10 @@ class MessageWidget(QFrame):
         if self.role == "user":
             self.body.setPlainText(self._text)
         else:
-            self.body.setMarkdown(self._text or " ")
+            calls = self.stats.get("tool_calls")
+            shown = str(self.stats.get("content") or "") if calls else self._text  # not the call markup
+            self.body.setMarkdown(shown or " ")
+            self.body.setVisible(bool(shown.strip()) or not calls)
 
     def rendered_markdown(self) -> str:
         return self.body.document().toMarkdown(QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
