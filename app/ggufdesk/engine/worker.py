@@ -83,6 +83,7 @@ class Engine:
         self.template = None
         self.speculation = SpeculationSettings()
         self.draft = None  # speculative.DraftModel
+        self.ngrams = None  # lookup.NgramCache: every prompt and answer so far, for prompt lookup
         self._bytes_per_token: int | None = None  # for self-calibration, read once per model
 
     # ---- load / unload --------------------------------------------------------------------------
@@ -108,6 +109,9 @@ class Engine:
             return
         lm.aborter.flag = self.book.flag
         self.lm, self.gen, self.speculation = lm, Generator(lm), spec
+        from ggufdesk.engine.lookup import NgramCache
+
+        self.ngrams = NgramCache(spec.ngram)
         self._bytes_per_token = None
         meta = lm.metadata
         bos = _piece(self.gen, meta.get("tokenizer.ggml.bos_token_id"))
@@ -141,6 +145,7 @@ class Engine:
             self.draft = None
         if self.lm is not None:
             self.gen = None
+            self.ngrams = None
             self.lm.close()
             self.lm = None
         if not quiet:
@@ -187,6 +192,8 @@ class Engine:
                              usage={"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen}))
             if drafter is None:  # after Done: the first call reads the GGUF header
                 self._calibrate(st.n_gen, st.decode_tok_s)
+            if spec.lookup_history and self.ngrams is not None:  # after Done: later turns draft from it
+                self.ngrams.feed(prompt + st.tokens)
         except Cancelled:
             self.emit(P.Done(id=req.id, finish_reason="cancelled"))
         except KnownError as e:
@@ -247,7 +254,8 @@ class Engine:
         from ggufdesk.engine import speculative
 
         return speculative.make_drafter(spec, prompt=prompt, draft=self.draft, target=self.lm,
-                                       max_tokens=max_tokens)
+                                       max_tokens=max_tokens,
+                                       ngrams=self.ngrams if spec.lookup_history else None)
 
     @staticmethod
     def _stats(rid: str, st, *, final: bool) -> P.Stats:
