@@ -67,3 +67,14 @@ def test_a_cache_of_another_ngram_size_is_not_shared():
     cache = NgramCache(3)
     lk = PromptLookup(ngram=4, k_min=1, k_max=8, adaptive=False, cache=cache)
     assert lk.cache is not cache and lk.cache.n_max == 4
+
+
+def test_a_loop_in_the_text_being_written_is_drafted_round_again():
+    c = NgramCache(3)
+    c.feed([1, 7, 8, 9, 7, 8, 9, 7, 8])
+    n, pos, m = c.match()
+    assert n == 3 and c.continuation(pos, 7) == [9, 7, 8, 9, 7, 8, 9]
+    c.feed([1, 7, 8, 9, 7, 8, 9, 7, 8, 9, 5])
+    c.feed([2, 7, 8])  # an earlier document's end is not a loop of this one
+    n, pos, _ = c.match()
+    assert c.continuation(pos, 5) == [9, 5]

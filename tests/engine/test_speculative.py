@@ -258,7 +258,7 @@ def test_ngram_index_prefers_the_longest_latest_match():
     ix.feed([1, 2, 3, 4, 5, 9, 2, 3, 7, 1, 2, 3, 8, 2])  # grows: incremental
     n, c, _ = ix.match()
     assert n == 1 and ix.continuation(c, 2) == [3, 8]  # latest '2' is followed by 3, 8
-    ix.feed([5, 6, 7])  # a different history: a new document, no match inside it or across
+    ix.feed([50, 60, 70])  # a different history: a new document, no match inside it or across
     assert ix.match() == (0, -1, 0)
 
 

@@ -108,9 +108,17 @@ class NgramCache:
         return 0, -1, 0
 
     def continuation(self, c: int, k: int) -> list[int]:
-        """Up to k tokens from position c, stopping at the end of that document."""
+        """Up to k tokens from position c, stopping at the end of that document. A match that runs
+        into the end of the text being written is a loop (the model repeating itself): its
+        continuation goes round the loop again."""
         out = self.arena[c:c + k]
-        return out[:out.index(SEP)] if SEP in out else out
+        if SEP in out:
+            return out[:out.index(SEP)]
+        period = len(self.arena) - c
+        if len(out) < k and c >= self.doc_start and period > 0:
+            while len(out) < k:
+                out.append(out[len(out) - period])
+        return out
 
 
 class PromptLookup:
