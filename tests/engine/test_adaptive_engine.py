@@ -78,7 +78,7 @@ def test_lookup_recovers_when_the_first_drafts_fail_through_the_real_loop(gen):
         cache = NgramCache(3)
         cache.feed(misleading)
         cache.feed(truth[start:])
-        d = CpuCosts(PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=adaptive, cache=cache))
+        d = CpuCosts(PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=adaptive, history=cache))
         assert _run(gen, prompt, 240, d) == truth  # lossless either way
         runs[adaptive] = d
     fixed, adaptive = runs[False], runs[True]

@@ -57,24 +57,30 @@ def test_lookup_drafts_from_the_shared_cache():
     cache = NgramCache(3)
     answer = list(range(200, 260))
     cache.feed([1, 2, 3] + answer)  # an earlier request
-    lk = PromptLookup(ngram=3, k_min=1, k_max=8, adaptive=False, cache=cache)
+    lk = PromptLookup(ngram=3, k_min=1, k_max=8, adaptive=False, history=cache)
     assert lk.propose([1, 9, 9] + answer[:5], answer[5], 8) == answer[6:14]
+    assert len(cache) == 3 + len(answer)  # read, not written: the worker feeds it after the request
     own = PromptLookup(ngram=3, k_min=1, k_max=8, adaptive=False)
     assert own.propose([1, 9, 9] + answer[:5], answer[5], 8) == []  # without it: nothing to copy
 
 
-def test_a_cache_of_another_ngram_size_is_not_shared():
-    cache = NgramCache(3)
-    lk = PromptLookup(ngram=4, k_min=1, k_max=8, adaptive=False, cache=cache)
-    assert lk.cache is not cache and lk.cache.n_max == 4
+def test_the_longer_match_wins_between_this_request_and_the_history():
+    history = NgramCache(3)
+    history.feed([1, 20, 21, 22, 23, 24, 25, 26, 27])  # an earlier request: a long match, then 27
+    lk = PromptLookup(ngram=3, k_min=1, k_max=8, adaptive=False, history=history)
+    own = [1, 25, 26, 90, 91, 20, 21, 22, 23, 24, 25]  # in this request: 25 -> 26 -> 90; earlier: ... 25 -> 26 -> 27
+    assert lk.propose(own, 26, 3) == [27]
+    lk2 = PromptLookup(ngram=3, k_min=1, k_max=8, adaptive=False, history=history)
+    assert lk2.propose([1, 25, 26, 90, 91, 22, 7, 25], 26, 3)[:1] == [90]  # here the own match is longer
 
 
 def test_a_loop_in_the_text_being_written_is_drafted_round_again():
     c = NgramCache(3)
     c.feed([1, 7, 8, 9, 7, 8, 9, 7, 8])
     n, pos, m = c.match()
-    assert n == 3 and c.continuation(pos, 7) == [9, 7, 8, 9, 7, 8, 9]
+    assert n == 3 and c.continuation(pos, 7, loop=True) == [9, 7, 8, 9, 7, 8, 9]
+    assert c.continuation(pos, 7) == [9, 7, 8]  # without loop: only what is there
     c.feed([1, 7, 8, 9, 7, 8, 9, 7, 8, 9, 5])
     c.feed([2, 7, 8])  # an earlier document's end is not a loop of this one
     n, pos, _ = c.match()
-    assert c.continuation(pos, 5) == [9, 5]
+    assert c.continuation(pos, 5, loop=True) == [9, 5]

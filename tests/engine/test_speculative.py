@@ -267,7 +267,8 @@ def test_lookup_stops_drafting_a_match_class_that_keeps_failing():
     lk.control.feedback(0, 0, 0.010)  # plain probe: 10 ms
     lk.control.samples.extend([(8, 0.030), (4, 0.020)])
     seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 1, 2, 3, 4, 5, 6, 7, 8, 9]
-    assert lk.propose(seq, 10, 8) == [11, 12, 13, 14, 15, 16, 17, 1]  # a 10-token match: worth it
+    first = lk.propose(seq, 10, 8)
+    assert len(first) >= 4 and first == [11, 12, 13, 14, 15, 16, 17, 1][:len(first)]  # a 10-token match: worth it
     for _ in range(6):
         lk.feedback(8, 0, 0.030)
     assert lk.propose(seq, 10, 8) == []  # learned: these drafts fail here

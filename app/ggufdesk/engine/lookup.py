@@ -1,10 +1,10 @@
 """Prompt lookup drafting over the whole conversation: continue the latest earlier match of the text's last n-gram.
 
-`NgramCache` indexes every token sequence the engine has seen (prompts and answers of earlier
-requests, then the running request) in one bounded arena, the way llama.cpp's lookup keeps a
-dynamic n-gram cache across generations. `PromptLookup` drafts from it and judges each draft by
-its own evidence (engine/evidence.py): how long the match really is, and how drafts with matches
-that long fared lately.
+`NgramCache` indexes token sequences in one bounded arena: per request, its prompt and output;
+in the worker, every earlier prompt and answer (fed after each request is done), the way
+llama.cpp's lookup keeps a dynamic n-gram cache across generations. `PromptLookup` drafts from the
+longer of the two matches and judges each draft by its own evidence (engine/evidence.py): how
+long the match really is, and how drafts with matches that long fared lately.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class NgramCache:
     out, so nobody waits for it; a request's own growth never triggers it).
     """
 
-    def __init__(self, n_max: int, *, max_tokens: int = 1 << 17) -> None:
+    def __init__(self, n_max: int, *, max_tokens: int = 1 << 16) -> None:
         self.n_max = n_max
         self.max_tokens = max(max_tokens, 64)
         self.clear()
@@ -58,9 +58,10 @@ class NgramCache:
         self.arena.extend(tokens)
 
     def _index(self) -> None:
-        """Index the n-grams ending just before each position c that has a continuation (c < end)."""
+        """Index the n-grams ending just before each position c of the current document (the
+        continuation starts at c)."""
         arena, start, where = self.arena, self.doc_start, self.where
-        end = len(arena) - 1
+        end = len(arena)
         for c in range(max(self._indexed, start + 1), end):
             for k in range(1, min(self.n_max, c - start) + 1):
                 where[k][tuple(arena[c - k:c])] = c
@@ -90,39 +91,47 @@ class NgramCache:
 
     # ---- reading ------------------------------------------------------------------------------
 
-    def match(self) -> tuple[int, int, int]:
-        """(n, c, m) for the current document's end: the longest suffix n-gram seen before, where
-        its continuation starts, and how many tokens the match really spans (n <= m <= MATCH_CAP);
-        (0, -1, 0) if none."""
+    def find(self, tail: list[int]) -> tuple[int, int, int]:
+        """(n, c, m) for a text ending in `tail`: the longest suffix n-gram seen here, where its latest
+        continuation starts, and how many tokens the match really spans (n <= m <= MATCH_CAP, at
+        most len(tail)); (0, -1, 0) if none."""
         arena = self.arena
-        doc_len = len(arena) - self.doc_start
-        for n in range(min(self.n_max, doc_len - 1), 0, -1):
-            c = self.where[n].get(tuple(arena[-n:]))
+        for n in range(min(self.n_max, len(tail)), 0, -1):
+            c = self.where[n].get(tuple(tail[-n:]))
             if c is None:
                 continue
-            m, i, j = 0, c - 1, len(arena) - 1
-            cap = min(MATCH_CAP, doc_len - 1)
-            while m < cap and i >= 0 and arena[i] == arena[j] and arena[i] != SEP:
-                m, i, j = m + 1, i - 1, j - 1
+            m, cap = 0, min(MATCH_CAP, len(tail), c)
+            while m < cap and arena[c - 1 - m] == tail[-1 - m] and tail[-1 - m] != SEP:
+                m += 1
             return n, c, max(m, n)
         return 0, -1, 0
 
-    def continuation(self, c: int, k: int) -> list[int]:
-        """Up to k tokens from position c, stopping at the end of that document. A match that runs
-        into the end of the text being written is a loop (the model repeating itself): its
-        continuation goes round the loop again."""
+    def tail(self) -> list[int]:
+        """The end of the current document, as long as a match is ever measured."""
+        return self.arena[max(self.doc_start, len(self.arena) - MATCH_CAP):]
+
+    def match(self) -> tuple[int, int, int]:
+        """find() for the end of the current document (earlier documents included)."""
+        return self.find(self.tail())
+
+    def continuation(self, c: int, k: int, *, loop: bool = False) -> list[int]:
+        """Up to k tokens from position c, stopping at the end of that document. With `loop` (the
+        current document is the text being written), a match that runs into its end is the model
+        repeating itself: the continuation goes round the loop again."""
         out = self.arena[c:c + k]
         if SEP in out:
             return out[:out.index(SEP)]
         period = len(self.arena) - c
-        if len(out) < k and c >= self.doc_start and period > 0:
+        if loop and len(out) < k and c >= self.doc_start and period > 0:
             while len(out) < k:
                 out.append(out[len(out) - period])
         return out
 
 
 class PromptLookup:
-    """Drafter: the continuation of the last n-gram's latest earlier occurrence in the conversation.
+    """Drafter: the continuation of the last n-gram's latest earlier occurrence, in this request or
+    (`history`, shared by the worker and only read here, so that concurrent requests do not
+    disturb each other) in an earlier one.
 
     Each draft is weighed by its evidence: the real length of the match (a 20-token match inside
     a copied passage is far more likely to continue than a 2-token one) and the recent acceptance
@@ -133,8 +142,9 @@ class PromptLookup:
     """
 
     def __init__(self, *, ngram: int, k_min: int, k_max: int, adaptive: bool,
-                 cache: NgramCache | None = None) -> None:
-        self.cache = cache if cache is not None and cache.n_max == ngram else NgramCache(ngram)
+                 history: NgramCache | None = None) -> None:
+        self.cache = NgramCache(ngram)  # this request: prompt and output so far
+        self.history = history  # earlier requests (the worker feeds it after each; read-only here)
         self.control = DraftLength(k_min=k_min, k_max=k_max, adaptive=adaptive, label="lookup",
                                    sizes_drafts=True)
         self.evidence = Evidence()
@@ -149,12 +159,15 @@ class PromptLookup:
         return self.control.status
 
     def propose(self, history: list[int], last: int, k: int) -> list[int]:
-        self.cache.feed(history + [last])
-        n, c, m = self.cache.match()
+        own = self.cache
+        own.feed(history + [last])
+        n, c, m = own.match()
+        avail = own.continuation(c, k, loop=True) if n else []
+        if self.history is not None and len(self.history):
+            hn, hc, hm = self.history.find(own.tail())
+            if hm > m:  # a longer match in an earlier request
+                m, avail = hm, self.history.continuation(hc, k)
         self._last_m = 0
-        if n == 0:
-            return []
-        avail = self.cache.continuation(c, k)
         if not avail:
             return []
         if self.control.adaptive and self.control.t0 is not None:

@@ -203,7 +203,7 @@ def make_drafter(spec: SpeculationSettings, *, prompt: list[int], draft: DraftMo
     n-gram cache held by the worker across requests (lookup drafts from earlier turns too)."""
     if spec.mode == "lookup":
         return PromptLookup(ngram=spec.ngram, k_min=spec.k_min, k_max=spec.k_max, adaptive=spec.adaptive,
-                            cache=ngrams)
+                            history=ngrams)
     if spec.mode == "draft":
         if draft is None:
             raise KnownError("speculation mode 'draft' needs a loaded draft model")
