@@ -126,10 +126,9 @@ def stall_bench(model: Path, tokens: int, *, threads: int) -> None:
     if not loaded:
         raise SystemExit("the model did not load")
     idle = probe.run(app, lambda: False, 2.0)
-    conv = win.new_conversation()
-    win.history.update_conversation(conv.id, sampling=SamplingSettings(
+    win.new_conversation()
+    win.session.update_conversation(sampling=SamplingSettings(
         temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=tokens, seed=1))
-    win.conv = win.history.get_conversation(conv.id)
     finished = []
     win.answer_finished.connect(finished.append)
     t0 = time.perf_counter()

@@ -113,17 +113,15 @@ def shoot_chat(app) -> list[Path]:
     win.load_model(str(model), LoadSettings(n_ctx=2048))
     pump(app, 120, lambda: loaded)
     win.sampler.sample_now()
-    conv = win.new_conversation()
-    win.history.update_conversation(conv.id, sampling=SamplingSettings(temperature=0.7, seed=7,
-                                                                      max_tokens=400))
-    win.conv = win.history.get_conversation(conv.id)
+    win.new_conversation()
+    win.session.update_conversation(sampling=SamplingSettings(temperature=0.7, seed=7, max_tokens=400))
     win.send("A short guide to speculative decoding.\n\nSpeculative decoding makes language models")
-    pump(app, 60, lambda: win.stream is not None and len(win.stream.text) > 600)
+    pump(app, 60, lambda: win.session.answer is not None and len(win.session.answer.content) > 600)
     pump(app, 0.3)
     p1 = OUT / "chat-streaming.png"
     win.grab().save(str(p1))
     win.stop()
-    pump(app, 5, lambda: win.stream is None)
+    pump(app, 5, lambda: win.session.answer is None)
     # the earlier conversation with a code block, to show Markdown rendering
     win.conv_list.setCurrentIndex(win.conv_model.index(win.conv_model.row_of(old.id)))
     pump(app, 1.0)

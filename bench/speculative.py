@@ -28,10 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.spec_workloads import CATEGORIES, WORKLOADS, Workload  # noqa: E402
-from ggufdesk.core.starter import starter_model_path  # noqa: E402
-from ggufdesk.engine import protocol as P  # noqa: E402
-from ggufdesk.engine.client import EngineClient  # noqa: E402
+from bench.spec_workloads import CATEGORIES, WORKLOADS, Workload
+from ggufdesk.core.starter import starter_model_path
+from ggufdesk.engine import protocol as P
+from ggufdesk.engine.client import EngineClient
 
 N_CTX = 8192
 REF_CTX = 2048
@@ -137,8 +137,9 @@ def summarize(results: dict, names: list[str], fixed: list[str]) -> list[dict]:
 
 
 def print_table(rows: list[dict], args, loads: list[float]) -> None:
-    print(f"\nstarter model, {args.threads} threads, {args.max_tokens} tokens, medians of {args.rounds} interleaved rounds; "
-          f"load average during the run: min {min(loads):.1f}, median {statistics.median(loads):.1f}, "
+    print(f"\nstarter model, {args.threads} threads, {args.max_tokens} tokens, "
+          f"medians of {args.rounds} interleaved rounds; load average during the run: "
+          f"min {min(loads):.1f}, median {statistics.median(loads):.1f}, "
           f"max {max(loads):.1f} on {os.cpu_count()} cores")
     print("| category | plain tok/s | adaptive × plain | best fixed K × plain | adaptive / best K | "
           "llama-cpp-python lookup × plain | TTFT × plain: adaptive / K / lcp | same text as plain "

@@ -89,6 +89,28 @@ def test_lookup_recovers_when_the_first_drafts_fail_through_the_real_loop(gen):
     assert adaptive.status == "lookup"
 
 
+def test_a_draft_model_stops_where_its_own_confidence_makes_more_tokens_not_worth_it(gen, tiny_model):
+    """The draft model's probability is evidence too: the draft ends where the chance that all of it
+    is accepted (the product of its top probabilities) drops below q_min."""
+    from ggufdesk.core.settings import SpeculationSettings
+    from ggufdesk.engine import speculative as S
+    from ggufdesk.engine.native import LlamaLog
+
+    spec = SpeculationSettings(mode="draft", draft_model=str(tiny_model), k_max=8, p_min=0.0)
+    dm = S.DraftModel.load(spec, target=gen.lm, llama_log=LlamaLog())
+    try:
+        seq = gen.tokenize(PROMPT)
+        dm.sync(seq)
+        full = dm.greedy(8, 0.0)
+        dm.sync(seq)
+        assert dm.greedy(8, 0.0, q_min=1.0) == full[:1]  # the first token is always proposed
+        dm.sync(seq)
+        assert dm.greedy(8, 0.0, q_min=1e-30) == full  # a bar no draft falls under
+        assert len(full) == 8
+    finally:
+        dm.close()
+
+
 # ---- through the engine process: the worker's conversation-wide cache ---------------------------
 
 @pytest.fixture

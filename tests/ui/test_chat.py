@@ -5,16 +5,17 @@ import sqlite3
 
 import pytest
 
-from ggufdesk.ui.main_window import build_request
 
 
 def send_and_wait(qtbot, w, text: str, timeout: int = 15000) -> str:
     with qtbot.waitSignal(w.answer_finished, timeout=timeout) as blocker:
         assert w.send(text)
+    assert w.writer.flush(10)
     return blocker.args[0]
 
 
 def contents(w) -> list[tuple[str, str, str]]:
+    assert w.writer.flush(10)
     return [(m.role, m.content, m.status) for m in w.history.messages(w.conv.id)]
 
 
@@ -61,6 +62,7 @@ def test_stop_keeps_the_partial_answer(qtbot, window, tmp_path, monkeypatch):
     with qtbot.waitSignal(w.answer_finished, timeout=5000) as blocker:
         w.stop_btn.click()
     assert blocker.args == ["cancelled"]
+    assert w.writer.flush(10)
     role, text, status = contents(w)[1]
     assert role == "assistant" and status == "cancelled"
     assert text.startswith("Echo:") and "w399" not in text
@@ -108,9 +110,9 @@ def test_engine_crash_loses_nothing_and_restarts(qtbot, loaded_window):
     with qtbot.waitSignals([w.engine.crashed, w.answer_finished, w.engine.loaded],
                            timeout=20000, order="none"):
         w.send("__crash__ now")
+    qtbot.waitUntil(lambda: "nothing was lost" in w.banner.text, timeout=10000)
     shown = [(level, text) for _, level, text in w.banner.messages]
     assert ("error", "the engine stopped (killed by SIGKILL); restarting") in shown
-    assert "nothing was lost" in w.banner.text  # then: restarted, model loaded again
     msgs = contents(w)
     assert msgs[:2] == [("user", "a normal question", "done"), msgs[1]]
     assert msgs[2] == ("user", "__crash__ now", "done")
@@ -120,7 +122,7 @@ def test_engine_crash_loses_nothing_and_restarts(qtbot, loaded_window):
     # The restarted engine has the model again and the conversation goes on.
     assert w.engine.loaded_event is not None
     assert send_and_wait(qtbot, w, "still there?") == "done"
-    assert len(w.history.messages(w.conv.id)) == 6
+    assert len(contents(w)) == 6
     assert w.chat.widgets[-1].text.startswith("Echo: still there?")
 
 
@@ -132,7 +134,7 @@ def test_killed_engine_mid_answer_keeps_partial(qtbot, window, tmp_path, monkeyp
         w.load_model(str(tmp_path / "m.gguf"))
     with qtbot.waitSignal(w.engine.token, timeout=10000):
         w.send("long answer please")
-    qtbot.waitUntil(lambda: len(w.stream.text) > 30, timeout=10000)
+    qtbot.waitUntil(lambda: len(w.session.answer.content) > 30, timeout=10000)
     with qtbot.waitSignals([w.answer_finished, w.engine.loaded], timeout=20000, order="none"):
         w.engine.kill()
     _, (role, text, status) = contents(w)
@@ -184,21 +186,6 @@ def test_completion_mode_for_a_base_model(qtbot, window, tmp_path):
     assert sent[0]["prompt"] == "Once upon a time" and sent[0]["messages"] is None
 
 
-def test_build_request_modes(history):
-    c = history.new_conversation("x", system_prompt="Be brief.")
-    history.add_message(c.id, "user", "Hi")
-    history.add_message(c.id, "assistant", "Hello!")
-    history.add_message(c.id, "user", "Bye")
-    req = build_request(c, history.messages(c.id))
-    assert req["messages"] == [{"role": "system", "content": "Be brief."},
-                               {"role": "user", "content": "Hi"},
-                               {"role": "assistant", "content": "Hello!"},
-                               {"role": "user", "content": "Bye"}]
-    c2 = history.update_conversation(c.id, mode="completion")
-    assert build_request(c2, history.messages(c.id)) == {
-        "prompt": "Be brief.\n\nHiHello!\nBye", "messages": None}
-
-
 def test_conversations_new_rename_search_delete_export(qtbot, loaded_window, tmp_path, monkeypatch):
     import json
 
@@ -211,18 +198,20 @@ def test_conversations_new_rename_search_delete_export(qtbot, loaded_window, tmp
     send_and_wait(qtbot, w, "about physics")
     monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("Physics chat", True))
     w.rename_btn.click()
+    assert w.writer.flush(10)
     assert w.history.get_conversation(w.conv.id).title == "Physics chat"
     with qtbot.waitSignal(w.conv_model.modelReset, timeout=5000):
         w.search.setText("pasta")
     assert w.conv_model.rowCount() == 1 and w.conv_model.conversation(0).id == pasta
-    md = w.export_current(str(tmp_path / "chat.md"))
-    data = json.loads(w.export_current(str(tmp_path / "chat.json")).read_text())
+    md = export(qtbot, w, tmp_path / "chat.md")
+    data = json.loads(export(qtbot, w, tmp_path / "chat.json").read_text())
     assert md.read_text().startswith("# Physics chat")
     assert data["messages"][0]["content"] == "about physics"
-    assert w.export_current(str(tmp_path / "no" / "such" / "dir.md")) is None
+    assert export(qtbot, w, tmp_path / "no" / "such" / "dir.md") is None
     assert w.banner.level == "error"
     gone = w.conv.id
     w.delete_current(confirm=False)
+    assert w.writer.flush(10)
     with pytest.raises(KeyError):
         w.history.get_conversation(gone)
     assert w.conv_model.row_of(gone) == -1
@@ -240,13 +229,10 @@ def test_selecting_a_conversation_loads_it_off_the_gui_thread(qtbot, loaded_wind
     assert [x.role for x in w.chat.widgets] == ["user", "assistant"]
 
 
-def test_title_from_first_line():
-    from ggufdesk.ui.main_window import title_from
-
-    assert title_from("A short guide.\n\nSpeculative decoding makes") == "A short guide."
-    assert title_from("  many   spaces  ") == "many spaces"
-    long = "word " * 30
-    assert title_from(long).endswith("…") and len(title_from(long)) <= 49
+def export(qtbot, w, path):
+    with qtbot.waitSignal(w.exported, timeout=10000) as blocker:
+        w.export_current(str(path))
+    return blocker.args[0]
 
 
 def _drop(w, path) -> None:

@@ -1,14 +1,24 @@
-"""`ggufdesk chat`: an interactive terminal chat through the engine process (useful on headless machines)."""
+"""`ggufdesk chat`: an interactive terminal chat through the engine process (useful on headless machines).
+
+It drives the same session layer as the GUI window (session/), without saving the history.
+"""
 from __future__ import annotations
 
 import argparse
+import io
 import sys
+from typing import TYPE_CHECKING, TextIO
 
 from ggufdesk.cli.run import add_model_arguments, resolve_model, settings_from_args
 from ggufdesk.core.errors import KnownError
+from ggufdesk.session import ChatSession, Refused, SessionView, Turn
+
+if TYPE_CHECKING:
+    from ggufdesk.engine.client import EngineClient
 
 NAME = "chat"
 HELP = "chat in the terminal (Ctrl-C stops an answer; /reset clears the conversation; /exit quits)"
+EVENT_SILENCE_S = 600.0  # the engine client's watchdog ends a silent engine long before this
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,22 +28,60 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="plain text continuation instead of chat turns (for base models)")
 
 
-def run(args: argparse.Namespace, *, stdin=None, stdout=None) -> int:
-    from ggufdesk.engine import protocol as P
+class TerminalView(SessionView):
+    """Prints the answer as it streams, its stats when it ends, and what the user must know."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def turn_grew(self, turn: Turn, piece: str) -> None:
+        self.out.write(piece)
+        self.out.flush()
+
+    def turn_finished(self, turn: Turn) -> None:
+        st = turn.stats
+        if st.get("final"):
+            print(f"\n[{st['n_gen']} tokens, {st['decode_tok_s']:.1f} tok/s, TTFT {st['ttft_s']:.2f} s]",
+                  file=self.out, end="")
+        if turn.status == "cancelled":
+            print("\n[stopped]", file=self.out, end="")
+
+    def notice(self, text: str, level: str = "info") -> None:
+        if level == "error":
+            print(f"\n[error: {text}]", file=self.out, end="")
+
+
+def readable(stream: TextIO) -> TextIO:
+    """Standard input that never raises on invalid UTF-8 or binary bytes (they become U+FFFD)."""
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:
+        return stream
+    return io.TextIOWrapper(buffer, encoding="utf-8", errors="replace")
+
+
+def run(args: argparse.Namespace, *, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
     from ggufdesk.engine.client import EngineClient
 
-    stdin = stdin or sys.stdin
+    stdin = stdin or readable(sys.stdin)
     out = stdout or sys.stdout
     load, sampling, spec = settings_from_args(args)
     model = resolve_model(args.model)
-    history: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
     with EngineClient() as client:
         loaded = client.load(model, settings=load, speculation=spec)
+        assert loaded is not None
+        session = ChatSession(engine=client, view=TerminalView(out))
+        session.on_event(loaded)
         mode = "completion" if args.completion else "chat"
         note = " (no chat template: built-in turn format; a base model may answer poorly)" \
             if loaded.chat_format == "completion" and mode == "chat" else ""
         print(f"ggufdesk: {loaded.arch} model loaded in {loaded.load_s:.1f} s, {mode} mode{note}. "
               "Ctrl-C stops an answer, /reset clears, /exit quits.", file=out)
+
+        def fresh() -> None:
+            session.new_conversation(system_prompt=args.system, sampling=sampling)
+            session.update_conversation(mode=mode)
+
+        fresh()
         while True:
             print("\n> ", end="", file=out, flush=True)
             line = stdin.readline()
@@ -41,36 +89,28 @@ def run(args: argparse.Namespace, *, stdin=None, stdout=None) -> int:
                 return 0
             text = line.rstrip("\n")
             if text.strip() == "/reset":
-                history = history[:1] if args.system else []
+                fresh()
                 print("(conversation cleared)", file=out)
                 continue
             if not text.strip():
                 continue
-            if mode == "chat":
-                history.append({"role": "user", "content": text})
-                rid = client.generate(messages=history, sampling=sampling)
-            else:
-                rid = client.generate(prompt=text, sampling=sampling)
-            answer: list[str] = []
             try:
-                for ev in client.stream(rid):
-                    if isinstance(ev, P.Token):
-                        answer.append(ev.text)
-                        out.write(ev.text)
-                        out.flush()
-                    elif isinstance(ev, P.Stats) and ev.final:
-                        print(f"\n[{ev.n_gen} tokens, {ev.decode_tok_s:.1f} tok/s, TTFT {ev.ttft_s:.2f} s]",
-                              file=out, end="")
-                    elif isinstance(ev, P.Error):
-                        print(f"\n[error: {ev.message}]", file=out, end="")
-            except KeyboardInterrupt:
-                client.cancel(rid)
-                for _ev in client.stream(rid):
-                    pass
-                print("\n[stopped]", file=out, end="")
-            if mode == "chat":
-                if answer:
-                    history.append({"role": "assistant", "content": "".join(answer)})
-                else:
-                    history.pop()
+                session.send(text)
+            except Refused as e:
+                print(f"[{e}]", file=out, end="")
+                continue
+            follow(client, session)
     raise KnownError("unreachable")  # pragma: no cover
+
+
+def follow(client: EngineClient, session: ChatSession) -> None:
+    """Feed the engine's events to the session until the answer has ended; Ctrl-C stops it."""
+    while session.busy:
+        try:
+            ev = next(client.events(timeout=EVENT_SILENCE_S), None)
+            if ev is None:
+                session.close()  # nothing at all for 10 minutes: keep what was written
+                return
+            session.on_event(ev)
+        except KeyboardInterrupt:
+            session.stop()

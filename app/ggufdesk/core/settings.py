@@ -13,6 +13,8 @@ from ggufdesk.core.errors import SettingsError
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 FLASH_ATTN = ("auto", "on", "off")
 SPEC_MODES = ("off", "draft", "lookup")
+MAX_PARALLEL = 256  # llama.cpp's LLAMA_MAX_SEQ
+PREFILL_CHUNK = 128  # see bench/batch.py: keeps running streams' worst gap small on a 2-core CPU
 
 
 def _int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
@@ -65,9 +67,13 @@ class LoadSettings:
     type_v: str = "f16"
     use_mmap: bool = True
     use_mlock: bool = False
+    n_parallel: int = 1  # sequences decoded together (the server sets it; the GUI and run use 1)
+    prefill_chunk: int = PREFILL_CHUNK  # prompt tokens per engine step while other streams decode
 
     def __post_init__(self) -> None:
         _int("context length (n_ctx)", self.n_ctx, 16, 1 << 20)
+        _int("parallel sequences (n_parallel)", self.n_parallel, 1, MAX_PARALLEL)
+        _int("prefill chunk (prefill_chunk)", self.prefill_chunk, 1, 1 << 16)
         _int("GPU layers (n_gpu_layers)", self.n_gpu_layers, -1, 100_000)
         _int("batch size (n_batch)", self.n_batch, 1, 1 << 16)
         _int("micro-batch size (n_ubatch)", self.n_ubatch, 1, 1 << 16)
@@ -78,6 +84,9 @@ class LoadSettings:
                 f"micro-batch (n_ubatch={self.n_ubatch}) cannot be larger than the batch "
                 f"(n_batch={self.n_batch}): llama.cpp splits each batch into micro-batches"
             )
+        if self.n_parallel > self.n_batch:
+            raise SettingsError(f"{self.n_parallel} parallel sequences need a batch (n_batch) of at least "
+                                f"{self.n_parallel}: every step decodes one token of each")
         _choice("flash attention", self.flash_attn, FLASH_ATTN)
         _choice("K cache type (type_k)", self.type_k, KV_TYPES)
         _choice("V cache type (type_v)", self.type_v, KV_TYPES)

@@ -1,4 +1,9 @@
-"""Parent side of the engine process (no Qt): spawn, send requests, receive events, cancel, restart."""
+"""Parent side of the engine process (no Qt): spawn, send requests, receive events, cancel, restart.
+
+No call returns later than it must: requests go to a writer thread through a queue, and starting,
+restarting and watching the engine happen on the client's own supervisor thread
+(docs/architecture.md, "The process model").
+"""
 from __future__ import annotations
 
 import itertools
@@ -12,16 +17,22 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Literal
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
 from ggufdesk.engine import protocol as P
+from ggufdesk.engine.lifeline import PARENT_ENV
 
 log = logging.getLogger("ggufdesk.engine.client")
 
 MAX_RESTARTS = 3  # within RESTART_WINDOW_S, then give up
 RESTART_WINDOW_S = 60.0
+PING_INTERVAL_S = 2.0  # heartbeat period
+HANG_TIMEOUT_S = 10.0  # no event at all for this long while a Ping is out: the engine is wedged
+CANCEL_GRACE_S = 5.0  # a cancelled request that has not ended by then: kill and restart
+START_TIMEOUT_S = 60.0
 
 
 class EngineError(KnownError):
@@ -43,171 +54,328 @@ def describe_exit(rc: int | None) -> str:
     return f"exit code {rc}"
 
 
+@dataclass
+class _Proc:
+    """One spawned engine process and what the client knows about it."""
+
+    popen: subprocess.Popen[bytes]
+    gen: int
+    last_seen: float  # monotonic time of its last event line
+    kill_reason: str = ""  # set when the client killed it (hang, a cancel that did not land)
+    ping_out: float = 0.0  # when the unanswered Ping was sent (0: none out)
+
+
+_Job = Literal["start", "exited", "close"]
+
+
 class EngineClient:
     """One engine child process and the conversation with it.
 
     Events are delivered to `on_event` (called on a reader thread) or, without it, queued for
-    `stream()` / `events()`. After a crash the client reports it, starts a fresh engine and
-    re-sends the last load that succeeded (a load that crashed the engine is not retried).
+    `stream()` / `events()`. Besides the engine's own events the client makes `Lifecycle` events
+    (the process state and why) and `Error(kind="crash"|"hung")` when the process dies or wedges.
+    After a crash it starts a fresh engine and re-sends the last load that succeeded (a load that
+    crashed the engine is not retried; one whose draft model crashed it is retried without the
+    draft).
     """
 
     def __init__(
         self,
         *,
-        on_event: Callable[[Any], None] | None = None,
+        on_event: Callable[[P.Event], None] | None = None,
         auto_restart: bool = True,
         command: list[str] | None = None,
         env: dict[str, str] | None = None,
+        ping_interval: float = PING_INTERVAL_S,
+        hang_timeout: float = HANG_TIMEOUT_S,
+        cancel_grace: float = CANCEL_GRACE_S,
     ) -> None:
         self.on_event = on_event
         self.auto_restart = auto_restart
         self.command = command or [sys.executable, "-m", "ggufdesk.engine.worker"]
         self.env = env
-        self.proc: subprocess.Popen | None = None
+        self.ping_interval = ping_interval
+        self.hang_timeout = hang_timeout
+        self.cancel_grace = cancel_grace
         self.ready: P.Ready | None = None
         self.loaded: P.Loaded | None = None
+        self.state: P.EngineState = "stopped"
+        self.reason = ""  # why the state is what it is (a crash, a failed reload, a give-up)
         self.stderr_tail: deque[str] = deque(maxlen=60)
-        self._queue: queue.Queue = queue.Queue()
+        self._proc: _Proc | None = None
+        self._queue: queue.Queue[P.Event] = queue.Queue()
+        self._streams: dict[str, queue.Queue[P.Event]] = {}  # request id -> its events: streams run concurrently
+        self._outbox: queue.Queue[P.Request | None] = queue.Queue()
+        self._jobs: queue.Queue[tuple[_Job, int]] = queue.Queue()
         self._cond = threading.Condition()
         self._write_lock = threading.Lock()
+        self._accepting = threading.Event()  # the writer may write to the current process
         self._ids = itertools.count(1)
         self._inflight: set[str] = set()
+        self._cancel_deadlines: dict[str, float] = {}
         self._pending_load: P.Load | None = None
+        self._load_stage: P.Loading | None = None
         self._good_load: P.Load | None = None
-        self._last_error: P.Error | None = None
+        self._waiting: set[str] = set()  # load ids a caller waits for
+        self._results: dict[str, P.Loaded | P.Error] = {}  # load id -> how it ended
+        self._reload_id: str | None = None  # the load re-sent after a restart
+        self._stop_reason = ""  # why the last engine stopped
         self._restarts: deque[float] = deque(maxlen=MAX_RESTARTS)
         self._closing = False
-        self._generation = 0  # bumps with each spawned process
-        self._respawned = threading.Event()  # cleared while a crashed engine is being replaced
-        self._respawned.set()
+        self._gen = 0
+        self._supervisor: threading.Thread | None = None
+        self._writer: threading.Thread | None = None
 
-    # ---- process ------------------------------------------------------------------------------
+    # ---- state --------------------------------------------------------------------------------
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        p = self._proc
+        return p.popen if p else None
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
+        p = self._proc
+        return p.popen.pid if p else None
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        p = self._proc
+        return p is not None and p.popen.poll() is None
 
-    def start(self, timeout: float = 60.0) -> P.Ready:
-        """Spawn the engine and wait for it to say it is ready."""
-        self._closing = False
-        return self._spawn(timeout)
-
-    def _spawn(self, timeout: float) -> P.Ready:
+    def _set_state(self, state: P.EngineState, reason: str = "", *, restarted: bool = False) -> None:
         with self._cond:
-            self.ready = None
-            self._generation += 1
-            gen = self._generation
+            if state == self.state and reason == self.reason and not restarted:
+                return
+            self.state, self.reason = state, reason
+            self._cond.notify_all()
+        self._deliver(P.Lifecycle(state=state, reason=reason, restarted=restarted))
+
+    # ---- start / supervise --------------------------------------------------------------------
+
+    def start(self, timeout: float = START_TIMEOUT_S, *, wait: bool = True) -> P.Ready | None:
+        """Start the engine; with wait=True block until it is ready (or raise KnownError)."""
+        with self._cond:
+            if self._closing:
+                raise KnownError("this engine client was shut down; make a new one")
+            if self._supervisor is None:
+                self._supervisor = threading.Thread(target=self._supervise, name="engine-supervisor",
+                                                    daemon=True)
+                self._writer = threading.Thread(target=self._write_loop, name="engine-writer",
+                                                daemon=True)
+                self._supervisor.start()
+                self._writer.start()
+            if self.state not in ("starting", "ready", "loading", "loaded"):
+                self.state = "starting"
+                self._jobs.put(("start", 0))
+        if not wait:
+            return None
+        with self._cond:
+            self._cond.wait_for(lambda: self.state != "starting", timeout)
+            if self.ready is None or self.state in ("failed", "starting", "stopped"):
+                raise KnownError(self.reason or f"the engine did not start in {timeout:.0f} s")
+            return self.ready
+
+    def _supervise(self) -> None:
+        """The one long-lived thread that spawns engines (so that the parent-death signal, which
+        Linux ties to the spawning thread, fires only when the client itself goes), restarts them
+        after a crash and runs the watchdog."""
+        while True:
+            try:
+                job, gen = self._jobs.get(timeout=min(0.5, self.ping_interval))
+            except queue.Empty:
+                self._watch()
+                continue
+            if job == "close":
+                return
+            if job == "start":
+                self._spawn(restarted=False)
+            elif job == "exited" and gen == self._gen:
+                self._exited()
+            self._watch()
+
+    def _spawn(self, *, restarted: bool, reload: P.Load | None = None) -> bool:
+        self._accepting.clear()
+        self._set_state("starting", self.reason if restarted else "", restarted=restarted)
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("GGML_NO_BACKTRACE", "1")  # no gdb attach on abort: crash fast, say why
-        self.proc = subprocess.Popen(
-            self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env, bufsize=0,
-        )
-        proc = self.proc
-        threading.Thread(target=self._read_events, args=(proc, gen), daemon=True,
-                         name="engine-events").start()
-        threading.Thread(target=self._read_stderr, args=(proc,), daemon=True,
-                         name="engine-stderr").start()
+        env[PARENT_ENV] = str(os.getpid())
+        try:
+            popen = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=env, bufsize=0)
+        except OSError as e:
+            self._set_state("failed", f"the engine could not be started: {e}")
+            return False
         with self._cond:
-            ok = self._cond.wait_for(lambda: self.ready is not None or proc.poll() is not None, timeout)
-            if self.ready is None:
-                why = describe_exit(proc.poll()) if ok else f"no answer in {timeout:.0f} s"
-                tail = " / ".join(list(self.stderr_tail)[-3:])
-                raise KnownError(f"the engine did not start ({why}){': ' + tail if tail else ''}")
-            return self.ready
+            self._gen += 1
+            self.ready = None
+            proc = self._proc = _Proc(popen=popen, gen=self._gen, last_seen=time.monotonic())
+        threading.Thread(target=self._read_events, args=(proc,), daemon=True, name="engine-events").start()
+        threading.Thread(target=self._read_stderr, args=(popen,), daemon=True, name="engine-stderr").start()
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self.ready is not None or popen.poll() is not None
+                                     or self._closing, START_TIMEOUT_S)
+            started = self.ready is not None
+        if not started:
+            with self._cond:
+                self._proc = None  # its exit is not a crash to report
+            if self._closing:
+                return False
+            why = describe_exit(popen.poll()) if ok else f"no answer in {START_TIMEOUT_S:.0f} s"
+            tail = " / ".join(list(self.stderr_tail)[-3:])
+            popen.kill()
+            self._set_state("failed", f"the engine did not start ({why}){': ' + tail if tail else ''}")
+            return False
+        if reload is not None:
+            self._set_state("loading", self.reason, restarted=restarted)
+            with self._cond:
+                self._pending_load = reload
+                self._reload_id = reload.id
+            self._write(proc, reload)
+        else:
+            self._set_state("ready", self.reason, restarted=restarted)
+        self._accepting.set()
+        return True
 
-    def _read_stderr(self, proc: subprocess.Popen) -> None:
-        for raw in proc.stderr:
+    def _read_stderr(self, popen: subprocess.Popen[bytes]) -> None:
+        assert popen.stderr is not None
+        for raw in popen.stderr:
             line = raw.decode("utf-8", "replace").rstrip()
             if line:
                 self.stderr_tail.append(line)
                 log.debug("engine: %s", line)
 
-    def _read_events(self, proc: subprocess.Popen, gen: int) -> None:
-        for raw in proc.stdout:
+    def _read_events(self, proc: _Proc) -> None:
+        assert proc.popen.stdout is not None
+        for raw in proc.popen.stdout:
+            proc.last_seen = time.monotonic()
+            proc.ping_out = 0.0
             try:
                 event = P.decode(raw)
             except P.ProtocolError as e:
                 log.warning("engine sent a bad line: %s", e)
                 continue
-            self._handle(event)
-        proc.wait()
+            if isinstance(event, P.Pong):
+                continue
+            self._handle(event)  # type: ignore[arg-type]  # the engine sends events only
+        proc.popen.wait()
         time.sleep(0.05)  # let the stderr reader catch the last words
-        if gen == self._generation and not self._closing:
-            self._crashed(proc)
+        with self._cond:
+            self._cond.notify_all()  # a start waiting for Ready learns that it never comes
+        self._jobs.put(("exited", proc.gen))
 
-    def _handle(self, event: Any) -> None:
+    def _handle(self, event: P.Event) -> None:
+        ended_load: str | None = None  # the message of an error that ended the pending load
         with self._cond:
             if isinstance(event, P.Ready):
                 self.ready = event
+            elif isinstance(event, P.Loading):
+                self._load_stage = event
             elif isinstance(event, P.Loaded):
                 self.loaded = event
                 self._good_load, self._pending_load = self._pending_load, None
+                self._load_stage = None
+                if event.id in self._waiting:
+                    self._results[event.id] = event
             elif isinstance(event, P.Unloaded):
                 self.loaded = None
                 self._good_load = None
             elif isinstance(event, P.Error):
-                self._last_error = event
-                if event.kind in ("load", "settings") and event.id is None:
-                    self._pending_load = None
+                pending = self._pending_load
+                if (pending is not None and event.id is not None and event.id == pending.id
+                        and event.kind not in P.LOAD_NOTICE_KINDS):
+                    self._pending_load = self._load_stage = None
+                    if event.id in self._waiting:
+                        self._results[event.id] = event
+                    ended_load = event.message
             if isinstance(event, (P.Done, P.Error)) and event.id is not None:
                 self._inflight.discard(event.id)
+                self._cancel_deadlines.pop(event.id, None)
             self._cond.notify_all()
-        self._deliver(event)
+        self._deliver(event)  # then the state it leads to (a Lifecycle tells the whole story)
+        eid = getattr(event, "id", None)
+        reloaded = eid is not None and eid == self._reload_id
+        if isinstance(event, P.Loaded):
+            self._set_state("loaded", "", restarted=reloaded)
+        elif isinstance(event, P.Unloaded):
+            self._set_state("ready", "")
+        elif ended_load is not None:
+            why = (f"the model could not be loaded again after the engine stopped "
+                   f"({self._stop_reason}): {ended_load}") if reloaded else ""
+            self._set_state("ready", why)
+        if reloaded and (isinstance(event, P.Loaded) or ended_load is not None):
+            self._reload_id = None
 
-    def _deliver(self, event: Any) -> None:
+    def _deliver(self, event: P.Event) -> None:
         if self.on_event is not None:
             try:
                 self.on_event(event)
             except Exception:  # noqa: BLE001 - a broken listener must not stop the reader
                 log.exception("event listener failed")
         else:
-            self._queue.put(event)
+            rid = getattr(event, "id", None)
+            with self._cond:
+                q = self._streams.get(rid) if rid is not None else None
+            (q or self._queue).put(event)
 
-    def _crashed(self, proc: subprocess.Popen) -> None:
-        self._respawned.clear()
-        try:
-            self._report_and_restart(proc)
-        finally:
-            self._respawned.set()
+    # ---- crash, hang and restart --------------------------------------------------------------
 
-    def _report_and_restart(self, proc: subprocess.Popen) -> None:
-        why = describe_exit(proc.returncode)
+    def _exited(self) -> None:
+        proc = self._proc
+        if proc is None or self._closing:
+            return
+        self._accepting.clear()
+        rc = proc.popen.poll()
         lines = [ln.strip() for ln in self.stderr_tail if ln.strip()]
         telling = [ln for ln in lines if re.search(r"GGML_ASSERT|error|what\(\)|terminate|abort", ln, re.I)]
         detail = "\n".join(self.stderr_tail)
-        reason = why + (f": {(telling or lines)[-1]}" if lines else "")
+        if proc.kill_reason:
+            kind: P.ErrorKind = "hung"
+            reason = proc.kill_reason
+        else:
+            kind = "crash"
+            reason = describe_exit(rc) + (f": {(telling or lines)[-1]}" if lines else "")
         with self._cond:
             inflight, self._inflight = sorted(self._inflight), set()
-            crashed_load, self._pending_load = self._pending_load, None
+            self._cancel_deadlines.clear()
+            crashed_load = self._pending_load  # cleared by the Error below, which ends the load
+            stage, self._load_stage = self._load_stage, None
+            good, was_loaded = self._good_load, self.loaded
             self.loaded = None
+        reload: P.Load | None = None
         if crashed_load is not None:
-            self._handle(P.Error(kind="load", message=(
-                f"llama.cpp crashed while loading {os.path.basename(crashed_load.model)} ({reason})"),
-                detail=detail))
+            if stage is not None and stage.stage == "draft":
+                what = f"the draft model {os.path.basename(stage.path)}"
+                reload = _without_draft(crashed_load, f"l{next(self._ids)}")
+            else:
+                what = os.path.basename(crashed_load.model)
+                reload = None if crashed_load is good else good
+            verb = "llama.cpp crashed while loading" if kind == "crash" else "the engine hung loading"
+            self._handle(P.Error(kind="load", id=crashed_load.id, detail=detail, message=(
+                f"{verb} {what} ({reason})"
+                + ("; loading the model without it" if reload is not None and stage is not None
+                   and stage.stage == "draft" else ""))))
+        elif was_loaded is not None:
+            reload = good
         restarting = self.auto_restart and self._may_restart()
         suffix = "; restarting" if restarting else ""
-        for rid in inflight or [None]:
-            if rid is None and crashed_load is not None:
-                continue
-            self._handle(P.Error(kind="crash", id=rid, message=f"the engine stopped ({reason}){suffix}",
-                                 detail=detail))
+        message = (f"the engine stopped ({reason}){suffix}" if kind == "crash"
+                   else f"{reason}; the engine was stopped{suffix}")
+        for rid in inflight:
+            self._handle(P.Error(kind=kind, id=rid, message=message, detail=detail))
+        if crashed_load is None and not inflight:
+            self._handle(P.Error(kind=kind, message=message, detail=detail))
         if not restarting:
-            if self.auto_restart:
-                self._handle(P.Error(kind="crash", message="the engine keeps crashing; not restarting it"))
+            why = "the engine keeps stopping; not restarting it" if self.auto_restart else message
+            self._set_state("failed", why)
             return
-        try:
-            self._spawn(timeout=60.0)
-        except KnownError as e:
-            self._handle(P.Error(kind="crash", message=str(e)))
-            return
-        if self._good_load is not None:
-            self._send_load(self._good_load)
+        self._stop_reason = reason
+        lost = ""
+        if reload is None and was_loaded is not None:
+            lost = f"the model was unloaded when the engine stopped ({reason})"
+        self.reason = lost
+        self._spawn(restarted=True, reload=reload)
 
     def _may_restart(self) -> bool:
         now = time.monotonic()
@@ -216,18 +384,70 @@ class EngineClient:
         self._restarts.append(now)
         return True
 
-    def _send(self, msg: Any) -> None:
-        if threading.current_thread().name != "engine-events":
-            self._respawned.wait(90.0)  # a request made during a restart goes to the new engine
-        if not self.alive:
-            raise KnownError("the engine is not running")
+    def _watch(self) -> None:
+        """Heartbeat and stop escalation (supervisor thread)."""
+        proc = self._proc
+        if proc is None or self._closing or proc.kill_reason or proc.popen.poll() is not None:
+            return
+        if self.state not in ("ready", "loading", "loaded"):
+            return
+        now = time.monotonic()
+        with self._cond:
+            late = [rid for rid, t in self._cancel_deadlines.items() if now >= t]
+        if late:
+            self.kill(reason=f"the engine did not stop within {self.cancel_grace:.0f} s when asked")
+            return
+        if proc.ping_out and now - proc.last_seen >= self.hang_timeout:
+            self.kill(reason=f"the engine stopped responding (no answer in {self.hang_timeout:.0f} s)")
+            return
+        if not proc.ping_out and now - proc.last_seen >= self.ping_interval:
+            proc.ping_out = now
+            self._outbox.put(P.Ping(id=f"p{next(self._ids)}"))
+
+    # ---- sending ------------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        """The writer thread: requests leave in order; a caller never waits for the pipe or a restart."""
+        while True:
+            msg = self._outbox.get()
+            if msg is None:
+                return
+            while not self._accepting.wait(0.5):
+                if self.state in ("failed", "stopped") or self._closing:
+                    break
+            proc = self._proc
+            if self._accepting.is_set() and proc is not None and self._write(proc, msg):
+                continue
+            self._undeliverable(msg)
+
+    def _write(self, proc: _Proc, msg: P.Request) -> bool:
         data = P.encode(msg).encode("utf-8")
+        stdin = proc.popen.stdin
+        assert stdin is not None
         with self._write_lock:
             try:
-                self.proc.stdin.write(data)
-                self.proc.stdin.flush()
-            except (BrokenPipeError, OSError) as e:
-                raise KnownError(f"the engine is not running ({e})") from None
+                stdin.write(data)
+                stdin.flush()
+                return True
+            except (BrokenPipeError, OSError, ValueError) as e:
+                log.info("engine pipe closed while writing %s: %s", msg.TYPE, e)
+                return True  # the process is gone: its exit reports what was in flight
+
+    def _undeliverable(self, msg: P.Request) -> None:
+        """The engine is down for good: a request that expects an answer gets one."""
+        rid = getattr(msg, "id", None)
+        if isinstance(msg, (P.Generate, P.Load)) and rid is not None:
+            kind: P.ErrorKind = "load" if isinstance(msg, P.Load) else "crash"
+            self._handle(P.Error(kind=kind, id=rid, message=self._not_running()))
+
+    def _not_running(self) -> str:
+        return "the engine is not running" + (f": {self.reason}" if self.reason else "")
+
+    def _send(self, msg: P.Request) -> None:
+        """Queue a request for the writer thread; raises only when the engine is gone for good."""
+        if self.state in ("failed", "stopped") or self._closing:
+            raise KnownError(self._not_running())
+        self._outbox.put(msg)
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -235,99 +455,124 @@ class EngineClient:
         self,
         model: str,
         *,
-        settings: LoadSettings | dict | None = None,
-        speculation: SpeculationSettings | dict | None = None,
+        settings: LoadSettings | dict[str, Any] | None = None,
+        speculation: SpeculationSettings | dict[str, Any] | None = None,
         draft: str | None = None,
         wait: bool = True,
         timeout: float = 600.0,
     ) -> P.Loaded | None:
-        """Load a model; with wait=True return the Loaded event or raise EngineError."""
-        msg = P.Load(model=str(model), settings=P.fields_of(settings), draft=draft,
+        """Load a model; with wait=True return the Loaded event or raise EngineError. Any error the
+        engine gives for this load, other than a template or draft notice, fails it."""
+        lid = f"l{next(self._ids)}"
+        msg = P.Load(id=lid, model=str(model), settings=P.fields_of(settings), draft=draft,
                      speculation=P.fields_of(speculation))
+        if self.state in ("failed", "stopped") or self._closing:
+            raise KnownError(self._not_running())
         with self._cond:
             self.loaded = None
-            self._last_error = None
-        self._send_load(msg)
+            self._pending_load = msg
+            self._load_stage = None
+            if wait:
+                self._waiting.add(lid)
+        self._set_state("loading", "")
+        self._outbox.put(msg)
         if not wait:
             return None
         with self._cond:
-            self._cond.wait_for(lambda: self.loaded is not None or self._load_failed(), timeout)
-            if self.loaded is None:
-                err = self._last_error or P.Error(kind="load", message="the model did not load in time")
-                raise EngineError(err)
-            return self.loaded
-
-    def _load_failed(self) -> bool:
-        e = self._last_error
-        return e is not None and e.id is None and e.kind in ("load", "settings", "crash")
-
-    def _send_load(self, msg: P.Load) -> None:
-        with self._cond:
-            self._pending_load = msg
-        self._send(msg)
+            self._cond.wait_for(lambda: lid in self._results, timeout)
+            result = self._results.pop(lid, None)
+            self._waiting.discard(lid)
+        if isinstance(result, P.Loaded):
+            return result
+        raise EngineError(result or P.Error(kind="load", id=lid, message=(
+            f"the model did not load in {timeout:.0f} s")))
 
     def generate(
         self,
         *,
         prompt: str | None = None,
         messages: list[dict[str, str]] | None = None,
-        sampling: SamplingSettings | dict | None = None,
-        speculation: SpeculationSettings | dict | None = None,
-        context_policy: str = "truncate",
+        sampling: SamplingSettings | dict[str, Any] | None = None,
+        speculation: SpeculationSettings | dict[str, Any] | None = None,
+        context_policy: Literal["truncate", "refuse"] = "truncate",
         request_id: str | None = None,
+        logprobs: int = 0,
+        **extra: Any,
     ) -> str:
-        """Start a generation; returns its request id (events follow)."""
+        """Start a generation; returns its request id (events follow). `extra` are further
+        Generate fields (grammar, json_schema, tools, ...), passed as they are."""
+        if self.state == "ready" and self.reason:
+            raise KnownError(f"no model is loaded: {self.reason}")
         rid = request_id or f"r{next(self._ids)}"
         msg = P.Generate(id=rid, prompt=prompt, messages=messages, sampling=P.fields_of(sampling),
                          speculation=P.fields_of(speculation) if speculation is not None else None,
-                         context_policy=context_policy)
+                         context_policy=context_policy, logprobs=logprobs, **extra)
         with self._cond:
             self._inflight.add(rid)
+            if self.on_event is None:
+                self._streams[rid] = queue.Queue()
         try:
             self._send(msg)
         except KnownError:
             with self._cond:
                 self._inflight.discard(rid)
+                self._streams.pop(rid, None)
             raise
         return rid
 
     def cancel(self, rid: str) -> None:
-        if self.alive:
-            self._send(P.Cancel(id=rid))
+        """Ask the engine to stop rid; if it has not ended within `cancel_grace` seconds, the engine
+        is killed and restarted (a runaway template render cannot be interrupted any other way)."""
+        with self._cond:
+            if rid in self._inflight:  # (a cancel may also come first: the engine remembers it)
+                self._cancel_deadlines.setdefault(rid, time.monotonic() + self.cancel_grace)
+        if self.state not in ("failed", "stopped"):
+            self._outbox.put(P.Cancel(id=rid))
 
     def unload(self) -> None:
-        self._send(P.Unload())
+        self._send(P.Unload(id=f"u{next(self._ids)}"))
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        """Ask the engine to exit; terminate, then kill, if it does not."""
-        self._closing = True
-        proc = self.proc
-        if proc is None:
-            return
-        try:
-            if proc.poll() is None:
-                self._send(P.Shutdown())
-                proc.stdin.close()
-        except (KnownError, OSError):
-            pass
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.terminate()
+        """Ask the engine to exit; terminate, then kill, if it does not. Blocks up to `timeout`."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        proc = self._proc
+        self._outbox.put(None)
+        if proc is not None and proc.popen.poll() is None:
+            popen = proc.popen
+            with self._write_lock:
+                try:
+                    assert popen.stdin is not None
+                    popen.stdin.write(P.encode(P.Shutdown()).encode("utf-8"))
+                    popen.stdin.close()
+                except (OSError, ValueError):
+                    pass
             try:
-                proc.wait(2.0)
+                popen.wait(timeout)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                popen.terminate()
+                try:
+                    popen.wait(2.0)
+                except subprocess.TimeoutExpired:
+                    popen.kill()
+                    popen.wait()
+        # Only now: the supervisor spawned the engine, and its end sends the parent-death signal.
+        self._jobs.put(("close", 0))
+        if self.state != "stopped":
+            self._set_state("stopped", "")
 
-    def kill(self) -> None:
-        """SIGKILL the engine (tests; a hard stop). The client treats it as a crash."""
-        if self.alive:
-            self.proc.kill()
+    def kill(self, reason: str = "") -> None:
+        """SIGKILL the engine (a hard stop; the watchdog). The client reports it like a crash, with
+        `reason` when given, and restarts it when auto_restart is on."""
+        proc = self._proc
+        if proc is not None and proc.popen.poll() is None:
+            proc.kill_reason = reason
+            proc.popen.kill()
 
     # ---- receiving (without on_event) ---------------------------------------------------------
 
-    def events(self, timeout: float | None = None) -> Iterator[Any]:
+    def events(self, timeout: float | None = None) -> Iterator[P.Event]:
         """Queued events as they come; stops after `timeout` seconds of silence."""
         while True:
             try:
@@ -335,27 +580,43 @@ class EngineClient:
             except queue.Empty:
                 return
 
-    def stream(self, rid: str, timeout: float = 600.0) -> Iterator[Any]:
-        """Events of request rid, ending with its Done or Error."""
+    def stream(self, rid: str, timeout: float = 600.0) -> Iterator[P.Event]:
+        """Events of request rid, ending with its Done or Error (several streams may run at once)."""
         deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise KnownError(f"no answer from the engine in {timeout:.0f} s")
-            try:
-                event = self._queue.get(timeout=left)
-            except queue.Empty:
-                continue
-            if getattr(event, "id", None) != rid:
-                continue
-            yield event
-            if isinstance(event, (P.Done, P.Error)):
-                return
+        with self._cond:
+            own = self._streams.get(rid)
+        q = own or self._queue
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise KnownError(f"no answer from the engine in {timeout:.0f} s")
+                try:
+                    event = q.get(timeout=left)
+                except queue.Empty:
+                    continue
+                if getattr(event, "id", None) != rid:
+                    continue
+                yield event
+                if isinstance(event, (P.Done, P.Error)):
+                    return
+        finally:
+            if own is not None:
+                with self._cond:
+                    self._streams.pop(rid, None)
 
     def __enter__(self) -> EngineClient:
-        if self.proc is None:
+        if self.state == "stopped":
             self.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _without_draft(load: P.Load, lid: str) -> P.Load:
+    spec = dict(load.speculation)
+    if spec.get("mode") == "draft":
+        spec["mode"] = "off"
+    spec["draft_model"] = None
+    return P.Load(id=lid, model=load.model, settings=load.settings, draft=None, speculation=spec)

@@ -19,9 +19,10 @@ PROBE_LEN = 2  # tokens drafted when probing a match length judged not worth dra
 class NgramCache:
     """For every n-gram (n = 1..n_max) of the documents seen, where its latest continuation starts.
 
-    The arena holds at most `max_tokens`; past that, the newest documents that fit in half of it are
-    kept and re-indexed (at `feed` time: the worker feeds a finished request after its answer is
-    out, so nobody waits for it; a request's own growth never triggers it).
+    When a new document would take the arena past `max_tokens`, the newest documents that fit in
+    half of it are kept and re-indexed first (at `feed` time: the worker feeds a finished request
+    after its answer is out, so nobody waits for it). A document itself is never cut, so the arena
+    may exceed the bound by the current document (which the context size bounds).
     """
 
     def __init__(self, n_max: int, *, max_tokens: int = 1 << 16) -> None:

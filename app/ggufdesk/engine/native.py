@@ -199,6 +199,10 @@ def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog, *,
     cparams.type_v = KV_TYPE_IDS[settings.type_v]
     cparams.no_perf = False
     cparams.n_outputs_max = max(1, n_outputs)
+    # several sequences share one pool of n_ctx cells (engine/prefix_cache.py): each may grow to
+    # n_ctx, and a shared prefix is one set of cells tagged with several sequence ids
+    cparams.n_seq_max = settings.n_parallel
+    cparams.kv_unified = True
     try:
         ctx = internals.LlamaContext(model=model, params=cparams, verbose=True)
     except ValueError:

@@ -1,10 +1,51 @@
-"""Engine requests and events, defined once and used by both sides; JSON lines on the wire."""
+"""Engine requests and events, defined once and used by both sides; JSON lines on the wire.
+
+The kinds a receiver branches on are Literals (ErrorKind, FinishReason, EngineState), checked when a
+line is decoded. Every request that starts work carries an `id`, and every event about that work
+carries the same `id` (docs/architecture.md, "The protocol").
+"""
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final, Literal, Union, get_args
+
+# ---- the kinds a receiver branches on --------------------------------------------------------
+
+ErrorKind = Literal[
+    "load",  # the model (or the load request) failed; no model is loaded
+    "settings",  # a load or sampling setting was refused before anything ran
+    "template",  # notice during a load: the chat template is broken; completion mode instead
+    "draft",  # notice during a load: the draft model was refused; speculation is off
+    "generate",  # a generation failed
+    "context",  # the prompt can never fit one sequence's context (server: 400)
+    "overloaded",  # the engine's queue is full or memory is under its margin; try again later (503)
+    "schema",  # a JSON schema, grammar or tool list the engine cannot follow (server: 400)
+    "crash",  # (client) the engine process died
+    "hung",  # (client) the engine stopped answering, or did not stop when asked; it was killed
+    "protocol",  # a line that is not a valid message
+    "bug",  # an internal error of ours, with a trace in `detail`
+]
+FinishReason = Literal["stop", "length", "cancelled", "context", "tool_calls"]
+EngineState = Literal[
+    "stopped",  # not started, or shut down
+    "starting",  # the process is starting (first start or a restart)
+    "ready",  # running, no model loaded
+    "loading",  # a load request is in flight
+    "loaded",  # a model is loaded
+    "failed",  # the engine cannot run (did not start, or keeps crashing); `reason` says why
+]
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+ERROR_KINDS: Final = frozenset(get_args(ErrorKind))
+FINISH_REASONS: Final = frozenset(get_args(FinishReason))
+ENGINE_STATES: Final = frozenset(get_args(EngineState))
+# Errors that end the engine process's work: a fresh engine is starting (or could not).
+STOP_KINDS: Final[frozenset[ErrorKind]] = frozenset({"crash", "hung"})
+# Errors a load reports on its way to a successful Loaded (the model itself is fine).
+LOAD_NOTICE_KINDS: Final[frozenset[ErrorKind]] = frozenset({"template", "draft"})
 
 # ---- requests (parent -> engine) -------------------------------------------------------------
 
@@ -12,6 +53,7 @@ from typing import Any, ClassVar
 @dataclass(kw_only=True)
 class Load:
     TYPE: ClassVar[str] = "load"
+    id: str | None = None
     model: str
     settings: dict[str, Any] = field(default_factory=dict)  # LoadSettings fields
     draft: str | None = None
@@ -26,23 +68,33 @@ class Generate:
     messages: list[dict[str, str]] | None = None  # chat mode: rendered with the model's template
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingSettings fields
     speculation: dict[str, Any] | None = None  # overrides the loaded SpeculationSettings
-    context_policy: str = "truncate"  # "truncate" oldest turns or "refuse"
+    context_policy: Literal["truncate", "refuse"] = "truncate"  # drop oldest turns, or refuse
+    logprobs: int = 0  # 0 = off; N = the top-N alternatives (with their logprobs) for every token
 
 
 @dataclass(kw_only=True)
 class Cancel:
     TYPE: ClassVar[str] = "cancel"
-    id: str
+    id: str  # the request to cancel
 
 
 @dataclass(kw_only=True)
 class Unload:
     TYPE: ClassVar[str] = "unload"
+    id: str | None = None
 
 
 @dataclass(kw_only=True)
 class Shutdown:
     TYPE: ClassVar[str] = "shutdown"
+
+
+@dataclass(kw_only=True)
+class Ping:
+    """Heartbeat: the engine answers Pong from its request reader, even in the middle of a decode."""
+
+    TYPE: ClassVar[str] = "ping"
+    id: str
 
 
 # ---- events (engine -> parent) ---------------------------------------------------------------
@@ -60,6 +112,7 @@ class Ready:
 @dataclass(kw_only=True)
 class Loaded:
     TYPE: ClassVar[str] = "loaded"
+    id: str | None = None  # the Load request's
     model: str
     arch: str = ""
     n_ctx: int = 0
@@ -77,13 +130,24 @@ class Loaded:
 @dataclass(kw_only=True)
 class Unloaded:
     TYPE: ClassVar[str] = "unloaded"
+    id: str | None = None
+
+
+@dataclass(kw_only=True)
+class Loading:
+    """A load moved on to its next stage; a crash is blamed on the file being loaded."""
+
+    TYPE: ClassVar[str] = "loading"
+    id: str | None = None
+    stage: Literal["model", "draft"]
+    path: str
 
 
 @dataclass(kw_only=True)
 class Progress:
     TYPE: ClassVar[str] = "progress"
     id: str
-    phase: str  # "prefill"
+    phase: Literal["prefill"]
     done: int
     total: int
 
@@ -93,6 +157,9 @@ class Token:
     TYPE: ClassVar[str] = "token"
     id: str
     text: str
+    # with Generate.logprobs: one entry per token behind `text`:
+    # {"token": str, "logprob": float, "top": [{"token": str, "logprob": float}, ...]}
+    logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass(kw_only=True)
@@ -117,7 +184,7 @@ class Stats:
 class Done:
     TYPE: ClassVar[str] = "done"
     id: str
-    finish_reason: str  # "stop" | "length" | "cancelled" | "context"
+    finish_reason: FinishReason
     text: str = ""
     tokens: list[int] = field(default_factory=list)  # the generated token ids
     usage: dict[str, int] = field(default_factory=dict)
@@ -126,31 +193,78 @@ class Done:
 @dataclass(kw_only=True)
 class Error:
     TYPE: ClassVar[str] = "error"
-    kind: str  # "load" | "settings" | "generate" | "context" | "crash" | "protocol" | "bug"
+    kind: ErrorKind
     message: str
-    id: str | None = None
+    id: str | None = None  # the request it ends (None: about the engine as a whole)
     detail: str = ""
+    out_of_memory: bool = False  # a load or generation that failed for lack of (V)RAM
+
+
+@dataclass(kw_only=True)
+class Status:
+    """The batched engine's load, sent when it changes (at most ~4 per second)."""
+
+    TYPE: ClassVar[str] = "status"
+    running: int = 0  # sequences being prefilled or decoded
+    queued: int = 0  # requests waiting for free KV cells
+    kv_cells_used: int = 0
+    kv_cells_total: int = 0
+    n_parallel: int = 1
+    spec: str = "off"  # speculation now: "off" | "lookup" | "draft" | "paused" (several running)
 
 
 @dataclass(kw_only=True)
 class Log:
     TYPE: ClassVar[str] = "log"
-    level: str
+    level: LogLevel
     text: str
+    id: str | None = None
 
 
-REQUESTS = {c.TYPE: c for c in (Load, Generate, Cancel, Unload, Shutdown)}
-EVENTS = {c.TYPE: c for c in (Ready, Loaded, Unloaded, Progress, Token, Stats, Done, Error, Log)}
-_ALL = {**REQUESTS, **EVENTS}
+@dataclass(kw_only=True)
+class Pong:
+    TYPE: ClassVar[str] = "pong"
+    id: str  # the Ping's
 
-Message = Any  # one of the dataclasses above
+
+@dataclass(kw_only=True)
+class Lifecycle:
+    """Made by the client, not the engine: the engine process's state changed (and why)."""
+
+    TYPE: ClassVar[str] = "lifecycle"
+    state: EngineState
+    reason: str = ""
+    restarted: bool = False  # the state was reached by a restart after a crash or a hang
+
+
+Request = Union[Load, Generate, Cancel, Unload, Shutdown, Ping]
+Event = Union[Ready, Loaded, Unloaded, Loading, Progress, Token, Stats, Done, Error, Status, Log, Pong,
+              Lifecycle]
+Message = Union[Request, Event]
+
+REQUESTS: Final[dict[str, type[Any]]] = {
+    c.TYPE: c for c in (Load, Generate, Cancel, Unload, Shutdown, Ping)}
+EVENTS: Final[dict[str, type[Any]]] = {c.TYPE: c for c in (
+    Ready, Loaded, Unloaded, Loading, Progress, Token, Stats, Done, Error, Status, Log, Pong, Lifecycle)}
+_ALL: Final[dict[str, type[Any]]] = {**REQUESTS, **EVENTS}
+# The Literal-typed fields, checked on decode: a receiver can trust them when it branches.
+_CHOICES: Final[dict[tuple[str, str], frozenset[str]]] = {
+    ("error", "kind"): ERROR_KINDS,
+    ("done", "finish_reason"): FINISH_REASONS,
+    ("lifecycle", "state"): ENGINE_STATES,
+    ("log", "level"): frozenset(get_args(LogLevel)),
+    ("loading", "stage"): frozenset({"model", "draft"}),
+    ("progress", "phase"): frozenset({"prefill"}),
+    ("generate", "context_policy"): frozenset({"truncate", "refuse"}),
+}
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 def fields_of(obj: Any) -> dict[str, Any]:
     """A settings dataclass (or a dict, or None) as the plain dict a message carries."""
     if obj is None:
         return {}
-    if dataclasses.is_dataclass(obj):
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
     return dict(obj)
 
@@ -160,20 +274,33 @@ class ProtocolError(ValueError):
 
 
 def encode(msg: Message) -> str:
-    """One JSON line (ending in a newline) for a request or an event."""
-    return json.dumps({"type": msg.TYPE, **dataclasses.asdict(msg)}, ensure_ascii=False) + "\n"
+    """One JSON line (ending in a newline) for a request or an event.
+
+    Text that is not valid Unicode (lone surrogates, as Python decodes invalid UTF-8 or binary
+    input with `surrogateescape`) is replaced by U+FFFD here, so the line can always be written.
+    """
+    line = json.dumps({"type": msg.TYPE, **dataclasses.asdict(msg)}, ensure_ascii=False) + "\n"
+    return _SURROGATES.sub("\ufffd", line)
 
 
 def decode(line: str | bytes) -> Message:
     """Parse one JSON line back into its dataclass; raises ProtocolError on anything else."""
     try:
         data = json.loads(line)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise ProtocolError(f"not JSON: {str(line)[:200]!r}") from e
-    if not isinstance(data, dict) or data.get("type") not in _ALL:
+    if not isinstance(data, dict) or not isinstance(data.get("type"), str) or data["type"] not in _ALL:
         raise ProtocolError(f"unknown message: {str(line)[:200]!r}")
-    cls = _ALL[data.pop("type")]
+    kind = data.pop("type")
+    cls = _ALL[kind]
+    for (of, name), allowed in _CHOICES.items():
+        if of == kind and name in data and data[name] not in allowed:
+            raise ProtocolError(f"bad {kind} message: {name} {str(data[name])[:50]!r} is not one of "
+                                f"{', '.join(sorted(allowed))}")
+    if "id" in data and not (data["id"] is None or isinstance(data["id"], str)):
+        raise ProtocolError(f"bad {kind} message: id must be a string")
     try:
-        return cls(**data)
+        msg: Message = cls(**data)
     except TypeError as e:
-        raise ProtocolError(f"bad {cls.TYPE} message: {e}") from e
+        raise ProtocolError(f"bad {kind} message: {e}") from e
+    return msg

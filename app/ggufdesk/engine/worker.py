@@ -7,9 +7,11 @@ takes effect while a generation (or a long prefill) is running on the main threa
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import os
 import queue
+import re
 import sys
 import threading
 import time
@@ -18,6 +20,7 @@ from typing import Any, TextIO
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
+from ggufdesk.engine import lifeline
 from ggufdesk.engine import protocol as P
 
 log = logging.getLogger("ggufdesk.engine")
@@ -30,43 +33,53 @@ class Emitter:
         self._out = out
         self._lock = threading.Lock()
 
-    def __call__(self, event: Any) -> None:
+    def __call__(self, event: P.Event) -> None:
         line = P.encode(event)
         with self._lock:
-            self._out.write(line)
-            self._out.flush()
+            try:
+                self._out.write(line)
+                self._out.flush()
+            except (BrokenPipeError, OSError):
+                os._exit(0)  # the client is gone: nobody is left to hear us
 
 
 class CancelBook:
-    """Which requests are cancelled; sets the abort flag when the running one is."""
+    """Which requests are cancelled; sets the abort flag when one served by the running decode call is."""
 
     def __init__(self) -> None:
         self.flag = threading.Event()
         self._lock = threading.Lock()
         self._cancelled: set[str] = set()
-        self._current: str | None = None
+        self._batch: set[str] = set()  # the requests the decode call in progress serves
 
     def cancel(self, rid: str) -> None:
         with self._lock:
             self._cancelled.add(rid)
-            if rid == self._current:
+            if rid in self._batch:
                 self.flag.set()
 
-    def start(self, rid: str) -> bool:
-        """Mark rid as running; True if it was cancelled before it started."""
+    def is_cancelled(self, rid: str) -> bool:
         with self._lock:
-            self._current = rid
-            self.flag.clear()
             return rid in self._cancelled
 
-    def is_cancelled(self) -> bool:
-        return self.flag.is_set()
-
-    def finish(self) -> None:
+    def set_batch(self, rids: list[str]) -> None:
+        """The next decode call serves rids (empty: none running); the abort flag follows their cancels."""
         with self._lock:
-            self._cancelled.discard(self._current)
-            self._current = None
+            self._batch = set(rids)
             self.flag.clear()
+            if self._batch & self._cancelled:
+                self.flag.set()
+
+    def cancel_current(self) -> None:
+        """Cancel what the decode call in progress serves (the client is gone: Shutdown must be seen)."""
+        with self._lock:
+            self._cancelled |= self._batch
+            if self._batch:
+                self.flag.set()
+
+    def finish(self, rid: str) -> None:
+        with self._lock:
+            self._cancelled.discard(rid)
 
 
 class Engine:
@@ -83,12 +96,15 @@ class Engine:
         self.template = None
         self.speculation = SpeculationSettings()
         self.draft = None  # speculative.DraftModel
+        self.batch = None  # batch.BatchEngine: runs the admitted requests step by step
         self.ngrams = None  # lookup.NgramCache: every prompt and answer so far, for prompt lookup
+        self._lookup_prompts: dict[str, list[int]] = {}  # rid -> prompt, fed to ngrams at its Done
         self._bytes_per_token: int | None = None  # for self-calibration, read once per model
 
     # ---- load / unload --------------------------------------------------------------------------
 
     def load(self, req: P.Load) -> None:
+        from ggufdesk.engine.batch import BatchEngine
         from ggufdesk.engine.chat import ChatTemplate
         from ggufdesk.engine.generate import Generator
         from ggufdesk.engine.native import load_model
@@ -99,13 +115,17 @@ class Engine:
             if req.draft:
                 spec = dataclasses.replace(spec, mode="draft", draft_model=req.draft)
         except (KnownError, TypeError) as e:
-            self.emit(P.Error(kind="settings", message=str(e)))
+            self.emit(P.Error(kind="settings", id=req.id, message=str(e)))
             return
         self.unload(quiet=True)
+        self.emit(P.Loading(id=req.id, stage="model", path=req.model))
         try:
-            lm = load_model(req.model, settings, self.llama_log, n_outputs=spec.k_max + 1)
+            # logits rows one decode may ask for: a verification batch [last] + K, or every sequence + a prefill
+            lm = load_model(req.model, settings, self.llama_log,
+                            n_outputs=max(spec.k_max + 1, settings.n_parallel + 1))
         except KnownError as e:
-            self.emit(P.Error(kind="load", message=str(e), detail="\n".join(self.llama_log.since(0)[-30:])))
+            self.emit(P.Error(kind="load", id=req.id, message=str(e), out_of_memory=out_of_memory(str(e)),
+                              detail="\n".join(self.llama_log.since(0)[-30:])))
             return
         lm.aborter.flag = self.book.flag
         self.lm, self.gen, self.speculation = lm, Generator(lm), spec
@@ -119,33 +139,41 @@ class Engine:
         try:
             self.template = ChatTemplate(lm.chat_template, bos=bos, eos=eos)
         except KnownError as e:
-            self.emit(P.Error(kind="template", message=str(e)))
+            self.emit(P.Error(kind="template", id=req.id, message=str(e)))
             self.template = ChatTemplate(None, bos=bos, eos=eos)
         memory = dict(lm.memory)
         if spec.mode == "draft":
+            self.emit(P.Loading(id=req.id, stage="draft", path=str(spec.draft_model)))
             try:
                 from ggufdesk.engine.speculative import DraftModel
 
                 self.draft = DraftModel.load(spec, target=lm, llama_log=self.llama_log)
                 memory["draft"] = self.draft.memory_bytes
             except KnownError as e:
-                self.emit(P.Error(kind="draft", message=str(e)))
+                self.emit(P.Error(kind="draft", id=req.id, message=str(e)))
                 self.speculation = dataclasses.replace(spec, mode="off", draft_model=None)
+        self.batch = BatchEngine(lm, self.gen, emit=self._emit, cancelled=self.book.is_cancelled,
+                                 set_batch=self.book.set_batch,
+                                 on_plain_done=lambda st: self._calibrate(st.n_gen, st.decode_tok_s))
         chat_format = "completion" if self.template.builtin else "template"
         self.emit(P.Loaded(
-            model=req.model, arch=lm.arch, n_ctx=lm.n_ctx, n_ctx_train=lm.model.n_ctx_train(),
+            id=req.id, model=req.model, arch=lm.arch, n_ctx=lm.n_ctx, n_ctx_train=lm.model.n_ctx_train(),
             n_vocab=lm.n_vocab, n_layer=lm.n_layer, n_gpu_layers=settings.n_gpu_layers,
             chat_format=chat_format, memory=memory, load_s=round(lm.load_s, 3),
             draft=self.draft.path if self.draft else None, settings=P.fields_of(settings),
         ))
 
     def unload(self, quiet: bool = False) -> None:
+        if self.batch is not None:
+            self.batch.cancel_all()
+            self.batch = None
         if self.draft is not None:
             self.draft.close()
             self.draft = None
         if self.lm is not None:
             self.gen = None
             self.ngrams = None
+            self._lookup_prompts.clear()
             self.lm.close()
             self.lm = None
         if not quiet:
@@ -153,17 +181,29 @@ class Engine:
 
     # ---- generate -------------------------------------------------------------------------------
 
+    def _emit(self, event: Any) -> None:
+        self.emit(event)
+        if isinstance(event, (P.Done, P.Error)) and event.id is not None:
+            self.book.finish(event.id)
+            prompt = self._lookup_prompts.pop(event.id, None)
+            if prompt is not None and isinstance(event, P.Done) and self.ngrams is not None:
+                self.ngrams.feed(prompt + list(event.tokens or []))  # after Done: later turns draft from it
+
     def generate(self, req: P.Generate) -> None:
-        from ggufdesk.engine.generate import Cancelled
+        """Check and queue a request; the step loop (next_request) runs it beside the others."""
+        from ggufdesk.engine.batch import Sequence
+        from ggufdesk.engine.generate import RunStats
 
         t_start = time.perf_counter()
-        if self.book.start(req.id):
-            self.emit(P.Done(id=req.id, finish_reason="cancelled"))
+        if self.book.is_cancelled(req.id):
+            self._emit(P.Done(id=req.id, finish_reason="cancelled"))
             return
         try:
-            if self.gen is None:
+            if self.gen is None or self.batch is None:
                 raise KnownError("no model is loaded")
             sampling = SamplingSettings(**req.sampling)
+            if isinstance(req.logprobs, bool) or not isinstance(req.logprobs, int) or not 0 <= req.logprobs <= 100:
+                raise KnownError(f"logprobs must be a whole number from 0 to 100, got {req.logprobs!r}")
             spec = self.speculation if req.speculation is None else dataclasses.replace(
                 self.speculation, **req.speculation)
             cap = self.lm.n_outputs - 1  # logits rows reserved at load: [last] + K max
@@ -173,36 +213,33 @@ class Engine:
             if stops:
                 sampling = dataclasses.replace(sampling, stop=sampling.stop + stops)
             drafter = self._drafter(spec, prompt, sampling.max_tokens)
-            pieces: list[str] = []
-
-            def emit_text(text: str) -> None:
-                pieces.append(text)
-                self.emit(P.Token(id=req.id, text=text))
-
-            def on_progress(done: int, total: int) -> None:
-                self.emit(P.Progress(id=req.id, phase="prefill", done=done, total=total))
-
-            finish, st = self.gen.run(
-                prompt, sampling, emit_text=emit_text, on_progress=on_progress,
-                on_stats=lambda s: self.emit(self._stats(req.id, s, final=False)),
-                cancelled=self.book.is_cancelled, drafter=drafter, t_start=t_start,
-            )
-            self.emit(self._stats(req.id, st, final=True))
-            self.emit(P.Done(id=req.id, finish_reason=finish, text="".join(pieces), tokens=st.tokens,
-                             usage={"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen}))
-            if drafter is None:  # after Done: the first call reads the GGUF header
-                self._calibrate(st.n_gen, st.decode_tok_s)
-            if spec.lookup_history and self.ngrams is not None:  # after Done: later turns draft from it
-                self.ngrams.feed(prompt + st.tokens)
-        except Cancelled:
-            self.emit(P.Done(id=req.id, finish_reason="cancelled"))
-        except KnownError as e:
+            if spec.lookup_history and self.ngrams is not None:
+                self._lookup_prompts[req.id] = prompt
+            seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs, drafter=drafter,
+                           max_gen=min(sampling.max_tokens, self.lm.n_ctx - len(prompt)),
+                           stats=RunStats(n_prompt=len(prompt), t_start=t_start))
+            self.batch.submit(seq)
+        except (KnownError, TypeError) as e:
             kind = getattr(e, "kind", "generate")
-            self.emit(P.Error(kind=kind, id=req.id, message=str(e)))
-        finally:
-            self.book.finish()
+            self._emit(P.Error(kind=kind, id=req.id, message=str(e)))
+
+    def next_request(self, inbox: queue.Queue) -> Any:
+        """Run engine steps until a request arrives (requests are read between steps); block when idle."""
+        while self.batch is not None and self.batch.busy:
+            try:
+                return inbox.get_nowait()
+            except queue.Empty:
+                pass
+            try:
+                self.batch.step()
+            except Exception as e:  # noqa: BLE001 - a bug of ours ends the requests, not the engine
+                self.batch.fail_all(f"internal error: {e}", traceback.format_exc())
+        if self.batch is not None:
+            self.batch.idle()
+        return inbox.get()
 
     def _prompt(self, req: P.Generate, sampling: SamplingSettings) -> tuple[list[int], list[str]]:
+        from ggufdesk.engine.batch import context_error
         from ggufdesk.engine.chat import fit_messages
 
         gen, n_ctx = self.gen, self.lm.n_ctx
@@ -213,14 +250,14 @@ class Engine:
 
             budget = n_ctx - reserve
             if req.context_policy == "refuse" and count(req.messages) > budget:
-                raise _context_error(count(req.messages), budget)
+                raise context_error(count(req.messages), budget)
             messages = fit_messages(req.messages, count, budget)
             return self._chat_tokens(messages), list(self.template.stops)
         if req.prompt is None:
             raise KnownError("a generate request needs a prompt or messages")
         tokens = gen.tokenize(req.prompt)
         if len(tokens) >= n_ctx:
-            raise _context_error(len(tokens), n_ctx - 1)
+            raise context_error(len(tokens), n_ctx - 1)
         return tokens, []
 
     def _chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
@@ -257,22 +294,15 @@ class Engine:
                                        max_tokens=max_tokens,
                                        ngrams=self.ngrams if spec.lookup_history else None)
 
-    @staticmethod
-    def _stats(rid: str, st, *, final: bool) -> P.Stats:
-        return P.Stats(
-            id=rid, n_prompt=st.n_prompt, n_reused=st.n_reused, n_gen=st.n_gen,
-            ttft_s=round(st.ttft_s, 4), prefill_tok_s=round(st.prefill_tok_s, 2),
-            decode_tok_s=round(st.decode_tok_s, 2), drafted=st.drafted, accepted=st.accepted,
-            draft_len=st.draft_len, speculation=st.speculation, final=final,
-            llama_perf=st.perf if final else {},
-        )
+
+_OOM = re.compile(r"out of (device )?memory|failed to allocate|alloc_buffer|cudaMalloc|"
+                  r"ErrorOutOfDeviceMemory|not enough memory", re.I)
 
 
-def _context_error(n: int, room: int) -> KnownError:
-    e = KnownError(f"the prompt is {n} tokens but the context has room for {room}; "
-                   "shorten it or load the model with a larger context")
-    e.kind = "context"  # type: ignore[attr-defined]
-    return e
+def out_of_memory(reason: str) -> bool:
+    """Does llama.cpp's reason for a failure say that memory ran out? (Read once, here, where
+    llama.cpp's words are known; the receivers branch on Error.out_of_memory.)"""
+    return bool(_OOM.search(reason))
 
 
 def _piece(gen: Any, token_id: str | None) -> str:
@@ -292,7 +322,9 @@ def llama_bos_text(gen: Any) -> str:
     return _piece(gen, str(llama_cpp.llama_vocab_bos(gen.lm.vocab)))
 
 
-def _read_requests(stdin: TextIO, inbox: queue.Queue, book: CancelBook, emit: Emitter) -> None:
+def _read_requests(stdin: TextIO, inbox: queue.Queue[P.Message], book: CancelBook, emit: Emitter) -> None:
+    """The reader thread: Cancel and Ping are answered here, at once, even while the main thread is
+    busy in a decode; everything else queues for the main loop. EOF means the client is gone."""
     for line in stdin:
         if not line.strip():
             continue
@@ -301,20 +333,27 @@ def _read_requests(stdin: TextIO, inbox: queue.Queue, book: CancelBook, emit: Em
         except P.ProtocolError as e:
             emit(P.Error(kind="protocol", message=str(e)))
             continue
+        if isinstance(msg, P.Ping):
+            emit(P.Pong(id=msg.id))
+            continue
         if isinstance(msg, P.Cancel):
             book.cancel(msg.id)
         inbox.put(msg)
-    inbox.put(P.Shutdown())  # parent went away
+    book.cancel_current()  # stop a running generation so that the Shutdown below is seen
+    inbox.put(P.Shutdown())
+    lifeline.exit_soon()
 
 
 def main() -> int:
+    lifeline.guard()
     events_fd = os.dup(1)
     os.dup2(2, 1)  # C code printing to stdout now lands on stderr
     out = os.fdopen(events_fd, "w", encoding="utf-8", buffering=1)
     sys.stdout = sys.stderr
+    stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
     emit = Emitter(out)
     book = CancelBook()
-    inbox: queue.Queue = queue.Queue()
+    inbox: queue.Queue[P.Message] = queue.Queue()
     try:
         import llama_cpp
 
@@ -327,9 +366,10 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001 - the parent must hear why we cannot start
         emit(P.Error(kind="bug", message=f"the engine could not start: {e}", detail=traceback.format_exc()))
         return 1
-    threading.Thread(target=_read_requests, args=(sys.stdin, inbox, book, emit), daemon=True).start()
+    threading.Thread(target=_read_requests, args=(stdin, inbox, book, emit), daemon=True,
+                     name="engine-requests").start()
     while True:
-        msg = inbox.get()
+        msg = engine.next_request(inbox)
         try:
             if isinstance(msg, P.Shutdown):
                 engine.unload(quiet=True)
@@ -339,7 +379,8 @@ def main() -> int:
             elif isinstance(msg, P.Generate):
                 engine.generate(msg)
             elif isinstance(msg, P.Unload):
-                engine.unload()
+                engine.unload(quiet=True)
+                emit(P.Unloaded(id=msg.id))
             elif isinstance(msg, P.Cancel):
                 pass  # handled on the reader thread
             else:
@@ -349,5 +390,19 @@ def main() -> int:
                          detail=traceback.format_exc()))
 
 
+def run() -> None:
+    """Exit without interpreter finalization: the request reader is a daemon thread blocked on
+    stdin, and finalizing while it holds stdin's lock aborts the process (so would llama.cpp's
+    static destructors racing its threads)."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

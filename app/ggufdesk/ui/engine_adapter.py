@@ -10,7 +10,6 @@ from PySide6.QtCore import QObject, Signal
 
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
 from ggufdesk.engine import protocol as p
-from ggufdesk.ui.tasks import describe_failure, run_in_background
 
 log = logging.getLogger("ggufdesk.ui.engine")
 
@@ -24,10 +23,14 @@ def default_client_factory(**kwargs: Any) -> Any:
 class EngineBridge(QObject):
     """Start/load/generate/cancel on the engine; every event comes back as a signal on the GUI thread.
 
-    Tokens that arrive in a burst are merged into one Token per request before they reach the GUI,
-    so a fast engine costs the event loop one slot call per burst, not one per token.
+    No method waits for the engine: the client queues requests and starts, restarts and watches
+    the process on its own threads. Tokens that arrive in a burst are merged into one Token per
+    request before they reach the GUI, so a fast engine costs the event loop one slot call per
+    burst, not one per token. `event` carries every event (the session layer's input); the typed
+    signals below are for widgets that want one kind.
     """
 
+    event = Signal(object)  # any protocol Event, in order
     started = Signal(object)  # Ready
     loaded = Signal(object)  # Loaded
     unloaded = Signal()
@@ -35,8 +38,9 @@ class EngineBridge(QObject):
     token = Signal(object)  # Token (possibly several merged)
     stats = Signal(object)  # Stats
     done = Signal(object)  # Done
-    error = Signal(object)  # Error (kind != "crash")
-    crashed = Signal(str)  # "the engine stopped (...); restarting"
+    error = Signal(object)  # Error whose kind is not in STOP_KINDS
+    crashed = Signal(object)  # Error with kind "crash" or "hung": the engine stopped
+    lifecycle = Signal(object)  # Lifecycle: the engine's state and why
     log_line = Signal(object)  # Log
     start_failed = Signal(str)
     _wake = Signal()
@@ -44,24 +48,30 @@ class EngineBridge(QObject):
     def __init__(
         self, *, command: list[str] | None = None,
         client_factory: Callable[..., Any] = default_client_factory, parent: QObject | None = None,
+        client_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(parent)
         self._command = command
         self._factory = client_factory
+        self._options = client_options or {}
         self._client: Any = None
         self._queue: collections.deque[Any] = collections.deque()
         self._lock = threading.Lock()
         self._woken = False
-        self._pending_load: tuple[str, LoadSettings, SpeculationSettings] | None = None
-        self.is_started = False
+        self.state: p.EngineState = "stopped"
+        self.state_reason = ""
         self.loaded_event: p.Loaded | None = None
         self.active_id: str | None = None
         self._wake.connect(self._drain)
 
+    @property
+    def is_started(self) -> bool:
+        return self.state not in ("stopped", "failed", "starting")
+
     # ---- reader thread side -------------------------------------------------------------------
 
     def _on_event(self, event: Any) -> None:
-        """Called on the client's reader thread: queue it and wake the GUI thread once per burst."""
+        """Called on the client's threads: queue it and wake the GUI thread once per burst."""
         with self._lock:
             self._queue.append(event)
             if self._woken:
@@ -87,6 +97,17 @@ class EngineBridge(QObject):
             self._dispatch(ev)
 
     def _dispatch(self, ev: Any) -> None:
+        if isinstance(ev, (p.Done, p.Error)) and ev.id is not None and ev.id == self.active_id:
+            self.active_id = None
+        if isinstance(ev, p.Loaded):
+            self.loaded_event = ev
+        elif isinstance(ev, p.Unloaded) or (isinstance(ev, p.Error) and ev.kind in p.STOP_KINDS):
+            self.loaded_event = None
+        elif isinstance(ev, p.Lifecycle):
+            self.state, self.state_reason = ev.state, ev.reason
+            if ev.state != "loaded":
+                self.loaded_event = None
+        self.event.emit(ev)
         if isinstance(ev, p.Token):
             self.token.emit(ev)
         elif isinstance(ev, p.Stats):
@@ -94,84 +115,63 @@ class EngineBridge(QObject):
         elif isinstance(ev, p.Progress):
             self.progress.emit(ev)
         elif isinstance(ev, p.Done):
-            if ev.id == self.active_id:
-                self.active_id = None
             self.done.emit(ev)
         elif isinstance(ev, p.Loaded):
-            self.loaded_event = ev
             self.loaded.emit(ev)
         elif isinstance(ev, p.Unloaded):
-            self.loaded_event = None
             self.unloaded.emit()
         elif isinstance(ev, p.Ready):
             self.started.emit(ev)
         elif isinstance(ev, p.Error):
-            if ev.kind == "crash":
-                if ev.id is not None and ev.id == self.active_id:
-                    self.active_id = None
-                self.crashed.emit(ev.message)
-            else:
-                if ev.id is not None and ev.id == self.active_id:
-                    self.active_id = None
-                if ev.kind == "load":
-                    self.loaded_event = None
-                self.error.emit(ev)
+            (self.crashed if ev.kind in p.STOP_KINDS else self.error).emit(ev)
+        elif isinstance(ev, p.Lifecycle):
+            self.lifecycle.emit(ev)
+            if ev.state == "failed":
+                self.start_failed.emit(ev.reason)
         elif isinstance(ev, p.Log):
             self.log_line.emit(ev)
-        else:
-            log.warning("unexpected engine event %r", ev)
 
-    # ---- commands -----------------------------------------------------------------------------
+    # ---- commands (none of them waits for the engine) -----------------------------------------
 
     @property
     def pid(self) -> int | None:
         return getattr(self._client, "pid", None) if self._client is not None else None
 
-    def devices(self) -> list:
+    def devices(self) -> list[Any]:
         """The engine's ggml device list (from its Ready event; [] until it has started)."""
         ready = getattr(self._client, "ready", None) if self._client is not None else None
         return list(getattr(ready, "devices", None) or [])
 
     def start(self) -> None:
-        """Spawn the engine off the GUI thread (start() waits for Ready)."""
+        """Spawn the engine (on the client's supervisor thread); Lifecycle events tell how it went."""
         if self._client is not None:
+            if self.state == "failed":  # try again: a load after a failed start starts it anew
+                self.state = "starting"
+                self._client.start(wait=False)
             return
         self._client = self._factory(on_event=self._on_event, auto_restart=True,
-                                     command=self._command)
-
-        def done(fut: Any) -> None:
-            msg = describe_failure(fut)
-            if msg:
-                self._client = None
-                self.start_failed.emit(msg)
-                return
-            self.is_started = True
-            if self._pending_load:
-                self.load(*self._pending_load)
-
-        run_in_background(self._client.start, done)
+                                     command=self._command, **self._options)
+        self.state = "starting"
+        self._client.start(wait=False)
 
     def load(self, model: str, settings: LoadSettings | None = None,
              speculation: SpeculationSettings | None = None) -> None:
         settings = settings or LoadSettings()
         speculation = speculation or SpeculationSettings()
-        if not self.is_started:
-            self._pending_load = (model, settings, speculation)
-            self.start()
-            return
-        self._pending_load = None
+        self.start()
         self.loaded_event = None
         try:
             draft = speculation.draft_model if speculation.mode == "draft" else None
             self._client.load(model, settings=settings, speculation=speculation, draft=draft,
                               wait=False)
-        except Exception as e:  # noqa: BLE001 - a dead pipe is reported like an engine error
+        except Exception as e:  # noqa: BLE001 - a dead engine is reported like a load error
             self.error.emit(p.Error(kind="load", message=str(e)))
 
     def generate(self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None,
                  sampling: SamplingSettings | None = None) -> str:
-        rid = self._client.generate(prompt=prompt, messages=messages,
-                                    sampling=sampling or SamplingSettings(), speculation=None)
+        """Queue a generation; raises KnownError when the engine is gone for good."""
+        rid: str = self._client.generate(prompt=prompt, messages=messages,
+                                         sampling=sampling or SamplingSettings(), speculation=None)
         self.active_id = rid
         return rid
 
@@ -186,7 +186,7 @@ class EngineBridge(QObject):
 
     def shutdown(self, timeout: float = 5.0) -> None:
         client, self._client = self._client, None
-        self.is_started = False
+        self.state = "stopped"
         if client is not None:
             try:
                 client.shutdown(timeout=timeout)

@@ -1,15 +1,13 @@
 """The chat window: conversations, streaming answers, gauges, one notification banner."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import time
-from dataclasses import dataclass
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import QByteArray, QModelIndex, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QFileDialog, QHBoxLayout, QInputDialog, QLabel, QLineEdit, QListView, QMainWindow,
@@ -25,51 +23,71 @@ from ggufdesk.ui.conversation_dialog import ConversationDialog
 from ggufdesk.ui.conversation_model import ConversationListModel
 from ggufdesk.ui.engine_adapter import EngineBridge
 from ggufdesk.ui.gauges import GaugePanel, SystemSampler
-from ggufdesk.ui.message_widget import MessageWidget
 from ggufdesk.ui.notify import Banner
 from ggufdesk.ui.settings_dialog import SettingsDialog
-from ggufdesk.ui.tasks import describe_failure, run_in_background
+from ggufdesk.session import ChatSession, HistoryWriter, Refused, SaveState, SessionView, Turn
+from ggufdesk.session.conversation import Level, Phase
+from ggufdesk.ui.tasks import describe_failure, run_in_background, run_on_main
 
 log = logging.getLogger("ggufdesk.ui.chat")
 
-SAVE_PARTIAL_EVERY_S = 1.0
 
+class _WindowView(SessionView):
+    """What the session tells the window, shown with its widgets (all on the GUI thread)."""
 
-@dataclass
-class Stream:
-    rid: str
-    message_id: int
-    widget: MessageWidget
-    text: str = ""
-    saved_at: float = 0.0
-    stats: p.Stats | None = None
+    def __init__(self, win: MainWindow) -> None:
+        self.win = win
 
+    def show_conversation(self, conv: Conversation | None, turns: list[Turn]) -> None:
+        w = self.win
+        w.chat.set_messages(turns)  # type: ignore[arg-type]  # a Turn reads like a Message
+        w.chat.set_actions_enabled(not w.session.busy)
+        w._update_mode_label()
+        w._select_current()
+        if conv is not None:
+            w.conversation_loaded.emit(conv.id)
 
-def build_request(conv: Conversation, messages: list[Message]) -> dict[str, Any]:
-    """What the engine gets for the next answer: chat messages, or one prompt in completion mode."""
-    turns = [m for m in messages if m.role in ("user", "assistant") and m.content]
-    if conv.mode == "completion":
-        text = conv.system_prompt + "\n\n" if conv.system_prompt else ""
-        for i, m in enumerate(turns):
-            sep = "\n" if (i and m.role == "user") else ""
-            text += sep + m.content
-        return {"prompt": text, "messages": None}
-    msgs = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
-    msgs += [{"role": m.role, "content": m.content} for m in turns]
-    return {"prompt": None, "messages": msgs}
+    def turn_added(self, turn: Turn) -> None:
+        self.win.chat.add(turn)  # type: ignore[arg-type]
 
+    def turn_grew(self, turn: Turn, piece: str) -> None:
+        if (widget := self.win.chat.widget_for(turn.key)) is not None:
+            widget.append(piece)
 
-def title_from(text: str, limit: int = 48) -> str:
-    """A conversation title: the first line of the first message, shortened at a word."""
-    first = " ".join(text.strip().splitlines()[0].split()) if text.strip() else "New chat"
-    if len(first) <= limit:
-        return first
-    return first[:limit].rsplit(" ", 1)[0] + "…"
+    def turn_finished(self, turn: Turn) -> None:
+        if (widget := self.win.chat.widget_for(turn.key)) is not None:
+            widget.set_text(turn.content)
+            widget.set_status(turn.status)
+        self.win.answer_finished.emit(turn.status)
+
+    def phase_changed(self, phase: Phase) -> None:
+        w = self.win
+        idle = phase == "idle"
+        w.stop_btn.setEnabled(not idle)
+        w.send_btn.setEnabled(idle)
+        w.chat.set_actions_enabled(idle)
+
+    def save_state_changed(self, state: SaveState) -> None:
+        self.win.save_label.setText(state.text)
+        self.win.save_label.setVisible(bool(state.text))
+
+    def conversation_saved(self, conv: Conversation) -> None:
+        w = self.win
+        w.conv_model.update(conv)
+        w._select_current()
+        w._update_mode_label()
+
+    def notice(self, text: str, level: Level = "info") -> None:
+        self.win.banner.notify(text, level)
 
 
 class MainWindow(QMainWindow):
+    """A view over a ChatSession (session/): it shows the conversation and forwards clicks; the
+    answer lifecycle and the history writes live in the session."""
+
     answer_finished = Signal(str)  # final status of an answer: done | cancelled | partial | error
     conversation_loaded = Signal(int)
+    exported = Signal(object)  # Path, or None when the export failed
 
     def __init__(self, *, engine: EngineBridge, history: History, settings: Settings | None = None,
                  choose_model: Callable[[], None] | None = None,
@@ -84,13 +102,17 @@ class MainWindow(QMainWindow):
         self._persist = persist_settings
         self._choose_model = choose_model
         self._recommended = recommended
-        self.conv: Conversation | None = None
-        self.stream: Stream | None = None
-        self.editing_id: int | None = None
         self.model_path: str | None = None
         self._build()
+        self.writer = HistoryWriter(history)
+        self.session = ChatSession(engine=engine, writer=self.writer, view=_WindowView(self),
+                                   post=run_on_main)
         self._wire()
         self.refresh_conversations()
+
+    @property
+    def conv(self) -> Conversation | None:
+        return self.session.conv
 
     # ---- layout -------------------------------------------------------------------------------
 
@@ -115,6 +137,9 @@ class MainWindow(QMainWindow):
         ll.addLayout(row)
 
         self.banner = Banner()
+        self.save_label = QLabel("")
+        self.save_label.setStyleSheet("color: #7a5200;")
+        self.save_label.hide()
         self.model_label = QLabel("No model loaded")
         self.model_label.setStyleSheet("color: #40556b; font-weight: 600;")
         self.mode_label = QLabel("")
@@ -131,6 +156,7 @@ class MainWindow(QMainWindow):
         cl = QVBoxLayout(center)
         top = QHBoxLayout()
         top.addWidget(self.model_label, 1)
+        top.addWidget(self.save_label)
         top.addWidget(self.mode_label)
         cl.addLayout(top)
         cl.addWidget(self.banner)
@@ -170,16 +196,13 @@ class MainWindow(QMainWindow):
 
     def _wire(self) -> None:
         e = self.engine
+        e.event.connect(self.session.on_event)
         e.loaded.connect(self._on_loaded)
         e.unloaded.connect(self.gauges.on_unloaded)
-        e.token.connect(self._on_token)
-        e.stats.connect(self._on_stats)
+        e.stats.connect(self.gauges.on_stats)
         e.progress.connect(self.gauges.on_progress)
-        e.done.connect(self._on_done)
         e.error.connect(self._on_error)
-        e.crashed.connect(self._on_crashed)
-        e.start_failed.connect(lambda msg: self.banner.notify(
-            f"the engine could not start: {msg}", "error"))
+        e.lifecycle.connect(self._on_lifecycle)
         self.sampler.sampled.connect(self.gauges.on_sample)
         self.send_btn.clicked.connect(lambda: self.send())
         self.stop_btn.clicked.connect(lambda: self.stop())
@@ -231,87 +254,97 @@ class MainWindow(QMainWindow):
 
     def _on_loaded(self, ev: p.Loaded) -> None:
         self.gauges.on_loaded(ev)
-        restarted = self.model_path == ev.model and self.model_label.text().startswith("Restarting")
         self.model_path = ev.model
         name = Path(ev.model).name
         where = "GPU" if ev.n_gpu_layers else "CPU"
         draft = f" + draft {Path(ev.draft).name}" if ev.draft else ""
         self.model_label.setText(f"{name}{draft} · {ev.n_ctx} ctx · {where} · loaded in {ev.load_s:.1f} s")
-        if restarted:
-            self.banner.notify("the engine restarted and the model is loaded again; nothing was lost")
         self.settings.model = ev.model
         if self._persist:
             try:
                 save_settings(self.settings)
             except OSError as e:
-                self.banner.notify(f"could not save settings: {e}", "warning")
-        if ev.chat_format == "completion" and self.conv and self.conv.mode == "chat" \
-                and not self.history.messages(self.conv.id):
-            self.conv = self.history.update_conversation(self.conv.id, mode="completion")
-            self.conv_model.update(self.conv)
-        if ev.chat_format == "completion":
-            self.banner.notify(f"{name} has no chat template: new conversations use completion "
-                               "mode (the model continues your text)")
+                self.banner.notify(f"could not save settings: {e}", "error")
         self._update_mode_label()
 
-    @property
-    def model_chat_format(self) -> str:
-        ev = self.engine.loaded_event
-        return ev.chat_format if ev else "template"
+    def _on_lifecycle(self, ev: p.Lifecycle) -> None:
+        if ev.state == "starting" and ev.restarted:
+            self.model_label.setText("Restarting the engine…")
+        elif ev.state == "loading" and ev.restarted and self.model_path:
+            self.model_label.setText(f"Restarting the engine: loading {Path(self.model_path).name} again…")
+        elif ev.state == "failed":
+            self.model_label.setText("The engine is not running")
+        elif ev.state == "ready" and ev.reason:
+            self.model_label.setText("No model loaded")
+
+    def _on_error(self, ev: p.Error) -> None:
+        if ev.kind not in ("load", "settings"):
+            return  # the session tells the user about everything else
+        self.model_label.setText("No model loaded")
+        msg = f"could not load the model: {ev.message}"
+        if ev.out_of_memory:
+            msg += f" — try fewer GPU layers or a smaller context in Engine settings{self._oom_hint()}"
+        self.banner.notify(msg, "error")
+
+    def _oom_hint(self) -> str:
+        if not self._recommended:
+            return ""
+        try:
+            load, _ = self._recommended()
+        except Exception:  # noqa: BLE001 - the hint is optional; the message stands without it
+            return ""
+        return f" (recommended here: {load.n_gpu_layers} GPU layers, context {load.n_ctx})"
 
     # ---- conversations ------------------------------------------------------------------------
 
     def refresh_conversations(self, select_id: int | None = None) -> None:
         query = self.search.text()
 
-        def done(fut) -> None:
+        def done(fut: Future[list[Conversation]]) -> None:
             if (msg := describe_failure(fut)) is not None:
                 self.banner.notify(msg, "error")
                 return
             keep = select_id or (self.conv.id if self.conv else None)
             self.conv_model.set_conversations(fut.result())
-            if keep is not None and (row := self.conv_model.row_of(keep)) >= 0:
+            if keep and (row := self.conv_model.row_of(keep)) >= 0:
                 self.conv_list.setCurrentIndex(self.conv_model.index(row))
 
         run_in_background(lambda: self.history.list_conversations(query), done)
 
-    def new_conversation(self, title: str = "New chat") -> Conversation:
-        mode = "completion" if self.model_chat_format == "completion" else "chat"
-        conv = self.history.new_conversation(title, mode=mode,
-                                             system_prompt=self.settings.system_prompt,
-                                             sampling=self.settings.sampling)
-        self.conv_model.update(conv)
-        self._show_conversation(conv, [])
-        self.conv_list.setCurrentIndex(self.conv_model.index(self.conv_model.row_of(conv.id)))
-        return conv
+    def new_conversation(self, title: str = "New chat") -> Conversation | None:
+        try:
+            return self.session.new_conversation(title=title, system_prompt=self.settings.system_prompt,
+                                                 sampling=self.settings.sampling)
+        except Refused as e:
+            self.banner.notify(str(e), "warning")
+            return None
 
-    def _on_conv_selected(self, current, _previous) -> None:
+    def _on_conv_selected(self, current: Any, _previous: Any) -> None:
         if not current.isValid():
             return
         conv = self.conv_model.conversation(current.row())
         if self.conv and conv.id == self.conv.id:
             return
-        if self.stream:
-            self.stop()
         self.open_conversation(conv.id)
 
     def open_conversation(self, conversation_id: int) -> None:
-        def done(fut) -> None:
+        def done(fut: Future[tuple[Conversation, list[Message]]]) -> None:
             if (msg := describe_failure(fut)) is not None:
                 self.banner.notify(msg, "error")
                 return
             conv, msgs = fut.result()
-            self._show_conversation(conv, msgs)
+            self.session.open(conv, msgs)
 
-        run_in_background(lambda: (self.history.get_conversation(conversation_id),
-                                   self.history.messages(conversation_id)), done)
+        def read() -> tuple[Conversation, list[Message]]:
+            self.writer.flush(2.0)  # what this window wrote comes back with it
+            return self.history.get_conversation(conversation_id), self.history.messages(conversation_id)
 
-    def _show_conversation(self, conv: Conversation, msgs: list[Message]) -> None:
-        self.conv = conv
-        self.editing_id = None
-        self.chat.set_messages(msgs)
-        self._update_mode_label()
-        self.conversation_loaded.emit(conv.id)
+        run_in_background(read, done)
+
+    def _select_current(self) -> None:
+        """The list shows the open conversation as selected (none while a new one is unsaved)."""
+        row = self.conv_model.row_of(self.conv.id) if self.conv and self.conv.id else -1
+        self.conv_list.setCurrentIndex(self.conv_model.index(row) if row >= 0 else QModelIndex())
 
     def _update_mode_label(self) -> None:
         self.mode_label.setText(f"{self.conv.mode} mode" if self.conv else "")
@@ -321,179 +354,88 @@ class MainWindow(QMainWindow):
             return
         title, ok = QInputDialog.getText(self, "Rename conversation", "Title", text=self.conv.title)
         if ok and title.strip():
-            self.conv = self.history.update_conversation(self.conv.id, title=title)
-            self.conv_model.update(self.conv)
+            self.session.update_conversation(title=title)
 
     def delete_current(self, confirm: bool = True) -> None:
-        if not self.conv or self.stream:
+        conv = self.conv
+        if not conv or self.session.busy:
             return
         if confirm and QMessageBox.question(
-                self, "Delete conversation", f"Delete “{self.conv.title}” for good?"
+                self, "Delete conversation", f"Delete “{conv.title}” for good?"
         ) != QMessageBox.StandardButton.Yes:
             return
-        self.history.delete(self.conv.id)
-        self.conv_model.remove(self.conv.id)
-        self.conv = None
-        self.chat.clear()
-        self._update_mode_label()
+        self.session.delete_conversation()
+        self.conv_model.remove(conv.id)
 
-    def export_current(self, path: str | None = None) -> Path | None:
-        if not self.conv:
-            return None
+    def export_current(self, path: str | None = None) -> None:
+        """Export the open conversation (after pending writes land, off the GUI thread); `exported`
+        tells the path, or None."""
+        conv = self.conv
+        if not conv:
+            return
         if path is None:
             path, _ = QFileDialog.getSaveFileName(
-                self, "Export conversation", f"{self.conv.title}.md",
-                "Markdown (*.md);;JSON (*.json)")
+                self, "Export conversation", f"{conv.title}.md", "Markdown (*.md);;JSON (*.json)")
             if not path:
-                return None
+                return
         out = Path(path)
-        try:
-            if out.suffix.lower() == ".json":
-                out.write_text(json.dumps(self.history.export_json(self.conv.id), indent=2,
-                                          ensure_ascii=False), encoding="utf-8")
-            else:
-                out.write_text(self.history.export_markdown(self.conv.id), encoding="utf-8")
-        except OSError as e:
-            self.banner.notify(f"could not export to {out}: {e.strerror or e}", "error")
-            return None
-        self.banner.notify(f"exported to {out}")
-        return out
 
-    # ---- sending and streaming ----------------------------------------------------------------
+        def export() -> Path:
+            if not self.writer.flush(10.0):
+                raise KnownError(f"could not export: {self.writer.state.reason or 'not saved yet'}")
+            conv_id = self.conv.id if self.conv else conv.id
+            try:
+                if out.suffix.lower() == ".json":
+                    out.write_text(json.dumps(self.history.export_json(conv_id), indent=2,
+                                              ensure_ascii=False), encoding="utf-8")
+                else:
+                    out.write_text(self.history.export_markdown(conv_id), encoding="utf-8")
+            except OSError as e:
+                raise KnownError(f"could not export to {out}: {e.strerror or e}") from e
+            return out
+
+        def done(fut: Future[Path]) -> None:
+            if (msg := describe_failure(fut)) is not None:
+                self.banner.notify(msg, "error")
+                self.exported.emit(None)
+                return
+            self.banner.notify(f"exported to {out}")
+            self.exported.emit(out)
+
+        run_in_background(export, done)
+
+    # ---- sending (the session does the work) --------------------------------------------------
 
     def send(self, text: str | None = None) -> bool:
         text = (self.input.toPlainText() if text is None else text).strip()
         if not text:
             return False
-        if self.stream:
-            self.banner.notify("an answer is still being written; stop it first", "warning")
+        try:
+            self.session.send(text, system_prompt=self.settings.system_prompt,
+                              sampling=self.settings.sampling)
+        except Refused as e:
+            self.banner.notify(str(e), "warning")
             return False
-        if self.engine.loaded_event is None:
-            self.banner.notify("no model is loaded yet: choose one first", "warning")
-            return False
-        if self.conv is None:
-            self.new_conversation()
-        assert self.conv is not None
-        if self.editing_id is not None:
-            self.history.truncate_from(self.conv.id, self.editing_id)
-            self.editing_id = None
-        # The user's message is committed before the engine hears about it.
-        self.history.add_message(self.conv.id, "user", text)
-        if self.conv.title == "New chat":
-            self.conv = self.history.update_conversation(self.conv.id, title=title_from(text))
-        self.conv_model.update(self.history.get_conversation(self.conv.id))
         self.input.clear()
-        self._start_answer()
         return True
 
-    def _start_answer(self) -> None:
-        assert self.conv is not None
-        msgs = self.history.messages(self.conv.id)
-        self.chat.set_messages(msgs)
-        req = build_request(self.conv, msgs)
-        answer = self.history.add_message(self.conv.id, "assistant", "", status="streaming")
-        widget = self.chat.add(answer)
-        try:
-            rid = self.engine.generate(sampling=self.conv.sampling, **req)
-        except (KnownError, OSError) as e:
-            self.history.update_message(answer.id, status="error")
-            widget.set_status("error")
-            self.banner.notify(f"could not start the answer: {e}", "error")
-            return
-        self.stream = Stream(rid=rid, message_id=answer.id, widget=widget, saved_at=time.monotonic())
-        self._set_streaming(True)
-
-    def _set_streaming(self, on: bool) -> None:
-        self.stop_btn.setEnabled(on)
-        self.send_btn.setEnabled(not on)
-        self.chat.set_actions_enabled(not on)
-
     def stop(self) -> None:
-        if self.stream:
-            self.engine.cancel(self.stream.rid)
+        self.session.stop()
 
-    def _on_token(self, ev: p.Token) -> None:
-        s = self.stream
-        if s is None or ev.id != s.rid:
-            return
-        s.text += ev.text
-        s.widget.append(ev.text)
-        now = time.monotonic()
-        if now - s.saved_at >= SAVE_PARTIAL_EVERY_S:
-            self.history.update_message(s.message_id, content=s.text)
-            s.saved_at = now
-
-    def _on_stats(self, ev: p.Stats) -> None:
-        self.gauges.on_stats(ev)
-        if self.stream and ev.id == self.stream.rid:
-            self.stream.stats = ev
-
-    def _finish(self, status: str) -> None:
-        s = self.stream
-        if s is None:
-            return
-        self.stream = None
-        stats = dataclasses.asdict(s.stats) if s.stats else {}
-        self.history.update_message(s.message_id, content=s.text, status=status, stats=stats)
-        s.widget.set_text(s.text)
-        s.widget.set_status(status)
-        self._set_streaming(False)
-        self.answer_finished.emit(status)
-
-    def _on_done(self, ev: p.Done) -> None:
-        if self.stream and ev.id == self.stream.rid:
-            if ev.text and not self.stream.text:
-                self.stream.text = ev.text
-            self._finish("cancelled" if ev.finish_reason == "cancelled" else "done")
-
-    def _on_error(self, ev: p.Error) -> None:
-        if self.stream and ev.id == self.stream.rid:
-            self._finish("error")
-            self.banner.notify(f"the answer failed: {ev.message}", "error")
-            return
-        if ev.kind == "load":
-            self.model_label.setText("No model loaded")
-            msg = f"could not load the model: {ev.message}"
-            if "memory" in ev.message.lower() or "alloc" in ev.message.lower():
-                msg += (" — try fewer GPU layers or a smaller context in Engine settings"
-                        f"{self._oom_hint()}")
-            self.banner.notify(msg, "error")
-        else:
-            self.banner.notify(ev.message, "error")
-
-    def _oom_hint(self) -> str:
-        if not self._recommended:
-            return ""
+    def regenerate(self, key: int) -> None:
         try:
-            load, _ = self._recommended()
-        except Exception:  # noqa: BLE001 - the hint is optional
-            return ""
-        return f" (recommended here: {load.n_gpu_layers} GPU layers, context {load.n_ctx})"
+            self.session.regenerate(key)
+        except Refused as e:
+            self.banner.notify(str(e), "warning")
 
-    def _on_crashed(self, message: str) -> None:
-        if self.stream:
-            self._finish("partial")
-        self.model_label.setText("Restarting the engine…")
-        self.banner.notify(message, "error")
-
-    # ---- regenerate / edit --------------------------------------------------------------------
-
-    def regenerate(self, message_id: int) -> None:
-        if self.stream or not self.conv:
+    def edit_message(self, key: int) -> None:
+        try:
+            text = self.session.edit(key)
+        except Refused as e:
+            self.banner.notify(str(e), "warning")
             return
-        if self.engine.loaded_event is None:
-            self.banner.notify("no model is loaded yet: choose one first", "warning")
-            return
-        self.history.truncate_from(self.conv.id, message_id)
-        self._start_answer()
-
-    def edit_message(self, message_id: int) -> None:
-        if self.stream or not self.conv:
-            return
-        m = self.history.get_message(message_id)
-        self.input.setPlainText(m.content)
+        self.input.setPlainText(text)
         self.input.setFocus()
-        self.editing_id = message_id
         self.banner.notify("editing: sending replaces that message and everything after it")
 
     # ---- dialogs ------------------------------------------------------------------------------
@@ -511,17 +453,15 @@ class MainWindow(QMainWindow):
     def open_conversation_settings(self) -> None:
         if not self.conv:
             self.new_conversation()
-        assert self.conv is not None
-        dlg = ConversationDialog(system_prompt=self.conv.system_prompt,
-                                 sampling=self.conv.sampling, mode=self.conv.mode, parent=self)
+        conv = self.conv
+        if conv is None:
+            return
+        dlg = ConversationDialog(system_prompt=conv.system_prompt, sampling=conv.sampling,
+                                 mode=conv.mode, parent=self)
         if dlg.exec():
-            self.conv = self.history.update_conversation(
-                self.conv.id, system_prompt=dlg.system.toPlainText(), sampling=dlg.sampling(),
-                mode=dlg.mode.currentText())
-            self.conv_model.update(self.conv)
+            self.session.update_conversation(system_prompt=dlg.system.toPlainText(),
+                                             sampling=dlg.sampling(), mode=dlg.mode.currentText())
             self._update_mode_label()
-
-    # ---- closing ------------------------------------------------------------------------------
 
     # ---- drag and drop a .gguf onto the window: remember it in the library and load it ----------
 
@@ -529,7 +469,7 @@ class MainWindow(QMainWindow):
     def _dropped_gguf(mime: Any) -> str | None:
         for url in mime.urls() if mime.hasUrls() else []:
             if url.isLocalFile() and url.toLocalFile().lower().endswith(".gguf"):
-                return url.toLocalFile()
+                return str(url.toLocalFile())
         return None
 
     def dragEnterEvent(self, event: Any) -> None:  # noqa: N802 - Qt API
@@ -550,10 +490,11 @@ class MainWindow(QMainWindow):
             return
         self.load_model(path)
 
+    # ---- closing ------------------------------------------------------------------------------
+
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt API
-        if self.stream:
-            s = self.stream
-            self.history.update_message(s.message_id, content=s.text, status="partial")
-            self.stream = None
+        self.session.close()  # an answer in progress is kept as a partial one
+        if not self.writer.close(timeout=3.0):
+            log.error("some of the chat history could not be saved: %s", self.writer.state.reason)
         self.sampler.stop()
         super().closeEvent(event)

@@ -1,0 +1,159 @@
+"""KV-cache slots and the cross-request prefix cache: which sequence holds which tokens, shared cells.
+
+The engine runs one llama.cpp context with a unified KV cache: n_parallel sequence ids (slots)
+draw cells from one pool of n_ctx cells, so each sequence may grow up to n_ctx. A finished
+request's cells stay resident in its slot; a new request takes the slot whose tokens share the
+longest prefix with its prompt, or copies that prefix from another slot with
+`llama_memory_seq_cp` (in a unified cache a copy only tags the same cells with one more
+sequence id: no data moves, no memory is used). Idle slots are evicted least recently used
+first when cells run short.
+
+`Slots` mirrors llama.cpp's cell bookkeeping exactly (a cell is free when no sequence holds it)
+so the scheduler knows the free cells without asking llama.cpp, which has no call for it.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Memory(Protocol):
+    """The two llama.cpp memory calls we need (engine/batch.py passes the real ones; tests a fake)."""
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> bool: ...
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None: ...
+
+
+@dataclass
+class Slot:
+    seq: int  # llama.cpp sequence id
+    tokens: list[int] = field(default_factory=list)  # what the KV cache holds, position by position
+    cells: list[int] = field(default_factory=list)  # our id of the cell behind each position
+    busy: bool = False
+    last_used: int = 0  # a tick; smaller = evicted first
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Slots:
+    """The sequences of one context and the cells they hold."""
+
+    def __init__(self, n_slots: int, n_cells: int, memory: Memory) -> None:
+        self.slots = [Slot(seq=i) for i in range(n_slots)]
+        self.n_cells = n_cells
+        self.mem = memory
+        self._refs: Counter[int] = Counter()  # cell id -> sequences holding it
+        self._ids = itertools.count()
+        self._tick = itertools.count(1)
+
+    # ---- cells --------------------------------------------------------------------------------
+
+    @property
+    def used(self) -> int:
+        return len(self._refs)
+
+    @property
+    def free(self) -> int:
+        return self.n_cells - self.used
+
+    def _drop(self, cells: list[int]) -> None:
+        for c in cells:
+            self._refs[c] -= 1
+            if self._refs[c] <= 0:
+                del self._refs[c]
+
+    def extend(self, slot: Slot, tokens: list[int]) -> None:
+        """Tokens were decoded into `slot` at its next positions (new cells)."""
+        new = [next(self._ids) for _ in tokens]
+        self._refs.update(new)
+        slot.tokens.extend(tokens)
+        slot.cells.extend(new)
+
+    def truncate(self, slot: Slot, n: int) -> None:
+        """Keep only the first n positions of `slot`."""
+        if n >= len(slot.tokens):
+            return
+        if not self.mem.seq_rm(slot.seq, n, -1):
+            n = 0  # a memory that cannot cut in the middle drops the whole sequence
+            self.mem.seq_rm(slot.seq, -1, -1)
+        self._drop(slot.cells[n:])
+        del slot.tokens[n:], slot.cells[n:]
+
+    def clear(self, slot: Slot) -> None:
+        self.truncate(slot, 0)
+
+    # ---- requests -----------------------------------------------------------------------------
+
+    def best_match(self, prompt: list[int]) -> tuple[Slot | None, int]:
+        """The slot (busy or idle) sharing the longest prefix with prompt, and that length."""
+        best, n_best = None, 0
+        for s in self.slots:
+            n = common_prefix(s.tokens, prompt)
+            if n > n_best or (n == n_best and best is not None and best.busy and not s.busy):
+                best, n_best = s, n
+        return best, n_best
+
+    def idle(self) -> list[Slot]:
+        return [s for s in self.slots if not s.busy]
+
+    def acquire(self, prompt: list[int]) -> tuple[Slot, int]:
+        """Take an idle slot for `prompt`, holding the longest cached prefix; returns (slot, reused).
+
+        The last prompt token is always evaluated again (its logits are needed), so at most
+        len(prompt) - 1 positions are reused.
+        """
+        idle = self.idle()
+        if not idle:
+            raise RuntimeError("no idle slot")  # the scheduler admits only when one is
+        src, n = self.best_match(prompt)
+        n = min(n, len(prompt) - 1)
+        others = [s for s in idle if s is not src]
+        if src is not None and not src.busy and n > 0 and (n == len(src.tokens) or not others):
+            slot = src  # continue where it left off (a conversation's next turn)
+            self.truncate(slot, n)
+        else:
+            # copy the prefix into the least valuable other idle slot (empty first, then least
+            # recently used), so the source keeps its own continuation for its own next turn
+            slot = min(others or idle, key=lambda s: (len(s.tokens) > 0, s.last_used))
+            self.clear(slot)
+            if src is not None and n > 0:
+                self.mem.seq_cp(src.seq, slot.seq, 0, n)
+                cells = src.cells[:n]
+                self._refs.update(cells)
+                slot.tokens, slot.cells = list(src.tokens[:n]), list(cells)
+        slot.busy = True
+        slot.last_used = next(self._tick)
+        return slot, len(slot.tokens)
+
+    def release(self, slot: Slot, *, keep: bool = True) -> None:
+        """The request using `slot` ended; its KV stays resident for later prefixes unless keep=False."""
+        slot.busy = False
+        slot.last_used = next(self._tick)
+        if not keep:
+            self.clear(slot)
+
+    def evict(self, need: int) -> bool:
+        """Clear idle slots, least recently used first, until `need` cells are free; True if they are."""
+        for s in sorted(self.idle(), key=lambda s: s.last_used):
+            if self.free >= need:
+                break
+            self.clear(s)
+        return self.free >= need
+
+    def reset(self) -> None:
+        """Forget everything (after llama_memory_clear)."""
+        for s in self.slots:
+            s.tokens.clear()
+            s.cells.clear()
+            s.busy = False
+        self._refs.clear()

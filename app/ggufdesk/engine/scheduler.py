@@ -1,0 +1,93 @@
+"""Which sequences run in the next engine step: FIFO admission by free KV cells, one prefill chunk per step.
+
+A request is admitted when a sequence slot is idle and its prompt plus the tokens it may still
+generate fit the cells that running requests have not reserved; otherwise it waits in a bounded
+FIFO queue (full queue: `Overloaded`). Admission is strictly first come, first served, so a big
+request at the head is never starved by small ones behind it. Each step decodes one token for
+every running sequence and prefills at most one chunk of one prompt: `prefill_chunk` tokens
+while others are decoding (so their next token is never far away), a whole `n_batch` when
+nobody is waiting for a token.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+QUEUE_PER_SLOT = 16  # queued requests allowed per sequence slot before new ones are refused
+MIN_QUEUE = 16
+
+
+class Schedulable(Protocol):
+    reserve: int  # KV cells it may need in all: prompt + tokens it may still generate
+    prefilling: bool  # still has prompt tokens to evaluate
+
+
+S = TypeVar("S", bound=Schedulable)
+
+
+class Overloaded(Exception):
+    """The queue is full: the request is refused now (try again later)."""
+
+
+@dataclass
+class Plan(Generic[S]):
+    decode: list[S]  # one token each
+    prefill: S | None  # the sequence whose prompt advances this step
+    chunk: int  # how many of its prompt tokens
+
+
+class Scheduler(Generic[S]):
+    """The waiting queue and the running set of one context."""
+
+    def __init__(self, *, n_slots: int, n_cells: int, n_batch: int, prefill_chunk: int,
+                 max_queue: int | None = None) -> None:
+        self.n_slots, self.n_cells, self.n_batch = n_slots, n_cells, n_batch
+        self.prefill_chunk = prefill_chunk
+        self.max_queue = max_queue if max_queue is not None else max(MIN_QUEUE, QUEUE_PER_SLOT * n_slots)
+        self.waiting: deque[S] = deque()
+        self.running: list[S] = []
+
+    @property
+    def reserved(self) -> int:
+        return sum(s.reserve for s in self.running)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def submit(self, seq: S) -> None:
+        """Queue a request; raises Overloaded when the queue is full."""
+        if len(self.waiting) >= self.max_queue:
+            raise Overloaded(f"the engine is busy: {len(self.running)} requests running and "
+                             f"{len(self.waiting)} waiting; try again later")
+        self.waiting.append(seq)
+
+    def admit(self) -> list[S]:
+        """Move requests from the head of the queue to running while a slot and their cells are free."""
+        started = []
+        while self.waiting and len(self.running) < self.n_slots:
+            head = self.waiting[0]
+            if self.running and self.reserved + head.reserve > self.n_cells:
+                break  # strictly FIFO: wait for cells rather than let later requests pass
+            self.running.append(self.waiting.popleft())
+            started.append(head)
+        return started
+
+    def remove(self, seq: S) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def plan(self) -> Plan[S]:
+        """The next step: every decoding sequence, plus one prefill chunk under the token budget."""
+        decode = [s for s in self.running if not s.prefilling]
+        prefill = next((s for s in self.running if s.prefilling), None)
+        chunk = 0
+        if prefill is not None:
+            budget = self.prefill_chunk if decode else self.n_batch
+            chunk = max(0, min(budget, self.n_batch - len(decode)))
+            if chunk == 0:
+                prefill = None
+        return Plan(decode=decode, prefill=prefill, chunk=chunk)

@@ -1,0 +1,395 @@
+"""One open conversation and its answer lifecycle: send, stream, stop, crash, edit, regenerate.
+
+The session is driven from one thread (the GUI thread, or the terminal chat's loop): calls and
+engine events come in there, and everything the history writer reports is handed back to that
+thread through `post`. It never waits for the engine or the database.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Literal, Protocol
+
+from ggufdesk.core.errors import KnownError
+from ggufdesk.core.history import Conversation, History, Message
+from ggufdesk.core.settings import SamplingSettings
+from ggufdesk.engine import protocol as P
+from ggufdesk.session.prompt import build_request, title_from
+from ggufdesk.session.turns import Ref, Turn
+from ggufdesk.session.writer import HistoryWriter, SaveState
+
+log = logging.getLogger("ggufdesk.session")
+
+SAVE_PARTIAL_EVERY_S = 1.0
+Phase = Literal["idle", "saving", "streaming", "stopping"]
+Level = Literal["info", "warning", "error"]
+
+
+class Refused(KnownError):
+    """The action cannot be done now; the message says why (shown as it is)."""
+
+
+class Engine(Protocol):
+    """What the session needs of the engine: EngineClient and the GUI's EngineBridge both fit."""
+
+    def generate(self, *, prompt: str | None = None, messages: list[dict[str, str]] | None = None,
+                 sampling: SamplingSettings | None = None) -> str: ...
+
+    def cancel(self, rid: str) -> None: ...
+
+
+class SessionView:
+    """What a front end is told. Every method has a do-nothing default; override what you show."""
+
+    def show_conversation(self, conv: Conversation | None, turns: list[Turn]) -> None:
+        """A whole new picture: another conversation, or turns were removed (edit, regenerate)."""
+
+    def turn_added(self, turn: Turn) -> None: ...
+
+    def turn_grew(self, turn: Turn, piece: str) -> None: ...
+
+    def turn_finished(self, turn: Turn) -> None:
+        """An answer ended; turn.status is done | cancelled | partial | error."""
+
+    def phase_changed(self, phase: Phase) -> None: ...
+
+    def save_state_changed(self, state: SaveState) -> None: ...
+
+    def conversation_saved(self, conv: Conversation) -> None:
+        """A conversation's row was written (created, renamed, its settings changed)."""
+
+    def model_changed(self, model: P.Loaded | None) -> None: ...
+
+    def notice(self, text: str, level: Level = "info") -> None: ...
+
+
+def _now(fn: Callable[[], None]) -> None:
+    fn()
+
+
+class ChatSession:
+    """The open conversation, its turns (the truth the view shows, saved or not), and the answer
+    being written. `on_event` takes every engine event; `post` runs a callable on the session's
+    thread (the GUI passes its run_on_main; single-threaded callers keep the default).
+    Without a writer nothing is saved (terminal chat, server)."""
+
+    def __init__(self, *, engine: Engine, writer: HistoryWriter | None = None,
+                 view: SessionView | None = None, post: Callable[[Callable[[], None]], None] = _now,
+                 save_every: float = SAVE_PARTIAL_EVERY_S, clock: Callable[[], float] = time.monotonic,
+                 context_policy: Literal["truncate", "refuse"] = "truncate") -> None:
+        self.engine = engine
+        self.writer = writer
+        self.view = view or SessionView()
+        self.post = post
+        self.save_every = save_every
+        self.clock = clock
+        self.context_policy = context_policy
+        self.conv: Conversation | None = None
+        self.conv_row = Ref()
+        self.turns: list[Turn] = []
+        self.phase: Phase = "idle"
+        self.answer: Turn | None = None
+        self.rid: str | None = None
+        self.editing: Turn | None = None
+        self.model: P.Loaded | None = None
+        self.no_model_reason = ""
+        self._saved_at = 0.0
+        if writer is not None:
+            writer.on_state = lambda st: self.post(lambda: self.view.save_state_changed(st))
+
+    # ---- state ----------------------------------------------------------------------------------
+
+    @property
+    def save_state(self) -> SaveState:
+        return self.writer.state if self.writer else SaveState()
+
+    @property
+    def busy(self) -> bool:
+        return self.phase != "idle"
+
+    def _set_phase(self, phase: Phase) -> None:
+        if phase != self.phase:
+            self.phase = phase
+            self.view.phase_changed(phase)
+
+    def _write(self, run: Callable[[History], Any], *, then: Callable[[Any], None] | None = None,
+               key: Any = None) -> None:
+        """Queue a write; `then(result)` comes back on the session's thread."""
+        if self.writer is None:
+            if then is not None:
+                then(None)
+            return
+        back = None if then is None else (lambda result: self.post(lambda: then(result)))
+        self.writer.submit(run, then=back, key=key)
+
+    # ---- conversations --------------------------------------------------------------------------
+
+    def new_conversation(self, *, title: str = "New chat", system_prompt: str = "",
+                         sampling: SamplingSettings | None = None) -> Conversation:
+        """Open a new, empty conversation at once; its row is written in the background."""
+        if self.busy:
+            raise Refused("an answer is still being written; stop it first")
+        mode = "completion" if self.model is not None and self.model.chat_format == "completion" \
+            else "chat"
+        now = time.time()
+        conv = Conversation(id=0, title=title, created=now, updated=now, system_prompt=system_prompt,
+                            sampling=sampling or SamplingSettings(), mode=mode)
+        row = Ref()
+        self._show(conv, [], row)
+
+        def create(h: History) -> Conversation:
+            saved = h.new_conversation(title, system_prompt=system_prompt, sampling=conv.sampling,
+                                       mode=mode)
+            row.id = saved.id
+            return saved
+
+        self._write(create, then=lambda saved: self._conversation_saved(row, saved))
+        return conv
+
+    def open(self, conv: Conversation, messages: list[Message]) -> None:
+        """Show a stored conversation (read by the caller, off its thread if it has a GUI)."""
+        if self.busy:
+            self.stop()
+            self._finish("partial")
+        self._show(conv, [Turn.from_message(m) for m in messages], Ref(conv.id))
+
+    def close_conversation(self) -> None:
+        self._show(None, [], Ref())
+
+    def _show(self, conv: Conversation | None, turns: list[Turn], row: Ref) -> None:
+        self.conv, self.turns, self.conv_row, self.editing = conv, turns, row, None
+        self.view.show_conversation(conv, list(turns))
+
+    def _conversation_saved(self, row: Ref, saved: Conversation | None) -> None:
+        if saved is None:
+            return
+        if self.conv_row is row and self.conv is not None:
+            self.conv = dataclasses.replace(saved, title=self.conv.title, mode=self.conv.mode,
+                                            system_prompt=self.conv.system_prompt,
+                                            sampling=self.conv.sampling)
+            saved = self.conv
+        self.view.conversation_saved(saved)
+
+    def update_conversation(self, *, title: str | None = None, system_prompt: str | None = None,
+                            sampling: SamplingSettings | None = None, mode: str | None = None) -> None:
+        """Change the open conversation now; the row follows in the background."""
+        if self.conv is None:
+            return
+        changes: dict[str, Any] = {k: v for k, v in (("title", title), ("system_prompt", system_prompt),
+                                                     ("sampling", sampling), ("mode", mode)) if v is not None}
+        if "title" in changes:
+            changes["title"] = changes["title"].strip() or "Untitled"
+        self.conv = dataclasses.replace(self.conv, **changes)
+        row = self.conv_row
+        self._write(lambda h: h.update_conversation(row.get(), **changes),
+                    then=lambda saved: self._conversation_saved(row, saved))
+
+    def delete_conversation(self) -> None:
+        if self.conv is None or self.busy:
+            return
+        row = self.conv_row
+        self._write(lambda h: h.delete(row.get()))
+        self.close_conversation()
+
+    # ---- sending --------------------------------------------------------------------------------
+
+    def check_can_send(self) -> None:
+        if self.busy:
+            raise Refused("an answer is still being written; stop it first")
+        if self.model is None:
+            raise Refused(f"no model is loaded: {self.no_model_reason}" if self.no_model_reason
+                          else "no model is loaded yet: choose one first")
+
+    def send(self, text: str, *, system_prompt: str = "",
+             sampling: SamplingSettings | None = None) -> Turn:
+        """Add the user's message and start the answer. Raises Refused (nothing changes) when an
+        answer is running or no model is loaded. system_prompt/sampling are for a new conversation."""
+        text = text.strip()
+        if not text:
+            raise Refused("nothing to send")
+        self.check_can_send()
+        if self.conv is None:
+            self.new_conversation(system_prompt=system_prompt, sampling=sampling)
+        assert self.conv is not None
+        if self.editing is not None:
+            self._truncate_from(self.editing)
+        user = Turn(role="user", content=text)
+        self._add(user, status="done")
+        if self.conv.title == "New chat":
+            self.update_conversation(title=title_from(text))
+        self._start_answer()
+        return user
+
+    def regenerate(self, key: int) -> None:
+        """Drop the turn `key` and everything after it, then answer again."""
+        self.check_can_send()
+        turn = self._turn(key)
+        if turn is None:
+            return
+        self._truncate_from(turn)
+        self._start_answer()
+
+    def edit(self, key: int) -> str:
+        """Start editing turn `key`: returns its text; the next send replaces it and what follows."""
+        if self.busy:
+            raise Refused("an answer is still being written; stop it first")
+        turn = self._turn(key)
+        if turn is None:
+            raise Refused("that message is gone")
+        self.editing = turn
+        return turn.content
+
+    def _turn(self, key: int) -> Turn | None:
+        return next((t for t in self.turns if t.key == key), None)
+
+    def _truncate_from(self, turn: Turn) -> None:
+        self.editing = None
+        if turn not in self.turns:
+            return
+        self.turns = self.turns[:self.turns.index(turn)]
+        conv_row, first = self.conv_row, turn.row
+        self._write(lambda h: h.truncate_from(conv_row.get(), first.get()))
+        self.view.show_conversation(self.conv, list(self.turns))
+
+    def _add(self, turn: Turn, *, status: str, then: Callable[[Any], None] | None = None) -> None:
+        self.turns.append(turn)
+        self.view.turn_added(turn)
+        conv_row, row, role, content = self.conv_row, turn.row, turn.role, turn.content
+
+        def insert(h: History) -> int:
+            row.id = h.add_message(conv_row.get(), role, content, status=status).id
+            return row.id
+
+        self._write(insert, then=then)
+
+    def _start_answer(self) -> None:
+        """Commit the answer's (empty) row, then ask the engine: what the user wrote is on disk
+        before generation for it starts."""
+        assert self.conv is not None
+        conv = self.conv
+        request = build_request(conv, self.turns)
+        answer = Turn(role="assistant", content="", status="streaming")
+        self.answer = answer
+        self._set_phase("saving")
+        self._add(answer, status="streaming", then=lambda _: self._begin(answer, conv, request))
+
+    def _begin(self, answer: Turn, conv: Conversation, request: dict[str, Any]) -> None:
+        if self.answer is not answer or self.phase not in ("saving", "stopping"):
+            return
+        if self.phase == "stopping":  # Stop came before the engine heard of it
+            self._finish("cancelled")
+            return
+        try:
+            self.rid = self.engine.generate(sampling=conv.sampling, **request)
+        except (KnownError, OSError) as e:
+            self._finish("error")
+            self.view.notice(f"could not start the answer: {e}", "error")
+            return
+        self._saved_at = self.clock()
+        self._set_phase("streaming")
+
+    def stop(self) -> None:
+        """Ask for the answer to stop (what was written is kept). The engine client kills and
+        restarts an engine that does not stop within its grace period, so this always ends."""
+        if self.phase == "saving":
+            self._set_phase("stopping")
+        elif self.phase == "streaming" and self.rid is not None:
+            self._set_phase("stopping")
+            self.engine.cancel(self.rid)
+
+    def _finish(self, status: str, finish_reason: str = "") -> None:
+        answer = self.answer
+        if answer is None:
+            return
+        self.answer, self.rid = None, None
+        answer.status, answer.finish_reason = status, finish_reason
+        self._save_answer(answer, final=True)
+        self._set_phase("idle")
+        self.view.turn_finished(answer)
+
+    def _save_answer(self, turn: Turn, *, final: bool) -> None:
+        row, content = turn.row, turn.content
+        status, stats = (turn.status, dict(turn.stats)) if final else (None, None)
+        self._write(lambda h: h.update_message(row.get(), content=content, status=status, stats=stats),
+                    key=("answer", turn.key))
+
+    def close(self) -> None:
+        """The front end is going away: an answer in progress is kept as a partial one."""
+        if self.answer is not None:
+            if self.rid is not None:
+                self.engine.cancel(self.rid)
+            self._finish("partial")
+
+    # ---- engine events --------------------------------------------------------------------------
+
+    def on_event(self, ev: P.Event) -> None:
+        answer, rid = self.answer, self.rid
+        mine = rid is not None and getattr(ev, "id", None) == rid
+        if isinstance(ev, P.Token) and mine and answer is not None:
+            answer.content += ev.text
+            self.view.turn_grew(answer, ev.text)
+            if self.clock() - self._saved_at >= self.save_every:
+                self._saved_at = self.clock()
+                self._save_answer(answer, final=False)
+        elif isinstance(ev, P.Stats) and mine and answer is not None:
+            answer.stats = dataclasses.asdict(ev)
+        elif isinstance(ev, P.Done) and mine and answer is not None:
+            if ev.text and not answer.content:
+                answer.content = ev.text
+            self._finish("cancelled" if ev.finish_reason == "cancelled" else "done", ev.finish_reason)
+        elif isinstance(ev, P.Error):
+            self._on_error(ev, mine)
+        elif isinstance(ev, P.Loaded):
+            self._on_loaded(ev)
+        elif isinstance(ev, P.Unloaded):
+            self._set_model(None, "")
+        elif isinstance(ev, P.Lifecycle):
+            self._on_lifecycle(ev)
+
+    def _on_error(self, ev: P.Error, mine: bool) -> None:
+        if ev.kind in P.STOP_KINDS:
+            self._set_model(None, "")
+            if mine:
+                self._finish("partial")
+            self.view.notice(ev.message, "error")
+        elif mine:
+            self._finish("error")
+            if ev.kind == "context":
+                self.view.notice(f"the conversation does not fit the model's context: {ev.message}; "
+                                 "start a new conversation or load the model with a larger context",
+                                 "error")
+            else:
+                self.view.notice(f"the answer failed: {ev.message}", "error")
+        elif ev.kind in P.LOAD_NOTICE_KINDS:
+            self.view.notice(ev.message, "warning")
+        elif ev.kind in ("load", "settings"):
+            self._set_model(None, self.no_model_reason)
+        elif ev.id is None or ev.id != self.rid:
+            self.view.notice(ev.message, "error")
+
+    def _on_loaded(self, ev: P.Loaded) -> None:
+        self._set_model(ev, "")
+        conv = self.conv
+        if ev.chat_format == "completion":
+            if conv is not None and conv.mode == "chat" and not self.turns:
+                self.update_conversation(mode="completion")
+            self.view.notice(f"{Path(ev.model).name} has no chat template: new conversations use "
+                             "completion mode (the model continues your text)")
+
+    def _on_lifecycle(self, ev: P.Lifecycle) -> None:
+        if ev.state != "loaded":
+            self._set_model(None, ev.reason)
+        if ev.state == "loaded" and ev.restarted:
+            self.view.notice("the engine restarted and the model is loaded again; nothing was lost")
+        elif ev.state == "ready" and ev.reason:
+            self.view.notice(ev.reason, "error")
+        elif ev.state == "failed":
+            self.view.notice(ev.reason or "the engine cannot run", "error")
+
+    def _set_model(self, model: P.Loaded | None, reason: str) -> None:
+        changed = model is not self.model
+        self.model, self.no_model_reason = model, reason
+        if changed:
+            self.view.model_changed(model)

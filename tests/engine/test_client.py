@@ -1,0 +1,156 @@
+"""The engine client over the fake engine: loads by id, the watchdog, stop escalation, restarts that
+never block the caller, and what the user is told after a crash."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ggufdesk.core.errors import KnownError
+from ggufdesk.engine import protocol as P
+from ggufdesk.engine.client import EngineClient, EngineError
+
+FAKE = [sys.executable, str(Path(__file__).resolve().parents[1] / "fixtures" / "fake_engine.py")]
+
+
+def client(**kw) -> EngineClient:
+    kw.setdefault("ping_interval", 0.2)
+    kw.setdefault("hang_timeout", 1.5)
+    kw.setdefault("cancel_grace", 0.5)
+    return EngineClient(command=FAKE, **kw)
+
+
+def wait_for(c: EngineClient, want, timeout: float = 20.0) -> list:
+    """Queued events until one satisfies want(event); all of them, in order."""
+    seen = []
+    for ev in c.events(timeout=timeout):
+        seen.append(ev)
+        if want(ev):
+            return seen
+    raise AssertionError(f"not seen in {timeout} s; got {seen!r}")
+
+
+def lifecycle(state: str, **kw):
+    return lambda ev: isinstance(ev, P.Lifecycle) and ev.state == state and all(
+        getattr(ev, k) == v for k, v in kw.items())
+
+
+def test_any_error_for_the_load_fails_it_at_once(tmp_path):
+    with client() as c:
+        t = time.monotonic()
+        with pytest.raises(EngineError) as e:
+            c.load(str(tmp_path / "bug-model.gguf"), timeout=60)
+        assert e.value.event.kind == "bug" and time.monotonic() - t < 30  # not the 600 s timeout
+        assert c.state == "ready" and c.loaded is None
+        loaded = c.load(str(tmp_path / "m-tmplerr.gguf"))  # a template notice: the load goes on
+        assert loaded is not None and loaded.id is not None and c.state == "loaded"
+
+
+def test_a_stopped_engine_is_detected_killed_and_restarted(tmp_path):
+    with client() as c:
+        c.load(str(tmp_path / "m.gguf"))
+        old = c.pid
+        t = time.monotonic()
+        os.kill(old, signal.SIGSTOP)
+        seen = wait_for(c, lifecycle("loaded", restarted=True))
+        hung = next(ev for ev in seen if isinstance(ev, P.Error))
+        assert hung.kind == "hung" and "stopped responding" in hung.message
+        assert "restarting" in hung.message
+        assert time.monotonic() - t < 15  # the target: detected and told within 15 s
+        assert c.pid != old and c.loaded is not None and c.loaded.model == str(tmp_path / "m.gguf")
+        rid = c.generate(prompt="hello again", sampling={"max_tokens": 3})
+        assert isinstance(list(c.stream(rid, timeout=20))[-1], P.Done)
+
+
+def test_a_request_that_ignores_stop_gets_the_engine_killed_and_restarted(tmp_path):
+    with client() as c:
+        c.load(str(tmp_path / "m.gguf"))
+        rid = c.generate(prompt="__stuck__ render for ever")
+        c.cancel(rid)
+        events = list(c.stream(rid, timeout=20))
+        assert isinstance(events[-1], P.Error) and events[-1].kind == "hung"
+        assert "did not stop within" in events[-1].message
+        wait_for(c, lifecycle("loaded", restarted=True))
+        rid = c.generate(prompt="next one", sampling={"max_tokens": 3})
+        assert isinstance(list(c.stream(rid, timeout=20))[-1], P.Done)
+
+
+def test_requests_during_a_restart_return_at_once_and_reach_the_new_engine(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_ENGINE_START_S", "1.0")  # every start takes a second
+    with client(hang_timeout=10) as c:
+        c.load(str(tmp_path / "m.gguf"))
+        old_ready = c.ready
+        c.kill()
+        wait_for(c, lambda ev: isinstance(ev, P.Error) and ev.kind == "crash")
+        assert c.loaded is None and c.state in ("starting", "loading")  # no stale model
+        rid = c.generate(prompt="queued while restarting", sampling={"max_tokens": 3})
+        c.cancel("nothing-of-that-name")
+        c.unload()
+        c.load(str(tmp_path / "m.gguf"), wait=False)
+        # The new engine takes a second to say Ready; the old client waited for it in generate.
+        assert c.ready is old_ready or c.ready is None
+        events = list(c.stream(rid, timeout=30))
+        assert isinstance(events[-1], P.Done) and events[-1].text == "Echo: queued while"
+        wait_for(c, lambda ev: isinstance(ev, P.Loaded))  # then the unload, and the new load
+
+
+def test_a_failed_reload_after_a_crash_says_why_no_model_is_loaded(tmp_path):
+    model = tmp_path / "m.gguf"
+    with client() as c:
+        c.load(str(model))
+        Path(str(model) + ".broken").write_text("truncated while loaded")
+        c.kill()
+        seen = wait_for(c, lambda ev: isinstance(ev, P.Error) and ev.kind == "crash")
+        seen += wait_for(c, lambda ev: isinstance(ev, P.Lifecycle) and ev.state == "ready" and ev.reason)
+        assert [ev.kind for ev in seen if isinstance(ev, P.Error)] == ["crash", "load"]
+        why = seen[-1].reason
+        assert why.startswith("the model could not be loaded again after the engine stopped "
+                              "(killed by SIGKILL)") and why.endswith("the file is truncated")
+        with pytest.raises(KnownError) as e:
+            c.generate(prompt="hello?")
+        assert str(e.value) == f"no model is loaded: {why}"
+
+
+def test_a_crashing_draft_is_blamed_on_the_draft_and_the_model_loads_without_it(tmp_path):
+    with client() as c:
+        with pytest.raises(EngineError) as e:
+            c.load(str(tmp_path / "main.gguf"), draft=str(tmp_path / "crashdraft.gguf"),
+                   speculation={"mode": "draft", "draft_model": str(tmp_path / "crashdraft.gguf")})
+        msg = str(e.value)
+        assert "the draft model crashdraft.gguf" in msg and "main.gguf" not in msg
+        assert "loading the model without it" in msg
+        loaded = wait_for(c, lambda ev: isinstance(ev, P.Loaded))[-1]
+        assert loaded.model == str(tmp_path / "main.gguf") and loaded.draft is None
+
+
+def test_invalid_unicode_is_replaced_not_a_crash(tmp_path):
+    with client() as c:
+        c.load(str(tmp_path / "m.gguf"))
+        bad = b"caf\xe9 \xff\xfe".decode("utf-8", "surrogateescape")  # how Python reads bad bytes
+        rid = c.generate(prompt=bad, sampling={"max_tokens": 4})
+        events = list(c.stream(rid, timeout=20))
+        assert isinstance(events[-1], P.Done)
+        assert "caf\ufffd" in "".join(ev.text for ev in events if isinstance(ev, P.Token))
+
+
+def test_without_auto_restart_a_dead_engine_refuses_plainly(tmp_path):
+    with client(auto_restart=False) as c:
+        c.load(str(tmp_path / "m.gguf"))
+        c.kill()
+        wait_for(c, lifecycle("failed"))
+        with pytest.raises(KnownError, match="the engine is not running"):
+            c.generate(prompt="x")
+        with pytest.raises(KnownError, match="the engine is not running"):
+            c.load(str(tmp_path / "m.gguf"))
+
+
+def test_an_engine_that_never_starts_is_reported(tmp_path):
+    c = EngineClient(command=[sys.executable, "-c", "import sys; print('boom', file=sys.stderr)"])
+    with pytest.raises(KnownError, match=r"did not start \(exit code 0\): boom"):
+        c.start(timeout=20)
+    assert c.state == "failed"
+    c.shutdown()
