@@ -4,9 +4,10 @@ Categories and prompts: bench/spec_workloads.py (Spec-Bench-like: multi-turn cha
 summarization, QA over a passage, math, RAG that quotes its sources, code editing, copy/extract,
 free writing sampled at T 0.8, one prompt over 6,000 tokens). Starter model (Gemma 3 270M), 2
 threads. In every round each prompt runs once in every configuration, back to back (so machine
-load hits them alike), with the KV cache emptied between runs (no prefix reuse) and the engine's
-conversation n-gram cache off (each run stands alone). Ratios are taken against plain in the same
-round, medians over rounds, then the geometric mean over a category's prompts.
+load hits them alike; the order rotates from round to round), with the KV cache emptied between
+runs (no prefix reuse) and the engine's conversation n-gram cache off (each run stands alone).
+Ratios are taken against plain in the same round, medians over rounds, then the geometric mean
+over a category's prompts.
 Reference: llama-cpp-python's `Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))`,
 in process (it forces logits_all, an n_ctx x vocab float buffer, so it runs at n_ctx 2048 and
 skips the long prompt).
@@ -221,8 +222,10 @@ def main() -> int:
             for w in chosen:
                 key = f"{w.category}/{w.name}"
                 loads.append(os.getloadavg()[0])
-                for name, spec in cfg.items():
-                    results[key].setdefault(name, []).append(ours(client, w, args.max_tokens, spec))
+                names = list(cfg)
+                names = names[rnd % len(names):] + names[:rnd % len(names)]  # each round starts elsewhere
+                for name in names:
+                    results[key].setdefault(name, []).append(ours(client, w, args.max_tokens, cfg[name]))
                 n_prompt = results[key]["plain"][-1]["n_prompt"]
                 if ref is not None and ref.fits(n_prompt, args.max_tokens):
                     results[key].setdefault("llama-cpp-python", []).append(ref.run(w, args.max_tokens))
