@@ -1,16 +1,26 @@
-"""Speculative decoding benchmark: plain vs prompt lookup (fixed K) vs adaptive, side by side, with ratios.
+"""Speculative decoding workload suite: plain vs adaptive vs fixed K vs llama-cpp-python's prompt lookup, per category.
 
-Workloads on the starter model (Gemma 3 270M): a rewrite/extract task whose output mostly copies
-the prompt, and free writing (sampled, fixed seed, so every mode must produce the same tokens).
-Reference: llama-cpp-python's own `Llama(draft_model=LlamaPromptLookupDecoding())`, in process.
-Also the tiny self-draft pair (a model drafting for itself: 100% acceptance, the mechanism's
-upper bound in tokens per verification). Configurations run interleaved, medians reported.
+Categories and prompts: bench/spec_workloads.py (Spec-Bench-like: multi-turn chat, translation,
+summarization, QA over a passage, math, RAG that quotes its sources, code editing, copy/extract,
+free writing sampled at T 0.8, one prompt over 6,000 tokens). Starter model (Gemma 3 270M), 2
+threads. In every round each prompt runs once in every configuration, back to back (so machine
+load hits them alike; the order rotates from round to round), with the KV cache emptied between
+runs (no prefix reuse) and the engine's conversation n-gram cache off (each run stands alone).
+Ratios are taken against plain in the same round, medians over rounds, then the geometric mean
+over a category's prompts.
+Reference: llama-cpp-python's `Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))`,
+in process (it forces logits_all, an n_ctx x vocab float buffer, so it runs at n_ctx 2048 and
+skips the long prompt).
 
-    .venv/bin/python bench/speculative.py [--rounds 3] [--tokens 160]
+    .venv/bin/python bench/speculative.py [--categories copy,code] [--rounds 3] [--max-tokens 128]
+        [--fixed 4,8,16] [--no-reference] [--json out.json] [--tiny]
 """
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
 import statistics
 import sys
 import tempfile
@@ -19,96 +29,143 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.spec_workloads import CATEGORIES, WORKLOADS, Workload
 from ggufdesk.core.starter import starter_model_path
 from ggufdesk.engine import protocol as P
 from ggufdesk.engine.client import EngineClient
 
-PASSAGE = (
-    "The river town of Ashford sits where two valleys meet. Its market opens at dawn every Saturday, "
-    "and farmers bring apples, cheese, honey and wool from the hills. The old stone bridge, built in 1642, "
-    "still carries carts across the water, although a newer bridge downstream now takes the heavy lorries. "
-    "In winter the river often floods the lower meadows, and the children skate on the frozen ponds. "
-    "The town library keeps a collection of maps that show how the streets have changed over three "
-    "centuries. Visitors come in summer for the music festival, which fills the square with bands, "
-    "dancers and food stalls."
-)
-WORKLOADS = {
-    "rewrite": (f"Text: {PASSAGE}\n\nThe same text, copied exactly:\n{PASSAGE[:60]}", 0.0),
-    "free": ("Write a short story about a lighthouse keeper who finds a message in a bottle.\n\n", 0.8),
-}
-MODES = {
-    "plain": {"mode": "off"},
-    "lookup K=8": {"mode": "lookup", "k_max": 8, "adaptive": False},
-    "lookup K=16": {"mode": "lookup", "k_max": 16, "adaptive": False},
-    "adaptive": {"mode": "lookup", "k_max": 16, "adaptive": True},
-}
+N_CTX = 8192
+REF_CTX = 2048
+FLUSH = {"prompt": "\n", "sampling": {"temperature": 0.0, "max_tokens": 1},
+         "speculation": {"mode": "off", "lookup_history": False}}
 
 
-def ours(client: EngineClient, prompt: str, temperature: float, tokens: int, spec: dict) -> dict:
-    sampling = {"temperature": temperature, "seed": 1, "max_tokens": tokens}
-    rid = client.generate(prompt=prompt, sampling=sampling, speculation=spec)
+def configs(fixed: list[int]) -> dict[str, dict]:
+    out = {"plain": {"mode": "off"}, "adaptive": {"mode": "lookup", "k_max": 16, "adaptive": True}}
+    for k in fixed:
+        out[f"K={k}"] = {"mode": "lookup", "k_max": k, "adaptive": False}
+    return {name: {**spec, "lookup_history": False} for name, spec in out.items()}
+
+
+def ours(client: EngineClient, w: Workload, tokens: int, spec: dict) -> dict:
+    sampling = {"temperature": w.temperature, "seed": 1, "max_tokens": tokens}
+    rid = client.generate(prompt=w.prompt, sampling=sampling, speculation=spec)
     text, stats = [], None
-    for ev in client.stream(rid):
+    for ev in client.stream(rid, timeout=600):
         if isinstance(ev, P.Token):
             text.append(ev.text)
         elif isinstance(ev, P.Stats):
             stats = ev
         elif isinstance(ev, P.Error):
-            raise SystemExit(f"engine error: {ev.message}")
+            raise SystemExit(f"engine error on {w.category}/{w.name}: {ev.message}")
+    flush = client.generate(**FLUSH)  # empty the KV cache: the next run prefills in full
+    for _ in client.stream(flush, timeout=60):
+        pass
     return {"tok_s": stats.decode_tok_s, "ttft": stats.ttft_s, "text": "".join(text), "n": stats.n_gen,
-            "acc": f"{stats.accepted}/{stats.drafted}", "spec": stats.speculation}
+            "n_prompt": stats.n_prompt, "drafted": stats.drafted, "accepted": stats.accepted,
+            "spec": stats.speculation}
 
 
 class Reference:
-    """llama-cpp-python's high-level API, plain and with its prompt-lookup drafter."""
+    """llama-cpp-python's high-level API with its prompt-lookup drafter."""
 
-    def __init__(self, model: str, n_ctx: int) -> None:
+    def __init__(self, model: str, threads: int) -> None:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        kw = {"n_ctx": n_ctx, "verbose": False, "n_threads": 2, "n_threads_batch": 2}
-        self.plain = Llama(model, **kw)
-        self.lookup = Llama(model, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10), **kw)
+        self.llm = Llama(model, n_ctx=REF_CTX, verbose=False, n_threads=threads, n_threads_batch=threads,
+                         draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))
 
-    def run(self, which: str, prompt: str, temperature: float, tokens: int) -> dict:
-        llm = self.plain if which == "plain" else self.lookup
-        llm.reset()
+    def fits(self, n_prompt: int, tokens: int) -> bool:
+        return n_prompt + tokens < REF_CTX
+
+    def run(self, w: Workload, tokens: int) -> dict:
+        self.llm.reset()
         t0 = time.perf_counter()
         first = last = None
         pieces = []
-        for chunk in llm.create_completion(prompt, max_tokens=tokens, temperature=temperature, seed=1,
-                                           top_k=40, top_p=0.95, min_p=0.05, stream=True):
+        for chunk in self.llm.create_completion(w.prompt, max_tokens=tokens, temperature=w.temperature, seed=1,
+                                                top_k=40, top_p=0.95, min_p=0.05, stream=True):
             now = time.perf_counter()
             first = first or now
             last = now
             pieces.append(chunk["choices"][0]["text"])
         n = len(pieces)
-        return {"tok_s": (n - 1) / (last - first) if n > 1 else 0.0, "ttft": first - t0, "text": "".join(pieces),
-                "n": n, "acc": "", "spec": "llama-cpp-python"}
+        return {"tok_s": (n - 1) / (last - first) if n > 1 else 0.0, "ttft": first - t0 if first else 0.0,
+                "text": "".join(pieces), "n": n, "drafted": 0, "accepted": 0, "spec": "llama-cpp-python"}
 
 
-def median(rows: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in rows)
+def gmean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0]
+    return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else float("nan")
 
 
-def table(title: str, results: dict[str, list[dict]], base: str) -> None:
-    print(f"\n{title}")
-    print(f"{'mode':<24} {'decode tok/s':>12} {'ratio':>6} {'TTFT s':>7} {'ratio':>6}  accepted/drafted  same text")
-    b_tok, b_ttft = median(results[base], "tok_s"), median(results[base], "ttft")
-    b_text = results[base][0]["text"]
-    for name, rows in results.items():
-        tok, ttft = median(rows, "tok_s"), median(rows, "ttft")
-        same = all(r["text"] == b_text for r in rows) if not name.startswith("llama-cpp") else "-"
-        print(f"{name:<24} {tok:12.1f} {tok / b_tok:6.2f} {ttft:7.3f} {ttft / b_ttft:6.2f}  "
-              f"{rows[-1]['acc']:>16}  {same}  {rows[-1]['spec'] if rows[-1]['spec'].startswith('disabled') else ''}")
+def summarize(results: dict, names: list[str], fixed: list[str]) -> list[dict]:
+    """Per category: × plain (decode tok/s and TTFT) of every configuration, the best fixed K."""
+    rows = []
+    for cat in CATEGORIES:
+        ws = [w for w in results if w.split("/")[0] == cat]
+        if not ws:
+            continue
+        row: dict = {"category": cat, "prompts": len(ws)}
+        plain_tok = [statistics.median(r["tok_s"] for r in results[w]["plain"]) for w in ws]
+        row["plain tok/s"] = statistics.median(plain_tok)
+        for name in names:
+            if name == "plain":
+                continue
+            speed, ttft, same, acc, dr = [], [], 0, 0, 0
+            n_same = 0
+            for w in ws:
+                runs, base = results[w].get(name, []), results[w]["plain"]
+                if not runs:
+                    continue
+                pairs = list(zip(runs, base))  # same round
+                speed.append(statistics.median(r["tok_s"] / b["tok_s"] for r, b in pairs))
+                ttft.append(statistics.median(r["ttft"] / b["ttft"] for r, b in pairs))
+                same += sum(r["text"] == b["text"] for r, b in pairs)
+                n_same += len(pairs)
+                acc += sum(r["accepted"] for r in runs)
+                dr += sum(r["drafted"] for r in runs)
+            if speed:
+                row[name] = {"x": gmean(speed), "ttft_x": gmean(ttft), "same": f"{same}/{n_same}",
+                             "acc": f"{acc}/{dr}"}
+        ks = [k for k in fixed if k in row]
+        if ks:
+            best = max(ks, key=lambda k: row[k]["x"])
+            row["best K"] = best
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict], args, loads: list[float]) -> None:
+    print(f"\nstarter model, {args.threads} threads, {args.max_tokens} tokens, "
+          f"medians of {args.rounds} interleaved rounds; load average during the run: "
+          f"min {min(loads):.1f}, median {statistics.median(loads):.1f}, "
+          f"max {max(loads):.1f} on {os.cpu_count()} cores")
+    print("| category | plain tok/s | adaptive × plain | best fixed K × plain | adaptive / best K | "
+          "llama-cpp-python lookup × plain | TTFT × plain: adaptive / K / lcp | same text as plain "
+          "(adaptive, best K) | accepted/drafted (adaptive) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        a, bk = r.get("adaptive"), r.get("best K")
+        b = r.get(bk) if bk else None
+        ref = r.get("llama-cpp-python")
+        cell = lambda d, key: f"{d[key]:.2f}" if d else "n/a"  # noqa: E731
+        print(f"| {r['category']} ({r['prompts']}) | {r['plain tok/s']:.1f} | {cell(a, 'x')} | "
+              f"{bk or '-'}: {cell(b, 'x')} | {a['x'] / b['x']:.2f} | {cell(ref, 'x')} | "
+              f"{cell(a, 'ttft_x')} / {cell(b, 'ttft_x')} / {cell(ref, 'ttft_x')} | "
+              f"{a['same']}, {b['same']} | {a['acc']} |")
+    print("\nall fixed K (× plain): " + "; ".join(
+        f"{r['category']}: " + ", ".join(f"{k} {r[k]['x']:.2f}" for k in r if k.startswith("K=")) for r in rows))
 
 
 def tiny(rounds: int, tokens: int) -> None:
+    """The tiny self-draft pair: a model drafting for itself (100% acceptance), the mechanism's ceiling."""
     from tests.fixtures import ggufs
 
     with tempfile.TemporaryDirectory() as d:
         model = str(ggufs.write_tiny_llama(Path(d) / "tiny.gguf", ggufs.TinySpec(seed=0)))
-        results: dict[str, list[dict]] = {}
+        res: dict[str, list[float]] = {}
         with EngineClient(auto_restart=False) as client:
             client.load(model, settings={"n_ctx": 2048},
                         speculation={"mode": "draft", "draft_model": model, "p_min": 0.0})
@@ -116,42 +173,72 @@ def tiny(rounds: int, tokens: int) -> None:
                      "self-draft adaptive": {"mode": "draft", "adaptive": True}}
             for _ in range(rounds):
                 for name, spec in modes.items():
-                    for p in ("hello the cat", "the dog was"):  # alternate: no prefix reuse
-                        r = ours(client, p, 0.0, tokens, spec)
-                        if p == "hello the cat":
-                            results.setdefault(name, []).append(r)
-        table(f"tiny self-draft pair (2-layer f32 target drafting for itself, {tokens} tokens)", results, "plain")
+                    r = ours(client, Workload("tiny", "cat", "hello the cat"), tokens, spec)
+                    res.setdefault(name, []).append(r["tok_s"])
+        base = statistics.median(res["plain"])
+        print("\ntiny self-draft pair: " + ", ".join(
+            f"{n} {statistics.median(v) / base:.2f}x" for n, v in res.items()))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--categories", default=",".join(CATEGORIES), help="comma-separated, of: " + ",".join(CATEGORIES))
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--tokens", type=int, default=160)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--fixed", default="4,8,16", help="fixed draft lengths to compare")
+    ap.add_argument("--prompts", type=int, default=0, help="at most this many prompts per category (0: all)")
     ap.add_argument("--no-reference", action="store_true")
+    ap.add_argument("--json", help="write every run here (after each round)")
+    ap.add_argument("--tiny", action="store_true", help="also the tiny self-draft pair")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--report", help="only print the tables of a --json file written before")
     args = ap.parse_args()
+    if args.report:
+        saved = json.loads(Path(args.report).read_text())
+        for key in ("rounds", "max_tokens", "threads"):
+            setattr(args, key, saved["args"][key])
+        names = list(dict.fromkeys(n for r in saved["results"].values() for n in r))
+        print_table(summarize(saved["results"], names, [n for n in names if n.startswith("K=")]), args,
+                    saved["loads"])
+        return 0
+    cats = [c.strip() for c in args.categories.split(",") if c.strip()]
+    bad = [c for c in cats if c not in CATEGORIES]
+    if bad:
+        ap.error(f"unknown categories {bad}; known: {CATEGORIES}")
+    chosen: list[Workload] = []
+    for c in cats:
+        ws = [w for w in WORKLOADS if w.category == c]
+        chosen += ws[:args.prompts] if args.prompts else ws
+    cfg = configs([int(k) for k in args.fixed.split(",") if k])
     model = str(starter_model_path())
-    ref = None if args.no_reference else Reference(model, 1024)
-    results: dict[str, dict[str, list[dict]]] = {w: {} for w in WORKLOADS}
+    ref = None if args.no_reference else Reference(model, args.threads)
+    results: dict[str, dict[str, list[dict]]] = {f"{w.category}/{w.name}": {} for w in chosen}
+    loads: list[float] = []
     with EngineClient(auto_restart=False) as client:
-        client.load(model, settings={"n_ctx": 1024}, speculation={"k_max": 16})  # logits rows for K <= 16
-        for prompt, temp in WORKLOADS.values():  # warm-up: page the weights in
-            ours(client, prompt, temp, 8, MODES["plain"])
-            if ref is not None:
-                ref.run("plain", prompt, temp, 8)
+        client.load(model, settings={"n_ctx": N_CTX, "n_threads": args.threads, "n_threads_batch": args.threads},
+                    speculation={"k_max": 16})  # logits rows for K <= 16
+        ours(client, chosen[0], 8, cfg["plain"])  # warm-up: page the weights in
         for rnd in range(args.rounds):
-            for name, spec in MODES.items():
-                for w, (prompt, temp) in WORKLOADS.items():  # alternating prompts: no prefix reuse
-                    results[w].setdefault(name, []).append(ours(client, prompt, temp, args.tokens, spec))
-            if ref is not None:
-                for which in ("plain", "lookup"):
-                    for w, (prompt, temp) in WORKLOADS.items():
-                        label = f"llama-cpp-python {which}"
-                        results[w].setdefault(label, []).append(ref.run(which, prompt, temp, args.tokens))
-            print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
-    for w in WORKLOADS:
-        table(f"{w} ({'greedy' if WORKLOADS[w][1] == 0 else 'temperature 0.8, seed 1'}, {args.tokens} tokens, "
-              f"medians of {args.rounds}, starter model, 2 threads)", results[w], "plain")
-    tiny(args.rounds, 400)
+            for w in chosen:
+                key = f"{w.category}/{w.name}"
+                loads.append(os.getloadavg()[0])
+                names = list(cfg)
+                names = names[rnd % len(names):] + names[:rnd % len(names)]  # each round starts elsewhere
+                for name in names:
+                    results[key].setdefault(name, []).append(ours(client, w, args.max_tokens, cfg[name]))
+                n_prompt = results[key]["plain"][-1]["n_prompt"]
+                if ref is not None and ref.fits(n_prompt, args.max_tokens):
+                    results[key].setdefault("llama-cpp-python", []).append(ref.run(w, args.max_tokens))
+                print(f"round {rnd + 1}/{args.rounds} {key}: " + ", ".join(
+                    f"{n} {rs[-1]['tok_s']:.1f}" for n, rs in results[key].items()), file=sys.stderr, flush=True)
+                if args.json:
+                    done = {k: v for k, v in results.items() if v}
+                    Path(args.json).write_text(json.dumps({"args": vars(args), "loads": loads, "results": done}))
+    names = list(cfg) + ([] if ref is None else ["llama-cpp-python"])
+    rows = summarize(results, names, [n for n in cfg if n.startswith("K=")])
+    print_table(rows, args, loads)
+    if args.tiny:
+        tiny(args.rounds, 400)
     return 0
 
 

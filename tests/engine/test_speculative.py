@@ -10,7 +10,7 @@ from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
 from ggufdesk.engine import protocol as P
 from ggufdesk.engine.adaptive import MIN_EVIDENCE, DraftLength, expected_tokens
-from ggufdesk.engine.lookup import NgramIndex, PromptLookup
+from ggufdesk.engine.lookup import NgramCache, PromptLookup
 from tests.fixtures import ggufs
 
 PROMPT = "hello the cat and the dog were in the house"
@@ -251,27 +251,28 @@ def test_draft_mode_without_draft_model_is_a_clear_error(target):
 # ---- pure pieces -------------------------------------------------------------------------------
 
 def test_ngram_index_prefers_the_longest_latest_match():
-    ix = NgramIndex(3)
-    ix.sync([1, 2, 3, 4, 5, 9, 2, 3, 7, 1, 2], 3)
-    n, c = ix.match()
-    assert (n, ix.seq[c:c + 3]) == (3, [4, 5, 9])
-    ix.sync([1, 2, 3, 4, 5, 9, 2, 3, 7, 1, 2, 3, 8], 2)  # grows: incremental
-    n, c = ix.match()
-    assert n == 1 and ix.seq[c:c + 2] == [3, 8]  # latest '2' is followed by 3, 8
-    ix.sync([5, 6], 7)  # a different history: rebuilt
-    assert ix.seq == [5, 6, 7] and ix.match() == (0, -1)
+    ix = NgramCache(3)
+    ix.feed([1, 2, 3, 4, 5, 9, 2, 3, 7, 1, 2, 3])
+    n, c, m = ix.match()
+    assert (n, ix.continuation(c, 3), m) == (3, [4, 5, 9], 3)
+    ix.feed([1, 2, 3, 4, 5, 9, 2, 3, 7, 1, 2, 3, 8, 2])  # grows: incremental
+    n, c, _ = ix.match()
+    assert n == 1 and ix.continuation(c, 2) == [3, 8]  # latest '2' is followed by 3, 8
+    ix.feed([50, 60, 70])  # a different history: a new document, no match inside it or across
+    assert ix.match() == (0, -1, 0)
 
 
 def test_lookup_stops_drafting_a_match_class_that_keeps_failing():
     lk = PromptLookup(ngram=3, k_min=1, k_max=8, adaptive=True)
     lk.control.feedback(0, 0, 0.010)  # plain probe: 10 ms
-    lk.control.samples.extend([(8, 0.050), (4, 0.040)])
-    seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2]
-    assert lk.propose(seq, 3, 8) == [4, 5, 6, 7, 8, 9, 10, 1]  # 3-gram: prior says worth it
-    for _ in range(4):
-        lk.feedback(8, 0, 0.050)
-    assert lk.propose(seq, 3, 8) == []  # learned: 3-gram drafts fail here
-    assert lk.propose([1, 2, 3, 9], 1, 8) == []  # 1-gram matches are not worth a verify batch
+    lk.control.samples.extend([(8, 0.030), (4, 0.020)])
+    seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    first = lk.propose(seq, 10, 8)
+    assert len(first) >= 4 and first == [11, 12, 13, 14, 15, 16, 17, 1][:len(first)]  # a 10-token match: worth it
+    for _ in range(6):
+        lk.feedback(8, 0, 0.030)
+    assert lk.propose(seq, 10, 8) == []  # learned: these drafts fail here
+    assert lk.propose([1, 2, 3, 9], 1, 8) == []  # 1-token matches are not worth a verify batch
 
 
 def test_controller_grows_k_with_high_acceptance_and_cheap_verification():

@@ -162,6 +162,7 @@ class SpeculationSettings:
     p_min: float = 0.6  # draft stops proposing below this top probability
     ngram: int = 3  # prompt lookup: longest n-gram to match
     adaptive: bool = True
+    lookup_history: bool = True  # prompt lookup also drafts from earlier requests' prompts and answers
 
     def __post_init__(self) -> None:
         _choice("speculation mode", self.mode, SPEC_MODES)

@@ -6,7 +6,11 @@ the cost t(n) of verifying n drafted tokens, fitted as a line a + b*n over recen
 CPU a is ~1.5-2 plain steps and every row of logits pays for the whole output head). With the acceptance rate
 a over a sliding window, the expected tokens of a step with k drafted is (1 - a^(k+1)) / (1 - a);
 K is the k that maximises expected tokens / t(k). When speculation is measured slower than
-plain decoding and no k is predicted to beat it, it is switched off for the rest of the request.
+plain decoding and no k is predicted to beat it, it is paused, not ended: after a backoff in
+tokens (doubling each time, up to PAUSE_MAX) it tries again with fresh evidence, so a request
+whose first drafts fail but whose later text is copyable gets speculation back. A drafter that
+weighs every draft by its own evidence (`sizes_drafts`) gets k = K max and chooses the length
+itself; the others get the window's K.
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ WINDOW = 16  # speculative steps remembered for acceptance and measured rate
 MIN_EVIDENCE = 5  # speculative steps before we may switch off
 REPROBE_EVERY = 64  # speculative steps between plain probes (the plain cost drifts: context grows)
 WORTH_MARGIN = 1.1  # a draft must be predicted this much faster than a plain step
+PAUSE_FIRST = 32  # tokens of plain decoding after speculation was measured slower, at first
+PAUSE_MAX = 1024  # ... doubling on every new pause up to this
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -30,16 +36,23 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 
 class DraftLength:
-    """Chooses K for the next step; `k` is 0 for a plain probe step or once switched off."""
+    """Chooses K for the next step; `k` is 0 for a plain probe step, while paused, or once disabled."""
 
-    def __init__(self, *, k_min: int, k_max: int, adaptive: bool, label: str, k_start: int | None = None) -> None:
+    def __init__(self, *, k_min: int, k_max: int, adaptive: bool, label: str, k_start: int | None = None,
+                 sizes_drafts: bool = False) -> None:
         self.k_min, self.k_max, self.adaptive, self.label = k_min, k_max, adaptive, label
+        self.sizes_drafts = sizes_drafts
         self._k = min(k_max, max(k_min, k_start or k_max))
         self.plain: deque[float] = deque(maxlen=8)  # recent plain step seconds
         self.samples: deque[tuple[int, float]] = deque(maxlen=32)  # recent (n drafted, step seconds)
         self.window: deque[tuple[int, int, float]] = deque(maxlen=WINDOW)
         self.since_plain = 0
-        self.disabled = ""
+        self.disabled = ""  # for good (e.g. the draft's context is full)
+        self.paused = ""  # for now: speculation was measured slower; tried again at resume_at
+        self.resume_at = 0
+        self.backoff = PAUSE_FIRST
+        self.pauses = 0
+        self.tokens = 0  # tokens emitted in this request (the clock of the backoff)
         self.spec_steps = 0
 
     # ---- what the loop reads ------------------------------------------------------------------
@@ -50,24 +63,46 @@ class DraftLength:
             return 0
         if not self.adaptive:
             return self.k_max
+        if self.paused:
+            if self.tokens < self.resume_at:
+                return 0
+            self._resume()
         if self.t0 is None or self.since_plain >= REPROBE_EVERY:
             return 0  # probe: one plain step to know what we are competing with
-        return self._k
+        return self.k_max if self.sizes_drafts else self._k
 
     @property
     def status(self) -> str:
-        return f"disabled: {self.disabled}" if self.disabled else self.label
+        if self.disabled:
+            return f"disabled: {self.disabled}"
+        if self.paused and self.tokens < self.resume_at:
+            return f"disabled: {self.paused}; retrying after {self.resume_at - self.tokens} more tokens"
+        return self.label
 
     def disable(self, why: str) -> None:
+        """Off for the rest of the request (something that will not change, like a full context)."""
         if not self.disabled:
             self.disabled = why
             log.info("speculation off for this request: %s", why)
+
+    def pause(self, why: str) -> None:
+        """Off for the next `backoff` tokens, then tried again on fresh evidence."""
+        self.paused, self.resume_at = why, self.tokens + self.backoff
+        self.pauses += 1
+        log.info("speculation paused for %d tokens: %s", self.backoff, why)
+        self.backoff = min(2 * self.backoff, PAUSE_MAX)
+
+    def _resume(self) -> None:
+        self.paused = ""
+        self.window.clear()  # judge the text as it is now, not as it was
+        self._k = max(self.k_min, min(self.k_max, 4))
 
     # ---- what the loop reports ----------------------------------------------------------------
 
     def feedback(self, n_drafted: int, n_accepted: int, seconds: float, overhead: float = 0.0) -> None:
         """One step: n_drafted proposed, n_accepted kept, seconds of wall time (overhead = drafting
         time that produced nothing, e.g. a draft model below p_min at its first token)."""
+        self.tokens += n_accepted + 1
         if n_drafted == 0:
             self.plain.append(max(seconds - overhead, 1e-6))
             self.since_plain = 0
@@ -129,11 +164,22 @@ class DraftLength:
         return k, rates[k]
 
     def worth(self, alpha: float, k: int) -> int:
-        """The draft length worth proposing at acceptance alpha (0 = a plain step is faster)."""
+        """The draft length (at most k) worth proposing at acceptance alpha (0 = a plain step is faster)."""
         if not self.adaptive or self.t0 is None:
             return k
-        kb, rate = self.best(alpha)
-        return min(k, kb) if rate > WORTH_MARGIN / self.t0 else 0
+        c0, c1 = self.line()
+        top = max(self.k_min, min(k, self.k_max))
+        rates = {j: expected_tokens(alpha, j) / (c0 + c1 * j) for j in range(self.k_min, top + 1)}
+        kb = max(rates, key=rates.get)
+        return min(k, kb) if rates[kb] > WORTH_MARGIN / self.t0 else 0
+
+    def marginal(self) -> float:
+        """The chance of acceptance below which one more drafted token costs more time than it saves
+        (its verification row costs b; a token is worth a plain step t0)."""
+        if self.t0 is None:
+            return 0.0
+        _, b = self.line()
+        return min(0.9, b / self.t0)
 
     def measured_rate(self) -> float:
         """Tokens per second of recent steps: the median step's, so that one step stalled by
@@ -150,5 +196,5 @@ class DraftLength:
         if len(self.window) >= MIN_EVIDENCE:
             measured = self.measured_rate()
             if measured < plain and predicted < plain:
-                self.disable(f"slower than plain ({measured:.1f} vs {plain:.1f} tok/s, "
-                             f"acceptance {self.alpha():.0%})")
+                self.pause(f"slower than plain ({measured:.1f} vs {plain:.1f} tok/s, "
+                           f"acceptance {self.alpha():.0%})")

@@ -1,65 +1,155 @@
-"""Prompt lookup drafting: propose the continuation of the latest earlier match of the text's last n-gram."""
+"""Prompt lookup drafting over the whole conversation: continue the latest earlier match of the text's last n-gram.
+
+`NgramCache` indexes token sequences in one bounded arena: per request, its prompt and output;
+in the worker, every earlier prompt and answer (fed after each request is done), the way
+llama.cpp's lookup keeps a dynamic n-gram cache across generations. `PromptLookup` drafts from the
+longer of the two matches and judges each draft by its own evidence (engine/evidence.py): how
+long the match really is, and how drafts with matches that long fared lately.
+"""
 from __future__ import annotations
 
-from collections import deque
-
 from ggufdesk.engine.adaptive import DraftLength
+from ggufdesk.engine.evidence import Evidence
+
+SEP = -1  # between documents in the arena: never equal to a token, so no match crosses it
+MATCH_CAP = 32  # how far back a match is measured
+PROBE_LEN = 2  # tokens drafted when probing a match length judged not worth drafting
 
 
-class NgramIndex:
-    """For every n-gram (n = 1..n_max) of a growing token sequence, where its latest continuation starts."""
+class NgramCache:
+    """For every n-gram (n = 1..n_max) of the documents seen, where its latest continuation starts.
 
-    def __init__(self, n_max: int) -> None:
+    When a new document would take the arena past `max_tokens`, the newest documents that fit in
+    half of it are kept and re-indexed first (at `feed` time: the worker feeds a finished request
+    after its answer is out, so nobody waits for it). A document itself is never cut, so the arena
+    may exceed the bound by the current document (which the context size bounds).
+    """
+
+    def __init__(self, n_max: int, *, max_tokens: int = 1 << 16) -> None:
         self.n_max = n_max
-        self.seq: list[int] = []
-        self.where: list[dict[tuple[int, ...], int]] = [{} for _ in range(n_max + 1)]
+        self.max_tokens = max(max_tokens, 64)
+        self.clear()
+
+    def clear(self) -> None:
+        self.arena: list[int] = []
+        self.doc_start = 0  # where the current document starts in the arena
+        self.where: list[dict[tuple[int, ...], int]] = [{} for _ in range(self.n_max + 1)]
         self._indexed = 0  # continuations starting before this position are in the index
 
-    def sync(self, history: list[int], last: int) -> None:
-        """Make seq == history + [last]. Within a request the history only grows past the old seq."""
-        n = len(self.seq)
-        if n == 0 or len(history) < n or history[n - 1] != self.seq[n - 1]:
-            self.__init__(self.n_max)  # type: ignore[misc]
-            self.seq.extend(history)
+    def __len__(self) -> int:
+        return len(self.arena)
+
+    # ---- growing ------------------------------------------------------------------------------
+
+    def feed(self, tokens: list[int]) -> None:
+        """Make the current document equal `tokens` when they extend it, else start a new one."""
+        n = len(self.arena) - self.doc_start
+        if n and len(tokens) >= n and tokens[n - 1] == self.arena[-1] and tokens[:n] == self.arena[self.doc_start:]:
+            self.arena.extend(tokens[n:])  # the same conversation, further on
         else:
-            self.seq.extend(history[n:])
-        self.seq.append(last)
-        # index the n-grams ending just before each position c that has a continuation (c < end)
-        seq, end = self.seq, len(self.seq) - 1
-        for c in range(max(self._indexed, 1), end):
-            for k in range(1, min(self.n_max, c) + 1):
-                self.where[k][tuple(seq[c - k:c])] = c
+            if len(self.arena) + len(tokens) + 1 > self.max_tokens:
+                self._drop_old(len(tokens) + 1)
+            self._new_doc(tokens)
+        self._index()
+
+    def _new_doc(self, tokens: list[int]) -> None:
+        if self.arena:
+            self.arena.append(SEP)
+        self.doc_start = self._indexed = len(self.arena)
+        self.arena.extend(tokens)
+
+    def _index(self) -> None:
+        """Index the n-grams ending just before each position c of the current document (the
+        continuation starts at c)."""
+        arena, start, where = self.arena, self.doc_start, self.where
+        end = len(arena)
+        for c in range(max(self._indexed, start + 1), end):
+            for k in range(1, min(self.n_max, c - start) + 1):
+                where[k][tuple(arena[c - k:c])] = c
         self._indexed = max(self._indexed, end)
 
-    def match(self) -> tuple[int, int]:
-        """(n, c): the longest suffix n-gram seen before and where its continuation starts; (0, -1) if none."""
-        seq = self.seq
-        for n in range(min(self.n_max, len(seq) - 1), 0, -1):
-            c = self.where[n].get(tuple(seq[-n:]))
-            if c is not None:
-                return n, c
-        return 0, -1
+    def _drop_old(self, room: int) -> None:
+        """Keep the newest documents that fit in half the arena (leaving `room`), re-indexed."""
+        budget = max(0, (self.max_tokens - room) // 2)
+        docs: list[list[int]] = []
+        cur: list[int] = []
+        for t in self.arena:
+            if t == SEP:
+                docs.append(cur)
+                cur = []
+            else:
+                cur.append(t)
+        docs.append(cur)
+        kept: list[list[int]] = []
+        for d in reversed(docs):
+            if sum(map(len, kept)) + len(d) + 1 > budget:
+                break
+            kept.append(d)
+        self.clear()
+        for d in reversed(kept):
+            self._new_doc(d)
+            self._index()
 
+    # ---- reading ------------------------------------------------------------------------------
 
-PRIOR = {1: 0.5, 2: 0.7}  # acceptance guessed per match length before any evidence; longer: 0.9
-PRIOR_WEIGHT = 4.0
+    def find(self, tail: list[int]) -> tuple[int, int, int]:
+        """(n, c, m) for a text ending in `tail`: the longest suffix n-gram seen here, where its latest
+        continuation starts, and how many tokens the match really spans (n <= m <= MATCH_CAP, at
+        most len(tail)); (0, -1, 0) if none."""
+        arena = self.arena
+        for n in range(min(self.n_max, len(tail)), 0, -1):
+            c = self.where[n].get(tuple(tail[-n:]))
+            if c is None:
+                continue
+            m, cap = 0, min(MATCH_CAP, len(tail), c)
+            while m < cap and arena[c - 1 - m] == tail[-1 - m] and tail[-1 - m] != SEP:
+                m += 1
+            return n, c, max(m, n)
+        return 0, -1, 0
+
+    def tail(self) -> list[int]:
+        """The end of the current document, as long as a match is ever measured."""
+        return self.arena[max(self.doc_start, len(self.arena) - MATCH_CAP):]
+
+    def match(self) -> tuple[int, int, int]:
+        """find() for the end of the current document (earlier documents included)."""
+        return self.find(self.tail())
+
+    def continuation(self, c: int, k: int, *, loop: bool = False) -> list[int]:
+        """Up to k tokens from position c, stopping at the end of that document. With `loop` (the
+        current document is the text being written), a match that runs into its end is the model
+        repeating itself: the continuation goes round the loop again."""
+        out = self.arena[c:c + k]
+        if SEP in out:
+            return out[:out.index(SEP)]
+        period = len(self.arena) - c
+        if loop and len(out) < k and c >= self.doc_start and period > 0:
+            while len(out) < k:
+                out.append(out[len(out) - period])
+        return out
 
 
 class PromptLookup:
-    """Drafter: the continuation of the last n-gram's latest earlier occurrence in prompt + output.
+    """Drafter: the continuation of the last n-gram's latest earlier occurrence, in this request or
+    (`history`, shared by the worker and only read here, so that concurrent requests do not
+    disturb each other) in an earlier one.
 
-    Acceptance is tracked per match length: a draft is proposed only when the acceptance seen for
-    matches of that length (a prior at first) makes a speculative step predicted faster than a
-    plain one at the measured costs. Short matches in free text then cost nothing, while long
-    matches in copied text draft at full length.
+    Each draft is weighed by its evidence: the real length of the match (a 20-token match inside
+    a copied passage is far more likely to continue than a 2-token one) and the recent acceptance
+    of drafts with matches that long (engine/evidence.py, older outcomes fading). A draft is
+    proposed when that acceptance makes a speculative step predicted faster than a plain one at
+    the measured costs; a match length judged not worth it is probed again later, with backoff, so
+    early failures cannot lock drafting out of a text that turns copyable.
     """
 
-    def __init__(self, *, ngram: int, k_min: int, k_max: int, adaptive: bool) -> None:
-        self.index = NgramIndex(ngram)
+    def __init__(self, *, ngram: int, k_min: int, k_max: int, adaptive: bool,
+                 history: NgramCache | None = None) -> None:
+        self.cache = NgramCache(ngram)  # this request: prompt and output so far
+        self.history = history  # earlier requests (the worker feeds it after each; read-only here)
         self.control = DraftLength(k_min=k_min, k_max=k_max, adaptive=adaptive, label="lookup",
-                                   k_start=min(k_max, 8))
-        self.by_n: dict[int, deque[tuple[int, int]]] = {}  # match length -> recent (drafted, accepted)
-        self._last_n = 0
+                                   sizes_drafts=True)
+        self.evidence = Evidence()
+        self._last_m = 0
 
     @property
     def k(self) -> int:
@@ -69,23 +159,31 @@ class PromptLookup:
     def status(self) -> str:
         return self.control.status
 
-    def alpha(self, n: int) -> float:
-        hist = self.by_n.get(n, ())
-        acc = sum(a for _, a in hist)
-        fails = sum(1 for d, a in hist if a < d)
-        prior = PRIOR.get(n, 0.9)
-        return (acc + PRIOR_WEIGHT * prior) / (acc + fails + PRIOR_WEIGHT)
-
     def propose(self, history: list[int], last: int, k: int) -> list[int]:
-        self.index.sync(history, last)
-        n, c = self.index.match()
-        self._last_n = n
-        if n == 0:
+        own = self.cache
+        own.feed(history + [last])
+        n, c, m = own.match()
+        avail = own.continuation(c, k, loop=True) if n else []
+        if self.history is not None and len(self.history):
+            hn, hc, hm = self.history.find(own.tail())
+            if hm > m:  # a longer match in an earlier request
+                m, avail = hm, self.history.continuation(hc, k)
+        self._last_m = 0
+        if not avail:
             return []
-        k = self.control.worth(self.alpha(n), k)
-        return self.index.seq[c:c + k] if k > 0 else []
+        if self.control.adaptive and self.control.t0 is not None:
+            k_worth = self.control.worth(self.evidence.alpha(m), len(avail))
+            if k_worth == 0 and self.evidence.refused(m):
+                k_worth = min(PROBE_LEN, len(avail))  # early failures must not lock drafting out
+            if k_worth == 0:
+                return []
+            avail = avail[:k_worth]
+        self._last_m = m
+        return avail
 
     def feedback(self, n_drafted: int, n_accepted: int, seconds: float) -> None:
         if n_drafted:
-            self.by_n.setdefault(self._last_n, deque(maxlen=16)).append((n_drafted, n_accepted))
+            self.evidence.record(self._last_m, n_drafted, n_accepted)
+        else:
+            self.evidence.tick(1)
         self.control.feedback(n_drafted, n_accepted, seconds)

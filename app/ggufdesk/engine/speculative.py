@@ -17,7 +17,7 @@ from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import SpeculationSettings
 from ggufdesk.engine.adaptive import DraftLength
 from ggufdesk.engine.generate import Generator
-from ggufdesk.engine.lookup import PromptLookup
+from ggufdesk.engine.lookup import NgramCache, PromptLookup
 from ggufdesk.engine.native import LlamaLog, LoadedModel, load_model
 
 log = logging.getLogger("ggufdesk.engine.speculative")
@@ -111,15 +111,20 @@ class DraftModel:
             n += 1
         return len(seq) - n
 
-    def greedy(self, k: int, p_min: float) -> list[int]:
-        """Up to k greedy tokens after the synced sequence; stops when the top probability < p_min."""
+    def greedy(self, k: int, p_min: float, q_min: float = 0.0) -> list[int]:
+        """Up to k greedy tokens after the synced sequence; stops when the top probability < p_min,
+        or when the chance that the whole draft so far is accepted (the product of the draft's own
+        top probabilities) falls below q_min: one more token would then cost more than it is worth."""
         out: list[int] = []
+        q = 1.0
         while len(out) < k:
             row = self.gen.logits_row(-1)
             top = int(np.argmax(row))
-            if p_min > 0:
+            if p_min > 0 or q_min > 0:
                 z = np.exp(row - row[top])
-                if 1.0 / float(z.sum()) < p_min:
+                p = 1.0 / float(z.sum())
+                q *= p
+                if p < p_min or (out and q < q_min):
                     break
             out.append(top)
             if len(out) < k:
@@ -175,7 +180,8 @@ class DraftModelDrafter:
             return []
         t = time.perf_counter()
         sync_s = self.dm.sync(seq)
-        out = self.dm.greedy(k, self.p_min)
+        q_min = self.control.marginal() if self.control.adaptive else 0.0
+        out = self.dm.greedy(k, self.p_min, q_min)
         self._overhead = time.perf_counter() - t - sync_s
         self._sync_s = sync_s
         return out
@@ -192,10 +198,12 @@ class DraftModelDrafter:
 
 
 def make_drafter(spec: SpeculationSettings, *, prompt: list[int], draft: DraftModel | None,
-                 target: LoadedModel, max_tokens: int = 256):
-    """The drafter for one request, or None when speculation is off."""
+                 target: LoadedModel, max_tokens: int = 256, ngrams: NgramCache | None = None):
+    """The drafter for one request, or None when speculation is off. `ngrams`: the conversation's
+    n-gram cache held by the worker across requests (lookup drafts from earlier turns too)."""
     if spec.mode == "lookup":
-        return PromptLookup(ngram=spec.ngram, k_min=spec.k_min, k_max=spec.k_max, adaptive=spec.adaptive)
+        return PromptLookup(ngram=spec.ngram, k_min=spec.k_min, k_max=spec.k_max, adaptive=spec.adaptive,
+                            history=ngrams)
     if spec.mode == "draft":
         if draft is None:
             raise KnownError("speculation mode 'draft' needs a loaded draft model")

@@ -97,6 +97,8 @@ class Engine:
         self.speculation = SpeculationSettings()
         self.draft = None  # speculative.DraftModel
         self.batch = None  # batch.BatchEngine: runs the admitted requests step by step
+        self.ngrams = None  # lookup.NgramCache: every prompt and answer so far, for prompt lookup
+        self._lookup_prompts: dict[str, list[int]] = {}  # rid -> prompt, fed to ngrams at its Done
         self._bytes_per_token: int | None = None  # for self-calibration, read once per model
 
     # ---- load / unload --------------------------------------------------------------------------
@@ -130,6 +132,9 @@ class Engine:
             return
         lm.aborter.flag = self.book.flag
         self.lm, self.gen, self.speculation = lm, Generator(lm), spec
+        from ggufdesk.engine.lookup import NgramCache
+
+        self.ngrams = NgramCache(spec.ngram)
         self._bytes_per_token = None
         meta = lm.metadata
         bos = _piece(self.gen, meta.get("tokenizer.ggml.bos_token_id"))
@@ -170,6 +175,8 @@ class Engine:
             self.draft = None
         if self.lm is not None:
             self.gen = None
+            self.ngrams = None
+            self._lookup_prompts.clear()
             self.lm.close()
             self.lm = None
         if not quiet:
@@ -181,6 +188,9 @@ class Engine:
         self.emit(event)
         if isinstance(event, (P.Done, P.Error)) and event.id is not None:
             self.book.finish(event.id)
+            prompt = self._lookup_prompts.pop(event.id, None)
+            if prompt is not None and isinstance(event, P.Done) and self.ngrams is not None:
+                self.ngrams.feed(prompt + list(event.tokens or []))  # after Done: later turns draft from it
 
     def generate(self, req: P.Generate) -> None:
         """Check and queue a request; the step loop (next_request) runs it beside the others."""
@@ -209,6 +219,8 @@ class Engine:
             constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=self.gen.piece,
                                                tokenize=lambda t: self.gen.tokenize(t, add_bos=False))
             drafter = None if constraint else self._drafter(spec, prompt, sampling.max_tokens)
+            if spec.lookup_history and self.ngrams is not None:
+                self._lookup_prompts[req.id] = prompt
             seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs, drafter=drafter,
                            max_gen=min(sampling.max_tokens, self.lm.n_ctx - len(prompt)),
                            stats=RunStats(n_prompt=len(prompt), t_start=t_start),
@@ -315,7 +327,8 @@ class Engine:
         from ggufdesk.engine import speculative
 
         return speculative.make_drafter(spec, prompt=prompt, draft=self.draft, target=self.lm,
-                                       max_tokens=max_tokens)
+                                       max_tokens=max_tokens,
+                                       ngrams=self.ngrams if spec.lookup_history else None)
 
 
 _OOM = re.compile(r"out of (device )?memory|failed to allocate|alloc_buffer|cudaMalloc|"

@@ -1,0 +1,156 @@
+"""The lock-out scenario through the real decode loop on the tiny model, and lookup across requests in the engine.
+
+Step costs come from the CPU cost model of tests/engine/test_adaptive_recovery.py rather than the
+tiny model's microseconds (a wrapper reports them to the controller), so the decisions are those
+the starter model would see and the test does not depend on the machine's load.
+"""
+from __future__ import annotations
+
+import pytest
+
+from ggufdesk.core.settings import LoadSettings, SamplingSettings
+from ggufdesk.engine import protocol as P
+from ggufdesk.engine.lookup import NgramCache, PromptLookup
+from tests.engine.test_adaptive_recovery import FIXED_S, PLAIN_S, ROW_S
+
+PROMPT = "hello the cat and the dog were in the house"
+
+
+class CpuCosts:
+    """Wraps a drafter: reports simulated CPU step costs and records where drafts were accepted."""
+
+    def __init__(self, inner: PromptLookup) -> None:
+        self.inner = inner
+        self.pos = 0  # tokens emitted before the current step (the first token comes before any step)
+        self.steps: list[tuple[int, int, int]] = []  # (position, drafted, accepted)
+
+    @property
+    def k(self) -> int:
+        return self.inner.k
+
+    @property
+    def status(self) -> str:
+        return self.inner.status
+
+    def propose(self, history: list[int], last: int, k: int) -> list[int]:
+        return self.inner.propose(history, last, k)
+
+    def feedback(self, n_drafted: int, n_accepted: int, seconds: float) -> None:
+        self.steps.append((self.pos, n_drafted, n_accepted))
+        self.pos += n_accepted + 1
+        self.inner.feedback(n_drafted, n_accepted, PLAIN_S if not n_drafted else FIXED_S + ROW_S * n_drafted)
+
+    def accepted_from(self, start: int) -> int:
+        return sum(a for p, d, a in self.steps if p >= start)
+
+    def rejected_before(self, end: int) -> int:
+        return sum(1 for p, d, a in self.steps if p < end and a < d)
+
+
+@pytest.fixture(scope="module")
+def gen(tiny_model):
+    from ggufdesk.engine.generate import Generator
+    from ggufdesk.engine.native import LlamaLog, load_model
+
+    lm = load_model(str(tiny_model), LoadSettings(n_ctx=2048), LlamaLog())
+    yield Generator(lm)
+    lm.close()
+
+
+def _run(gen, prompt: list[int], n: int, drafter=None) -> list[int]:
+    gen.truncate(0)
+    _, st = gen.run(prompt, SamplingSettings(temperature=0.0, max_tokens=n), emit_text=lambda t: None,
+                    drafter=drafter)
+    return st.tokens
+
+
+def test_lookup_recovers_when_the_first_drafts_fail_through_the_real_loop(gen):
+    """An earlier request left misleading text (the answer's first tokens, then something else) and
+    the answer's later part: the first drafts fail, the later part must still be drafted."""
+    prompt = gen.tokenize(PROMPT)
+    truth = _run(gen, prompt, 240)
+    start = 80
+    misleading: list[int] = []
+    for j in range(8):
+        misleading += truth[8 * j:8 * j + 3 + j] + [5 + j, 6 + j, 7 + j]
+    runs = {}
+    for adaptive in (False, True):
+        cache = NgramCache(3)
+        cache.feed(misleading)
+        cache.feed(truth[start:])
+        d = CpuCosts(PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=adaptive, history=cache))
+        assert _run(gen, prompt, 240, d) == truth  # lossless either way
+        runs[adaptive] = d
+    fixed, adaptive = runs[False], runs[True]
+    assert fixed.rejected_before(start) >= 4  # the first drafts do fail
+    later = 240 - start - 16
+    assert adaptive.accepted_from(start + 16) >= 0.7 * later, adaptive.steps
+    assert adaptive.accepted_from(start + 16) >= 0.85 * fixed.accepted_from(start + 16)
+    assert adaptive.status == "lookup"
+
+
+def test_a_draft_model_stops_where_its_own_confidence_makes_more_tokens_not_worth_it(gen, tiny_model):
+    """The draft model's probability is evidence too: the draft ends where the chance that all of it
+    is accepted (the product of its top probabilities) drops below q_min."""
+    from ggufdesk.core.settings import SpeculationSettings
+    from ggufdesk.engine import speculative as S
+    from ggufdesk.engine.native import LlamaLog
+
+    spec = SpeculationSettings(mode="draft", draft_model=str(tiny_model), k_max=8, p_min=0.0)
+    dm = S.DraftModel.load(spec, target=gen.lm, llama_log=LlamaLog())
+    try:
+        seq = gen.tokenize(PROMPT)
+        dm.sync(seq)
+        full = dm.greedy(8, 0.0)
+        dm.sync(seq)
+        assert dm.greedy(8, 0.0, q_min=1.0) == full[:1]  # the first token is always proposed
+        dm.sync(seq)
+        assert dm.greedy(8, 0.0, q_min=1e-30) == full  # a bar no draft falls under
+        assert len(full) == 8
+    finally:
+        dm.close()
+
+
+# ---- through the engine process: the worker's conversation-wide cache ---------------------------
+
+@pytest.fixture
+def engine(tiny_model):
+    from ggufdesk.engine.client import EngineClient
+
+    with EngineClient(auto_restart=False) as client:
+        client.load(str(tiny_model), settings={"n_ctx": 2048}, speculation={"k_max": 8})
+        yield client
+
+
+def _generate(client, prompt: str, speculation: dict) -> tuple[str, P.Stats]:
+    rid = client.generate(prompt=prompt, sampling={"temperature": 0.0, "max_tokens": 150},
+                          speculation=speculation)
+    text, stats = [], None
+    for ev in client.stream(rid, timeout=120):
+        if isinstance(ev, P.Token):
+            text.append(ev.text)
+        elif isinstance(ev, P.Stats):
+            stats = ev
+        elif isinstance(ev, P.Error):
+            raise AssertionError(f"engine error: {ev.message}")
+    return "".join(text), stats
+
+
+def test_a_regenerated_answer_is_drafted_from_the_earlier_one(engine):
+    """The worker keeps every prompt and answer: asking again drafts from the first answer."""
+    lookup = {"mode": "lookup", "k_max": 8, "adaptive": False}
+    first, _ = _generate(engine, PROMPT, {"mode": "off"})  # a plain request feeds the cache too
+    _generate(engine, "the dog", {"mode": "off", "lookup_history": False})  # another conversation between
+    alone, st_alone = _generate(engine, PROMPT, {**lookup, "lookup_history": False})
+    again, st = _generate(engine, PROMPT, lookup)
+    assert first == alone == again
+    assert st.accepted > st_alone.accepted and st.accepted >= 120, (st.accepted, st_alone.accepted)
+
+
+def test_reloading_forgets_the_conversation(engine, tiny_model):
+    lookup = {"mode": "lookup", "k_max": 8, "adaptive": False}
+    _generate(engine, PROMPT, {"mode": "off"})
+    engine.load(str(tiny_model), settings={"n_ctx": 2048}, speculation={"k_max": 8})
+    alone, st_alone = _generate(engine, PROMPT, {**lookup, "lookup_history": False})
+    after, st = _generate(engine, PROMPT, lookup)
+    assert after == alone and st.accepted == st_alone.accepted  # nothing left from before the reload

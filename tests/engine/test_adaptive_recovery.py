@@ -1,0 +1,154 @@
+"""Adaptive speculation cannot lock itself out: pauses end, refused match lengths are probed again,
+and a text whose first drafts fail but which later turns copyable gets drafted (issue: 7 drafted
+tokens in a 160-token copy where fixed K=16 accepted 146)."""
+from __future__ import annotations
+
+import random
+
+from ggufdesk.engine.adaptive import MIN_EVIDENCE, PAUSE_FIRST, DraftLength
+from ggufdesk.engine.evidence import PROBE_FIRST, Evidence
+from ggufdesk.engine.lookup import PromptLookup
+
+PLAIN_S, FIXED_S, ROW_S = 0.010, 0.015, 0.003  # a CPU as measured: verifying k costs 1.5 plain steps + k/3
+
+
+def simulate(drafter, prompt: list[int], truth: list[int], rejected: list[int] | None = None) -> list[bool]:
+    """Drive a drafter the way engine/generate.py does, against a model that emits `truth`.
+
+    Returns, per emitted token, whether it came from an accepted draft; appends to `rejected` the
+    position of every rejected draft.
+    """
+    history, last = list(prompt[:-1]), prompt[-1]
+    from_draft: list[bool] = []
+    i = 0
+    while i < len(truth):
+        k = min(drafter.k, len(truth) - i - 1)
+        draft = drafter.propose(history, last, k)[:k] if k > 0 else []
+        n = 0
+        while n < len(draft) and draft[n] == truth[i + n]:
+            n += 1
+        emitted = truth[i:i + n + 1]
+        if n < len(draft) and rejected is not None:
+            rejected.append(i + n)
+        drafter.feedback(len(draft), n, PLAIN_S if not draft else FIXED_S + ROW_S * len(draft))
+        history += [last] + emitted[:-1]
+        last = emitted[-1]
+        from_draft += [True] * n + [False]
+        i += len(emitted)
+    return from_draft
+
+
+def passage(n: int, start: int = 1000) -> list[int]:
+    return list(range(start, start + n))
+
+
+def misleading_then_copy(text: list[int]) -> tuple[list[int], int]:
+    """An answer that first quotes 3 to 10 tokens of the passage at a time and then departs from it
+    (so drafts made there fail), then copies the passage. Returns (tokens, where the copy starts)."""
+    out: list[int] = []
+    for j in range(8):
+        out += text[20 * j:20 * j + 3 + j] + [500 + j, 600 + j, 700 + j]
+    return out + [4] + text, len(out) + 1
+
+
+def test_first_drafts_fail_then_the_copy_is_drafted():
+    """The lock-out of the issue, reproduced on the old controller (0 of 240 copied tokens drafted
+    at these costs): adaptive must draft the copy almost as fully as a fixed K does."""
+    text = passage(240)
+    prompt = [1] + text + [2, 3]
+    truth, start = misleading_then_copy(text)
+    rejected: list[int] = []
+    fixed = simulate(PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=False), prompt, truth, rejected)
+    assert sum(1 for i in rejected if i < start) >= 6  # drafts made before the copy do fail
+    lk = PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True)
+    copy = simulate(lk, prompt, truth)[start:]
+    assert sum(copy) >= 0.8 * len(copy), f"only {sum(copy)} of {len(copy)} copied tokens were drafted"
+    assert sum(copy) >= 0.85 * sum(fixed[start:])
+    assert lk.status == "lookup"
+
+
+def test_free_text_is_not_drafted_beyond_a_few_probes():
+    """No long matches (free writing): short matches stay refused except for rare, short probes."""
+    rng = random.Random(0)
+    prompt = [1] + [rng.randrange(10, 50) for _ in range(40)]
+    truth = [rng.randrange(10, 50) for _ in range(400)]  # reuses tokens and pairs, never a passage
+    lk = PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True)
+    simulate(lk, prompt, truth)
+    drafted = sum(n for n, _ in lk.control.samples)
+    assert lk.control.spec_steps <= 12 and drafted <= 24, (lk.control.spec_steps, drafted)
+
+
+def test_a_pause_ends_and_doubles_when_speculation_is_still_slower():
+    c = DraftLength(k_min=1, k_max=8, adaptive=True, label="draft")
+    c.feedback(0, 0, PLAIN_S)
+    for _ in range(MIN_EVIDENCE):
+        c.feedback(c.k or 8, 0, 0.060)
+    assert c.k == 0 and c.status.startswith("disabled: slower than plain")
+    for _ in range(PAUSE_FIRST - 1):
+        c.feedback(0, 0, PLAIN_S)
+    assert c.k == 0
+    c.feedback(0, 0, PLAIN_S)
+    assert c.k > 0 and c.status == "draft"  # tried again, on fresh evidence
+    for _ in range(MIN_EVIDENCE):
+        c.feedback(c.k, 0, 0.060)
+    assert c.k == 0 and c.pauses == 2
+    for _ in range(2 * PAUSE_FIRST - 1):
+        c.feedback(0, 0, PLAIN_S)
+    assert c.k == 0  # the second pause is twice as long
+    c.feedback(0, 0, PLAIN_S)
+    assert c.k > 0
+
+
+def test_a_pause_that_ends_on_copyable_text_keeps_speculation_on():
+    c = DraftLength(k_min=1, k_max=8, adaptive=True, label="lookup")
+    c.feedback(0, 0, PLAIN_S)
+    for _ in range(MIN_EVIDENCE):
+        c.feedback(c.k or 8, 0, 0.060)
+    for _ in range(PAUSE_FIRST):
+        c.feedback(0, 0, PLAIN_S)
+    for _ in range(3 * MIN_EVIDENCE):
+        k = c.k
+        assert k > 0
+        c.feedback(k, k, FIXED_S + ROW_S * k)  # now every draft is accepted
+    assert c.status == "lookup" and c.pauses == 1
+
+
+def test_a_hard_reason_disables_for_good():
+    c = DraftLength(k_min=1, k_max=8, adaptive=True, label="draft")
+    c.disable("the draft's context (512) is full")
+    for _ in range(4 * PAUSE_FIRST):
+        c.feedback(0, 0, PLAIN_S)
+    assert c.k == 0 and c.status == "disabled: the draft's context (512) is full"
+
+
+def test_evidence_probes_a_refused_class_with_backoff():
+    ev = Evidence()
+    gaps = []
+    for _ in range(3):
+        n = 1
+        while not ev.refused(2):
+            n += 1
+        gaps.append(n)
+        ev.record(2, 2, 0)  # the probe failed
+    assert gaps == [PROBE_FIRST, 2 * PROBE_FIRST, 4 * PROBE_FIRST]
+    while not ev.refused(2):
+        pass
+    ev.record(2, 2, 2)  # a probe that succeeds resets the gap
+    n = 1
+    while not ev.refused(2):
+        n += 1
+    assert n == PROBE_FIRST
+
+
+def test_evidence_longer_matches_rate_higher_and_failures_fade():
+    ev = Evidence()
+    assert ev.alpha(1) < ev.alpha(3) < ev.alpha(8) < ev.alpha(20)
+    for _ in range(8):
+        ev.record(8, 8, 0)
+    low = ev.alpha(8)
+    assert low < 0.3 and ev.alpha(20) > 0.8  # failures of 8-token matches say little about 20-token ones
+    ev.tick(256)  # four half-lives later the failures weigh 1/16
+    assert ev.alpha(8) > low + 0.3
+    for _ in range(4):
+        ev.record(1, 4, 4)  # short matches accepted: longer ones are rated at least as high
+    assert ev.alpha(3) >= ev.alpha(1) > 0.6

@@ -1,0 +1,86 @@
+"""The conversation-wide n-gram cache: earlier requests' prompts and answers, bounded, no match across documents."""
+from __future__ import annotations
+
+from ggufdesk.engine.lookup import MATCH_CAP, SEP, NgramCache, PromptLookup
+
+
+def test_a_later_request_matches_an_earlier_answer():
+    c = NgramCache(3)
+    c.feed([1, 10, 11, 12, 13, 14, 15, 16])  # request 1: prompt + answer
+    c.feed([1, 50, 51, 12, 13])  # request 2, another conversation, ends with 12 13
+    n, pos, m = c.match()
+    assert n == 2 and m == 2 and c.continuation(pos, 4) == [14, 15, 16]  # stops at the document's end
+
+
+def test_a_growing_conversation_extends_its_document():
+    c = NgramCache(3)
+    c.feed([1, 2, 3, 4])
+    c.feed([1, 2, 3, 4, 5, 6])  # the next turn: the same tokens and more
+    assert c.arena == [1, 2, 3, 4, 5, 6]
+    c.feed([1, 2, 9])  # an edited conversation: a new document
+    assert c.arena == [1, 2, 3, 4, 5, 6, SEP, 1, 2, 9]
+
+
+def test_the_match_length_is_measured_beyond_the_ngram_and_capped():
+    c = NgramCache(2)
+    text = list(range(100, 160))
+    c.feed([1] + text + [2] + text[:40])
+    n, pos, m = c.match()
+    assert n == 2 and m == MATCH_CAP and c.continuation(pos, 3) == text[40:43]
+    c.feed([7] + text[35:40])  # a new document: its match ends at its own start
+    n, pos, m = c.match()
+    assert (n, m) == (2, 5) and c.continuation(pos, 2) == text[40:42]
+
+
+def test_no_match_spans_two_documents():
+    c = NgramCache(3)
+    c.feed([5, 6])
+    c.feed([7, 8])
+    c.feed([6, 7, 9])
+    assert c.match() == (0, -1, 0)  # 6 7 never occurred inside one document
+
+
+def test_the_cache_is_bounded_and_keeps_the_newest_documents():
+    c = NgramCache(3, max_tokens=1000)
+    for i in range(50):
+        c.feed([1] + [1000 * i + j for j in range(100)])
+    assert len(c) <= 1000
+    assert sum(len(w) for w in c.where) <= 3 * 1000
+    c.feed([1, 49000 + 10, 49000 + 11])  # the newest document is still there
+    n, pos, _ = c.match()
+    assert n == 2 and c.continuation(pos, 2) == [49012, 49013]
+    c.feed([1, 10, 11])  # the oldest is gone
+    assert c.match() == (0, -1, 0)
+
+
+def test_lookup_drafts_from_the_shared_cache():
+    cache = NgramCache(3)
+    answer = list(range(200, 260))
+    cache.feed([1, 2, 3] + answer)  # an earlier request
+    lk = PromptLookup(ngram=3, k_min=1, k_max=8, adaptive=False, history=cache)
+    assert lk.propose([1, 9, 9] + answer[:5], answer[5], 8) == answer[6:14]
+    assert len(cache) == 3 + len(answer)  # read, not written: the worker feeds it after the request
+    own = PromptLookup(ngram=3, k_min=1, k_max=8, adaptive=False)
+    assert own.propose([1, 9, 9] + answer[:5], answer[5], 8) == []  # without it: nothing to copy
+
+
+def test_the_longer_match_wins_between_this_request_and_the_history():
+    history = NgramCache(3)
+    history.feed([1, 20, 21, 22, 23, 24, 25, 26, 27])  # an earlier request: a long match, then 27
+    lk = PromptLookup(ngram=3, k_min=1, k_max=8, adaptive=False, history=history)
+    own = [1, 25, 26, 90, 91, 20, 21, 22, 23, 24, 25]  # in this request: 25 -> 26 -> 90; earlier: ... 25 -> 26 -> 27
+    assert lk.propose(own, 26, 3) == [27]
+    lk2 = PromptLookup(ngram=3, k_min=1, k_max=8, adaptive=False, history=history)
+    assert lk2.propose([1, 25, 26, 90, 91, 22, 7, 25], 26, 3)[:1] == [90]  # here the own match is longer
+
+
+def test_a_loop_in_the_text_being_written_is_drafted_round_again():
+    c = NgramCache(3)
+    c.feed([1, 7, 8, 9, 7, 8, 9, 7, 8])
+    n, pos, m = c.match()
+    assert n == 3 and c.continuation(pos, 7, loop=True) == [9, 7, 8, 9, 7, 8, 9]
+    assert c.continuation(pos, 7) == [9, 7, 8]  # without loop: only what is there
+    c.feed([1, 7, 8, 9, 7, 8, 9, 7, 8, 9, 5])
+    c.feed([2, 7, 8])  # an earlier document's end is not a loop of this one
+    n, pos, _ = c.match()
+    assert c.continuation(pos, 5, loop=True) == [9, 5]
