@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from importlib import resources
 from pathlib import Path
 
 from PySide6.QtCore import QSettings
@@ -19,12 +20,8 @@ SERVER_NAME = "ggufdesk-single-instance"
 
 
 def resources_dir() -> Path:
-    """resources/ of the source tree (editable install), or the packaged copy."""
-    for cand in (Path(__file__).resolve().parents[3] / "resources",
-                 Path(__file__).resolve().parents[1] / "resources"):
-        if (cand / "ggufdesk.svg").exists():
-            return cand
-    return Path(__file__).resolve().parents[3] / "resources"
+    """resources/ inside the package (icons, .desktop file), found through importlib.resources."""
+    return Path(str(resources.files("ggufdesk") / "resources"))
 
 
 def app_icon() -> QIcon:
