@@ -43,9 +43,9 @@ step "installing llama-cpp-python ($variant), PyInstaller and ggufdesk (non-edit
 "$vpy" -m pip install -q --disable-pip-version-check "$whl" "pyinstaller>=6.10,<7"
 extra=""
 [ "$starter" = 1 ] && extra="[starter]"
+# The same version number every build: uninstall our own package first so the bundle has this tree's code.
+"$vpy" -m pip uninstall -q -y ggufdesk >/dev/null 2>&1 || true
 "$vpy" -m pip install -q --disable-pip-version-check ".$extra"
-# The same version number every build: reinstall our own package so the bundle has this tree's code.
-"$vpy" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall .
 
 step "freezing with PyInstaller"
 rm -rf "$build/out"

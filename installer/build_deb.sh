@@ -10,6 +10,7 @@ pkg=ggufdesk
 [ "$variant" = cpu ] || pkg="ggufdesk-$variant"
 res=app/ggufdesk/resources
 deb="dist/${pkg}_${version}_amd64.deb"
+[ "$starter" = 1 ] || deb="dist/${pkg}_${version}_amd64-nostarter.deb"  # the same package, without the starter
 
 root=$(mktemp -d "${TMPDIR:-/tmp}/ggufdesk-deb.XXXXXX")
 trap 'rm -rf "$root"' EXIT

@@ -143,3 +143,36 @@ def test_smoke_refuses_what_it_cannot_test(tmp_path):
     bogus.write_text("")
     assert smoke(bogus, tmp_path).returncode == 1
     assert smoke(tmp_path / "missing.tar.gz", tmp_path).returncode == 2
+
+
+# ------------------------------------------------------------------ the hint as the bundle's entry shows it
+
+def load_entry():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bundle_main", ROOT / "installer" / "bundle_main.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_entry_prints_the_hint_for_the_cli(monkeypatch, capsys):
+    entry = load_entry()
+    monkeypatch.delenv("GGUFDESK_NO_GPU_HINT", raising=False)
+    monkeypatch.setattr(bundle, "hint_once", lambda state_dir: "use the cuda build")
+    monkeypatch.setattr(sys, "argv", ["ggufdesk", "no-such-command"])
+    with pytest.raises(SystemExit):
+        entry.main()
+    assert "ggufdesk: use the cuda build" in capsys.readouterr().err
+
+
+@pytest.mark.qt_log_ignore("does not support propagateSizeHints")  # the offscreen platform's note
+def test_entry_shows_the_hint_in_a_window_that_does_not_block(qtbot):
+    from PySide6.QtWidgets import QApplication
+
+    entry = load_entry()
+    entry.show_hint_in_gui("use the cuda build")
+    box = QApplication.instance()._gpu_hint
+    qtbot.waitUntil(box.isVisible)
+    assert box.text() == "use the cuda build" and not box.isModal()
+    box.close()
