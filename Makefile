@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 DEPS   := pyproject.toml installer/llama_wheel.sh
 
-.PHONY: run test chat bench screenshots clean
+.PHONY: run test chat bench screenshots clean dist dist-test
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,18 @@ bench: $(VENV)/.dev
 
 screenshots: $(VENV)/.dev
 	$(PY) bench/screenshots.py
+
+# The self-contained bundle and .deb (installer/build_bundle.sh; GGUFDESK_VARIANT=cpu|cuda|vulkan,
+# GGUFDESK_STARTER=0 for a bundle without the starter model). Niced: it is a long, CPU-heavy build.
+dist:
+	PYTHON=$(PYTHON) nice -n 10 installer/build_bundle.sh
+
+# Smoke test of what `make dist` built, in a clean environment (installer/smoke.sh); the tiny model for
+# its run step comes from tests/fixtures/ggufs.py (the venv has the gguf writer). dist/built.txt names
+# the archive and .deb that the last `make dist` wrote.
+dist-test: dist $(VENV)/.run
+	$(PY) -c "from pathlib import Path; from tests.fixtures import ggufs; ggufs.write_tiny_llama(Path('dist/smoke-tiny.gguf'))"
+	for f in $$(cat dist/built.txt); do SMOKE_MODEL=$$PWD/dist/smoke-tiny.gguf installer/smoke.sh "$$f" || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info app/*.egg-info

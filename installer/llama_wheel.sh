@@ -5,7 +5,7 @@
 # because pip's own wheel cache does not key on CMAKE_ARGS and the build takes ~7 min.
 # Flags: portable CPU by default (GGML_NATIVE=ON dies with SIGILL on AMX CPUs, see
 # DESIGN.md §5); CUDA when an NVIDIA GPU and nvcc are present; Metal on macOS.
-# Override with GGUFDESK_CMAKE_ARGS; add flags with GGUFDESK_EXTRA_CMAKE_ARGS.
+# Choose with GGUFDESK_VARIANT=cpu|cuda|metal|vulkan; override with GGUFDESK_CMAKE_ARGS; add flags with GGUFDESK_EXTRA_CMAKE_ARGS.
 # Offline machines: LLAMA_CPP_PYTHON_SDIST=path/to/sdist.tar.gz and GGUFDESK_NO_BUILD_ISOLATION=1
 # (then scikit-build-core must already be installed).
 set -euo pipefail
@@ -17,15 +17,26 @@ CACHE=${GGUFDESK_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ggufdesk/wheels}
 # GGML_RPC=ON: the ggml-rpc backend, so `ggufdesk worker` / `--rpc` can spread a model over machines.
 rpc_flags="-DGGML_RPC=ON"
 cpu_flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON $rpc_flags"
-if [ -n "${GGUFDESK_CMAKE_ARGS:-}" ]; then
-  flags=$GGUFDESK_CMAKE_ARGS
-elif [ "$(uname -s)" = Darwin ]; then
-  flags="-DGGML_METAL=on $rpc_flags"
-elif command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  flags="$cpu_flags -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-native}"
-else
-  flags=$cpu_flags
+# GGUFDESK_VARIANT picks the build: auto (default: what this machine can use), cpu, cuda, metal, vulkan.
+variant=${GGUFDESK_VARIANT:-auto}
+if [ "$variant" = auto ]; then
+  if [ "$(uname -s)" = Darwin ]; then
+    variant=metal
+  elif command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    variant=cuda
+  else
+    variant=cpu
+  fi
 fi
+case "$variant" in
+  cpu) flags=$cpu_flags ;;
+  # A released CUDA build names its architectures (CUDA_ARCHS="75;80;86;89;90"); native suits this machine only.
+  cuda) flags="$cpu_flags -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-native}" ;;
+  metal) flags="-DGGML_METAL=on $rpc_flags" ;;
+  vulkan) flags="$cpu_flags -DGGML_VULKAN=on" ;;
+  *) echo "llama_wheel: unknown GGUFDESK_VARIANT '$variant' (auto, cpu, cuda, metal, vulkan)" >&2; exit 2 ;;
+esac
+[ -n "${GGUFDESK_CMAKE_ARGS:-}" ] && flags=$GGUFDESK_CMAKE_ARGS
 flags="$flags${GGUFDESK_EXTRA_CMAKE_ARGS:+ $GGUFDESK_EXTRA_CMAKE_ARGS}"
 src="llama-cpp-python==$VERSION"
 [ -n "${LLAMA_CPP_PYTHON_SDIST:-}" ] && src=$LLAMA_CPP_PYTHON_SDIST

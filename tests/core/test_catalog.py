@@ -16,7 +16,7 @@ def test_shipped_catalog_is_clean():
         d = c.draft_for(e.id)
         if d is not None:
             assert d.tokenizer == e.tokenizer and d.params_b < e.params_b
-    assert catalog.default_path().parent.name == "models_catalog"
+    assert catalog.default_path().parent.name == "catalog"
 
 
 GOOD = '''

@@ -6,12 +6,13 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+RES = ROOT / "app" / "ggufdesk" / "resources"
 
 
 def test_desktop_file_is_valid_and_points_at_the_gui_script():
     cp = configparser.ConfigParser(interpolation=None)
     cp.optionxform = str
-    cp.read(ROOT / "resources" / "ggufdesk.desktop")
+    cp.read(RES / "ggufdesk.desktop")
     e = cp["Desktop Entry"]
     assert e["Type"] == "Application" and e["Exec"] == "ggufdesk-gui" and e["Icon"] == "ggufdesk"
     assert e["Terminal"] == "false" and e["Categories"].endswith(";")
@@ -21,7 +22,7 @@ def test_icons_exist_in_every_size():
     from ggufdesk.ui.icons import SIZES
 
     for n in SIZES:
-        assert (ROOT / "resources" / "icons" / f"ggufdesk-{n}.png").stat().st_size > 100
+        assert (RES / "icons" / f"ggufdesk-{n}.png").stat().st_size > 100
 
 
 def test_app_icon_loads(qtbot):

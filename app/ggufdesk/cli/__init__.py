@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any
 
+from ggufdesk import __version__
 from ggufdesk.core.errors import KnownError
 
 # Each module defines NAME, HELP, add_arguments(parser) and run(args) -> int.
@@ -19,6 +20,7 @@ SUBCOMMANDS = ("probe", "plan", "recommend", "download", "library", "run", "chat
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ggufdesk", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    parser.add_argument("--version", action="version", version=f"ggufdesk {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         try:

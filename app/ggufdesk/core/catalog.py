@@ -1,10 +1,11 @@
-"""The curated model catalog (models_catalog/catalog.toml): families, hub repos, draft pairings."""
+"""The curated model catalog (ggufdesk/catalog/catalog.toml, package data): families, hub repos, draft pairings."""
 from __future__ import annotations
 
 import logging
 import re
 import tomllib
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +50,8 @@ class Catalog:
 
 
 def default_path() -> Path:
-    """models_catalog/catalog.toml at the source tree's root (editable install and tests)."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        cand = parent / "models_catalog" / "catalog.toml"
-        if cand.is_file():
-            return cand
-    return here.parents[3] / "models_catalog" / "catalog.toml"
+    """catalog/catalog.toml inside the package (editable, wheel and bundle installs alike)."""
+    return Path(str(resources.files("ggufdesk") / "catalog" / "catalog.toml"))
 
 
 def _check(raw: Any, i: int) -> tuple[CatalogEntry | None, list[str]]:

@@ -6,6 +6,7 @@ import hashlib
 import logging
 import os
 import sys
+from importlib import resources
 from pathlib import Path
 
 from PySide6.QtCore import QSettings
@@ -34,12 +35,8 @@ def instance_name(env: dict[str, str] | None = None) -> str:
 
 
 def resources_dir() -> Path:
-    """resources/ of the source tree (editable install), or the packaged copy."""
-    for cand in (Path(__file__).resolve().parents[3] / "resources",
-                 Path(__file__).resolve().parents[1] / "resources"):
-        if (cand / "ggufdesk.svg").exists():
-            return cand
-    return Path(__file__).resolve().parents[3] / "resources"
+    """resources/ inside the package (icons, .desktop file), found through importlib.resources."""
+    return Path(str(resources.files("ggufdesk") / "resources"))
 
 
 def app_icon() -> QIcon:

@@ -1,4 +1,4 @@
-"""Renders resources/ggufdesk.svg into the PNG icon sizes (`python -m ggufdesk.ui.icons`)."""
+"""Renders ggufdesk/resources/ggufdesk.svg into the PNG icon sizes (`python -m ggufdesk.ui.icons`)."""
 from __future__ import annotations
 
 import sys
