@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from ggufdesk.core.errors import KnownError
 from ggufdesk.core.history import History
 from ggufdesk.engine import protocol as P
 from ggufdesk.session import ChatSession, HistoryWriter, SessionView
@@ -137,5 +135,3 @@ class Rig:
 def rig(history: History, writer: HistoryWriter) -> Rig:
     return Rig(history, writer)
 
-
-__all__ = ["KnownError", "Rig", "locked", "threading"]
