@@ -196,6 +196,7 @@ def main() -> int:
 
     def add(key: str, v: float) -> None:
         rows.setdefault(key, []).append(v)
+        print(f"  {key} = {v:.4g}", flush=True)
 
     chunk = serve.loaded.settings["prefill_chunk"]
     for r in range(args.rounds):
@@ -227,7 +228,8 @@ def main() -> int:
         ths, bg = [], []
         t0 = time.perf_counter()
         for i in range(4):
-            rid = serve.generate(prompt=text(20, f"{tag}bg{i}"), sampling=greedy(4000))
+            # (prompt + max_tokens of all four and the long prompt must fit the cells, or it waits)
+            rid = serve.generate(prompt=text(20, f"{tag}bg{i}"), sampling=greedy(1000))
             th_ = threading.Thread(target=stream_times, args=(serve, rid, t0, out))
             th_.start()
             ths.append(th_)
