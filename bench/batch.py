@@ -28,9 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ggufdesk.core.settings import LoadSettings, SamplingSettings  # noqa: E402
-from ggufdesk.engine import protocol as P  # noqa: E402
-from ggufdesk.engine.client import EngineClient  # noqa: E402
+from ggufdesk.core.settings import LoadSettings, SamplingSettings
+from ggufdesk.engine import protocol as P
+from ggufdesk.engine.client import EngineClient
 
 WORDS = ("river town woke slowly fishermen pulled their boats onto the gravel baker opened his shutters "
          "thin smoke rose from chimneys along water children ran to school on hill while parents argued "
@@ -214,8 +214,12 @@ def main() -> int:
             p = text(20, f"{tag}one{who}")
             if who == "old":
                 times: list[float] = []
+
+                def stamp(_text: str, times: list[float] = times) -> None:
+                    times.append(time.perf_counter())
+
                 old.truncate(0)
-                old.run(old.tokenize(p), greedy(GEN), emit_text=lambda _t: times.append(time.perf_counter()))
+                old.run(old.tokenize(p), greedy(GEN), emit_text=stamp)
                 add("one_old", (len(times) - 1) / (times[-1] - times[0]))
             else:
                 res = run_together(serve if who == "serve" else run1, [p], GEN)[0]
@@ -274,7 +278,7 @@ def main() -> int:
         print(f"| {n} | {m(f'agg{n}'):.1f} | {m(f'low{n}'):.1f} | {m(f'agg{n}') / m(f'low{n}'):.2f}x | {ref} |")
     print(f"   4 streams vs one: {m('agg4') / m('agg1'):.2f}x; 8 streams vs one: {m('agg8') / m('agg1'):.2f}x")
     print("\n3. one stream, decode tok/s")
-    print(f"| engine n_parallel=8 | engine n_parallel=1 (ggufdesk run) | pre-batching loop in-process |")
+    print("| engine n_parallel=8 | engine n_parallel=1 (ggufdesk run) | pre-batching loop in-process |")
     print("|---:|---:|---:|")
     print(f"| {m('one_serve'):.1f} | {m('one_run'):.1f} | {m('one_old'):.1f} |")
     print(f"   n_parallel=8 vs run: {m('one_serve') / m('one_run'):.3f}x; run vs the old loop: "
