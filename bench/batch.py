@@ -7,7 +7,7 @@ threads (medians over rounds; the machine is shared, so read the ratios, not the
    llama_decode), and the cost of extra verification rows beside 4 decode rows (do lookup
    drafts riding in a batch pay?);
 2. aggregate tok/s with 1, 4 and 8 concurrent streams through the engine process, against the
-   same batches driven in-process through the low-level API (DESIGN: 79 / 118 / 178 tok/s);
+   same batches driven in-process through the low-level API (a quiet machine: 79 / 118 / 178 tok/s);
 3. one stream: an engine loaded for 8 sequences vs one loaded for 1 (what `ggufdesk run` uses)
    vs the pre-batching decode loop in-process (generate.Generator.run);
 4. 4 streams decoding while a 3,000-token prompt arrives: their worst inter-token gap vs their
@@ -272,7 +272,7 @@ def main() -> int:
         return statistics.median(rows[key])
 
     print(f"\n2. aggregate decode tok/s, {GEN} tokens per stream (engine process, n_parallel=8)")
-    print("| streams | engine | low-level in-process, same run | ratio | DESIGN §7 (quiet machine) |")
+    print("| streams | engine | low-level in-process, same run | ratio | in-process, quiet machine |")
     print("|---:|---:|---:|---:|---:|")
     for n, ref in ((1, 79), (4, 118), (8, 178)):
         print(f"| {n} | {m(f'agg{n}'):.1f} | {m(f'low{n}'):.1f} | {m(f'agg{n}') / m(f'low{n}'):.2f}x | {ref} |")
