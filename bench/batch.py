@@ -7,7 +7,7 @@ threads (medians over rounds; the machine is shared, so read the ratios, not the
    llama_decode), and the cost of extra verification rows beside 4 decode rows (do lookup
    drafts riding in a batch pay?);
 2. aggregate tok/s with 1, 4 and 8 concurrent streams through the engine process, against the
-   same batches driven in-process through the low-level API (DESIGN: 79 / 118 / 178 tok/s);
+   same batches driven in-process through the low-level API (a quiet machine: 79 / 118 / 178 tok/s);
 3. one stream: an engine loaded for 8 sequences vs one loaded for 1 (what `ggufdesk run` uses)
    vs the pre-batching decode loop in-process (generate.Generator.run);
 4. 4 streams decoding while a 3,000-token prompt arrives: their worst inter-token gap vs their
@@ -28,9 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ggufdesk.core.settings import LoadSettings, SamplingSettings  # noqa: E402
-from ggufdesk.engine import protocol as P  # noqa: E402
-from ggufdesk.engine.client import EngineClient  # noqa: E402
+from ggufdesk.core.settings import LoadSettings, SamplingSettings
+from ggufdesk.engine import protocol as P
+from ggufdesk.engine.client import EngineClient
 
 WORDS = ("river town woke slowly fishermen pulled their boats onto the gravel baker opened his shutters "
          "thin smoke rose from chimneys along water children ran to school on hill while parents argued "
@@ -196,6 +196,7 @@ def main() -> int:
 
     def add(key: str, v: float) -> None:
         rows.setdefault(key, []).append(v)
+        print(f"  {key} = {v:.4g}", flush=True)
 
     chunk = serve.loaded.settings["prefill_chunk"]
     for r in range(args.rounds):
@@ -213,8 +214,12 @@ def main() -> int:
             p = text(20, f"{tag}one{who}")
             if who == "old":
                 times: list[float] = []
+
+                def stamp(_text: str, times: list[float] = times) -> None:
+                    times.append(time.perf_counter())
+
                 old.truncate(0)
-                old.run(old.tokenize(p), greedy(GEN), emit_text=lambda _t: times.append(time.perf_counter()))
+                old.run(old.tokenize(p), greedy(GEN), emit_text=stamp)
                 add("one_old", (len(times) - 1) / (times[-1] - times[0]))
             else:
                 res = run_together(serve if who == "serve" else run1, [p], GEN)[0]
@@ -227,7 +232,8 @@ def main() -> int:
         ths, bg = [], []
         t0 = time.perf_counter()
         for i in range(4):
-            rid = serve.generate(prompt=text(20, f"{tag}bg{i}"), sampling=greedy(4000))
+            # (prompt + max_tokens of all four and the long prompt must fit the cells, or it waits)
+            rid = serve.generate(prompt=text(20, f"{tag}bg{i}"), sampling=greedy(1000))
             th_ = threading.Thread(target=stream_times, args=(serve, rid, t0, out))
             th_.start()
             ths.append(th_)
@@ -266,13 +272,13 @@ def main() -> int:
         return statistics.median(rows[key])
 
     print(f"\n2. aggregate decode tok/s, {GEN} tokens per stream (engine process, n_parallel=8)")
-    print("| streams | engine | low-level in-process, same run | ratio | DESIGN §7 (quiet machine) |")
+    print("| streams | engine | low-level in-process, same run | ratio | in-process, quiet machine |")
     print("|---:|---:|---:|---:|---:|")
     for n, ref in ((1, 79), (4, 118), (8, 178)):
         print(f"| {n} | {m(f'agg{n}'):.1f} | {m(f'low{n}'):.1f} | {m(f'agg{n}') / m(f'low{n}'):.2f}x | {ref} |")
     print(f"   4 streams vs one: {m('agg4') / m('agg1'):.2f}x; 8 streams vs one: {m('agg8') / m('agg1'):.2f}x")
     print("\n3. one stream, decode tok/s")
-    print(f"| engine n_parallel=8 | engine n_parallel=1 (ggufdesk run) | pre-batching loop in-process |")
+    print("| engine n_parallel=8 | engine n_parallel=1 (ggufdesk run) | pre-batching loop in-process |")
     print("|---:|---:|---:|")
     print(f"| {m('one_serve'):.1f} | {m('one_run'):.1f} | {m('one_old'):.1f} |")
     print(f"   n_parallel=8 vs run: {m('one_serve') / m('one_run'):.3f}x; run vs the old loop: "

@@ -315,9 +315,9 @@ class EngineClient:
                 log.exception("event listener failed")
         else:
             rid = getattr(event, "id", None)
-            with self._cond:
+            with self._cond:  # (under the lock: stream() may be moving this id's events right now)
                 q = self._streams.get(rid) if rid is not None else None
-            (q or self._queue).put(event)
+                (q or self._queue).put(event)
 
     # ---- crash, hang and restart --------------------------------------------------------------
 
@@ -509,14 +509,11 @@ class EngineClient:
                          context_policy=context_policy, logprobs=logprobs, **extra)
         with self._cond:
             self._inflight.add(rid)
-            if self.on_event is None:
-                self._streams[rid] = queue.Queue()
         try:
             self._send(msg)
         except KnownError:
             with self._cond:
                 self._inflight.discard(rid)
-                self._streams.pop(rid, None)
             raise
         return rid
 
@@ -584,15 +581,30 @@ class EngineClient:
         """Events of request rid, ending with its Done or Error (several streams may run at once)."""
         deadline = time.monotonic() + timeout
         with self._cond:
+            # from now on rid's events go to a queue of its own, so other streams (and events())
+            # never take them; what already arrived moves there, the rest stays in order
             own = self._streams.get(rid)
-        q = own or self._queue
+            if own is None:
+                own = self._streams[rid] = queue.Queue()
+                rest: list[P.Event] = []
+                while True:
+                    try:
+                        ev = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if getattr(ev, "id", None) == rid:
+                        own.put(ev)
+                    else:
+                        rest.append(ev)
+                for ev in rest:
+                    self._queue.put(ev)
         try:
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise KnownError(f"no answer from the engine in {timeout:.0f} s")
                 try:
-                    event = q.get(timeout=left)
+                    event = own.get(timeout=left)
                 except queue.Empty:
                     continue
                 if getattr(event, "id", None) != rid:
@@ -601,9 +613,8 @@ class EngineClient:
                 if isinstance(event, (P.Done, P.Error)):
                     return
         finally:
-            if own is not None:
-                with self._cond:
-                    self._streams.pop(rid, None)
+            with self._cond:
+                self._streams.pop(rid, None)
 
     def __enter__(self) -> EngineClient:
         if self.state == "stopped":
