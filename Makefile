@@ -38,8 +38,11 @@ run: $(VENV)/.run
 chat: $(VENV)/.run
 	$(VENV)/bin/ggufdesk chat
 
+# Static checks first (seconds with their caches): layer contracts, ruff, mypy (see pyproject.toml).
 test: $(VENV)/.dev
 	QT_QPA_PLATFORM=offscreen $(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check app tests bench
+	$(VENV)/bin/mypy
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest
 
 bench: $(VENV)/.dev

@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ggufdesk.core.settings import LoadSettings, SamplingSettings  # noqa: E402
-from ggufdesk.engine import protocol as P  # noqa: E402
-from ggufdesk.engine.client import EngineClient  # noqa: E402
+from ggufdesk.core.settings import LoadSettings, SamplingSettings
+from ggufdesk.engine import protocol as P
+from ggufdesk.engine.client import EngineClient
 
 PASSAGE = (
     "The river town woke slowly. Fishermen pulled their boats onto the gravel, the baker opened "
@@ -129,7 +129,7 @@ def main() -> int:
           f"{args.gen} generated; {args.rounds} interleaved rounds, medians")
     print("| metric | ggufdesk run (engine process) | llama-cpp-python in-process | ratio |")
     print("|---|---:|---:|---:|")
-    for key, label, better in (("decode", "decode tok/s", "higher"), ("prefill", "prefill tok/s", "higher"),
+    for key, label, _better in (("decode", "decode tok/s", "higher"), ("prefill", "prefill tok/s", "higher"),
                                ("ttft", "time to first token s", "lower")):
         o, r = med(ours, key), med(ref, key)
         print(f"| {label} | {o:.2f} | {r:.2f} | {o / r:.3f}x |")

@@ -15,11 +15,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
-from ggufdesk.core import gguf_meta, hardware, planner  # noqa: E402
-from ggufdesk.core.settings import LoadSettings, SamplingSettings  # noqa: E402
-from ggufdesk.engine import protocol as P  # noqa: E402
-from ggufdesk.engine.client import EngineClient  # noqa: E402
-from tests.fixtures import ggufs  # noqa: E402
+from ggufdesk.core import gguf_meta, hardware, planner
+from ggufdesk.core.settings import LoadSettings, SamplingSettings
+from ggufdesk.engine import protocol as P
+from ggufdesk.engine.client import EngineClient
+from tests.fixtures import ggufs
 
 
 def gpu_used() -> int:

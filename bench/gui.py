@@ -142,8 +142,8 @@ def stall_bench(model: Path, tokens: int, *, threads: int) -> None:
     rows = [("idle (reference)", idle), ("streaming", streaming)]
     print(f"\nEvent-loop gaps, {TICK_MS} ms timer, model {model.name}, {n_gen} tokens in {dt:.2f} s "
           f"(engine decode {stats.decode_tok_s if stats else 0:.0f} tok/s)")
-    print(f"| phase | ticks | max gap ms | p99 gap ms | mean gap ms |")
-    print(f"|---|---:|---:|---:|---:|")
+    print("| phase | ticks | max gap ms | p99 gap ms | mean gap ms |")
+    print("|---|---:|---:|---:|---:|")
     for name, g in rows:
         mx, p99, mean = summarize(g)
         print(f"| {name} | {len(g)} | {mx:.1f} | {p99:.1f} | {mean:.1f} |")

@@ -27,7 +27,6 @@ def rss() -> int:
 
 def worker(path: str, n_ctx: int, n_ubatch: int, prompt_len: int, n_decode: int, flash: str) -> dict:
     """Load, prefill prompt_len tokens, decode n_decode greedy tokens; report memory and speed."""
-    import ctypes
 
     import llama_cpp
     import numpy as np

@@ -46,8 +46,8 @@ def demo_services():
                     ("Qwen2.5 1.5B Instruct Q8_0", "Qwen/Qwen2.5-1.5B-Instruct-GGUF", 1.89),
                     ("Gemma 3 1B IT Q4_K_M", "unsloth/gemma-3-1b-it-GGUF", 0.81),
                     ("Qwen2.5 32B Instruct Q4_K_M", "bartowski/Qwen2.5-32B-Instruct-GGUF", 19.9)]
-            out = [rough_plan(ModelChoice(label=l, source="catalog", repo=r, filename="x.gguf",
-                                          size_bytes=int(s * GB)), hw) for l, r, s in rows]
+            out = [rough_plan(ModelChoice(label=name, source="catalog", repo=r, filename="x.gguf",
+                                          size_bytes=int(s * GB)), hw) for name, r, s in rows]
             out[1].recommended = True
             out[1].draft = ModelChoice(label="Llama 3.2 1B Instruct Q8_0", source="catalog",
                                        repo="bartowski/Llama-3.2-1B-Instruct-GGUF",

@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ggufdesk.core.starter import starter_model_path  # noqa: E402
-from ggufdesk.engine import protocol as P  # noqa: E402
-from ggufdesk.engine.client import EngineClient  # noqa: E402
+from ggufdesk.core.starter import starter_model_path
+from ggufdesk.engine import protocol as P
+from ggufdesk.engine.client import EngineClient
 
 PASSAGE = (
     "The river town of Ashford sits where two valleys meet. Its market opens at dawn every Saturday, "
@@ -134,7 +134,7 @@ def main() -> int:
     results: dict[str, dict[str, list[dict]]] = {w: {} for w in WORKLOADS}
     with EngineClient(auto_restart=False) as client:
         client.load(model, settings={"n_ctx": 1024}, speculation={"k_max": 16})  # logits rows for K <= 16
-        for w, (prompt, temp) in WORKLOADS.items():  # warm-up: page the weights in
+        for prompt, temp in WORKLOADS.values():  # warm-up: page the weights in
             ours(client, prompt, temp, 8, MODES["plain"])
             if ref is not None:
                 ref.run("plain", prompt, temp, 8)

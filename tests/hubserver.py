@@ -383,13 +383,13 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     # -- routing -------------------------------------------------------------------------------
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._route()
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._route()
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._route()
 
     def _route(self) -> None:

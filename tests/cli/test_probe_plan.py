@@ -1,4 +1,4 @@
-"""`ggufdesk probe/plan/recommend --json`: the output shape other tools rely on (DESIGN.md §6)."""
+"""`ggufdesk probe/plan/recommend --json`: the output shape other tools rely on (docs/architecture.md, "The CLI contract")."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""`ggufdesk run` and `ggufdesk chat` go through the engine process and report what DESIGN.md §6 promises."""
+"""`ggufdesk run` and `ggufdesk chat` go through the engine process and report what docs/architecture.md ("The CLI contract") promises."""
 from __future__ import annotations
 
 import io
@@ -12,9 +12,9 @@ from ggufdesk.cli import chat as chat_cmd
 KEYS = {"text", "tokens", "ttft_s", "prefill_tok_s", "decode_tok_s", "drafted", "accepted", "finish_reason"}
 
 
-def ggufdesk(*argv: str, input: str | None = None) -> subprocess.CompletedProcess:
+def ggufdesk(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ggufdesk", *argv], capture_output=True, text=True,
-                          input=input, timeout=180)
+                          input=stdin, timeout=180)
 
 
 def test_run_json(tiny_model):

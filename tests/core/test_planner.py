@@ -8,7 +8,7 @@ import pytest
 from ggufdesk.core import planner, quants
 from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.gguf_meta import read_gguf
-from ggufdesk.core.hardware import CPUInfo, GPUInfo, HardwareInfo, record_decode_run
+from ggufdesk.core.hardware import CPUInfo, GPUInfo, HardwareInfo, calibration, record_decode_run
 from tests.fixtures import ggufs
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -148,7 +148,9 @@ def test_calibration_replaces_the_default_efficiency(info):
     h = hw(bw=10.0)
     before = planner.decode_seconds(info, h, n_gpu_layers=0)
     record_decode_run(where="cpu", bytes_per_token=100 << 20, tok_s=1.0)  # 0.1 GB/s: a slow machine
-    after = planner.decode_seconds(info, h, n_gpu_layers=0)
+    assert planner.decode_seconds(info, h, n_gpu_layers=0) == before  # pure: no file is read
+    after = planner.decode_seconds(info, h, n_gpu_layers=0, calibration=calibration())
+    assert planner.decode_seconds(info, replace(h, calibration=calibration()), n_gpu_layers=0) == after
     read = planner.weight_bytes_per_token(info)
     # the calibrated bandwidth comes from whole-token times, so the fixed per-token cost is inside it
     assert after == pytest.approx(read / ((100 << 20) * 1.0))

@@ -76,7 +76,7 @@ def test_generation_stops_at_full_context(engine):
 
 def test_chat_without_template_uses_builtin_and_drops_oldest_turns(engine):
     msgs = [{"role": "system", "content": "be brief"}]
-    for i in range(40):
+    for _ in range(40):
         msgs += [{"role": "user", "content": "the cat " * 10}, {"role": "assistant", "content": "dog " * 10}]
     msgs.append({"role": "user", "content": "hello"})
     r = collect(engine, engine.generate(messages=msgs, sampling=greedy(8)))

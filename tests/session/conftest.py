@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from ggufdesk.core.errors import KnownError
 from ggufdesk.core.history import History
 from ggufdesk.engine import protocol as P
 from ggufdesk.session import ChatSession, HistoryWriter, SessionView
@@ -126,16 +124,14 @@ class Rig:
         self.until(lambda: len(self.engine.requests) > n)
         return f"r{len(self.engine.requests)}"
 
-    def answer(self, rid: str, *pieces: str, reason: str = "stop") -> None:
+    def answer(self, rid: str, *pieces: str, reason: P.FinishReason = "stop") -> None:
         for piece in pieces:
             self.session.on_event(P.Token(id=rid, text=piece))
         self.session.on_event(P.Stats(id=rid, n_gen=len(pieces), final=True))
-        self.session.on_event(P.Done(id=rid, finish_reason=reason))  # type: ignore[arg-type]
+        self.session.on_event(P.Done(id=rid, finish_reason=reason))
 
 
 @pytest.fixture
 def rig(history: History, writer: HistoryWriter) -> Rig:
     return Rig(history, writer)
 
-
-__all__ = ["KnownError", "Rig", "locked", "threading"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 _SCHEDSTAT = Path("/proc/thread-self/schedstat")
 
@@ -82,5 +82,3 @@ class LoopGaps:
     def stop(self) -> None:
         self._timer.stop()
 
-
-__all__ = ["Callable", "Clock", "LoopGaps", "TimedCalls"]

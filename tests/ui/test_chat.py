@@ -75,6 +75,7 @@ def test_regenerate_replaces_the_answer(qtbot, loaded_window):
     first_answer = w.history.messages(w.conv.id)[1]
     with qtbot.waitSignal(w.answer_finished, timeout=15000):
         w.chat.widgets[-1].regen_btn.click()
+    assert w.writer.flush(10)
     msgs = w.history.messages(w.conv.id)
     assert [m.role for m in msgs] == ["user", "assistant"]
     assert msgs[1].created > first_answer.created and msgs[1].status == "done"

@@ -22,7 +22,7 @@ def test_gui_thread_is_never_blocked_across_an_engine_crash_and_restart(qtbot, w
     with qtbot.waitSignals([w.engine.crashed, w.answer_finished], timeout=20000, order="none"):
         assert w.send("__crash__ now")
     # The engine is restarting now (the new one needs 1.2 s to start): everything returns at once.
-    assert w.engine.state in ("starting", "loading")
+    assert w.engine.state in ("starting", "loading") and w.engine.loaded_event is None  # no stale model
     rid = w.engine.generate(prompt="asked while it restarts")
     w.engine.cancel(rid)
     w.load_model(model)  # the user reloads by hand while the restart is under way

@@ -21,12 +21,12 @@ def test_chat_with_the_real_engine_on_a_tiny_model(qtbot, history, tiny_model):
         assert loaded.args[0].chat_format == "completion"  # no template: completion mode
         conv = w.new_conversation()
         assert conv.mode == "completion"
-        w.history.update_conversation(conv.id, sampling=SamplingSettings(temperature=0, max_tokens=24))
-        w.conv = w.history.get_conversation(conv.id)
+        w.session.update_conversation(sampling=SamplingSettings(temperature=0, max_tokens=24))
         with qtbot.waitSignal(w.answer_finished, timeout=60000) as done:
             assert w.send("the cat and the dog")
         assert done.args == ["done"]
-        user, answer = w.history.messages(conv.id)
+        assert w.writer.flush(10)
+        user, answer = w.history.messages(w.conv.id)
         assert user.content == "the cat and the dog"
         assert answer.status == "done" and answer.content.strip()
         assert answer.stats["n_gen"] > 0 and answer.stats["final"]

@@ -14,6 +14,7 @@ def test_gauges_follow_engine_stats_during_a_stream(qtbot, loaded_window):
     assert "weights 4.0 KB" not in legend and "weights" in legend and "KV cache 64.0 MB" in legend
     with qtbot.waitSignal(w.answer_finished, timeout=15000):
         w.send("measure me")
+    assert w.writer.flush(10)
     final = w.history.messages(w.conv.id)[1].stats
     # What the panel shows is what the engine's final stats said (the same numbers `run --json` prints).
     assert w.gauges.decode.text() == f"{final['decode_tok_s']:.1f} tok/s"

@@ -7,7 +7,7 @@ import time
 
 from ggufdesk.cli import print_json
 from ggufdesk.core import downloads
-from ggufdesk.core.gguf_meta import split_parts
+from ggufdesk.core.gguf_meta import split_names, split_parts
 
 NAME = "download"
 HELP = "download a model file from the Hugging Face hub (resumable, sha256-checked); without FILE, list the repo"
@@ -47,11 +47,10 @@ class _Bar:
 
 
 def _parts(file: str) -> list[str]:
-    sp = split_parts(file)
+    sp = split_parts(file.rpartition("/")[2])
     if sp is None or sp[1] != 1:
         return [file]
-    stem, _, count = sp
-    return [f"{stem}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+    return split_names(file)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
                  if g.source == "nvml" else " (found by llama.cpp)")
         print(f"GPU {g.index}: {g.name}, {g.vram_free / GiB:.1f} of {g.vram_total / GiB:.1f} GB free{bw}{extra}")
     c = hw.cpu
-    print(f"CPU: {c.name}, {c.cores_physical} cores / {c.cores_logical} threads, {' '.join(c.flags) or 'no SIMD flags'}")
+    print(f"CPU: {c.name}, {c.cores_physical} cores / {c.cores_logical} threads, "
+          f"{' '.join(c.flags) or 'no SIMD flags'}")
     print(f"RAM: {hw.ram_available / GiB:.1f} of {hw.ram_total / GiB:.1f} GB available, "
           f"{hw.ram_bandwidth_gbs:.1f} GB/s read ({hw.ram_bandwidth_source}), {hw.cpu_gflops:.0f} GFLOPS")
     for n in hw.notes:

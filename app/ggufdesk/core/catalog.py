@@ -13,8 +13,9 @@ from ggufdesk.core.errors import KnownError
 log = logging.getLogger("ggufdesk.catalog")
 
 REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-REQUIRED = {"id": str, "family": str, "name": str, "params_b": (int, float), "repo": str,
-            "context_length": int, "license": str, "tokenizer": str}
+REQUIRED: dict[str, type | tuple[type, ...]] = {
+    "id": str, "family": str, "name": str, "params_b": (int, float), "repo": str,
+    "context_length": int, "license": str, "tokenizer": str}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,8 +96,8 @@ def load(path: Path | None = None) -> Catalog:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise KnownError(f"the model catalog is missing ({path})") from None
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise KnownError(f"the model catalog {path} cannot be read: {e}") from e
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise KnownError(f"the model catalog {path} cannot be read: {err}") from err
     warnings: list[str] = []
     version = data.get("version")
     if not isinstance(version, int):

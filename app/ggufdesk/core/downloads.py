@@ -175,7 +175,7 @@ def list_gguf(repo_id: str, *, revision: str | None = None, token: str | bool | 
     try:
         entries = [e for e in HfApi(endpoint=endpoint).list_repo_tree(
             repo_id, revision=revision, recursive=True, token=token) if hasattr(e, "size")]
-    except Exception as e:  # noqa: BLE001 - mapped to a user-readable KnownError
+    except Exception as e:
         if isinstance(e, _network_errors()) or e.__class__.__module__.startswith("huggingface_hub"):
             raise _hub_error(e, repo_id, "", revision) from e
         raise
@@ -638,8 +638,3 @@ def _origin(url: str) -> str:
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
-
-
-def download_model(repo_id: str, model: RemoteModel, **kwargs) -> list[Downloaded]:
-    """All files of a (possibly split) model; ``progress`` sees each part in turn."""
-    return [download(repo_id, f.path, **kwargs) for f in model.files]

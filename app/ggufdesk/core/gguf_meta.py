@@ -318,16 +318,24 @@ def split_parts(name: str) -> tuple[str, int, int] | None:
     return (m["stem"], int(m["no"]), int(m["count"])) if m else None
 
 
+def split_names(name: str) -> list[str]:
+    """Every part of the split set that `name` ('dir/stem-0000k-of-0000n.gguf') belongs to, in
+    order and with the same folder; [name] for a file that is not split."""
+    folder, slash, base = name.rpartition("/")
+    sp = split_parts(base)
+    if sp is None:
+        return [name]
+    stem, _, count = sp
+    return [f"{folder}{slash}{stem}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+
+
 def _local_parts(path: Path) -> list[_Part]:
     if not path.exists():
         raise KnownError(f"{path}: no such file")
     if path.is_dir():
         raise KnownError(f"{path}: is a folder, not a GGUF file")
-    sp = split_parts(path.name)
-    paths = [path]
-    if sp:
-        stem, _, count = sp
-        paths = [path.with_name(f"{stem}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    paths = [path.with_name(n) for n in split_names(path.name)]
+    if len(paths) > 1:
         missing = [p.name for p in paths if not p.exists()]
         if missing:
             raise KnownError(f"{path}: split model is incomplete, missing {', '.join(missing)}")
@@ -357,12 +365,7 @@ def hf_filesystem() -> Any:
 def _remote_parts(url: str) -> list[_Part]:
     repo, path, rev = parse_hf_url(url)
     fs = hf_filesystem()
-    names = [path]
-    sp = split_parts(path.rsplit("/", 1)[-1])
-    if sp:
-        stem, _, count = sp
-        folder = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
-        names = [f"{folder}{stem.rsplit('/', 1)[-1]}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+    names = split_names(path)
     parts = []
     for name in names:
         full = f"{repo}@{rev}/{name}" if rev else f"{repo}/{name}"

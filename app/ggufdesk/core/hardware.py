@@ -51,6 +51,8 @@ class CPUInfo:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HardwareInfo:
+    """What probe() found; `calibration` is what real runs on this machine measured (read once)."""
+
     gpus: tuple[GPUInfo, ...]
     cpu: CPUInfo
     ram_total: int
@@ -61,6 +63,7 @@ class HardwareInfo:
     driver: str | None = None
     unified_memory: bool = False
     notes: tuple[str, ...] = ()
+    calibration: Calibration = field(default_factory=lambda: Calibration())
 
     @property
     def vram_free(self) -> int:
@@ -266,7 +269,7 @@ def probe(*, remeasure: bool = False) -> HardwareInfo:
         notes.append("no usable GPU found: models run on the CPU")
     return HardwareInfo(gpus=tuple(gpus), cpu=cpu, ram_total=int(vm.total), ram_available=int(vm.available),
                         ram_bandwidth_gbs=bw, ram_bandwidth_source=src, cpu_gflops=gflops, driver=driver,
-                        unified_memory=unified, notes=tuple(notes))
+                        unified_memory=unified, notes=tuple(notes), calibration=calibration())
 
 
 def with_ggml_devices(hw: HardwareInfo, devices: list[dict[str, Any]]) -> HardwareInfo:
@@ -274,7 +277,7 @@ def with_ggml_devices(hw: HardwareInfo, devices: list[dict[str, Any]]) -> Hardwa
     NVML found none; `devices` is the engine's Ready.devices. Bandwidth stays unknown for them."""
     if hw.gpus:
         return hw
-    gpus = []
+    gpus: list[GPUInfo] = []
     notes = list(hw.notes)
     for d in devices:
         if d.get("type") not in ("gpu", "igpu") or not d.get("memory_total"):
@@ -302,6 +305,19 @@ class DecodeRun:
     tok_s: float
     n_layer: int = 0
     at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Effective decode bandwidths (GB/s) measured by real runs here; None: not measured yet."""
+
+    cpu_gbs: float | None = None
+    gpu_gbs: float | None = None
+
+
+def calibration() -> Calibration:
+    """This machine's recorded calibration, read from disk once per call (the planner never reads it)."""
+    return Calibration(cpu_gbs=effective_bandwidth_gbs("cpu"), gpu_gbs=effective_bandwidth_gbs("gpu"))
 
 
 def record_decode_run(*, where: str, bytes_per_token: int, tok_s: float, n_layer: int = 0) -> None:

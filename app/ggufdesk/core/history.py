@@ -167,7 +167,7 @@ class History:
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (title, now, now, system_prompt, json.dumps(dataclasses.asdict(sampling)), mode, model),
             )
-            return self.get_conversation(int(cur.lastrowid))
+            return self.get_conversation(int(cur.lastrowid or 0))
 
     def get_conversation(self, conversation_id: int) -> Conversation:
         with self._lock:
@@ -274,7 +274,7 @@ class History:
             self._db.execute(
                 "UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id)
             )
-            return self.get_message(int(cur.lastrowid))
+            return self.get_message(int(cur.lastrowid or 0))
 
     def update_message(
         self, message_id: int, *, content: str | None = None, status: str | None = None,

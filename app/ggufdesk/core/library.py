@@ -13,9 +13,10 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ggufdesk.core.errors import KnownError
-from ggufdesk.core.gguf_meta import split_parts
+from ggufdesk.core.gguf_meta import split_names, split_parts
 from ggufdesk.core.quants import quant_from_name
 
 log = logging.getLogger("ggufdesk.library")
@@ -55,13 +56,12 @@ def _usable(name: str) -> bool:
 
 
 def _split_size(first: Path) -> tuple[int, int]:
-    sp = split_parts(first.name)
-    if sp is None:
+    names = split_names(first.name)
+    if len(names) == 1:
         return first.stat().st_size, 1
-    stem, _, count = sp
-    total = 0
-    for i in range(1, count + 1):
-        part = first.with_name(f"{stem}-{i:05d}-of-{count:05d}.gguf")
+    total, count = 0, len(names)
+    for name in names:
+        part = first.with_name(name)
         if not part.exists():
             raise FileNotFoundError(part)
         total += part.stat().st_size
@@ -142,7 +142,7 @@ def ollama_models(root: Path | None = None) -> list[LocalModel]:
     """Ollama's store: manifests/<registry>/<namespace>/<name>/<tag> → the model layer's GGUF blob."""
     root = root or ollama_root()
     manifests = root / "manifests"
-    out = []
+    out: list[LocalModel] = []
     if not manifests.is_dir():
         return out
     for mf in sorted(p for p in manifests.rglob("*") if p.is_file()):
@@ -184,7 +184,7 @@ def _data_file(name: str) -> Path:
     return d / name
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
@@ -192,7 +192,7 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _write_json(path: Path, data: dict) -> None:
+def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)

@@ -18,20 +18,22 @@ Speed: decode time per token = T0 + sum over tensors read (bytes / rate) + KV re
 rate = min(RAM bandwidth x efficiency, threads x per-thread dequantize rate);
 prefill = 2 x params FLOPs per token / (compute x efficiency). Efficiencies were fitted on this project's
 test machine (bench/planner.py) and are replaced by the machine's own figures once real runs are
-recorded (hardware.record_decode_run).
+recorded (hardware.record_decode_run; probe() reads them into HardwareInfo.calibration, and every
+function here is pure: it reads no file).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 import gguf
 
 from ggufdesk.core import quants
 from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.gguf_meta import GGUFInfo, TensorInfo
-from ggufdesk.core.hardware import HardwareInfo, effective_bandwidth_gbs
+from ggufdesk.core.hardware import Calibration, HardwareInfo
+from ggufdesk.core.settings import LOGITS_ROWS
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -111,10 +113,7 @@ def _layer_stage(info: GGUFInfo, n_ubatch: int, n_kv: int, n_masks: int, flash: 
     return max(ffn, attn)
 
 
-# The engine caps the logits rows one decode may return (llama.cpp's n_outputs_max) at a
-# verification batch: [last] + K max drafts (SpeculationSettings().k_max = 16). Without the cap
-# llama.cpp reserves logits for every micro-batch position.
-N_OUTPUTS = 17
+N_OUTPUTS = LOGITS_ROWS  # the engine's cap on logits rows per decode (core/settings.py)
 
 
 def compute_buffer(info: GGUFInfo, *, n_ctx: int, n_ubatch: int, flash: bool, with_output: bool = True,
@@ -207,15 +206,17 @@ def weight_bytes_per_token(info: GGUFInfo) -> int:
 
 
 def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth: int = 0,
-                   type_k: str = "f16", type_v: str = "f16") -> float:
-    """Predicted seconds per decoded token with `depth` tokens already in the KV cache."""
+                   type_k: str = "f16", type_v: str = "f16", calibration: Calibration | None = None) -> float:
+    """Predicted seconds per decoded token with `depth` tokens already in the KV cache.
+
+    `calibration` (default: the one probe() put into `hw`) replaces the fitted efficiencies."""
     gpu = bool(hw.gpus) and n_gpu_layers != 0
     n_layer = info.n_layer
     ngl = 0 if not gpu else (n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1))
     first_gpu = n_layer + 1 - ngl
     threads = max(1, hw.cpu.cores_physical)  # the engine decodes on the physical cores by default
-    cal_cpu = effective_bandwidth_gbs("cpu")
-    cal_gpu = effective_bandwidth_gbs("gpu")
+    cal = hw.calibration if calibration is None else calibration
+    cal_cpu, cal_gpu = cal.cpu_gbs, cal.gpu_gbs
     gpu_bw = max((g.bandwidth_gbs or 0.0) for g in hw.gpus) if hw.gpus else 0.0
     gpu_bw = gpu_bw or 300.0
     t0_gpu = T0_GPU_BASE + T0_GPU_LAYER * max(0, ngl - 1)
@@ -324,7 +325,7 @@ def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo
         raise SettingsError("a quantized V cache needs flash attention; set flash attention to auto or on")
     ram_budget, vram_budget = budgets(hw)
     has_gpu = bool(hw.gpus)
-    kw = dict(n_ctx=n_ctx, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
+    kw: dict[str, Any] = dict(n_ctx=n_ctx, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
               swa_full=swa_full, gpu=has_gpu)
 
     def total(ngl: int) -> tuple[Memory, Memory | None]:
@@ -443,9 +444,10 @@ def rank_quants(files: list[tuple[str, int]], ref: GGUFInfo, hw: HardwareInfo, *
         out.append(Ranked(file=name, quant=q, size=size, ppl_delta=quants.quality_loss(q),
                           plan=plan(info, hw, n_ctx=n_ctx)))
     order = {f: i for i, f in enumerate(FITS)}
-    speed = (lambda r: r.plan.pred_prefill_tok_s) if workload == "long_docs" else (lambda r: r.plan.pred_decode_tok_s)
+    speed: Callable[[Ranked], float] = (
+        (lambda r: r.plan.pred_prefill_tok_s) if workload == "long_docs" else (lambda r: r.plan.pred_decode_tok_s))
 
-    def key(r: Ranked) -> tuple:
+    def key(r: Ranked) -> tuple[Any, ...]:
         ok = r.plan.fit != "too_large"
         fast = r.plan.pred_decode_tok_s >= min_tok_s
         fits_gpu = order[r.plan.fit] if hw.gpus else 0

@@ -30,7 +30,7 @@ def quant_from_name(name: str) -> str | None:
     base = name.rsplit("/", 1)[-1]
     sp = split_parts(base)
     stem = sp[0] if sp else re.sub(r"\.gguf$", "", base, flags=re.IGNORECASE)
-    hits = _NAME_RE.findall(stem.replace(".", "-"))
+    hits: list[str] = _NAME_RE.findall(stem.replace(".", "-"))
     if not hits:
         return None
     q = hits[-1].upper().replace("FP16", "F16")

@@ -38,7 +38,8 @@ def _float(name: str, value: Any, lo: float, hi: float) -> float:
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise SettingsError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
-    return value
+    chosen: str = value
+    return chosen
 
 
 def default_threads() -> int:
@@ -161,6 +162,12 @@ class SpeculationSettings:
             raise SettingsError(f"K min ({self.k_min}) cannot exceed K max ({self.k_max})")
         _float("draft p_min", self.p_min, 0.0, 1.0)
         _int("lookup n-gram size", self.ngram, 1, 16)
+
+
+# The most logits rows one decode may ask for: a verification batch is [last] + K max drafts.
+# The engine reserves this many at load (llama.cpp's n_outputs_max; without the cap it reserves
+# logits for every micro-batch position) and the planner counts them. The one source of both.
+LOGITS_ROWS = SpeculationSettings().k_max + 1
 
 
 @dataclass(slots=True, kw_only=True)

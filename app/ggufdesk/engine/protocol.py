@@ -10,7 +10,7 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final, Literal, Union, get_args
+from typing import Any, ClassVar, Final, Literal, get_args
 
 # ---- the kinds a receiver branches on --------------------------------------------------------
 
@@ -245,10 +245,10 @@ class Lifecycle:
     restarted: bool = False  # the state was reached by a restart after a crash or a hang
 
 
-Request = Union[Load, Generate, Cancel, Unload, Shutdown, Ping]
-Event = Union[Ready, Loaded, Unloaded, Loading, Progress, Token, Stats, Done, Error, Status, Log, Pong,
-              Lifecycle]
-Message = Union[Request, Event]
+Request = Load | Generate | Cancel | Unload | Shutdown | Ping
+Event = (Ready | Loaded | Unloaded | Loading | Progress | Token | Stats | Done | Error | Status | Log | Pong
+         | Lifecycle)
+Message = Request | Event
 
 REQUESTS: Final[dict[str, type[Any]]] = {
     c.TYPE: c for c in (Load, Generate, Cancel, Unload, Shutdown, Ping)}
@@ -289,6 +289,14 @@ def encode(msg: Message) -> str:
     """
     line = json.dumps({"type": msg.TYPE, **dataclasses.asdict(msg)}, ensure_ascii=False) + "\n"
     return _SURROGATES.sub("\ufffd", line)
+
+
+def decode_event(line: str | bytes) -> Event:
+    """decode() for the client side: a request coming back from the engine is a protocol error."""
+    msg = decode(line)
+    if isinstance(msg, (Load, Generate, Cancel, Unload, Shutdown, Ping)):
+        raise ProtocolError(f"not an event: {msg.TYPE}")
+    return msg
 
 
 def decode(line: str | bytes) -> Message:

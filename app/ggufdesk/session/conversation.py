@@ -150,9 +150,9 @@ class ChatSession:
 
     def open(self, conv: Conversation, messages: list[Message]) -> None:
         """Show a stored conversation (read by the caller, off its thread if it has a GUI)."""
-        if self.busy:
+        if self.busy:  # the user moved on: the answer stops where it is
             self.stop()
-            self._finish("partial")
+            self._finish("cancelled")
         self._show(conv, [Turn.from_message(m) for m in messages], Ref(conv.id))
 
     def close_conversation(self) -> None:
@@ -276,11 +276,8 @@ class ChatSession:
         self._add(answer, status="streaming", then=lambda _: self._begin(answer, conv, request))
 
     def _begin(self, answer: Turn, conv: Conversation, request: dict[str, Any]) -> None:
-        if self.answer is not answer or self.phase not in ("saving", "stopping"):
-            return
-        if self.phase == "stopping":  # Stop came before the engine heard of it
-            self._finish("cancelled")
-            return
+        if self.answer is not answer or self.phase != "saving":
+            return  # stopped (or replaced) before its row was on disk: the engine is never asked
         try:
             self.rid = self.engine.generate(sampling=conv.sampling, **request)
         except (KnownError, OSError) as e:
@@ -293,8 +290,8 @@ class ChatSession:
     def stop(self) -> None:
         """Ask for the answer to stop (what was written is kept). The engine client kills and
         restarts an engine that does not stop within its grace period, so this always ends."""
-        if self.phase == "saving":
-            self._set_phase("stopping")
+        if self.phase == "saving":  # the engine has not been asked: end now, even if the disk waits
+            self._finish("cancelled")
         elif self.phase == "streaming" and self.rid is not None:
             self._set_phase("stopping")
             self.engine.cancel(self.rid)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Final, Hashable, Literal
@@ -113,7 +112,7 @@ class HistoryWriter:
         if self.on_state is not None:
             try:
                 self.on_state(state)
-            except Exception:  # noqa: BLE001 - a broken listener must not stop the writes
+            except Exception:
                 log.exception("save-state listener failed")
 
     def _run(self) -> None:
@@ -136,7 +135,7 @@ class HistoryWriter:
             if op.then is not None and result is not _NOT_WRITTEN:
                 try:
                     op.then(result)
-                except Exception:  # noqa: BLE001 - a broken callback must not stop the writes
+                except Exception:
                     log.exception("history write callback failed")
 
     def _apply(self, op: _Op) -> Any:
@@ -155,7 +154,7 @@ class HistoryWriter:
                 reason = str(e) or type(e).__name__
             except KnownError as e:
                 reason = str(e)
-            except Exception:  # noqa: BLE001 - our bug (a deleted row, a bad value): drop this write
+            except Exception:
                 log.exception("history write failed for good; dropped")
                 return _NOT_WRITTEN
             finally:

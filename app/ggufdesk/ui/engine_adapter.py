@@ -26,11 +26,11 @@ class EngineBridge(QObject):
     No method waits for the engine: the client queues requests and starts, restarts and watches
     the process on its own threads. Tokens that arrive in a burst are merged into one Token per
     request before they reach the GUI, so a fast engine costs the event loop one slot call per
-    burst, not one per token. `event` carries every event (the session layer's input); the typed
+    burst, not one per token. `engine_event` carries every event (the session layer's input); the typed
     signals below are for widgets that want one kind.
     """
 
-    event = Signal(object)  # any protocol Event, in order
+    engine_event = Signal(object)  # any protocol Event, in order (not `event`: QObject.event())
     started = Signal(object)  # Ready
     loaded = Signal(object)  # Loaded
     unloaded = Signal()
@@ -107,7 +107,7 @@ class EngineBridge(QObject):
             self.state, self.state_reason = ev.state, ev.reason
             if ev.state != "loaded":
                 self.loaded_event = None
-        self.event.emit(ev)
+        self.engine_event.emit(ev)
         if isinstance(ev, p.Token):
             self.token.emit(ev)
         elif isinstance(ev, p.Stats):
@@ -190,7 +190,7 @@ class EngineBridge(QObject):
         if client is not None:
             try:
                 client.shutdown(timeout=timeout)
-            except Exception:  # noqa: BLE001 - closing down: nothing left to tell the user
+            except Exception:
                 log.exception("engine shutdown failed")
 
     def kill(self) -> None:

@@ -32,6 +32,12 @@ from ggufdesk.ui.tasks import describe_failure, run_in_background, run_on_main
 log = logging.getLogger("ggufdesk.ui.chat")
 
 
+def _as_message(turn: Turn) -> Message:
+    """What ChatView shows: a Turn, with its session key as the message id (saved or not)."""
+    return Message(id=turn.key, conversation_id=0, role=turn.role, content=turn.content,
+                   created=turn.created, status=turn.status, stats=turn.stats)
+
+
 class _WindowView(SessionView):
     """What the session tells the window, shown with its widgets (all on the GUI thread)."""
 
@@ -40,7 +46,7 @@ class _WindowView(SessionView):
 
     def show_conversation(self, conv: Conversation | None, turns: list[Turn]) -> None:
         w = self.win
-        w.chat.set_messages(turns)  # type: ignore[arg-type]  # a Turn reads like a Message
+        w.chat.set_messages([_as_message(t) for t in turns])
         w.chat.set_actions_enabled(not w.session.busy)
         w._update_mode_label()
         w._select_current()
@@ -48,7 +54,7 @@ class _WindowView(SessionView):
             w.conversation_loaded.emit(conv.id)
 
     def turn_added(self, turn: Turn) -> None:
-        self.win.chat.add(turn)  # type: ignore[arg-type]
+        self.win.chat.add(_as_message(turn))
 
     def turn_grew(self, turn: Turn, piece: str) -> None:
         if (widget := self.win.chat.widget_for(turn.key)) is not None:
@@ -199,7 +205,7 @@ class MainWindow(QMainWindow):
 
     def _wire(self) -> None:
         e = self.engine
-        e.event.connect(self.session.on_event)
+        e.engine_event.connect(self.session.on_event)
         e.loaded.connect(self._on_loaded)
         e.unloaded.connect(self.gauges.on_unloaded)
         e.stats.connect(self.gauges.on_stats)

@@ -286,13 +286,10 @@ class ModelServices:
         if not choice.needs_download:
             return Path(choice.path)  # type: ignore[arg-type]
         from ggufdesk.core import downloads
-        from ggufdesk.core.gguf_meta import split_parts
+        from ggufdesk.core.gguf_meta import split_names
 
         assert choice.repo and choice.filename
-        names = [choice.filename]
-        if (sp := split_parts(choice.filename.rsplit("/", 1)[-1])) is not None:
-            folder = choice.filename.rsplit("/", 1)[0] + "/" if "/" in choice.filename else ""
-            names = [f"{folder}{sp[0]}-{i:05d}-of-{sp[2]:05d}.gguf" for i in range(1, sp[2] + 1)]
+        names = split_names(choice.filename)
         done_before = 0
         first: Path | None = None
         for name in names:

@@ -25,7 +25,7 @@ class _Main(QObject):
     def _run(self, fn: Callable[[], Any]) -> None:
         try:
             fn()
-        except Exception:  # noqa: BLE001 - a broken callback must not kill the event loop
+        except Exception:
             log.exception("callback on the main thread failed")
 
 
