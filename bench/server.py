@@ -1,14 +1,16 @@
 """Server benchmark: ggufdesk serve vs llama.cpp's llama-server vs llama-cpp-python's server, one run, side by side.
 
-All three serve the starter model with the same threads, per-sequence context, batch sizes and flash
-attention, and are driven by the same streaming OpenAI /v1/completions client (greedy). Measurements
+All three serve the starter model with the same threads, batch sizes and flash attention, and the
+same KV cache (ggufdesk's unified cache of --ctx cells; llama-server `-c CTX -np N -kvu`; llama-cpp-python
+one sequence of CTX), and are driven by the same streaming OpenAI /v1/completions client (greedy).
+Measurements
 are interleaved server by server, so machine load drifts hit all three alike. Prints absolute
 numbers and the ratios the issue asks for. `llama-server` is built once from the vendored llama.cpp of
 the llama-cpp-python sdist (same portable CPU flags as installer/llama_wheel.sh) and cached under
 ~/.cache/ggufdesk/tools/; llama-cpp-python's server runs in a cached venv with its [server] extras and
-`--interrupt_requests False` (by default a new request interrupts the running one; see docs/DESIGN).
+`--interrupt_requests False` (by default a new request interrupts the running one, so it queues instead).
 
-    python bench/server.py [--threads 2] [--ctx 4096] [--parallel 8] [--tokens 96] [--json out.json]
+    python bench/server.py [--threads 2] [--ctx 8192] [--parallel 8] [--tokens 96] [--json out.json]
 """
 from __future__ import annotations
 
