@@ -40,12 +40,12 @@ step() { echo "dist: $* ($(( $(date +%s) - t0 )) s)" >&2; }
 whl=$(GGUFDESK_VARIANT=$variant installer/llama_wheel.sh "$vpy")
 flags=$(cat "$(dirname "$whl")/FLAGS" 2>/dev/null || echo unknown)
 step "installing llama-cpp-python ($variant), PyInstaller and ggufdesk (non-editable) into $venv"
-"$vpy" -m pip install -q --disable-pip-version-check "$whl" "pyinstaller>=6.10,<7"
+"$vpy" -m pip install -q --disable-pip-version-check "$whl" "pyinstaller>=6.10,<7" "setuptools>=77" wheel
 extra=""
 [ "$starter" = 1 ] && extra="[starter]"
 # The same version number every build: uninstall our own package first so the bundle has this tree's code.
 "$vpy" -m pip uninstall -q -y ggufdesk >/dev/null 2>&1 || true
-"$vpy" -m pip install -q --disable-pip-version-check ".$extra"
+"$vpy" -m pip install -q --disable-pip-version-check --no-build-isolation ".$extra"  # setuptools is here already
 
 step "freezing with PyInstaller"
 rm -rf "$build/out"

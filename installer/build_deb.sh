@@ -28,6 +28,13 @@ for f in "$res"/icons/ggufdesk-*.png; do
 done
 
 size=$(du -sk "$root" | cut -f1)
+# The bundle runs on the C library it was built against or newer: depend on the newest symbol it uses.
+glibc=2.31
+if command -v objdump >/dev/null 2>&1; then
+  glibc=$(find "$root/opt/ggufdesk" -type f \( -name '*.so*' -o -perm -u+x \) -exec objdump -T {} + 2>/dev/null \
+    | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -t. -k1,1n -k2,2n -k3,3n -u | tail -n 1) || true
+  glibc=${glibc:-2.31}
+fi
 # One variant at a time: ggufdesk (CPU), ggufdesk-cuda and ggufdesk-vulkan all own /opt/ggufdesk.
 if [ "$pkg" = ggufdesk ]; then others="ggufdesk-cuda, ggufdesk-vulkan"; provides=""
 else others="ggufdesk"; provides="Provides: ggufdesk"$'\n'; fi
@@ -39,7 +46,7 @@ Maintainer: ggufdesk developers <ggufdesk@users.noreply.github.com>
 Installed-Size: $size
 Section: utils
 Priority: optional
-Depends: libc6 (>= 2.31)
+Depends: libc6 (>= $glibc)
 Recommends: libegl1, libgl1, libfontconfig1, libxkbcommon-x11-0, libxcb-cursor0, libxcb-icccm4, libxcb-keysyms1, libxcb-shape0
 ${provides}Conflicts: $others
 Replaces: $others
