@@ -25,14 +25,14 @@ def _no_gpu_no_measuring(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_logging():
-    """main() calls logging.basicConfig, which binds the first test's (captured) stderr for good."""
+def _fresh_logging(monkeypatch):
+    """Log handlers that libraries bound to an earlier test's captured stderr (closed since) would
+    print '--- Logging error ---' with a trace into this test's stderr: a harness artifact, silenced
+    so that the checks below see only what the CLI itself writes."""
     import logging
 
+    monkeypatch.setattr(logging, "raiseExceptions", False)
     root = logging.getLogger()
-    for h in logging.getLogger("huggingface_hub").handlers:  # bound to an earlier, closed capture
-        if isinstance(h, logging.StreamHandler):
-            h.stream = sys.stderr
     yield
     for h in root.handlers[:]:
         root.removeHandler(h)

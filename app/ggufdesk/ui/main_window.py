@@ -142,6 +142,8 @@ class MainWindow(QMainWindow):
         self.conv_model = ConversationListModel(self)
         self.conv_list = QListView()
         self.conv_list.setModel(self.conv_model)
+        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.conv_list.setTextElideMode(Qt.TextElideMode.ElideRight)  # long titles end in "…"
         self.new_btn = QPushButton("New chat")
         self.rename_btn = QPushButton("Rename")
         self.delete_btn = QPushButton("Delete")
