@@ -11,7 +11,8 @@ from typing import Any
 from ggufdesk.core.errors import KnownError
 
 # Each module defines NAME, HELP, add_arguments(parser) and run(args) -> int.
-SUBCOMMANDS = ("probe", "plan", "recommend", "download", "library", "run", "chat")
+SUBCOMMANDS = ("probe", "plan", "recommend", "download", "library", "run", "chat",
+               "worker")
 
 
 def build_parser() -> argparse.ArgumentParser:

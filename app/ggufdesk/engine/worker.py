@@ -102,7 +102,8 @@ class Engine:
             return
         self.unload(quiet=True)
         try:
-            lm = load_model(req.model, settings, self.llama_log, n_outputs=spec.k_max + 1)
+            offload = _rpc_offload(req.model, settings)
+            lm = load_model(req.model, settings, self.llama_log, n_outputs=spec.k_max + 1, offload=offload)
         except KnownError as e:
             self.emit(P.Error(kind="load", message=str(e), detail="\n".join(self.llama_log.since(0)[-30:])))
             return
@@ -133,6 +134,7 @@ class Engine:
             n_vocab=lm.n_vocab, n_layer=lm.n_layer, n_gpu_layers=settings.n_gpu_layers,
             chat_format=chat_format, memory=memory, load_s=round(lm.load_s, 3),
             draft=self.draft.path if self.draft else None, settings=P.fields_of(settings),
+            rpc=offload.plan if offload else {},
         ))
 
     def unload(self, quiet: bool = False) -> None:
@@ -258,6 +260,15 @@ class Engine:
             draft_len=st.draft_len, speculation=st.speculation, final=final,
             llama_perf=st.perf if final else {},
         )
+
+
+def _rpc_offload(model: str, settings: LoadSettings):
+    """With RPC workers: check them, split the model, register their devices (engine/rpc.py)."""
+    if not settings.rpc:
+        return None
+    from ggufdesk.engine.rpc import prepare_offload
+
+    return prepare_offload(model, settings)
 
 
 def _context_error(n: int, room: int) -> KnownError:
