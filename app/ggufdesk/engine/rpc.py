@@ -43,7 +43,7 @@ def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     """(libggml-rpc, libggml-base) with the signatures we use declared."""
     import llama_cpp  # noqa: F401 - loads libggml and registers the backends first
 
-    rpc, base = _load("ggml-rpc"), _load("ggml-base")
+    rpc, base, ggml = _load("ggml-rpc"), _load("ggml-base"), _load("ggml")
     rpc.ggml_backend_rpc_start_server.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
                                                   ctypes.c_size_t, ctypes.POINTER(P)]
     rpc.ggml_backend_rpc_start_server.restype = None
@@ -53,6 +53,8 @@ def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     base.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
     base.ggml_backend_reg_dev_get.argtypes = [P, ctypes.c_size_t]
     base.ggml_backend_reg_dev_get.restype = P
+    base.ggml_backend_dev_count = ggml.ggml_backend_dev_count  # the registry lives in libggml
+    base.ggml_backend_dev_get = ggml.ggml_backend_dev_get
     base.ggml_backend_dev_count.restype = ctypes.c_size_t
     base.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
     base.ggml_backend_dev_get.restype = P
