@@ -104,7 +104,7 @@ class Offload:
 
 def check_workers(endpoints: list[str], *, timeout: float = 5.0) -> list[WorkerInfo]:
     """Every worker answers (else KnownError naming it), with its memory and round-trip time."""
-    return [probe_worker(ep, timeout=timeout, measure_link=False) for ep in endpoints]
+    return [probe_worker(ep, timeout=timeout) for ep in endpoints]
 
 
 def prepare_offload(path: str, settings: LoadSettings) -> Offload:

@@ -229,6 +229,8 @@ class Engine:
         lm = self.lm
         if n_gen < 32 or tok_s <= 0 or lm.settings.n_threads != 0:
             return  # too short to be steady, or a hand-picked thread count
+        if lm.settings.rpc:
+            return  # spread over RPC workers: says nothing about this machine's bandwidth
         gpu_bytes, ngl = lm.memory.get("gpu", 0), lm.settings.n_gpu_layers
         where = "cpu" if gpu_bytes == 0 else "gpu" if ngl < 0 or ngl > lm.n_layer else None
         if where is None:
