@@ -33,8 +33,20 @@ class Worker:
                 self.kill()
 
 
-def start_worker(*, mem: int = 0, threads: int = 1) -> Worker:
-    """A worker on a free port; returns once it answers (it prints its endpoint when it does)."""
+def start_worker(*, mem: int = 0, threads: int = 1, tries: int = 3) -> Worker:
+    """A worker on a free port; returns once it answers (it prints its endpoint when it does).
+    The port is picked free and then bound by the server: another process may take it in
+    between, so a failed start is retried on a new port."""
+    for attempt in range(tries):
+        try:
+            return _start(mem, threads)
+        except RuntimeError:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start(mem: int, threads: int) -> Worker:
     cmd = [sys.executable, "-c", "import sys; from ggufdesk.cli import main; sys.exit(main())",
            "worker", "--port", "0", "--threads", str(threads)] + (["--mem", str(mem)] if mem else [])
     log = tempfile.TemporaryFile()  # llama.cpp prints a line per connection: never a pipe that fills

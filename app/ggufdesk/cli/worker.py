@@ -10,10 +10,11 @@ import sys
 import time
 
 from ggufdesk.core.errors import KnownError
-from ggufdesk.core.rpc_wire import parse_workers, reachable
+from ggufdesk.core.rpc_wire import RpcConnection, WorkerDown, parse_workers, probe_worker
 
 NAME = "worker"
 HELP = "serve this machine's memory to other machines (llama.cpp RPC); use it with --rpc HOST:PORT"
+GiB = 1 << 30
 WARNING = ("WARNING: llama.cpp's RPC has no authentication and no encryption: anyone who can reach "
            "{host}:{port} can run code paths of llama.cpp on this machine and read what it computes. "
            "Use it on a trusted LAN only, or bind 127.0.0.1 and reach it through an SSH tunnel "
@@ -42,6 +43,25 @@ def rpc_from_args(args: argparse.Namespace) -> list[str]:
     return parse_workers(getattr(args, "rpc", "") or "")
 
 
+def probe_workers_json(endpoints: list[str]) -> list[dict]:
+    """Each worker's memory, round trip and link speed; a worker that does not answer says why."""
+    out = []
+    for ep in endpoints:
+        try:
+            out.append(probe_worker(ep).to_json())
+        except WorkerDown as e:
+            out.append({"endpoint": ep, "error": str(e)})
+    return out
+
+
+def describe_worker(w: dict) -> str:
+    if "error" in w:
+        return f"RPC worker {w['endpoint']}: DOWN ({w['error']})"
+    mem = ", ".join(f"{d['memory_free'] / GiB:.2f} of {d['memory_total'] / GiB:.2f} GB free" for d in w["devices"])
+    return (f"RPC worker {w['endpoint']}: {mem}; round trip {w['rtt_ms']:.2f} ms, "
+            f"link {w['link_gbs']:.2f} GB/s (protocol {w['version']})")
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -51,10 +71,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = "127.0.0.1", port: int = 0) -> int:
+    """`port` if nothing listens on it yet (0: any free one); KnownError if taken."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host.strip("[]"), 0))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as llama.cpp's server does
+        try:
+            s.bind((host.strip("[]"), port))
+        except OSError as e:
+            raise KnownError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
         return s.getsockname()[1]
+
+
+def answers(endpoint: str) -> bool:
+    """Our own server answers a HELLO (a stranger on the port that stays silent does not count)."""
+    try:
+        RpcConnection(endpoint, timeout=1.0).close()
+    except WorkerDown:
+        return False
+    return True
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             raise KnownError(f"{host} is not a loopback address: RPC has no authentication or encryption. "
                              "Pass --allow-remote to serve on a trusted network, or use an SSH tunnel")
         print(WARNING.format(host=host, port=port or "PORT"), file=sys.stderr, flush=True)
-    port = port or free_port(host)
+    port = free_port(host, port)
     cmd = [sys.executable, "-m", "ggufdesk.engine.rpc", "--host", host, "--port", str(port),
            "--mem", str(args.mem), "--threads", str(args.threads)] + (["--cpu"] if args.cpu else [])
     child = subprocess.Popen(cmd, stdout=sys.stderr)  # llama.cpp's banner goes to our stderr
@@ -81,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         probe_host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
         endpoint = f"{probe_host}:{port}"
-        while child.poll() is None and not stop["sig"] and not reachable(endpoint, timeout=1.0):
+        while child.poll() is None and not stop["sig"] and not answers(endpoint):
             time.sleep(0.1)
         if child.poll() is not None:
             raise KnownError(f"the RPC server stopped (exit code {child.returncode}); "
