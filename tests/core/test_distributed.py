@@ -172,3 +172,30 @@ def test_a_huge_announced_answer_is_refused_without_reading_it():
     with pytest.raises(rpc_wire.WorkerDown, match="malformed"):
         rpc_wire.probe_worker(ep, timeout=2)
     t.join(5)
+
+
+def closed_endpoint() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    ep = f"127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    return ep
+
+
+@pytest.mark.parametrize("ram, fits", [(64 * GiB, True), (0, False)])
+def test_after_a_lost_worker_reload_locally_only_if_it_fits(tiny_model, monkeypatch, ram, fits):
+    from ggufdesk.core import hardware
+
+    monkeypatch.setattr(hardware, "probe", lambda **kw: hw(ram_available=ram))
+    ep = closed_endpoint()
+    note, settings = distributed.after_worker_loss(str(tiny_model), {"n_ctx": 512, "rpc": [ep]})
+    assert f"lost RPC worker {ep}" in note
+    if fits:
+        assert "reloading on this machine alone" in note and settings["rpc"] == [] and settings["n_ctx"] == 512
+    else:
+        assert settings is None
+        assert "does not fit on this machine alone" in note and "more RAM" in note and "start the worker" in note
+
+
+def test_no_lost_worker_no_note(tiny_model):
+    assert distributed.after_worker_loss(str(tiny_model), {"rpc": []}) == ("", {"rpc": []})

@@ -45,6 +45,9 @@ def test_split_over_two_workers_gives_the_local_tokens(tiny_model, two_workers):
         local = collect(c, c.generate(prompt="the cat", sampling=greedy(32)))
         loaded = c.load(str(tiny_model), settings=rpc_load(two_workers))
         remote = collect(c, c.generate(prompt="the cat", sampling=greedy(32)))
+        # the unloaded model let go of the workers (each serves one client): a reload gets them again
+        c.load(str(tiny_model), settings=rpc_load(two_workers))
+        again = collect(c, c.generate(prompt="the cat", sampling=greedy(32)))
     devices = loaded.rpc["devices"]
     assert [d["endpoint"] for d in devices] == [w.endpoint for w in two_workers]
     assert all(d["n_layers"] >= 1 for d in devices)  # neither worker could hold it alone
@@ -52,6 +55,7 @@ def test_split_over_two_workers_gives_the_local_tokens(tiny_model, two_workers):
     assert loaded.rpc["cpu_layers"] == 0 and loaded.memory["gpu"] > 0  # llama.cpp put buffers on them
     assert remote.error is None and local.error is None
     assert remote.done.tokens == local.done.tokens and len(local.done.tokens) == 32
+    assert again.error is None and again.done.tokens == local.done.tokens
 
 
 def test_worker_down_at_load_is_named_and_the_engine_lives(tiny_model):
