@@ -67,3 +67,26 @@ def test_a_killed_worker_command_takes_its_server_with_it():
     gone, alive = psutil.wait_procs(server, timeout=30)
     assert gone and not alive
     assert not rpc_wire.reachable(w.endpoint)
+
+
+def test_run_and_chat_use_the_workers(tiny_model, capsys):
+    import io
+    import json
+
+    from ggufdesk.cli import build_parser
+    from ggufdesk.cli.chat import run as chat_run
+
+    w = start_worker()
+    try:
+        small = ["--ctx", "512", "--batch", "64", "--ubatch", "64", "--threads", "1", "--rpc", w.endpoint]
+        assert main(["run", str(tiny_model), "--prompt", "the cat", "--max-tokens", "4", "--temperature", "0",
+                     "--json", *small]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["tokens"] == 4 and out["rpc"]["devices"][0]["endpoint"] == w.endpoint
+        assert out["rpc"]["n_gpu_layers"] == 3 and out["rpc"]["cpu_layers"] == 0  # all on the worker
+        args = build_parser().parse_args(["chat", str(tiny_model), "--max-tokens", "3", *small])
+        screen = io.StringIO()
+        assert chat_run(args, stdin=io.StringIO("hello\n/exit\n"), stdout=screen) == 0
+        assert f"spread over {w.endpoint}: 3 layers, this machine: 0 layers" in screen.getvalue()
+    finally:
+        w.stop()

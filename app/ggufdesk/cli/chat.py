@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from ggufdesk.cli.run import add_model_arguments, resolve_model, settings_from_args
+from ggufdesk.cli.worker import describe_split
 from ggufdesk.core.errors import KnownError
 
 NAME = "chat"
@@ -34,6 +35,8 @@ def run(args: argparse.Namespace, *, stdin=None, stdout=None) -> int:
             if loaded.chat_format == "completion" and mode == "chat" else ""
         print(f"ggufdesk: {loaded.arch} model loaded in {loaded.load_s:.1f} s, {mode} mode{note}. "
               "Ctrl-C stops an answer, /reset clears, /exit quits.", file=out)
+        if loaded.rpc:
+            print(f"ggufdesk: {describe_split(loaded.rpc)}", file=out)
         while True:
             print("\n> ", end="", file=out, flush=True)
             line = stdin.readline()

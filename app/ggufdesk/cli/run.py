@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ggufdesk.cli.worker import add_rpc_argument, rpc_from_args
+from ggufdesk.cli.worker import add_rpc_argument, describe_split, rpc_from_args
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
 
@@ -85,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     stats = done = None
     with EngineClient(auto_restart=False) as client:
         loaded = client.load(model, settings=load, speculation=spec)
+        if loaded.rpc and not args.json:
+            print(f"[{describe_split(loaded.rpc)}]", file=sys.stderr)
         if args.chat:
             msgs = ([{"role": "system", "content": args.system}] if args.system else [])
             rid = client.generate(messages=msgs + [{"role": "user", "content": prompt}], sampling=sampling)

@@ -62,6 +62,14 @@ def describe_worker(w: dict) -> str:
             f"link {w['link_gbs']:.2f} GB/s (protocol {w['version']})")
 
 
+def describe_split(rpc: dict) -> str:
+    """One line: where the layers went and the predicted speed (Loaded.rpc)."""
+    parts = [f"{d['endpoint'] or d['name']}: {d['n_layers']} layers" for d in rpc.get("devices", [])]
+    parts.append(f"this machine: {rpc.get('cpu_layers', 0)} layers")
+    return (f"spread over {', '.join(parts)}; predicted {rpc.get('pred_decode_tok_s', 0):.1f} tok/s "
+            f"({rpc.get('network_ms_per_token', 0):.2f} ms/token on the network)")
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
