@@ -144,7 +144,7 @@ def split(info: GGUFInfo, hw: HardwareInfo, workers: list[WorkerInfo], *, n_ctx:
     for p in out_places:
         if p.endpoint and not p.layers:
             notes.append(f"{p.name} gets no layers (free {p.budget / MiB:.0f} MiB after its compute buffer)")
-    dec, net, local = predict_decode(info, hw, out_places, workers, k)
+    dec, net, local = predict_decode(info, hw, out_places, workers)
     return Split(n_gpu_layers=k, tensor_split=[float(len(a)) for a in assigned], places=out_places,
                  cpu_layers=info.n_layer - sum(1 for a in assigned for i in a if i < info.n_layer),
                  ram_bytes=ram, fits=fits, pred_decode_tok_s=dec, pred_local_tok_s=local,
@@ -166,8 +166,8 @@ def network_seconds(info: GGUFInfo, places: list[Place], workers: list[WorkerInf
     return t
 
 
-def predict_decode(info: GGUFInfo, hw: HardwareInfo, places: list[Place], workers: list[WorkerInfo],
-                   k: int) -> tuple[float, float, float]:
+def predict_decode(info: GGUFInfo, hw: HardwareInfo, places: list[Place],
+                   workers: list[WorkerInfo]) -> tuple[float, float, float]:
     """(predicted tok/s with this split, network seconds per token, predicted tok/s all local)."""
     cpu_hw = replace(hw, gpus=())
     local_s = planner.decode_seconds(info, cpu_hw, n_gpu_layers=0)

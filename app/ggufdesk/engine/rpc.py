@@ -114,7 +114,10 @@ def prepare_offload(path: str, settings: LoadSettings) -> Offload:
     workers = check_workers(settings.rpc)
     info = gguf_meta.read_gguf(path)
     ngl = None if settings.n_gpu_layers == 0 else settings.n_gpu_layers
-    sp = distributed.split(info, hardware.probe(), workers, n_ctx=settings.n_ctx, n_ubatch=settings.n_ubatch,
+    from ggufdesk.engine.devices import ggml_devices
+
+    hw = hardware.with_ggml_devices(hardware.probe(), ggml_devices())  # Metal/Vulkan GPUs too
+    sp = distributed.split(info, hw, workers, n_ctx=settings.n_ctx, n_ubatch=settings.n_ubatch,
                            type_k=settings.type_k, type_v=settings.type_v, flash_attn=settings.flash_attn,
                            n_gpu_layers=ngl)
     if not sp.fits:
