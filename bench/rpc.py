@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ggufdesk.core import distributed, gguf_meta, planner  # noqa: E402
-from ggufdesk.core.settings import LoadSettings, SamplingSettings  # noqa: E402
-from ggufdesk.engine import protocol as P  # noqa: E402
-from ggufdesk.engine.client import EngineClient  # noqa: E402
-from tests.engine.rpc_workers import start_worker  # noqa: E402
+from ggufdesk.core import distributed, gguf_meta, planner
+from ggufdesk.core.settings import LoadSettings, SamplingSettings
+from ggufdesk.engine import protocol as P
+from ggufdesk.engine.client import EngineClient
+from tests.engine.rpc_workers import start_worker
 
 PROMPT = "The river town woke slowly. Fishermen pulled their boats onto the gravel, and the baker"
 

@@ -122,14 +122,16 @@ def split(info: GGUFInfo, hw: HardwareInfo, workers: list[WorkerInfo], *, n_ctx:
         return planner.memory(info, n_ctx=n_ctx, n_gpu_layers=k, n_ubatch=n_ubatch, type_k=type_k,
                               type_v=type_v, flash_attn=flash_attn, gpu=bool(places)).ram
 
+    assigned: list[list[int]] = []
     if not places:
-        k, assigned = 0, []
+        k = 0
     elif n_gpu_layers is not None:
         k = top if n_gpu_layers < 0 else min(n_gpu_layers, top)
-        assigned = _assign(costs, budgets, k)
-        if assigned is None:
+        fitted = _assign(costs, budgets, k)
+        if fitted is None:
             notes.append(f"{k} offloaded layers do not fit the devices' free memory")
-            assigned = _assign(costs, [10**18] * len(budgets), k) or [[] for _ in budgets]
+            fitted = _assign(costs, [10**18] * len(budgets), k)
+        assigned = fitted or [[] for _ in budgets]
     else:
         k = next((k for k in range(top, -1, -1) if _assign(costs, budgets, k) is not None), 0)
         assigned = _assign(costs, budgets, k) or [[] for _ in budgets]

@@ -13,6 +13,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ggufdesk.core.errors import KnownError, SettingsError
 
@@ -84,7 +85,7 @@ class WorkerInfo:
     def memory_free(self) -> int:
         return sum(f for f, _ in self.devices)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"endpoint": self.endpoint, "version": self.version,
                 "devices": [{"memory_free": f, "memory_total": t} for f, t in self.devices],
                 "rtt_ms": round(self.rtt_s * 1e3, 3), "link_gbs": round(self.link_gbs, 3)}
@@ -134,7 +135,7 @@ class RpcConnection:
         while len(buf) < n:
             try:
                 chunk = self.sock.recv(n - len(buf))
-            except socket.timeout:
+            except TimeoutError:
                 raise WorkerDown(self.endpoint, "timed out") from None
             except OSError as e:
                 raise WorkerDown(self.endpoint, e.strerror or str(e)) from None
@@ -144,7 +145,8 @@ class RpcConnection:
         return bytes(buf)
 
     def device_count(self) -> int:
-        return struct.unpack("<I", self.call(CMD_DEVICE_COUNT))[0]
+        count: int = struct.unpack("<I", self.call(CMD_DEVICE_COUNT))[0]
+        return count
 
     def device_memory(self, device: int) -> tuple[int, int]:
         free, total = struct.unpack("<QQ", self.call(CMD_GET_DEVICE_MEMORY, struct.pack("<I", device)))

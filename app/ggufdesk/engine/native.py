@@ -189,7 +189,7 @@ def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog, *,
                          (True, True): llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK,
                          (False, True): llama_cpp.LLAMA_LOAD_MODE_MLOCK,
                          (False, False): llama_cpp.LLAMA_LOAD_MODE_NONE}[(settings.use_mmap, settings.use_mlock)]
-    _keep = apply_offload(mparams, offload) if offload is not None else []  # noqa: F841 - kept alive
+    _keep = apply_offload(mparams, offload) if offload is not None else []  # arrays llama.cpp reads
     try:
         model = internals.LlamaModel(path_model=path, params=mparams, verbose=True)
     except ValueError:
