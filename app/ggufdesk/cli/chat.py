@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 from ggufdesk.cli.run import add_model_arguments, resolve_model, settings_from_args
+from ggufdesk.cli.worker import describe_split
 from ggufdesk.core.errors import KnownError
 from ggufdesk.session import ChatSession, Refused, SessionView, Turn
 
@@ -76,6 +77,8 @@ def run(args: argparse.Namespace, *, stdin: TextIO | None = None, stdout: TextIO
             if loaded.chat_format == "completion" and mode == "chat" else ""
         print(f"ggufdesk: {loaded.arch} model loaded in {loaded.load_s:.1f} s, {mode} mode{note}. "
               "Ctrl-C stops an answer, /reset clears, /exit quits.", file=out)
+        if loaded.rpc:
+            print(f"ggufdesk: {describe_split(loaded.rpc)}", file=out)
 
         def fresh() -> None:
             session.new_conversation(system_prompt=args.system, sampling=sampling)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ggufdesk.cli import print_json
+from ggufdesk.cli.worker import add_rpc_argument, describe_worker, probe_workers_json, rpc_from_args
 from ggufdesk.core import hardware
 
 NAME = "probe"
@@ -16,6 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remeasure", action="store_true", help="measure RAM bandwidth again")
     p.add_argument("--no-engine", action="store_true",
                    help="without an NVIDIA GPU, do not ask llama.cpp's device list (Metal, Vulkan, ...)")
+    add_rpc_argument(p)
 
 
 def engine_devices() -> list[dict]:
@@ -35,8 +37,10 @@ def run(args: argparse.Namespace) -> int:
     if not hw.gpus and not args.no_engine:
         devices = engine_devices()
         hw = hardware.with_ggml_devices(hw, devices)
+    workers = probe_workers_json(rpc_from_args(args))
     if args.json:
-        print_json({**hw.to_json(), **({"ggml_devices": devices} if devices is not None else {})})
+        print_json({**hw.to_json(), **({"ggml_devices": devices} if devices is not None else {}),
+                    **({"rpc_workers": workers} if workers else {})})
         return 0
     for g in hw.gpus:
         bw = f", {g.bandwidth_gbs:.0f} GB/s" if g.bandwidth_gbs else ""
@@ -52,4 +56,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {n}")
     if devices is not None:
         print("llama.cpp build sees: " + (", ".join(f"{d['name']} ({d['type']})" for d in devices) or "nothing"))
+    for w in workers:
+        print(describe_worker(w))
     return 0

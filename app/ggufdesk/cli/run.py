@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ggufdesk.cli.worker import add_rpc_argument, describe_split, rpc_from_args
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
 
@@ -36,6 +37,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     spec.add_argument("--lookup", action="store_true", help="prompt-lookup speculative decoding")
     p.add_argument("--draft-max", type=int, default=16, help="longest draft (K max)")
     p.add_argument("--no-adaptive", action="store_true", help="keep the draft length fixed at --draft-max")
+    add_rpc_argument(p)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -89,7 +91,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LoadSettings, Sampling
         n_ctx=args.ctx, n_gpu_layers=args.gpu_layers, n_batch=args.batch,
         n_ubatch=min(args.ubatch, args.batch) if args.ubatch == 512 else args.ubatch,
         n_threads=args.threads, n_threads_batch=args.threads_batch, flash_attn=args.flash_attn,
-        type_k=args.kv_type, type_v=args.kv_type, use_mmap=not args.no_mmap,
+        type_k=args.kv_type, type_v=args.kv_type, use_mmap=not args.no_mmap, rpc=rpc_from_args(args),
     )
     sampling = SamplingSettings(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
@@ -135,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
         if args.chat and info.chat_template is not None and loaded.chat_format != "template":
             raise KnownError(f"--chat: {notices.get('template', 'the model chat template was refused')} "
                              "(without --chat the prompt is sent as plain text)")
+        if loaded.rpc and not args.json:
+            print(f"[{describe_split(loaded.rpc)}]", file=sys.stderr)
         if args.chat:
             msgs = ([{"role": "system", "content": args.system}] if args.system else [])
             rid = client.generate(messages=msgs + [{"role": "user", "content": prompt}], sampling=sampling,
@@ -166,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         "finish_reason": done.finish_reason if done else None,
         "tool_calls": done.tool_calls if done else [],
         "chat_format": loaded.chat_format, "load_s": loaded.load_s, "memory": loaded.memory,
+        **({"rpc": loaded.rpc} if loaded.rpc else {}),
     }
     if args.json:
         print_json(result)

@@ -10,6 +10,7 @@ from typing import Any
 
 from ggufdesk.core.aside import move_aside
 from ggufdesk.core.errors import SettingsError
+from ggufdesk.core.rpc_wire import parse_workers
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 FLASH_ATTN = ("auto", "on", "off")
@@ -71,6 +72,7 @@ class LoadSettings:
     use_mlock: bool = False
     n_parallel: int = 1  # sequences decoded together (the server sets it; the GUI and run use 1)
     prefill_chunk: int = PREFILL_CHUNK  # prompt tokens per engine step while other streams decode
+    rpc: list[str] = field(default_factory=list)  # RPC workers, host:port (`ggufdesk worker`)
 
     def __post_init__(self) -> None:
         _int("context length (n_ctx)", self.n_ctx, 16, 1 << 20)
@@ -100,6 +102,9 @@ class LoadSettings:
         for name in ("use_mmap", "use_mlock"):
             if not isinstance(getattr(self, name), bool):
                 raise SettingsError(f"{name} must be true or false")
+        if not isinstance(self.rpc, list):
+            raise SettingsError("RPC workers must be a list of host:port")
+        self.rpc = parse_workers(self.rpc)
 
     @property
     def threads(self) -> int:

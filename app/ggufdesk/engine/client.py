@@ -336,6 +336,7 @@ class EngineClient:
         else:
             kind = "crash"
             reason = describe_exit(rc) + (f": {(telling or lines)[-1]}" if lines else "")
+        reason += self._rpc_loss(self._pending_load or self._good_load)
         with self._cond:
             inflight, self._inflight = sorted(self._inflight), set()
             self._cancel_deadlines.clear()
@@ -376,6 +377,19 @@ class EngineClient:
             lost = f"the model was unloaded when the engine stopped ({reason})"
         self.reason = lost
         self._spawn(restarted=True, reload=reload)
+
+    def _rpc_loss(self, load: P.Load | None) -> str:
+        """With RPC workers: name the lost ones and reload without them, or say what is missing."""
+        if load is None or not load.settings.get("rpc"):
+            return ""
+        from dataclasses import replace
+
+        from ggufdesk.core.distributed import after_worker_loss
+
+        note, settings = after_worker_loss(load.model, load.settings)
+        if note and self._good_load is not None:
+            self._good_load = None if settings is None else replace(self._good_load, settings=settings)
+        return f"; {note}" if note else ""
 
     def _may_restart(self) -> bool:
         now = time.monotonic()

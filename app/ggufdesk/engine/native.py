@@ -159,8 +159,19 @@ class LoadedModel:
         self.model.close()
 
 
+def apply_offload(mparams: llama_cpp.llama_model_params, offload) -> list:
+    """RPC workers (engine/rpc.py Offload): the device list (NULL-terminated) and per-device layer
+    counts as tensor_split. Returns the ctypes arrays, which must outlive the model load."""
+    devs = (ctypes.c_void_p * (len(offload.devices) + 1))(*offload.devices, None)
+    split = (ctypes.c_float * llama_cpp.llama_max_devices())(*offload.tensor_split)
+    mparams.devices = ctypes.addressof(devs)
+    mparams.tensor_split = split
+    mparams.n_gpu_layers = offload.n_gpu_layers
+    return [devs, split]
+
+
 def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog, *,
-               n_outputs: int = DEFAULT_OUTPUTS) -> LoadedModel:
+               n_outputs: int = DEFAULT_OUTPUTS, offload=None) -> LoadedModel:
     """Load a GGUF and create its context; raises KnownError with llama.cpp's own reason.
 
     n_outputs is the most logits rows one decode call may ask for (a verification batch is
@@ -178,6 +189,7 @@ def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog, *,
                          (True, True): llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK,
                          (False, True): llama_cpp.LLAMA_LOAD_MODE_MLOCK,
                          (False, False): llama_cpp.LLAMA_LOAD_MODE_NONE}[(settings.use_mmap, settings.use_mlock)]
+    _keep = apply_offload(mparams, offload) if offload is not None else []  # arrays llama.cpp reads
     try:
         model = internals.LlamaModel(path_model=path, params=mparams, verbose=True)
     except ValueError:

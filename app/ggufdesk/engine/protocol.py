@@ -131,6 +131,7 @@ class Loaded:
     load_s: float = 0.0
     draft: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    rpc: dict[str, Any] = field(default_factory=dict)  # RPC workers: split, devices, prediction
 
 
 @dataclass(kw_only=True)

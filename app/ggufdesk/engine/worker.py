@@ -124,8 +124,9 @@ class Engine:
         self.emit(P.Loading(id=req.id, stage="model", path=req.model))
         try:
             # logits rows one decode may ask for: a verification batch [last] + K, or every sequence + a prefill
+            offload = _rpc_offload(req.model, settings)
             lm = load_model(req.model, settings, self.llama_log,
-                            n_outputs=max(spec.k_max + 1, settings.n_parallel + 1))
+                            n_outputs=max(spec.k_max + 1, settings.n_parallel + 1), offload=offload)
         except KnownError as e:
             self.emit(P.Error(kind="load", id=req.id, message=str(e), out_of_memory=out_of_memory(str(e)),
                               detail="\n".join(self.llama_log.since(0)[-30:])))
@@ -164,6 +165,7 @@ class Engine:
             n_vocab=lm.n_vocab, n_layer=lm.n_layer, n_gpu_layers=settings.n_gpu_layers,
             chat_format=chat_format, memory=memory, load_s=round(lm.load_s, 3),
             draft=self.draft.path if self.draft else None, settings=P.fields_of(settings),
+            rpc=offload.plan if offload else {},
         ))
 
     def unload(self, quiet: bool = False) -> None:
@@ -307,6 +309,8 @@ class Engine:
         lm = self.lm
         if n_gen < 32 or tok_s <= 0 or lm.settings.n_threads != 0:
             return  # too short to be steady, or a hand-picked thread count
+        if lm.settings.rpc:
+            return  # spread over RPC workers: says nothing about this machine's bandwidth
         gpu_bytes, ngl = lm.memory.get("gpu", 0), lm.settings.n_gpu_layers
         where = "cpu" if gpu_bytes == 0 else "gpu" if ngl < 0 or ngl > lm.n_layer else None
         if where is None:
@@ -339,6 +343,15 @@ def out_of_memory(reason: str) -> bool:
     """Does llama.cpp's reason for a failure say that memory ran out? (Read once, here, where
     llama.cpp's words are known; the receivers branch on Error.out_of_memory.)"""
     return bool(_OOM.search(reason))
+
+
+def _rpc_offload(model: str, settings: LoadSettings) -> Any:
+    """With RPC workers: check them, split the model, register their devices (engine/rpc.py)."""
+    if not settings.rpc:
+        return None
+    from ggufdesk.engine.rpc import prepare_offload
+
+    return prepare_offload(model, settings)
 
 
 def _piece(gen: Any, token_id: str | None) -> str:

@@ -7,8 +7,8 @@ from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QGroupBox,
-    QHBoxLayout, QLabel, QLineEdit, QPushButton, QScrollArea, QSizePolicy, QSpinBox, QVBoxLayout,
-    QWidget,
+    QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QScrollArea, QSizePolicy, QSpinBox,
+    QVBoxLayout, QWidget,
 )
 
 from ggufdesk.core.errors import SettingsError
@@ -37,6 +37,8 @@ HELP: dict[str, tuple[str, str]] = {
     "k_min": ("Min draft length", "Fewest tokens proposed per step when adaptive."),
     "adaptive": ("Adaptive length", "Lengthen drafts while they are accepted, shorten them when not."),
     "ngram": ("Lookup n-gram", "Longest run of prompt tokens matched when copying from the prompt."),
+    "rpc": ("Remote workers", "host:port of machines running `ggufdesk worker`, one per line: the model is "
+            "spread over them. No authentication or encryption: a trusted network or an SSH tunnel only."),
 }
 
 
@@ -100,6 +102,11 @@ class SettingsDialog(QDialog):
             cb.setObjectName(name)
             self.w[name] = cb
             _add_row(pf, cb, name)
+        self.rpc_edit = QPlainTextEdit()  # Remote workers (RPC), one host:port per line
+        self.rpc_edit.setObjectName("rpc")
+        self.rpc_edit.setPlaceholderText("192.168.1.20:50052")
+        self.rpc_edit.setFixedHeight(60)
+        _add_row(pf, self.rpc_edit, "rpc")
         spec = QGroupBox("Speculative decoding")
         sf = QFormLayout(spec)
         mode = QComboBox()
@@ -163,6 +170,7 @@ class SettingsDialog(QDialog):
                    wdg.currentIndexChanged if isinstance(wdg, QComboBox) else
                    wdg.textChanged if isinstance(wdg, QLineEdit) else wdg.toggled)
             sig.connect(lambda *_: self.validate())
+        self.rpc_edit.textChanged.connect(lambda: self.validate())
         for name in ("n_ctx", "n_gpu_layers", "n_ubatch", "type_k", "type_v", "flash_attn"):
             wdg = self.w[name]
             sig = wdg.valueChanged if isinstance(wdg, QSpinBox) else wdg.currentIndexChanged
@@ -209,12 +217,14 @@ class SettingsDialog(QDialog):
         for name in ("k_max", "k_min", "ngram"):
             self.w[name].setValue(getattr(spec, name))
         self.w["adaptive"].setChecked(spec.adaptive)
+        self.rpc_edit.setPlainText("\n".join(load.rpc))
 
     def raw_values(self) -> tuple[dict[str, Any], dict[str, Any]]:
         load = {n: self.w[n].value() for n in
                 ("n_ctx", "n_gpu_layers", "n_batch", "n_ubatch", "n_threads", "n_threads_batch")}
         load |= {n: self.w[n].currentText() for n in ("flash_attn", "type_k", "type_v")}
         load |= self._extra_load
+        load["rpc"] = [ln.strip() for ln in self.rpc_edit.toPlainText().replace(",", "\n").splitlines() if ln.strip()]
         spec = {"mode": self.w["mode"].currentText(),
                 "draft_model": self.w["draft_model"].text().strip() or None,
                 "adaptive": self.w["adaptive"].isChecked(), **self._extra_spec}
