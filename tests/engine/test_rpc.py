@@ -89,6 +89,8 @@ def test_worker_killed_mid_answer_is_named_and_the_engine_reloads(tiny_model, tw
         assert f"lost RPC worker {dead.endpoint}" in err.message
         assert alive.endpoint not in err.message.split("lost RPC worker")[1]
         assert "reloading on the remaining workers" in err.message
-        loaded = next(ev for ev in c.events(timeout=120) if isinstance(ev, P.Loaded))
+        # events() also holds the first load's Loaded (the client queues every event): wait for the reload's
+        loaded = next(ev for ev in c.events(timeout=120)
+                      if isinstance(ev, P.Loaded) and ev.settings.get("rpc") == [alive.endpoint])
         assert c.pid != old_pid and loaded.settings["rpc"] == [alive.endpoint]
         assert collect(c, c.generate(prompt="the cat", sampling=greedy(3))).error is None
