@@ -311,7 +311,7 @@ def decode(line: str | bytes) -> Message:
     kind = data.pop("type")
     cls = _ALL[kind]
     for (of, name), allowed in _CHOICES.items():
-        if of == kind and name in data and data[name] not in allowed:
+        if of == kind and name in data and (not isinstance(data[name], str) or data[name] not in allowed):
             raise ProtocolError(f"bad {kind} message: {name} {str(data[name])[:50]!r} is not one of "
                                 f"{', '.join(sorted(allowed))}")
     if "id" in data and not (data["id"] is None or isinstance(data["id"], str)):
