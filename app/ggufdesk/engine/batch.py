@@ -255,7 +255,8 @@ class BatchEngine:
             self._take(prefill, self._sample(prefill, len(rows) - 1))
 
     def _speculative_step(self, s: Sequence) -> None:
-        """A request alone: draft, verify [last] + draft in one batch, keep the matching part (docs/architecture.md, "The decode loop")."""
+        """A request alone: draft, verify [last] + draft in one batch, keep the matching part
+        (docs/architecture.md, "The decode loop")."""
         drafter, slot = s.drafter, s.slot
         n0 = len(slot.tokens)
         room = self.n_ctx - n0 - 1
