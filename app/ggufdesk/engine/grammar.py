@@ -3,9 +3,9 @@ ranges it lacks) and llama.cpp's grammar sampler, checked on the sampled token f
 
 Why check first: applying a grammar to Gemma's 262k-token vocabulary costs tens of milliseconds
 per token (naive constrained sampling through the high-level API ran at 0.23x on the starter).
-llama.cpp's common sampler samples unconstrained, asks the grammar about that one token, and only when it is rejected applies the
-grammar to the whole vocabulary and samples again. The result is the same distribution: a token
-the grammar allows has the same logit with and without the grammar.
+llama.cpp's common sampler samples unconstrained, asks the grammar about that one token, and only
+when it is rejected applies the grammar to the whole vocabulary and samples again. The result is
+the same distribution: a token the grammar allows has the same logit with and without the grammar.
 """
 from __future__ import annotations
 
