@@ -220,16 +220,16 @@ class Engine:
                 sampling = dataclasses.replace(sampling, stop=sampling.stop + stops)
             constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=self.gen.piece,
                                                tokenize=lambda t: self.gen.tokenize(t, add_bos=False))
-            drafter = None if constraint else self._drafter(spec, prompt, sampling.max_tokens)
-            if spec.lookup_history and self.ngrams is not None:
-                self._lookup_prompts[req.id] = prompt
-            seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs, drafter=drafter,
-                           max_gen=min(sampling.max_tokens, self.lm.n_ctx - len(prompt)),
-                           stats=RunStats(n_prompt=len(prompt), t_start=t_start),
-                           constraint=constraint, structured=structured)
-            try:
+            try:  # from here on the grammar's C sampler is ours to free if the request never runs
+                drafter = None if constraint else self._drafter(spec, prompt, sampling.max_tokens)
+                if spec.lookup_history and self.ngrams is not None:
+                    self._lookup_prompts[req.id] = prompt
+                seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs,
+                               drafter=drafter, max_gen=min(sampling.max_tokens, self.lm.n_ctx - len(prompt)),
+                               stats=RunStats(n_prompt=len(prompt), t_start=t_start),
+                               constraint=constraint, structured=structured)
                 self.batch.submit(seq)
-            except KnownError:
+            except (KnownError, TypeError):
                 if constraint is not None:
                     constraint.close()
                 raise
