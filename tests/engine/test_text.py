@@ -36,3 +36,13 @@ def test_partial_stop_prefix_released_when_it_turns_out_not_to_be_a_stop():
     assert s.push(b"one\nUs") == "one"
     assert s.push(b"ually") == "\nUsually"
     assert not s.stopped
+
+
+def test_the_stop_string_that_ended_the_text_is_named():
+    s = TextStream(["zz", "</end>", "lo </"])
+    feed(s, [b"hello </", b"end> zz"])
+    assert s.stopped and s.matched == "lo </"  # the earliest match in the text wins
+    plain = TextStream(["</end>"])
+    feed(plain, [b"no stop here"])
+    plain.flush()
+    assert not plain.stopped and plain.matched is None

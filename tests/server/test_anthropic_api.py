@@ -54,3 +54,18 @@ def test_errors_come_in_anthropics_shape(client, served):
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert "max_tokens" in body["error"]["message"]
     assert json.loads(r.text) == body
+
+
+def test_stop_sequence_is_reported_by_name(client):
+    full = client.messages.create(model=MODEL, max_tokens=12, messages=USER).content[0].text
+    middle = len(full) // 2
+    stop = full[middle:middle + 2]
+    assert stop.strip(), f"no usable stop sequence in {full!r}"
+    m = client.messages.create(model=MODEL, max_tokens=12, messages=USER, stop_sequences=["never-said", stop])
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
+    assert m.content[0].text == full[:full.index(stop)]
+    with client.messages.stream(model=MODEL, max_tokens=12, messages=USER, stop_sequences=[stop]) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop
+    ended = client.messages.create(model=MODEL, max_tokens=3, messages=USER, stop_sequences=["never-said"])
+    assert ended.stop_reason == "max_tokens" and ended.stop_sequence is None

@@ -387,7 +387,8 @@ class BatchEngine:
             reason = "tool_calls"
         self.emit(P.Done(id=s.rid, finish_reason=reason, text=text, tokens=st.tokens,
                          usage={"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen},
-                         tool_calls=calls, content=content if calls else None))
+                         tool_calls=calls, content=content if calls else None,
+                         stop=s.stream.matched if s.stream is not None and reason == "stop" else None))
         if started and s.alone and s.drafter is None and self.on_plain_done is not None:
             self.on_plain_done(final)  # the figures the user saw
 

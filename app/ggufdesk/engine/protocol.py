@@ -197,6 +197,7 @@ class Done:
     usage: dict[str, int] = field(default_factory=dict)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style, parsed from text
     content: str | None = None  # with tool calls: the text that is not a call
+    stop: str | None = None  # finish_reason "stop" because of this stop string (None: end of generation)
 
 
 @dataclass(kw_only=True)

@@ -18,6 +18,7 @@ class TextStream:
         self._pending = ""
         self.text = ""  # everything emitted so far
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text, if one did
 
     def push(self, piece: bytes) -> str:
         if self.stopped:
@@ -34,8 +35,9 @@ class TextStream:
 
     def _release(self, *, final: bool) -> str:
         pending = self._pending
-        hit = min((i for i in (pending.find(s) for s in self._stops) if i >= 0), default=-1)
-        if hit >= 0:
+        found = [(i, n, s) for n, s in enumerate(self._stops) if (i := pending.find(s)) >= 0]
+        if found:
+            hit, _, self.matched = min(found)  # the earliest; at a tie the first listed
             out, self._pending, self.stopped = pending[:hit], "", True
         else:
             keep = 0 if final else self._held_back(pending)

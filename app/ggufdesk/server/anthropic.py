@@ -71,7 +71,14 @@ def messages_of(req: MessagesRequest) -> list[dict[str, Any]]:
 
 
 def stop_reason(job: Job) -> str:
+    if job.finish_reason == "stop" and stop_sequence(job) is not None:
+        return "stop_sequence"
     return STOP_REASONS[job.finish_reason]
+
+
+def stop_sequence(job: Job) -> str | None:
+    """The stop sequence that ended the answer (None when the model ended it or it ran out)."""
+    return job.done.stop if job.done is not None else None
 
 
 async def messages(request: Request) -> Response:
@@ -100,7 +107,7 @@ async def messages(request: Request) -> Response:
     return JSONResponse({
         "id": mid, "type": "message", "role": "assistant", "model": svc.model_id,
         "content": content,
-        "stop_reason": stop_reason(job), "stop_sequence": None,
+        "stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job),
         "usage": {"input_tokens": job.prompt_tokens, "output_tokens": job.completion_tokens},
     })
 
@@ -145,7 +152,7 @@ async def _stream(job: Job, mid: str, model: str, calls: CallStream | None) -> A
                               "content_block_delta")
                     yield sse({"type": "content_block_stop", "index": k}, "content_block_stop")
                 yield sse({"type": "message_delta",
-                           "delta": {"stop_reason": stop_reason(job), "stop_sequence": None},
+                           "delta": {"stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job)},
                            "usage": {"input_tokens": job.prompt_tokens, "output_tokens": job.completion_tokens}},
                           "message_delta")
                 yield sse({"type": "message_stop"}, "message_stop")
