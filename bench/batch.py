@@ -149,7 +149,8 @@ def main() -> int:
     ap.add_argument("model", nargs="?")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--chunk", type=int, default=0, help="prefill_chunk for the engine (0 = the default)")
+    ap.add_argument("--chunk", type=int, default=-1, help="prefill_chunk for the engine (0 = auto, the default)")
+    ap.add_argument("--parts", default="12345", help="which parts to run, e.g. 4 or 145")
     args = ap.parse_args()
     if args.model is None:
         from ggufdesk.core.starter import starter_model_path
@@ -159,25 +160,26 @@ def main() -> int:
           f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     th = args.threads
     base = dict(n_batch=512, n_ubatch=512, n_threads=th, n_threads_batch=th, flash_attn="auto")
-    if args.chunk:
+    if args.chunk >= 0:
         base["prefill_chunk"] = args.chunk
     low = LowLevel(args.model, th)
 
     # 1. step cost vs chunk, and verification rows beside 4 decode rows
-    low.reset(4)
-    chunks = (0, 64, 128, 256, 512)
-    cost = {c: low.step_ms(4, c, extra_logits=False) for c in chunks}
-    print("\n1. one step = 4 decode rows + a prompt chunk of C tokens (in-process), median ms")
-    print("| C | " + " | ".join(str(c) for c in chunks) + " |")
-    print("|---|" + "---:|" * len(chunks))
-    print("| ms/step | " + " | ".join(f"{cost[c]:.1f}" for c in chunks) + " |")
-    print("| x undisturbed | " + " | ".join(f"{cost[c] / cost[0]:.1f}" for c in chunks) + " |")
-    drafts = (0, 4, 8)
-    low.reset(4)
-    vcost = {k: low.step_ms(4, k, extra_logits=True) for k in drafts}
-    print("   4 decode rows + k draft rows on one of them (all with logits): "
-          + ", ".join(f"k={k}: {vcost[k]:.1f} ms" for k in drafts)
-          + f"; each draft row costs {(vcost[8] - vcost[0]) / 8 / (vcost[0] / 4):.2f}x a decode row's share")
+    if "1" in args.parts:
+        low.reset(4)
+        chunks = (0, 60, 64, 124, 128, 252, 256, 512)
+        cost = {c: low.step_ms(4, c, extra_logits=False) for c in chunks}
+        print("\n1. one step = 4 decode rows + a prompt chunk of C tokens (in-process), median ms")
+        print("| C | " + " | ".join(str(c) for c in chunks) + " |")
+        print("|---|" + "---:|" * len(chunks))
+        print("| ms/step | " + " | ".join(f"{cost[c]:.1f}" for c in chunks) + " |")
+        print("| x undisturbed | " + " | ".join(f"{cost[c] / cost[0]:.1f}" for c in chunks) + " |")
+        drafts = (0, 4, 8)
+        low.reset(4)
+        vcost = {k: low.step_ms(4, k, extra_logits=True) for k in drafts}
+        print("   4 decode rows + k draft rows on one of them (all with logits): "
+              + ", ".join(f"k={k}: {vcost[k]:.1f} ms" for k in drafts)
+              + f"; each draft row costs {(vcost[8] - vcost[0]) / 8 / (vcost[0] / 4):.2f}x a decode row's share")
 
     # engines: n_parallel 8 (serve), n_parallel 1 (run)
     serve = EngineClient(auto_restart=False)
@@ -202,7 +204,7 @@ def main() -> int:
     for r in range(args.rounds):
         tag = f"r{r}"
         # 2. aggregate tok/s, engine vs low-level
-        for n in (1, 4, 8):
+        for n in (1, 4, 8) if "2" in args.parts else ():
             res = run_together(serve, [text(20, f"{tag}s{n}q{i}") for i in range(n)], GEN)
             add(f"agg{n}", aggregate(res))
             low.reset(n, 16)
@@ -210,7 +212,7 @@ def main() -> int:
             add(f"low{n}", n * 1000 / ms)
         # 3. one stream three ways (order alternates by round)
         order = ["serve", "run", "old"] if r % 2 == 0 else ["old", "run", "serve"]
-        for who in order:
+        for who in order if "3" in args.parts else ():
             p = text(20, f"{tag}one{who}")
             if who == "old":
                 times: list[float] = []
@@ -224,46 +226,48 @@ def main() -> int:
             else:
                 res = run_together(serve if who == "serve" else run1, [p], GEN)[0]
                 add(f"one_{who}", (len(res["times"]) - 1) / (res["times"][-1] - res["times"][0]))
-        # 4. a 3,000-token prompt: alone, then while 4 streams decode
-        long_alone = text(LONG, f"{tag}longA")
-        res = run_together(serve, [long_alone], 2)[0]
-        add("ttft_alone", res["times"][0] - res["t0"])
-        out: dict = {}
-        ths, bg = [], []
-        t0 = time.perf_counter()
-        for i in range(4):
-            # (prompt + max_tokens of all four and the long prompt must fit the cells, or it waits)
-            rid = serve.generate(prompt=text(20, f"{tag}bg{i}"), sampling=greedy(1000))
-            th_ = threading.Thread(target=stream_times, args=(serve, rid, t0, out))
-            th_.start()
-            ths.append(th_)
-            bg.append(rid)
-        time.sleep(3.0)  # let the four settle into plain decoding
-        t_long = time.perf_counter()
-        res_long = run_together(serve, [text(LONG, f"{tag}longB")], 2)[0]
-        t_first = res_long["times"][0]
-        time.sleep(0.5)
-        for rid in bg:
-            serve.cancel(rid)
-        for th_ in ths:
-            th_.join()
-        gaps_before, gaps_during = [], []
-        for o in out.values():
-            ts = o["times"]
-            for a, b in zip(ts, ts[1:]):
-                if b < t_long:
-                    gaps_before.append(b - a)
-                elif a <= t_first:  # a gap that overlaps the long prompt's prefill
-                    gaps_during.append(b - a)
-        add("gap_median", statistics.median(gaps_before))
-        add("gap_worst", max(gaps_during))
-        add("ttft_busy", t_first - t_long)
-        # 5. shared 1,500-token system prompt
-        system = text(SYSTEM, f"{tag}system")
-        first = run_together(serve, [system + " Question: what rose from the chimneys?"], 2)[0]
-        second = run_together(serve, [system + " Question: who argued about grain?"], 2)[0]
-        add("pfx_first", first["times"][0] - first["t0"])
-        add("pfx_second", second["times"][0] - second["t0"])
+        if "4" in args.parts:
+            # 4. a 3,000-token prompt: alone, then while 4 streams decode
+            long_alone = text(LONG, f"{tag}longA")
+            res = run_together(serve, [long_alone], 2)[0]
+            add("ttft_alone", res["times"][0] - res["t0"])
+            out: dict = {}
+            ths, bg = [], []
+            t0 = time.perf_counter()
+            for i in range(4):
+                # (prompt + max_tokens of all four and the long prompt must fit the cells, or it waits)
+                rid = serve.generate(prompt=text(20, f"{tag}bg{i}"), sampling=greedy(1000))
+                th_ = threading.Thread(target=stream_times, args=(serve, rid, t0, out))
+                th_.start()
+                ths.append(th_)
+                bg.append(rid)
+            time.sleep(3.0)  # let the four settle into plain decoding
+            t_long = time.perf_counter()
+            res_long = run_together(serve, [text(LONG, f"{tag}longB")], 2)[0]
+            t_first = res_long["times"][0]
+            time.sleep(0.5)
+            for rid in bg:
+                serve.cancel(rid)
+            for th_ in ths:
+                th_.join()
+            gaps_before, gaps_during = [], []
+            for o in out.values():
+                ts = o["times"]
+                for a, b in zip(ts, ts[1:]):
+                    if b < t_long:
+                        gaps_before.append(b - a)
+                    elif a <= t_first:  # a gap that overlaps the long prompt's prefill
+                        gaps_during.append(b - a)
+            add("gap_median", statistics.median(gaps_before))
+            add("gap_worst", max(gaps_during))
+            add("ttft_busy", t_first - t_long)
+        if "5" in args.parts:
+            # 5. shared 1,500-token system prompt
+            system = text(SYSTEM, f"{tag}system")
+            first = run_together(serve, [system + " Question: what rose from the chimneys?"], 2)[0]
+            second = run_together(serve, [system + " Question: who argued about grain?"], 2)[0]
+            add("pfx_first", first["times"][0] - first["t0"])
+            add("pfx_second", second["times"][0] - second["t0"])
         print(f"round {r + 1}/{args.rounds} done (load average {os.getloadavg()[0]:.1f})", flush=True)
     serve.shutdown()
     run1.shutdown()
@@ -271,25 +275,29 @@ def main() -> int:
     def m(key: str) -> float:
         return statistics.median(rows[key])
 
-    print(f"\n2. aggregate decode tok/s, {GEN} tokens per stream (engine process, n_parallel=8)")
-    print("| streams | engine | low-level in-process, same run | ratio | in-process, quiet machine |")
-    print("|---:|---:|---:|---:|---:|")
-    for n, ref in ((1, 79), (4, 118), (8, 178)):
-        print(f"| {n} | {m(f'agg{n}'):.1f} | {m(f'low{n}'):.1f} | {m(f'agg{n}') / m(f'low{n}'):.2f}x | {ref} |")
-    print(f"   4 streams vs one: {m('agg4') / m('agg1'):.2f}x; 8 streams vs one: {m('agg8') / m('agg1'):.2f}x")
-    print("\n3. one stream, decode tok/s")
-    print("| engine n_parallel=8 | engine n_parallel=1 (ggufdesk run) | pre-batching loop in-process |")
-    print("|---:|---:|---:|")
-    print(f"| {m('one_serve'):.1f} | {m('one_run'):.1f} | {m('one_old'):.1f} |")
-    print(f"   n_parallel=8 vs run: {m('one_serve') / m('one_run'):.3f}x; run vs the old loop: "
-          f"{m('one_run') / m('one_old'):.3f}x (target >= 0.95x)")
-    print(f"\n4. a {n_long}-token prompt arriving while 4 streams decode (prefill_chunk {chunk})")
-    print(f"   running streams: undisturbed median gap {m('gap_median') * 1000:.0f} ms, worst gap during the "
-          f"prefill {m('gap_worst') * 1000:.0f} ms = {m('gap_worst') / m('gap_median'):.1f}x (target <= 10x)")
-    print(f"   its TTFT: {m('ttft_busy'):.2f} s beside them vs {m('ttft_alone'):.2f} s alone = "
-          f"{m('ttft_busy') / m('ttft_alone'):.2f}x (target <= 1.5x)")
-    print(f"\n5. shared {n_system}-token system prompt: TTFT first {m('pfx_first'):.2f} s, second "
-          f"{m('pfx_second'):.3f} s = {m('pfx_second') / m('pfx_first'):.3f}x (target <= 0.25x)")
+    if "2" in args.parts:
+        print(f"\n2. aggregate decode tok/s, {GEN} tokens per stream (engine process, n_parallel=8)")
+        print("| streams | engine | low-level in-process, same run | ratio | in-process, quiet machine |")
+        print("|---:|---:|---:|---:|---:|")
+        for n, ref in ((1, 79), (4, 118), (8, 178)):
+            print(f"| {n} | {m(f'agg{n}'):.1f} | {m(f'low{n}'):.1f} | {m(f'agg{n}') / m(f'low{n}'):.2f}x | {ref} |")
+        print(f"   4 streams vs one: {m('agg4') / m('agg1'):.2f}x; 8 streams vs one: {m('agg8') / m('agg1'):.2f}x")
+    if "3" in args.parts:
+        print("\n3. one stream, decode tok/s")
+        print("| engine n_parallel=8 | engine n_parallel=1 (ggufdesk run) | pre-batching loop in-process |")
+        print("|---:|---:|---:|")
+        print(f"| {m('one_serve'):.1f} | {m('one_run'):.1f} | {m('one_old'):.1f} |")
+        print(f"   n_parallel=8 vs run: {m('one_serve') / m('one_run'):.3f}x; run vs the old loop: "
+              f"{m('one_run') / m('one_old'):.3f}x (target >= 0.95x)")
+    if "4" in args.parts:
+        print(f"\n4. a {n_long}-token prompt arriving while 4 streams decode (prefill_chunk {chunk or 'auto'})")
+        print(f"   running streams: undisturbed median gap {m('gap_median') * 1000:.0f} ms, worst gap during the "
+              f"prefill {m('gap_worst') * 1000:.0f} ms = {m('gap_worst') / m('gap_median'):.1f}x (target <= 10x)")
+        print(f"   its TTFT: {m('ttft_busy'):.2f} s beside them vs {m('ttft_alone'):.2f} s alone = "
+              f"{m('ttft_busy') / m('ttft_alone'):.2f}x (target <= 1.5x)")
+    if "5" in args.parts:
+        print(f"\n5. shared {n_system}-token system prompt: TTFT first {m('pfx_first'):.2f} s, second "
+              f"{m('pfx_second'):.3f} s = {m('pfx_second') / m('pfx_first'):.3f}x (target <= 0.25x)")
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -26,7 +26,7 @@ def test_old_messages_still_decode():
 
 @pytest.mark.parametrize("kwargs, words", [
     ({"n_parallel": 0}, "n_parallel"), ({"n_parallel": 257}, "n_parallel"),
-    ({"n_parallel": "4"}, "whole number"), ({"prefill_chunk": 0}, "prefill_chunk"),
+    ({"n_parallel": "4"}, "whole number"), ({"prefill_chunk": -1}, "prefill_chunk"),
 ])
 def test_load_settings_refused(kwargs, words):
     with pytest.raises(SettingsError, match=words):
@@ -35,4 +35,4 @@ def test_load_settings_refused(kwargs, words):
 
 def test_defaults_serve_one_sequence():
     s = LoadSettings()
-    assert s.n_parallel == 1 and s.prefill_chunk > 0
+    assert s.n_parallel == 1 and s.prefill_chunk == 0  # 0: sized per step by engine/chunking.py

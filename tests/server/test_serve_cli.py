@@ -35,3 +35,9 @@ def test_a_port_in_use_is_a_clear_error(tiny_model):
         port = s.getsockname()[1]
         r = serve(str(tiny_model), "--port", str(port))
     assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
+
+
+def test_nonsense_numbers_are_refused_before_anything_starts(tiny_model):
+    r = serve(str(tiny_model), "--port", "0", "--prefill-chunk", "-5")
+    assert r.returncode == 1 and "--prefill-chunk cannot be negative" in r.stderr
+    assert "listening" not in r.stdout

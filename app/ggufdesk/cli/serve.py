@@ -20,6 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (others need --api-key)")
     p.add_argument("--port", type=int, default=8080, help="port (0 = any free port)")
     p.add_argument("--parallel", type=int, default=4, help="requests generated at once")
+    p.add_argument("--prefill-chunk", type=int, default=0,
+                   help="prompt tokens per step while others decode (0 = sized from measured step times)")
     p.add_argument("--queue", type=int, default=64, help="requests that may wait beyond those (then 503)")
     p.add_argument("--api-key", action="append", default=[], help="required API key (repeatable)")
     p.add_argument("--rate-limit", type=int, default=0,
@@ -35,12 +37,12 @@ def build(args: argparse.Namespace):
 
     if args.parallel < 1:
         raise KnownError("--parallel must be at least 1")
-    if args.queue < 0 or args.rate_limit < 0 or args.max_body < 1:
-        raise KnownError("--queue and --rate-limit cannot be negative, --max-body must be positive")
+    if args.queue < 0 or args.rate_limit < 0 or args.max_body < 1 or args.prefill_chunk < 0:
+        raise KnownError("--queue, --rate-limit and --prefill-chunk cannot be negative, --max-body must be positive")
     keys = tuple(k for k in args.api_key if k)
     check_exposure(args.host, keys)
     load, sampling, spec = settings_from_args(args)
-    load = dataclasses.replace(load, n_parallel=args.parallel)
+    load = dataclasses.replace(load, n_parallel=args.parallel, prefill_chunk=args.prefill_chunk)
     config = ServerConfig(api_keys=keys, rate_limit=args.rate_limit, parallel=args.parallel,
                           max_queue=args.queue, max_body=args.max_body, default_max_tokens=args.max_tokens,
                           sampling=sampling)

@@ -16,7 +16,7 @@ KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_n
 FLASH_ATTN = ("auto", "on", "off")
 SPEC_MODES = ("off", "draft", "lookup")
 MAX_PARALLEL = 256  # llama.cpp's LLAMA_MAX_SEQ
-PREFILL_CHUNK = 128  # see bench/batch.py: keeps running streams' worst gap small on a 2-core CPU
+PREFILL_CHUNK = 0  # 0 = sized each step from measured times (engine/chunking.py, bench/batch.py)
 
 
 def _int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
@@ -71,13 +71,13 @@ class LoadSettings:
     use_mmap: bool = True
     use_mlock: bool = False
     n_parallel: int = 1  # sequences decoded together (the server sets it; the GUI and run use 1)
-    prefill_chunk: int = PREFILL_CHUNK  # prompt tokens per engine step while other streams decode
+    prefill_chunk: int = PREFILL_CHUNK  # prompt tokens per engine step while others decode; 0 = auto
     rpc: list[str] = field(default_factory=list)  # RPC workers, host:port (`ggufdesk worker`)
 
     def __post_init__(self) -> None:
         _int("context length (n_ctx)", self.n_ctx, 16, 1 << 20)
         _int("parallel sequences (n_parallel)", self.n_parallel, 1, MAX_PARALLEL)
-        _int("prefill chunk (prefill_chunk)", self.prefill_chunk, 1, 1 << 16)
+        _int("prefill chunk (prefill_chunk)", self.prefill_chunk, 0, 1 << 16)
         _int("GPU layers (n_gpu_layers)", self.n_gpu_layers, -1, 100_000)
         _int("batch size (n_batch)", self.n_batch, 1, 1 << 16)
         _int("micro-batch size (n_ubatch)", self.n_ubatch, 1, 1 << 16)

@@ -168,7 +168,10 @@ class BatchEngine:
             if alone and plan.prefill is None and plan.decode[0].drafter is not None:
                 self._speculative_step(plan.decode[0])
             else:
-                self._batch_step(plan.decode, plan.prefill, plan.chunk)
+                t0 = time.perf_counter()
+                n_prompt = self._batch_step(plan.decode, plan.prefill, plan.chunk)
+                if n_prompt is not None and self.sched.sizer is not None:
+                    self.sched.sizer.observe(len(plan.decode), n_prompt, time.perf_counter() - t0)
         except KnownError as e:
             for seq in plan.decode + ([plan.prefill] if plan.prefill else []):
                 self._fail(seq, e)
@@ -222,7 +225,9 @@ class BatchEngine:
             raise KnownError(f"llama_decode failed with code {rc}")
         return True
 
-    def _batch_step(self, decode: list[Sequence], prefill: Sequence | None, chunk: int) -> None:
+    def _batch_step(self, decode: list[Sequence], prefill: Sequence | None, chunk: int) -> int | None:
+        """Decode one token for each of `decode` and up to `chunk` prompt tokens of `prefill`;
+        returns how many prompt tokens it evaluated (None: a cancel aborted the step)."""
         rows: list[tuple[int, int, int, bool]] = []
         for s in decode:
             rows.append((s.last, len(s.slot.tokens), s.slot.seq, True))
@@ -239,7 +244,7 @@ class BatchEngine:
                 rows.append((t, p0 + i, prefill.slot.seq, completes and i == len(part) - 1))
         seqs = decode + ([prefill] if prefill else [])
         if not self._decode(rows, seqs, abortable=bool(part) and len(part) > 1):
-            return
+            return None
         for s in decode:
             self.slots.extend(s.slot, [s.last])
         if prefill is not None:
@@ -253,6 +258,7 @@ class BatchEngine:
         if completes:
             prefill.stats.t_prefill_end = time.perf_counter()
             self._take(prefill, self._sample(prefill, len(rows) - 1))
+        return len(part)
 
     def _speculative_step(self, s: Sequence) -> None:
         """A request alone: draft, verify [last] + draft in one batch, keep the matching part

@@ -4,15 +4,17 @@ A request is admitted when a sequence slot is idle and its prompt plus the token
 generate fit the cells that running requests have not reserved; otherwise it waits in a bounded
 FIFO queue (full queue: `Overloaded`). Admission is strictly first come, first served, so a big
 request at the head is never starved by small ones behind it. Each step decodes one token for
-every running sequence and prefills at most one chunk of one prompt: `prefill_chunk` tokens
-while others are decoding (so their next token is never far away), a whole `n_batch` when
-nobody is waiting for a token.
+every running sequence and prefills at most one chunk of one prompt: while others are decoding,
+as many tokens as engine/chunking.py says fit beside them (or a fixed `prefill_chunk`), so their
+next token is never far away; a whole `n_batch` when nobody is waiting for a token.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
+
+from ggufdesk.engine.chunking import ChunkSizer
 
 QUEUE_PER_SLOT = 16  # queued requests allowed per sequence slot before new ones are refused
 MIN_QUEUE = 16
@@ -43,7 +45,8 @@ class Scheduler(Generic[S]):
     def __init__(self, *, n_slots: int, n_cells: int, n_batch: int, prefill_chunk: int,
                  max_queue: int | None = None) -> None:
         self.n_slots, self.n_cells, self.n_batch = n_slots, n_cells, n_batch
-        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk = prefill_chunk  # 0: sized by measured step times (self.sizer)
+        self.sizer = ChunkSizer(n_batch=n_batch) if prefill_chunk == 0 else None
         self.max_queue = max_queue if max_queue is not None else max(MIN_QUEUE, QUEUE_PER_SLOT * n_slots)
         self.waiting: deque[S] = deque()
         self.running: list[S] = []
@@ -86,7 +89,12 @@ class Scheduler(Generic[S]):
         prefill = next((s for s in self.running if s.prefilling), None)
         chunk = 0
         if prefill is not None:
-            budget = self.prefill_chunk if decode else self.n_batch
+            if not decode:
+                budget = self.n_batch
+            elif self.sizer is not None:
+                budget = self.sizer.chunk(len(decode))
+            else:
+                budget = self.prefill_chunk
             chunk = max(0, min(budget, self.n_batch - len(decode)))
             if chunk == 0:
                 prefill = None
