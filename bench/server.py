@@ -256,6 +256,54 @@ async def shared_prefix(srv: Server, words: int, seed: int) -> dict:
     return {"ttft_first_s": first.ttft, "ttft_second_s": second.ttft, "ratio": second.ttft / first.ttft}
 
 
+async def gauge(c: httpx.AsyncClient, srv: Server, name: str) -> float:
+    for line in (await c.get(srv.url + "/metrics")).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise SystemExit(f"{name} is not in /metrics")
+
+
+async def disconnects(srv: Server, words: int, seed: int, reps: int = 3) -> dict:
+    """ggufdesk serve only: beside 3 running streams, a client drops its connection while its answer
+    streams (after 8 tokens) or while its long prompt is prefilled (after 0.5 s). Time from the close
+    to /metrics' running requests falling back (the engine confirmed, the sequence is free),
+    polled every 5 ms."""
+    out: dict[str, list[float]] = {"decoding": [], "prefilling": []}
+    async with httpx.AsyncClient(timeout=600) as c, httpx.AsyncClient(timeout=60) as probe:
+        # (prompt + max_tokens of all five must fit the KV cells, or admission makes one wait)
+        bg = [asyncio.create_task(stream(c, srv, f"{PROMPT} (bg {i})", 1200)) for i in range(3)]
+        while await gauge(probe, srv, "ggufdesk_requests_running") < 3:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)
+        for k in range(reps):
+            for kind in out:
+                got8 = asyncio.Event()
+
+                def on_token(s: Stream, got8: asyncio.Event = got8) -> None:
+                    if len(s.times) >= 8:
+                        got8.set()
+
+                prompt = f"{PROMPT} (drop {k})" if kind == "decoding" else long_prompt(words, seed + k)
+                base = await gauge(probe, srv, "ggufdesk_requests_running")
+                task = asyncio.create_task(stream(c, srv, prompt, 800, on_token))
+                while await gauge(probe, srv, "ggufdesk_requests_running") <= base:
+                    await asyncio.sleep(0.005)
+                if kind == "decoding":
+                    await got8.wait()
+                else:
+                    await asyncio.sleep(0.5)
+                task.cancel()  # httpx closes the connection
+                t_close = time.perf_counter()
+                while await gauge(probe, srv, "ggufdesk_requests_running") > base:
+                    await asyncio.sleep(0.005)
+                out[kind].append(time.perf_counter() - t_close)
+                await asyncio.gather(task, return_exceptions=True)
+        for t in bg:
+            t.cancel()
+        await asyncio.gather(*bg, return_exceptions=True)
+    return {f"{kind}_s": v for kind, v in out.items()}
+
+
 def ggufdesk_run(model: str, a: argparse.Namespace) -> float:
     out = subprocess.run([sys.executable, "-m", "ggufdesk", "run", model, "--prompt", PROMPT, "--max-tokens",
                           str(a.tokens), "--temperature", "0", "--threads", str(a.threads), "--threads-batch",
@@ -322,6 +370,10 @@ def main() -> int:
             print(f"  long prompt and shared prefix {s.name}: {results['servers'][s.name]['big_prompt']} "
                   f"{results['servers'][s.name]['shared_prefix']}", file=sys.stderr)
             save(a, results)
+        ours = next(s for s in servers if s.name == "ggufdesk serve")
+        results["servers"][ours.name]["disconnect"] = asyncio.run(disconnects(ours, a.big_words, seed + 11))
+        print(f"  disconnects {ours.name}: {results['servers'][ours.name]['disconnect']}", file=sys.stderr)
+        save(a, results)
     finally:
         for s in servers:
             s.stop()
@@ -367,6 +419,9 @@ def report(r: dict) -> None:
     print(f"  long prompt: worst gap / median          {ours['big_prompt']['worst_over_median']:.1f}x (<= 10)")
     print(f"  long prompt: TTFT beside 3 / alone       {ours['big_prompt']['ttft_ratio']:.2f}x (<= 1.5)")
     print(f"  shared 1,500-token prefix: 2nd/1st TTFT  {ours['shared_prefix']['ratio']:.2f}x (<= 0.25)")
+    d = ours["disconnect"]
+    print(f"  disconnect to free sequence, worst of {len(d['decoding_s'])}: while decoding "
+          f"{1000 * max(d['decoding_s']):.0f} ms, while prefilling {1000 * max(d['prefilling_s']):.0f} ms (<= 100 ms)")
 
 
 if __name__ == "__main__":
