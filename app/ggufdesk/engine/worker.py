@@ -6,6 +6,7 @@ takes effect while a generation (or a long prefill) is running on the main threa
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import logging
@@ -16,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from ggufdesk.core.errors import KnownError
@@ -32,15 +34,34 @@ class Emitter:
     def __init__(self, out: TextIO) -> None:
         self._out = out
         self._lock = threading.Lock()
+        self._held = False
 
     def __call__(self, event: P.Event) -> None:
         line = P.encode(event)
         with self._lock:
             try:
                 self._out.write(line)
-                self._out.flush()
+                if not self._held:
+                    self._out.flush()
             except (BrokenPipeError, OSError):
                 os._exit(0)  # the client is gone: nobody is left to hear us
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Events emitted inside go out together at the end: one engine step of N streams is one
+        write and one wake-up of the client's reader, not N (on 2 cores every wake-up of the other
+        process competes with the step's compute threads)."""
+        with self._lock:
+            self._held = True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held = False
+                try:
+                    self._out.flush()
+                except (BrokenPipeError, OSError):
+                    os._exit(0)
 
 
 class CancelBook:
@@ -245,7 +266,8 @@ class Engine:
             except queue.Empty:
                 pass
             try:
-                self.batch.step()
+                with getattr(self.emit, "held", contextlib.nullcontext)():
+                    self.batch.step()
             except Exception as e:  # noqa: BLE001 - a bug of ours ends the requests, not the engine
                 self.batch.fail_all(f"internal error: {e}", traceback.format_exc())
         if self.batch is not None:
@@ -397,7 +419,7 @@ def main() -> int:
     lifeline.guard()
     events_fd = os.dup(1)
     os.dup2(2, 1)  # C code printing to stdout now lands on stderr
-    out = os.fdopen(events_fd, "w", encoding="utf-8", buffering=1)
+    out = os.fdopen(events_fd, "w", encoding="utf-8", buffering=1 << 16)  # Emitter flushes
     sys.stdout = sys.stderr
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
     emit = Emitter(out)
