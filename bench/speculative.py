@@ -50,12 +50,14 @@ def configs(fixed: list[int]) -> dict[str, dict]:
 def ours(client: EngineClient, w: Workload, tokens: int, spec: dict) -> dict:
     sampling = {"temperature": w.temperature, "seed": 1, "max_tokens": tokens}
     rid = client.generate(prompt=w.prompt, sampling=sampling, speculation=spec)
-    text, stats = [], None
+    text, stats, tokens = [], None, []
     for ev in client.stream(rid, timeout=600):
         if isinstance(ev, P.Token):
             text.append(ev.text)
         elif isinstance(ev, P.Stats):
             stats = ev
+        elif isinstance(ev, P.Done):
+            tokens = list(ev.tokens or [])
         elif isinstance(ev, P.Error):
             raise SystemExit(f"engine error on {w.category}/{w.name}: {ev.message}")
     flush = client.generate(**FLUSH)  # empty the KV cache: the next run prefills in full
@@ -63,7 +65,27 @@ def ours(client: EngineClient, w: Workload, tokens: int, spec: dict) -> dict:
         pass
     return {"tok_s": stats.decode_tok_s, "ttft": stats.ttft_s, "text": "".join(text), "n": stats.n_gen,
             "n_prompt": stats.n_prompt, "drafted": stats.drafted, "accepted": stats.accepted,
-            "spec": stats.speculation}
+            "spec": stats.speculation, "tokens": tokens}
+
+
+def tie_margin(client: EngineClient, w: Workload, plain: list[int], other: list[int]) -> dict:
+    """Where a greedy answer left plain decoding's: the token index and plain's own margin there
+    (log-probability of its top token minus the runner-up's). A flip at a margin of a few
+    thousandths is the kernels' rounding (a multi-row verification batch vs a one-row step); a
+    wide margin would be a bug."""
+    i = next((j for j, (a, b) in enumerate(zip(plain, other)) if a != b), min(len(plain), len(other)))
+    rid = client.generate(prompt=w.prompt, sampling={"temperature": 0.0, "max_tokens": i + 1},
+                          speculation={"mode": "off", "lookup_history": False}, logprobs=2)
+    entries = []
+    for ev in client.stream(rid, timeout=600):
+        if isinstance(ev, P.Token) and ev.logprobs:
+            entries.extend(ev.logprobs)
+    top = entries[i]["top"] if i < len(entries) else []
+    margin = top[0]["logprob"] - top[1]["logprob"] if len(top) > 1 else float("nan")
+    flush = client.generate(**FLUSH)
+    for _ in client.stream(flush, timeout=60):
+        pass
+    return {"at": i, "margin": margin}
 
 
 class Reference:
@@ -114,6 +136,7 @@ def summarize(results: dict, names: list[str], fixed: list[str]) -> list[dict]:
             if name == "plain":
                 continue
             speed, ttft, same, acc, dr = [], [], 0, 0, 0
+            ties: list[float] = []
             n_same = 0
             for w in ws:
                 runs, base = results[w].get(name, []), results[w]["plain"]
@@ -123,12 +146,13 @@ def summarize(results: dict, names: list[str], fixed: list[str]) -> list[dict]:
                 speed.append(statistics.median(r["tok_s"] / b["tok_s"] for r, b in pairs))
                 ttft.append(statistics.median(r["ttft"] / b["ttft"] for r, b in pairs))
                 same += sum(r["text"] == b["text"] for r, b in pairs)
+                ties += [r["tie"]["margin"] for r in runs if "tie" in r]
                 n_same += len(pairs)
                 acc += sum(r["accepted"] for r in runs)
                 dr += sum(r["drafted"] for r in runs)
             if speed:
                 row[name] = {"x": gmean(speed), "ttft_x": gmean(ttft), "same": f"{same}/{n_same}",
-                             "acc": f"{acc}/{dr}"}
+                             "acc": f"{acc}/{dr}", "ties": ties}
         ks = [k for k in fixed if k in row]
         if ks:
             best = max(ks, key=lambda k: row[k]["x"])
@@ -155,6 +179,10 @@ def print_table(rows: list[dict], args, loads: list[float]) -> None:
               f"{bk or '-'}: {cell(b, 'x')} | {a['x'] / b['x']:.2f} | {cell(ref, 'x')} | "
               f"{cell(a, 'ttft_x')} / {cell(b, 'ttft_x')} / {cell(ref, 'ttft_x')} | "
               f"{a['same']}, {b['same']} | {a['acc']} |")
+    ties = [m for r in rows for k, v in r.items() if isinstance(v, dict) and "ties" in v for m in v["ties"]]
+    if ties:
+        print(f"\ngreedy answers that left plain decoding's: {len(ties)}; plain's own margin (top-1 minus "
+              f"top-2 log-probability) where they left it: max {max(ties):.4f}, median {statistics.median(ties):.4f}")
     print("\nall fixed K (× plain): " + "; ".join(
         f"{r['category']}: " + ", ".join(f"{k} {r[k]['x']:.2f}" for k in r if k.startswith("K=")) for r in rows))
 
@@ -216,8 +244,9 @@ def main() -> int:
     loads: list[float] = []
     with EngineClient(auto_restart=False) as client:
         client.load(model, settings={"n_ctx": N_CTX, "n_threads": args.threads, "n_threads_batch": args.threads},
-                    speculation={"k_max": 16})  # logits rows for K <= 16
+                    speculation={"mode": "lookup", "k_max": 16})  # logits rows for K <= 16
         ours(client, chosen[0], 8, cfg["plain"])  # warm-up: page the weights in
+        time.sleep(3)  # the engine measures verification costs while idle after a load (engine/verify_cost.py)
         for rnd in range(args.rounds):
             for w in chosen:
                 key = f"{w.category}/{w.name}"
@@ -226,7 +255,12 @@ def main() -> int:
                 names = names[rnd % len(names):] + names[:rnd % len(names)]  # each round starts elsewhere
                 for name in names:
                     results[key].setdefault(name, []).append(ours(client, w, args.max_tokens, cfg[name]))
-                n_prompt = results[key]["plain"][-1]["n_prompt"]
+                base = results[key]["plain"][-1]
+                for name in names:
+                    r = results[key][name][-1]
+                    if w.temperature == 0 and name != "plain" and r["tokens"] != base["tokens"]:
+                        r["tie"] = tie_margin(client, w, base["tokens"], r["tokens"])
+                n_prompt = base["n_prompt"]
                 if ref is not None and ref.fits(n_prompt, args.max_tokens):
                     results[key].setdefault("llama-cpp-python", []).append(ref.run(w, args.max_tokens))
                 print(f"round {rnd + 1}/{args.rounds} {key}: " + ", ".join(

@@ -1,9 +1,11 @@
 """Adaptive draft length: pick K from measured acceptance and measured step costs, or switch off.
 
 The loop reports every step: how many tokens were drafted, how many accepted, and the wall time
-(propose + verify). Plain steps (nothing drafted) give the plain cost t0; speculative steps give
-the cost t(n) of verifying n drafted tokens, fitted as a line a + b*n over recent steps (on a
-CPU a is ~1.5-2 plain steps and every row of logits pays for the whole output head). With the acceptance rate
+(propose + verify). Plain steps (nothing drafted) give the plain cost t0. The cost of verifying k
+drafted tokens comes from the engine's measurement of this machine (engine/verify_cost.py: a table
+of k -> cost in plain steps, for k = 1, 3, 7, 15), scaled by how recent speculative steps compared
+with it; only those measured lengths are drafted. Before that table exists, t(k) is fitted as a
+line a + b*k over recent steps from an optimistic prior. With the acceptance rate
 a over a sliding window, the expected tokens of a step with k drafted is (1 - a^(k+1)) / (1 - a);
 K is the k that maximises expected tokens / t(k). When speculation is measured slower than
 plain decoding and no k is predicted to beat it, it is paused, not ended: after a backoff in
@@ -26,6 +28,7 @@ REPROBE_EVERY = 64  # speculative steps between plain probes (the plain cost dri
 WORTH_MARGIN = 1.1  # a draft must be predicted this much faster than a plain step
 PAUSE_FIRST = 32  # tokens of plain decoding after speculation was measured slower, at first
 PAUSE_MAX = 1024  # ... doubling on every new pause up to this
+CORRECTION = (0.5, 2.0)  # how far measured steps may scale the cost table (context growth, a busy machine)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -39,10 +42,12 @@ class DraftLength:
     """Chooses K for the next step; `k` is 0 for a plain probe step, while paused, or once disabled."""
 
     def __init__(self, *, k_min: int, k_max: int, adaptive: bool, label: str, k_start: int | None = None,
-                 sizes_drafts: bool = False) -> None:
+                 sizes_drafts: bool = False, costs: dict[int, float] | None = None) -> None:
         self.k_min, self.k_max, self.adaptive, self.label = k_min, k_max, adaptive, label
         self.sizes_drafts = sizes_drafts
-        self._k = min(k_max, max(k_min, k_start or k_max))
+        # measured cost of drafting k, in plain steps (engine/verify_cost.py); None: fit a line
+        self.costs = {k: c for k, c in sorted((costs or {}).items()) if k_min <= k <= k_max and c > 0} or None
+        self._k = self._snap(min(k_max, max(k_min, k_start or k_max)))
         self.plain: deque[float] = deque(maxlen=8)  # recent plain step seconds
         self.samples: deque[tuple[int, float]] = deque(maxlen=32)  # recent (n drafted, step seconds)
         self.window: deque[tuple[int, int, float]] = deque(maxlen=WINDOW)
@@ -95,7 +100,7 @@ class DraftLength:
     def _resume(self) -> None:
         self.paused = ""
         self.window.clear()  # judge the text as it is now, not as it was
-        self._k = max(self.k_min, min(self.k_max, 4))
+        self._k = self._snap(max(self.k_min, min(self.k_max, 4)))
 
     # ---- what the loop reports ----------------------------------------------------------------
 
@@ -150,16 +155,58 @@ class DraftLength:
             return max(statistics.fmean(t - b * n for n, t in pts), t0), b
         return 1.5 * t0, b
 
+    def lengths(self, top: int | None = None) -> list[int]:
+        """The draft lengths to choose from, at most `top`: the measured ones, or every k."""
+        hi = self.k_max if top is None else min(top, self.k_max)
+        if self.costs:
+            return [k for k in self.costs if k <= hi]
+        return list(range(self.k_min, hi + 1))
+
+    def _snap(self, k: int) -> int:
+        """The longest measured length not above k (the shortest if none is)."""
+        if not self.costs:
+            return k
+        return max((j for j in self.costs if j <= k), default=min(self.costs))
+
+    def ratio(self, k: int) -> float:
+        """The cost table at k, in plain steps (interpolated between measured lengths)."""
+        assert self.costs
+        ks = list(self.costs)
+        if k in self.costs:
+            return self.costs[k]
+        lo = max((j for j in ks if j < k), default=None)
+        hi = min((j for j in ks if j > k), default=None)
+        if lo is None:
+            lo, c_lo = 0, 1.0
+        else:
+            c_lo = self.costs[lo]
+        if hi is None:  # beyond the table: the last measured slope
+            hi = lo
+            lo2 = max((j for j in ks if j < hi), default=0)
+            slope = (self.costs[hi] - self.costs.get(lo2, 1.0)) / max(hi - lo2, 1)
+            return self.costs[hi] + slope * (k - hi)
+        return c_lo + (self.costs[hi] - c_lo) * (k - lo) / (hi - lo)
+
+    def correction(self) -> float:
+        """How recent speculative steps compared with the table's prediction (median, bounded)."""
+        t0 = self.t0
+        if not self.costs or t0 is None or len(self.samples) < 3:
+            return 1.0
+        r = statistics.median(t / (t0 * self.ratio(n)) for n, t in self.samples)
+        return min(max(r, CORRECTION[0]), CORRECTION[1])
+
     def step_cost(self, k: int) -> float:
         """Predicted seconds of a step drafting k tokens."""
+        if self.costs:
+            assert self.t0 is not None
+            return self.t0 * self.ratio(k) * self.correction()
         a, b = self.line()
         return a + b * k
 
     def best(self, alpha: float | None = None) -> tuple[int, float]:
         """(k, predicted tokens/s) of the best draft length, for the window's acceptance or `alpha`."""
         a = self.alpha() if alpha is None else alpha
-        c0, c1 = self.line()
-        rates = {k: expected_tokens(a, k) / (c0 + c1 * k) for k in range(self.k_min, self.k_max + 1)}
+        rates = {k: expected_tokens(a, k) / self.step_cost(k) for k in self.lengths()}
         k = max(rates, key=rates.get)
         return k, rates[k]
 
@@ -167,19 +214,20 @@ class DraftLength:
         """The draft length (at most k) worth proposing at acceptance alpha (0 = a plain step is faster)."""
         if not self.adaptive or self.t0 is None:
             return k
-        c0, c1 = self.line()
-        top = max(self.k_min, min(k, self.k_max))
-        rates = {j: expected_tokens(alpha, j) / (c0 + c1 * j) for j in range(self.k_min, top + 1)}
+        ks = self.lengths(max(self.k_min, k))
+        if not ks:
+            return 0
+        rates = {j: expected_tokens(alpha, j) / self.step_cost(j) for j in ks}
         kb = max(rates, key=rates.get)
         return min(k, kb) if rates[kb] > WORTH_MARGIN / self.t0 else 0
 
     def marginal(self) -> float:
         """The chance of acceptance below which one more drafted token costs more time than it saves
-        (its verification row costs b; a token is worth a plain step t0)."""
+        (what its verification row adds to the step, against a plain step t0 a token is worth)."""
         if self.t0 is None:
             return 0.0
-        _, b = self.line()
-        return min(0.9, b / self.t0)
+        k = self._k
+        return min(0.9, max(0.0, (self.step_cost(k + 1) - self.step_cost(k)) / self.t0))
 
     def measured_rate(self) -> float:
         """Tokens per second of recent steps: the median step's, so that one step stalled by
@@ -190,9 +238,11 @@ class DraftLength:
     def _adapt(self) -> None:
         k_best, predicted = self.best()
         plain = 1.0 / self.t0
-        # move towards the best k, at most doubling or halving per step
-        self._k = max(self.k_min, min(self.k_max, k_best, 2 * self._k), self._k // 2, 1)
-        self._k = min(self._k, self.k_max)
+        if self.costs:  # measured lengths only: go straight to the best of them
+            self._k = k_best
+        else:  # move towards the best k, at most doubling or halving per step
+            self._k = max(self.k_min, min(self.k_max, k_best, 2 * self._k), self._k // 2, 1)
+            self._k = min(self._k, self.k_max)
         if len(self.window) >= MIN_EVIDENCE:
             measured = self.measured_rate()
             if measured < plain and predicted < plain:

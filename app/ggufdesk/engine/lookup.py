@@ -143,11 +143,11 @@ class PromptLookup:
     """
 
     def __init__(self, *, ngram: int, k_min: int, k_max: int, adaptive: bool,
-                 history: NgramCache | None = None) -> None:
+                 history: NgramCache | None = None, costs: dict[int, float] | None = None) -> None:
         self.cache = NgramCache(ngram)  # this request: prompt and output so far
         self.history = history  # earlier requests (the worker feeds it after each; read-only here)
         self.control = DraftLength(k_min=k_min, k_max=k_max, adaptive=adaptive, label="lookup",
-                                   sizes_drafts=True)
+                                   sizes_drafts=True, costs=costs)
         self.evidence = Evidence()
         self._last_m = 0
 

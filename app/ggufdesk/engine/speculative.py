@@ -136,11 +136,11 @@ class DraftModelDrafter:
     """Drafter over a DraftModel: lazy sync at the first proposal, so time to first token is untouched."""
 
     def __init__(self, dm: DraftModel, spec: SpeculationSettings, *, prompt: list[int], max_tokens: int,
-                 target: LoadedModel) -> None:
+                 target: LoadedModel, costs: dict[int, float] | None = None) -> None:
         self.dm = dm
         self.p_min = spec.p_min
         self.control = DraftLength(k_min=spec.k_min, k_max=spec.k_max, adaptive=spec.adaptive, label="draft",
-                                   k_start=min(spec.k_max, 4))
+                                   k_start=min(spec.k_max, 4), costs=costs)
         self._overhead = 0.0
         self._sync_s = 0.0
         room = dm.lm.n_ctx - len(prompt) - 1
@@ -198,15 +198,17 @@ class DraftModelDrafter:
 
 
 def make_drafter(spec: SpeculationSettings, *, prompt: list[int], draft: DraftModel | None,
-                 target: LoadedModel, max_tokens: int = 256, ngrams: NgramCache | None = None):
+                 target: LoadedModel, max_tokens: int = 256, ngrams: NgramCache | None = None,
+                 costs: dict[int, float] | None = None):
     """The drafter for one request, or None when speculation is off. `ngrams`: the conversation's
-    n-gram cache held by the worker across requests (lookup drafts from earlier turns too)."""
+    n-gram cache held by the worker across requests (lookup drafts from earlier turns too).
+    `costs`: verification cost by draft length, measured on this machine (engine/verify_cost.py)."""
     if spec.mode == "lookup":
         return PromptLookup(ngram=spec.ngram, k_min=spec.k_min, k_max=spec.k_max, adaptive=spec.adaptive,
-                            history=ngrams)
+                            history=ngrams, costs=costs)
     if spec.mode == "draft":
         if draft is None:
             raise KnownError("speculation mode 'draft' needs a loaded draft model")
-        return DraftModelDrafter(draft, spec, prompt=prompt, max_tokens=max_tokens, target=target)
+        return DraftModelDrafter(draft, spec, prompt=prompt, max_tokens=max_tokens, target=target, costs=costs)
     return None
 

@@ -121,6 +121,8 @@ class Engine:
         self.ngrams = None  # lookup.NgramCache: every prompt and answer so far, for prompt lookup
         self._lookup_prompts: dict[str, list[int]] = {}  # rid -> prompt, fed to ngrams at its Done
         self._bytes_per_token: int | None = None  # for self-calibration, read once per model
+        self.verify_costs: dict[int, float] | None = None  # engine/verify_cost.py, once per loaded model
+        self._calibration: Any = None  # verify_cost.Calibration still to run while idle
 
     # ---- load / unload --------------------------------------------------------------------------
 
@@ -158,6 +160,9 @@ class Engine:
 
         self.ngrams = NgramCache(spec.ngram)
         self._bytes_per_token = None
+        self.verify_costs = self._calibration = None
+        if spec.mode != "off":
+            self._start_calibration()
         meta = lm.metadata
         bos = _piece(self.gen, meta.get("tokenizer.ggml.bos_token_id"))
         eos = _piece(self.gen, meta.get("tokenizer.ggml.eos_token_id"))
@@ -196,6 +201,7 @@ class Engine:
         if self.draft is not None:
             self.draft.close()
             self.draft = None
+        self.verify_costs = self._calibration = None
         if self.lm is not None:
             self.gen = None
             self.ngrams = None
@@ -272,7 +278,38 @@ class Engine:
                 self.batch.fail_all(f"internal error: {e}", traceback.format_exc())
         if self.batch is not None:
             self.batch.idle()
+        while self._calibration is not None:  # one timed call at a time, so a request waits for one at most
+            try:
+                return inbox.get_nowait()
+            except queue.Empty:
+                pass
+            self._calibrate_step()
         return inbox.get()
+
+    def _start_calibration(self) -> None:
+        from ggufdesk.engine.verify_cost import Calibration
+
+        if self.lm is not None and self.verify_costs is None and self._calibration is None:
+            self._calibration = Calibration(self.lm, self.speculation.k_max)
+
+    def _calibrate_step(self) -> None:
+        cal = self._calibration
+        if self.batch is None or cal is None:
+            self._calibration = None
+            return
+        if self.batch.slots.used:  # a request came first and left its prefix cached: measure on an empty cache
+            self.batch.slots.evict(self.lm.n_ctx)
+        try:
+            cal.step()
+        except Exception as e:  # noqa: BLE001 - a failed measurement leaves speculation on its prior
+            log.warning("could not measure the verification cost: %s", e)
+            self._calibration = None
+            return
+        if cal.done:
+            self.verify_costs, self._calibration = cal.costs, None
+            if cal.costs:
+                log.info("verification cost in plain steps: %s",
+                         ", ".join(f"k={k}: {c:.2f}" for k, c in cal.costs.items()))
 
     def _structured(self, req: P.Generate, sampling: SamplingSettings) -> Any:
         """The request's schema/grammar/tools resolved (engine/structured.py); SchemaError if unsupported.
@@ -352,8 +389,9 @@ class Engine:
             return None
         from ggufdesk.engine import speculative
 
+        self._start_calibration()  # (no-op once measured) a request turned speculation on
         return speculative.make_drafter(spec, prompt=prompt, draft=self.draft, target=self.lm,
-                                       max_tokens=max_tokens,
+                                       max_tokens=max_tokens, costs=self.verify_costs,
                                        ngrams=self.ngrams if spec.lookup_history else None)
 
 

@@ -1,0 +1,68 @@
+"""What verifying a draft costs on this machine, measured once per loaded model while the engine is idle.
+
+A verification step evaluates [last] + k drafted tokens with logits on every row. Its cost is
+neither the plain step's (one row) nor a straight line in k: on the 2-core CPU with the starter
+model 2 rows cost 1.7 plain steps, 3 rows 2.85 but 4 rows 2.2 (the kernels work in tiles), 8 rows
+4.5 and 16 rows 6.9, mostly because every row with logits pays for Gemma's 262k-word output
+head; on a GPU the same rows cost little more than one. So instead of assuming, the engine times
+1, 2, 4, 8 and 16 rows (up to the draft rows reserved at load) and the adaptive controller
+(engine/adaptive.py) drafts only lengths it measured: k = rows - 1 = 1, 3, 7, 15.
+
+The work is cut into single decode calls (`Calibration.step`) that the worker runs between
+requests, so a request arriving meanwhile waits at most one call.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import llama_cpp
+from llama_cpp import _internals as internals
+
+from ggufdesk.engine.native import LoadedModel
+
+ROWS = (1, 2, 4, 8, 16)  # rows per verification call measured (k = rows - 1 drafted tokens)
+REPS = 3  # timed calls per row count (after one untimed warm-up call); the median counts
+TOKEN = 100  # any ordinary token: the cost does not depend on which
+
+
+class Calibration:
+    """Times verification calls of each row count on sequence 0 of an empty KV cache, one call per step."""
+
+    def __init__(self, lm: LoadedModel, k_max: int) -> None:
+        top = max(1, min(k_max + 1, lm.n_outputs, lm.settings.n_batch))
+        self.lm = lm
+        self.rows = [r for r in ROWS if r <= top]
+        self._todo = [1] + [r for r in self.rows for _ in range(REPS)]  # the first call only warms up
+        self._times: dict[int, list[float]] = {}
+        self._batch = internals.LlamaBatch(n_tokens=max(self.rows), embd=0, n_seq_max=1)
+        self._mem = llama_cpp.llama_get_memory(lm.ctx.ctx)
+        self.costs: dict[int, float] | None = None  # k -> seconds of a step drafting k / a plain step's
+
+    @property
+    def done(self) -> bool:
+        return not self._todo
+
+    def step(self) -> None:
+        """One timed decode call (the KV cache must hold nothing else: the worker runs this idle)."""
+        if not self._todo:
+            return
+        rows = self._todo.pop(0)
+        b = self._batch.batch
+        for i in range(rows):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = TOKEN, i, 1, True
+            b.seq_id[i][0] = 0
+        b.n_tokens = rows
+        t = time.perf_counter()
+        rc = llama_cpp.llama_decode(self.lm.ctx.ctx, b)
+        dt = time.perf_counter() - t
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1)
+        if rc != 0:
+            self._todo.clear()  # leave the controller on its prior
+            return
+        warmup = len(self._todo) == len(self.rows) * REPS
+        if not warmup:
+            self._times.setdefault(rows, []).append(dt)
+        if not self._todo and 1 in self._times:
+            one = statistics.median(self._times[1])
+            self.costs = {r - 1: statistics.median(ts) / one for r, ts in self._times.items() if r > 1}

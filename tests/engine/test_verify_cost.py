@@ -1,0 +1,88 @@
+"""Verification cost measured on this machine (engine/verify_cost.py) and drafting only measured lengths."""
+from __future__ import annotations
+
+import queue
+
+from ggufdesk.engine import protocol as P
+from ggufdesk.engine.adaptive import DraftLength
+from ggufdesk.engine.worker import CancelBook, Engine
+
+CPU = {1: 1.7, 3: 2.2, 7: 4.5, 15: 6.9}  # the starter on the 2-core CPU, in plain steps
+GPU = {1: 1.02, 3: 1.04, 7: 1.08, 15: 1.15}
+
+
+def controller(costs, k_max=16) -> DraftLength:
+    c = DraftLength(k_min=1, k_max=k_max, adaptive=True, label="lookup", sizes_drafts=True, costs=costs)
+    for _ in range(3):
+        c.feedback(0, 0, 0.010)  # plain steps of 10 ms
+    return c
+
+
+def test_only_measured_lengths_are_drafted_and_the_table_decides_whether_at_all():
+    cpu, gpu = controller(CPU), controller(GPU)
+    assert cpu.lengths() == [1, 3, 7, 15] and cpu.lengths(8) == [1, 3, 7]
+    # a passage being copied (97% per token): both draft; the CPU's 16-row step is worth it only there
+    assert cpu.worth(0.97, 16) == 15 and gpu.worth(0.97, 16) == 15
+    # a likely but not certain continuation (80%): short on the CPU, long on the GPU
+    assert cpu.worth(0.8, 16) == 3 and gpu.worth(0.8, 16) >= 7
+    # free text (50%): the CPU drafts nothing, the GPU still a little
+    assert cpu.worth(0.5, 16) == 0 and gpu.worth(0.5, 16) >= 1
+    assert cpu.worth(0.97, 2) == 1  # only 2 tokens to copy: the longest measured length that fits
+
+
+def test_costs_between_and_beyond_measured_lengths_are_interpolated():
+    c = controller(CPU)
+    assert c.ratio(3) == 2.2 and abs(c.ratio(5) - (2.2 + (4.5 - 2.2) / 2)) < 1e-9
+    assert abs(c.ratio(0) - 1.0) < 1e-9 and c.ratio(16) > c.ratio(15)
+    assert abs(c.step_cost(7) - 0.045) < 1e-9
+
+
+def test_measured_steps_scale_the_table_within_bounds():
+    c = controller(CPU)
+    for _ in range(4):
+        c.feedback(3, 3, 0.010 * 2.2 * 1.5)  # the machine got busier: steps 1.5x the table
+    assert abs(c.correction() - 1.5) < 1e-6
+    for _ in range(20):
+        c.feedback(3, 3, 0.010 * 2.2 * 10)
+    assert c.correction() == 2.0  # bounded: one stalled stretch cannot switch drafting off for good
+
+
+def test_without_a_table_the_line_prior_applies():
+    c = controller(None)
+    assert c.lengths() == list(range(1, 17)) and c.costs is None
+
+
+def test_lengths_outside_the_request_s_bounds_are_ignored():
+    c = DraftLength(k_min=2, k_max=8, adaptive=True, label="draft", costs=CPU)
+    assert c.lengths() == [3, 7] and c._k in (3, 7)  # (k itself is 0 until a plain step was timed)
+
+
+def test_the_engine_measures_while_idle_and_yields_to_requests(tiny_model):
+    events: list = []
+    engine = Engine(events.append, CancelBook())  # type: ignore[arg-type]
+    engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256},
+                       speculation={"mode": "lookup", "k_max": 8}))
+    assert any(isinstance(e, P.Loaded) for e in events), events
+    assert engine._calibration is not None and engine.verify_costs is None
+    inbox: queue.Queue = queue.Queue()
+    inbox.put(P.Ping(id="p"))
+    assert isinstance(engine.next_request(inbox), P.Ping)  # a request comes before the measurement
+    assert engine._calibration is not None
+    while engine._calibration is not None:
+        engine._calibrate_step()
+    costs = engine.verify_costs
+    assert costs is not None and sorted(costs) == [1, 3, 7]  # rows 2, 4, 8: up to K max + 1 = 9
+    assert all(c > 0 for c in costs.values())
+    engine.unload(quiet=True)
+    assert engine.verify_costs is None
+
+
+def test_speculation_off_at_load_measures_nothing_until_a_request_drafts(tiny_model):
+    engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
+    engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256}))
+    assert engine._calibration is None
+    from ggufdesk.core.settings import SpeculationSettings
+
+    engine._drafter(SpeculationSettings(mode="lookup"), [1, 2, 3], 8)
+    assert engine._calibration is not None
+    engine.unload(quiet=True)
