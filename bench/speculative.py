@@ -244,9 +244,9 @@ def main() -> int:
     loads: list[float] = []
     with EngineClient(auto_restart=False) as client:
         client.load(model, settings={"n_ctx": N_CTX, "n_threads": args.threads, "n_threads_batch": args.threads},
-                    speculation={"mode": "lookup", "k_max": 16})  # logits rows for K <= 16
+                    speculation={"mode": "lookup", "k_max": 16})  # logits rows for K <= 16; measures
+                                                                 # verification costs (engine/verify_cost.py)
         ours(client, chosen[0], 8, cfg["plain"])  # warm-up: page the weights in
-        time.sleep(3)  # the engine measures verification costs while idle after a load (engine/verify_cost.py)
         for rnd in range(args.rounds):
             for w in chosen:
                 key = f"{w.category}/{w.name}"

@@ -41,6 +41,10 @@ def test_faster_hardware_gets_bigger_chunks_and_the_batch_caps_them():
     fast.observe(2, 100, 0.010 + 100 * 0.00001)  # 10 us per prompt token: 8,000 would fit
     assert fast.chunk(2) == 254  # capped by n_batch minus the decode rows
     assert ChunkSizer(n_batch=4).chunk(4) == 0  # no room beside the decode rows
+    free = ChunkSizer(n_batch=512)
+    free.observe(4, 0, 0.010)
+    free.observe(4, 124, 0.009)  # the chunk cost nothing measurable: take all the room there is
+    assert free.token_s == 0.0 and free.chunk(4) == 508
 
 
 def test_a_chunk_is_never_tiny_even_when_prompt_tokens_are_expensive():

@@ -57,12 +57,27 @@ def test_lengths_outside_the_request_s_bounds_are_ignored():
     assert c.lengths() == [3, 7] and c._k in (3, 7)  # (k itself is 0 until a plain step was timed)
 
 
-def test_the_engine_measures_while_idle_and_yields_to_requests(tiny_model):
+def test_a_load_with_speculation_measures_before_it_reports_loaded(tiny_model):
     events: list = []
     engine = Engine(events.append, CancelBook())  # type: ignore[arg-type]
     engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256},
                        speculation={"mode": "lookup", "k_max": 8}))
     assert any(isinstance(e, P.Loaded) for e in events), events
+    costs = engine.verify_costs
+    assert costs is not None and sorted(costs) == [1, 3, 7]  # rows 2, 4, 8: up to K max + 1 = 9
+    assert all(c > 0 for c in costs.values()) and engine._calibration is None
+    assert engine.batch.slots.used == 0  # nothing of the measurement is left in the KV cache
+    engine.unload(quiet=True)
+    assert engine.verify_costs is None
+
+
+def test_measuring_later_runs_while_idle_and_yields_to_requests(tiny_model):
+    engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
+    engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256}))
+    assert engine._calibration is None  # speculation off: nothing measured
+    from ggufdesk.core.settings import SpeculationSettings
+
+    engine._drafter(SpeculationSettings(mode="lookup", k_max=8), [1, 2, 3], 8)  # a request turns it on
     assert engine._calibration is not None and engine.verify_costs is None
     inbox: queue.Queue = queue.Queue()
     inbox.put(P.Ping(id="p"))
@@ -70,19 +85,6 @@ def test_the_engine_measures_while_idle_and_yields_to_requests(tiny_model):
     assert engine._calibration is not None
     while engine._calibration is not None:
         engine._calibrate_step()
-    costs = engine.verify_costs
-    assert costs is not None and sorted(costs) == [1, 3, 7]  # rows 2, 4, 8: up to K max + 1 = 9
-    assert all(c > 0 for c in costs.values())
-    engine.unload(quiet=True)
-    assert engine.verify_costs is None
-
-
-def test_speculation_off_at_load_measures_nothing_until_a_request_drafts(tiny_model):
-    engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
-    engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256}))
-    assert engine._calibration is None
-    from ggufdesk.core.settings import SpeculationSettings
-
-    engine._drafter(SpeculationSettings(mode="lookup"), [1, 2, 3], 8)
-    assert engine._calibration is not None
+    # the rows reserved at load (K max 16 by default) bound it, not the request's K max
+    assert engine.verify_costs is not None and sorted(engine.verify_costs) == [1, 3, 7, 15]
     engine.unload(quiet=True)

@@ -51,8 +51,10 @@ class ChunkSizer:
         if room <= 0:
             return 0
         base = self._decode_estimate(n_decode)
-        if base is None or not self.token_s:
+        if base is None or self.token_s is None:
             want = FALLBACK
+        elif self.token_s <= 0:  # prompt tokens measured free (a GPU with room to spare): all of them
+            want = room
         else:
             want = int((self.stall - 1.0) * base / self.token_s)
         rows = (n_decode + want) // self.tile * self.tile  # whole tiles, rounded down

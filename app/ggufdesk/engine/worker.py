@@ -161,8 +161,6 @@ class Engine:
         self.ngrams = NgramCache(spec.ngram)
         self._bytes_per_token = None
         self.verify_costs = self._calibration = None
-        if spec.mode != "off":
-            self._start_calibration()
         meta = lm.metadata
         bos = _piece(self.gen, meta.get("tokenizer.ggml.bos_token_id"))
         eos = _piece(self.gen, meta.get("tokenizer.ggml.eos_token_id"))
@@ -185,6 +183,10 @@ class Engine:
         self.batch = BatchEngine(lm, self.gen, emit=self._emit, cancelled=self.book.is_cancelled,
                                  set_batch=self.book.set_batch,
                                  on_plain_done=lambda st: self._calibrate(st.n_gen, st.decode_tok_s))
+        if self.speculation.mode != "off":  # measured before Loaded, so no first request waits for it
+            self._start_calibration()
+            while self._calibration is not None:
+                self._calibrate_step()
         chat_format = "completion" if self.template.builtin else "template"
         self.emit(P.Loaded(
             id=req.id, model=req.model, arch=lm.arch, n_ctx=lm.n_ctx, n_ctx_train=lm.model.n_ctx_train(),
