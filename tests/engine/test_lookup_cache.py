@@ -84,3 +84,16 @@ def test_a_loop_in_the_text_being_written_is_drafted_round_again():
     c.feed([2, 7, 8])  # an earlier document's end is not a loop of this one
     n, pos, _ = c.match()
     assert c.continuation(pos, 5, loop=True) == [9, 5]
+
+
+def test_the_occurrence_with_the_longest_real_match_wins_over_the_latest():
+    source = list(range(100, 130))  # a passage in the prompt
+    mixed = [7, 8, 9, 127, 128, 129, 55, 56]  # the answer so far met the passage's last 3-gram elsewhere
+    d = NgramCache(3)
+    d.feed([1] + source + [2] + mixed + [3] + source[20:30])  # now it quotes 120..129 as in the passage
+    n, pos, m = d.match()
+    assert n == 3 and m == 10 and d.continuation(pos, 1) == [2]  # the passage's 10-token match, not mixed's 3
+    c = NgramCache(3)
+    c.feed([1] + source + [2] + mixed + [3, 60, 127, 128, 129])  # neither occurrence matches beyond the 3-gram
+    n, pos, m = c.match()
+    assert (n, m) == (3, 3) and c.continuation(pos, 2) == [55, 56]  # a tie: the latest

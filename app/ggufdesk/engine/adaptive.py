@@ -47,7 +47,7 @@ class DraftLength:
         self.sizes_drafts = sizes_drafts
         # measured cost of drafting k, in plain steps (engine/verify_cost.py); None: fit a line
         self.costs = {k: c for k, c in sorted((costs or {}).items()) if k_min <= k <= k_max and c > 0} or None
-        self._k = self._snap(min(k_max, max(k_min, k_start or k_max)))
+        self._k = self.snap(min(k_max, max(k_min, k_start or k_max)))
         self.plain: deque[float] = deque(maxlen=8)  # recent plain step seconds
         self.samples: deque[tuple[int, float]] = deque(maxlen=32)  # recent (n drafted, step seconds)
         self.window: deque[tuple[int, int, float]] = deque(maxlen=WINDOW)
@@ -100,7 +100,7 @@ class DraftLength:
     def _resume(self) -> None:
         self.paused = ""
         self.window.clear()  # judge the text as it is now, not as it was
-        self._k = self._snap(max(self.k_min, min(self.k_max, 4)))
+        self._k = self.snap(max(self.k_min, min(self.k_max, 4)))
 
     # ---- what the loop reports ----------------------------------------------------------------
 
@@ -162,7 +162,7 @@ class DraftLength:
             return [k for k in self.costs if k <= hi]
         return list(range(self.k_min, hi + 1))
 
-    def _snap(self, k: int) -> int:
+    def snap(self, k: int) -> int:
         """The longest measured length not above k (the shortest if none is)."""
         if not self.costs:
             return k

@@ -13,11 +13,17 @@ from ggufdesk.engine.evidence import Evidence
 
 SEP = -1  # between documents in the arena: never equal to a token, so no match crosses it
 MATCH_CAP = 32  # how far back a match is measured
+CHAIN = 8  # earlier occurrences of an n-gram compared for the longest real match
 PROBE_LEN = 2  # tokens drafted when probing a match length judged not worth drafting
 
 
 class NgramCache:
-    """For every n-gram (n = 1..n_max) of the documents seen, where its latest continuation starts.
+    """For every n-gram (n = 1..n_max) of the documents seen, where its latest continuation starts,
+    and a chain back to its earlier occurrences.
+
+    A draft continues the occurrence whose match really extends furthest back (among the latest
+    CHAIN): a model quoting a source matches the source for tens of tokens, while its own answer
+    so far, the latest occurrence, may share only the n-gram (it mixed two sentences).
 
     When a new document would take the arena past `max_tokens`, the newest documents that fit in
     half of it are kept and re-indexed first (at `feed` time: the worker feeds a finished request
@@ -34,6 +40,7 @@ class NgramCache:
         self.arena: list[int] = []
         self.doc_start = 0  # where the current document starts in the arena
         self.where: list[dict[tuple[int, ...], int]] = [{} for _ in range(self.n_max + 1)]
+        self.prev: list[list[int]] = [[] for _ in range(self.n_max + 1)]  # [n][c]: the n-gram's earlier c, or -1
         self._indexed = 0  # continuations starting before this position are in the index
 
     def __len__(self) -> int:
@@ -61,11 +68,15 @@ class NgramCache:
     def _index(self) -> None:
         """Index the n-grams ending just before each position c of the current document (the
         continuation starts at c)."""
-        arena, start, where = self.arena, self.doc_start, self.where
+        arena, start, where, prev = self.arena, self.doc_start, self.where, self.prev
         end = len(arena)
+        for k in range(1, self.n_max + 1):
+            prev[k].extend([-1] * (end - len(prev[k])))
         for c in range(max(self._indexed, start + 1), end):
             for k in range(1, min(self.n_max, c - start) + 1):
-                where[k][tuple(arena[c - k:c])] = c
+                gram = tuple(arena[c - k:c])
+                prev[k][c] = where[k].get(gram, -1)
+                where[k][gram] = c
         self._indexed = max(self._indexed, end)
 
     def _drop_old(self, room: int) -> None:
@@ -93,18 +104,27 @@ class NgramCache:
     # ---- reading ------------------------------------------------------------------------------
 
     def find(self, tail: list[int]) -> tuple[int, int, int]:
-        """(n, c, m) for a text ending in `tail`: the longest suffix n-gram seen here, where its latest
-        continuation starts, and how many tokens the match really spans (n <= m <= MATCH_CAP, at
-        most len(tail)); (0, -1, 0) if none."""
+        """(n, c, m) for a text ending in `tail`: the longest suffix n-gram seen here, where the
+        continuation of its occurrence with the longest real match starts (the latest at a tie,
+        among the last CHAIN occurrences), and how many tokens that match spans (n <= m <=
+        MATCH_CAP, at most len(tail)); (0, -1, 0) if none."""
         arena = self.arena
         for n in range(min(self.n_max, len(tail)), 0, -1):
-            c = self.where[n].get(tuple(tail[-n:]))
-            if c is None:
-                continue
-            m, cap = 0, min(MATCH_CAP, len(tail), c)
-            while m < cap and arena[c - 1 - m] == tail[-1 - m] and tail[-1 - m] != SEP:
-                m += 1
-            return n, c, max(m, n)
+            c = self.where[n].get(tuple(tail[-n:]), -1)
+            best_c, best_m = c, -1
+            for _ in range(CHAIN):
+                if c < 0:
+                    break
+                m, cap = 0, min(MATCH_CAP, len(tail), c)
+                while m < cap and arena[c - 1 - m] == tail[-1 - m] and tail[-1 - m] != SEP:
+                    m += 1
+                if m > best_m:
+                    best_c, best_m = c, m
+                if m >= cap:
+                    break
+                c = self.prev[n][c]
+            if best_m >= 0:
+                return n, best_c, max(best_m, n)
         return 0, -1, 0
 
     def tail(self) -> list[int]:
@@ -174,7 +194,7 @@ class PromptLookup:
         if self.control.adaptive and self.control.t0 is not None:
             k_worth = self.control.worth(self.evidence.alpha(m), len(avail))
             if k_worth == 0 and self.evidence.refused(m):
-                k_worth = min(PROBE_LEN, len(avail))  # early failures must not lock drafting out
+                k_worth = min(self.control.snap(PROBE_LEN), len(avail))  # early failures must not lock drafting out
             if k_worth == 0:
                 return []
             avail = avail[:k_worth]
