@@ -60,3 +60,14 @@ def test_a_failure_inside_a_step_still_flushes_what_was_emitted():
     except RuntimeError:
         pass
     assert out.flushes == 1 and "x" in out.getvalue()
+
+
+def test_flush_inside_a_step_sends_what_the_step_decided_before_computing():
+    out = Counting()
+    emit = Emitter(out)
+    with emit.held():
+        emit(P.Done(id="gone", finish_reason="cancelled"))
+        emit.flush()  # the batch engine calls this before llama_decode
+        assert out.flushes == 1 and "gone" in out.flushed_text[-1]
+        emit(P.Token(id="a", text="x"))
+    assert out.flushes == 2

@@ -90,13 +90,16 @@ class BatchEngine:
     emit: sends an event. cancelled(rid): whether rid was cancelled. set_batch(rids): tells the
     cancel book which requests the next decode call serves (a cancel of one of them aborts it).
     on_plain_done(stats): a request that ran alone without speculation ended (its final Stats).
+    flush(): sends the events emitted so far in this step (called before each decode call, so what the
+    step decided before computing, such as a cancel's Done, does not wait for the computation).
     """
 
     def __init__(self, lm: LoadedModel, gen: Generator, *, emit: Callable[[Any], None],
                  cancelled: Callable[[str], bool], set_batch: Callable[[list[str]], None],
-                 on_plain_done: Callable[[P.Stats], None] | None = None, spec_label: str = "off") -> None:
+                 on_plain_done: Callable[[P.Stats], None] | None = None, spec_label: str = "off",
+                 flush: Callable[[], None] | None = None) -> None:
         s = lm.settings
-        self.lm, self.gen, self.emit = lm, gen, emit
+        self.lm, self.gen, self.emit, self.flush = lm, gen, emit, flush
         self.cancelled, self.set_batch, self.on_plain_done = cancelled, set_batch, on_plain_done
         self.spec_label = spec_label
         self.n_ctx = lm.n_ctx  # each sequence may grow to the whole context (unified KV cache)
@@ -206,6 +209,8 @@ class BatchEngine:
         if not self.slots.evict(len(rows)):
             raise KnownError("the KV cache is full")  # the scheduler's reservations make this a bug
         self._fill(rows)
+        if self.flush is not None:
+            self.flush()
         self.set_batch([s.rid for s in seqs])
         if abortable:
             self.lm.abortable(True)

@@ -46,6 +46,14 @@ class Emitter:
             except (BrokenPipeError, OSError):
                 os._exit(0)  # the client is gone: nobody is left to hear us
 
+    def flush(self) -> None:
+        """Send what is held now (the step is about to compute: a cancel's Done must not wait for it)."""
+        with self._lock:
+            try:
+                self._out.flush()
+            except (BrokenPipeError, OSError):
+                os._exit(0)
+
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
         """Events emitted inside go out together at the end: one engine step of N streams is one
@@ -181,7 +189,7 @@ class Engine:
                 self.emit(P.Error(kind="draft", id=req.id, message=str(e)))
                 self.speculation = dataclasses.replace(spec, mode="off", draft_model=None)
         self.batch = BatchEngine(lm, self.gen, emit=self._emit, cancelled=self.book.is_cancelled,
-                                 set_batch=self.book.set_batch,
+                                 set_batch=self.book.set_batch, flush=getattr(self.emit, "flush", None),
                                  on_plain_done=lambda st: self._calibrate(st.n_gen, st.decode_tok_s))
         if self.speculation.mode != "off":  # measured before Loaded, so no first request waits for it
             self._start_calibration()
