@@ -11,6 +11,7 @@ the llama-cpp-python sdist (same portable CPU flags as installer/llama_wheel.sh)
 `--interrupt_requests False` (by default a new request interrupts the running one, so it queues instead).
 
     python bench/server.py [--threads 2] [--ctx 8192] [--parallel 8] [--tokens 96] [--json out.json]
+    python bench/server.py --skip-llama-cpp-python --aggregate-reps 8 [--clients 4]   # the 4-stream ratio alone
 """
 from __future__ import annotations
 
@@ -346,6 +347,9 @@ def main() -> int:
     ap.add_argument("--skip-llama-server", action="store_true")
     ap.add_argument("--skip-llama-cpp-python", action="store_true")
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--aggregate-reps", type=int, default=0,
+                    help="only compare aggregate tok/s at --clients streams, this many interleaved rounds")
+    ap.add_argument("--clients", type=int, default=4)
     a = ap.parse_args()
     if a.model is None:
         sys.path.insert(0, str(ROOT / "app"))
@@ -362,6 +366,9 @@ def main() -> int:
             s.start(logs)
             s.wait_ready()
         print(f"servers ready (logs in {logs}); load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+        if a.aggregate_reps:
+            aggregate_rounds(servers, a)
+            return 0
         run_rates: list[float] = []
         results["ggufdesk_run_decode_tok_s"] = run_rates
         for rep in range(a.reps):
@@ -398,6 +405,23 @@ def main() -> int:
     save(a, results)
     report(results)
     return 0
+
+
+def aggregate_rounds(servers: list[Server], a: argparse.Namespace) -> None:
+    """Aggregate tok/s at a.clients streams, server after server, the order alternating per round;
+    the ratio of medians and each round's ratio against the first server (ggufdesk serve)."""
+    got: dict[str, list[float]] = {s.name: [] for s in servers}
+    for rnd in range(a.aggregate_reps):
+        for s in servers if rnd % 2 == 0 else servers[::-1]:
+            got[s.name].append(asyncio.run(concurrent(s, a.clients, a.tokens))["aggregate_tok_s"])
+        print(f"  round {rnd + 1}: " + ", ".join(f"{n} {v[-1]:.1f}" for n, v in got.items()), file=sys.stderr)
+    ours = got[servers[0].name]
+    for s in servers[1:]:
+        pairs = [x / y for x, y in zip(ours, got[s.name])]
+        print(f"{a.clients} streams, {a.aggregate_reps} interleaved rounds: {servers[0].name} "
+              f"{statistics.median(ours):.1f} tok/s vs {s.name} {statistics.median(got[s.name]):.1f} = "
+              f"{statistics.median(ours) / statistics.median(got[s.name]):.3f}x (median of medians); per round "
+              + " ".join(f"{r:.2f}" for r in pairs) + f", median {statistics.median(pairs):.3f}x")
 
 
 def save(a: argparse.Namespace, results: dict) -> None:
