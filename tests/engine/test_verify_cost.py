@@ -88,3 +88,16 @@ def test_measuring_later_runs_while_idle_and_yields_to_requests(tiny_model):
     # the rows reserved at load (K max 16 by default) bound it, not the request's K max
     assert engine.verify_costs is not None and sorted(engine.verify_costs) == [1, 3, 7, 15]
     engine.unload(quiet=True)
+
+
+def test_a_slow_machine_stops_measuring_at_the_budget_and_drafts_only_what_it_measured(tiny_model, monkeypatch):
+    from ggufdesk.engine import verify_cost
+
+    monkeypatch.setattr(verify_cost, "BUDGET_S", 0.0)  # every call is over budget
+    engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
+    engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256},
+                       speculation={"mode": "lookup", "k_max": 8}))
+    assert engine.verify_costs == {}  # only plain steps were timed: no draft length is known
+    c = DraftLength(k_min=1, k_max=8, adaptive=True, label="lookup", costs=engine.verify_costs)
+    assert c.costs is None  # ... so the controller falls back to its line
+    engine.unload(quiet=True)

@@ -9,9 +9,11 @@ head; on a GPU the same rows cost little more than one. So instead of assuming, 
 (engine/adaptive.py) drafts only lengths it measured: k = rows - 1 = 1, 3, 7, 15.
 
 A load with speculation on measures before it reports Loaded (about 0.4 s for the starter on 2
-CPU cores), so no first request waits for it. When a later request turns speculation on, the work
+CPU cores; at most about BUDGET_S, larger row counts are skipped beyond it and then never
+drafted), so no first request waits for it. When a later request turns speculation on, the work
 is cut into single decode calls (`Calibration.step`) that the worker runs while idle, so a request
-arriving meanwhile waits for one call at most.
+arriving meanwhile waits for one call at most; cached prompt prefixes are dropped first (the
+measurement needs an empty KV cache), which costs the next turn one full prefill, once.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from ggufdesk.engine.native import LoadedModel
 
 ROWS = (1, 2, 4, 8, 16)  # rows per verification call measured (k = rows - 1 drafted tokens)
 REPS = 2  # timed calls per row count (after one untimed warm-up call); the median counts
+BUDGET_S = 1.5  # once the timed calls took this long (a big model on a CPU), larger row counts are skipped
 TOKEN = 100  # any ordinary token: the cost does not depend on which
 
 
@@ -40,6 +43,7 @@ class Calibration:
         self._batch = internals.LlamaBatch(n_tokens=max(self.rows), embd=0, n_seq_max=1)
         self._mem = llama_cpp.llama_get_memory(lm.ctx.ctx)
         self.costs: dict[int, float] | None = None  # k -> seconds of a step drafting k / a plain step's
+        self.spent = 0.0  # seconds of timed calls so far
 
     @property
     def done(self) -> bool:
@@ -62,9 +66,12 @@ class Calibration:
         if rc != 0:
             self._todo.clear()  # leave the controller on its prior
             return
-        warmup = len(self._todo) == len(self.rows) * REPS
+        warmup = len(self._todo) == len(self.rows) * REPS and not self._times
         if not warmup:
             self._times.setdefault(rows, []).append(dt)
+            self.spent += dt
+            if self.spent > BUDGET_S:  # finish this row count, skip the larger ones (they are not drafted)
+                self._todo = [r for r in self._todo if r == rows]
         if not self._todo and 1 in self._times:
             one = statistics.median(self._times[1])
             self.costs = {r - 1: statistics.median(ts) / one for r, ts in self._times.items() if r > 1}
