@@ -8,7 +8,7 @@ head; on a GPU the same rows cost little more than one. So instead of assuming, 
 1, 2, 4, 8 and 16 rows (up to the draft rows reserved at load) and the adaptive controller
 (engine/adaptive.py) drafts only lengths it measured: k = rows - 1 = 1, 3, 7, 15.
 
-A load with speculation on measures before it reports Loaded (about 0.4 s for the starter on 2
+A load with speculation on measures before it reports Loaded (about half a second for the starter on 2
 CPU cores; at most about BUDGET_S, larger row counts are skipped beyond it and then never
 drafted), so no first request waits for it. When a later request turns speculation on, the work
 is cut into single decode calls (`Calibration.step`) that the worker runs while idle, so a request
