@@ -34,14 +34,14 @@ class Emitter:
     def __init__(self, out: TextIO) -> None:
         self._out = out
         self._lock = threading.Lock()
-        self._held = False
+        self._held_by: int | None = None  # the thread whose engine step holds its events back
 
     def __call__(self, event: P.Event) -> None:
         line = P.encode(event)
         with self._lock:
             try:
                 self._out.write(line)
-                if not self._held:
+                if self._held_by != threading.get_ident():  # (a Pong from the reader goes out at once)
                     self._out.flush()
             except (BrokenPipeError, OSError):
                 os._exit(0)  # the client is gone: nobody is left to hear us
@@ -56,16 +56,17 @@ class Emitter:
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """Events emitted inside go out together at the end: one engine step of N streams is one
-        write and one wake-up of the client's reader, not N (on 2 cores every wake-up of the other
-        process competes with the step's compute threads)."""
+        """Events this thread emits inside go out together at the end: one engine step of N streams
+        is one write and one wake-up of the client's reader, not N (on 2 cores every wake-up of the
+        other process competes with the step's compute threads). Other threads' events are not held:
+        the reader's Pong must reach the watchdog even while a long prefill step computes."""
         with self._lock:
-            self._held = True
+            self._held_by = threading.get_ident()
         try:
             yield
         finally:
             with self._lock:
-                self._held = False
+                self._held_by = None
                 try:
                     self._out.flush()
                 except (BrokenPipeError, OSError):
