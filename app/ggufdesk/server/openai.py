@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -137,10 +137,10 @@ async def chat_completions(request: Request) -> Response:
 async def _chat_stream(job: Job, cid: str, created: int, model: str, top: int | None,
                        include_usage: bool, calls: CallStream | None) -> AsyncIterator[str]:
     """Chunks as tokens come; with tools, text that may be a call is held back and calls come at the end."""
+    head = _chunk_head(cid, "chat.completion.chunk", created, model)
+
     def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
-        return sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "system_fingerprint": None,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+        return sse({**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
 
     try:
         yield chunk({"role": "assistant", "content": ""})
@@ -165,10 +165,8 @@ async def _chat_stream(job: Job, cid: str, created: int, model: str, top: int | 
             elif isinstance(ev, P.Error):
                 yield sse(_mid_error(job).openai())
                 return
-        if include_usage:
-            yield sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                       "system_fingerprint": None, "choices": [], "usage": job.usage()})
-        yield "data: [DONE]\n\n"
+        for line in _stream_end(head, job, include_usage):
+            yield line
     finally:
         job.close()
 
@@ -213,10 +211,10 @@ async def completions(request: Request) -> Response:
 
 async def _completion_stream(job: Job, cid: str, created: int, model: str, top: int | None,
                              include_usage: bool) -> AsyncIterator[str]:
+    head = _chunk_head(cid, "text_completion", created, model)
+
     def chunk(text: str, finish: str | None = None, logprobs: Any = None) -> str:
-        return sse({"id": cid, "object": "text_completion", "created": created, "model": model,
-                    "system_fingerprint": None,
-                    "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]})
+        return sse({**head, "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]})
 
     offset = 0
     try:
@@ -233,12 +231,22 @@ async def _completion_stream(job: Job, cid: str, created: int, model: str, top: 
             elif isinstance(ev, P.Error):
                 yield sse(_mid_error(job).openai())
                 return
-        if include_usage:
-            yield sse({"id": cid, "object": "text_completion", "created": created, "model": model,
-                       "system_fingerprint": None, "choices": [], "usage": job.usage()})
-        yield "data: [DONE]\n\n"
+        for line in _stream_end(head, job, include_usage):
+            yield line
     finally:
         job.close()
+
+
+def _chunk_head(cid: str, obj: str, created: int, model: str) -> dict[str, Any]:
+    """The fields every streamed chunk of one response repeats."""
+    return {"id": cid, "object": obj, "created": created, "model": model, "system_fingerprint": None}
+
+
+def _stream_end(head: dict[str, Any], job: Job, include_usage: bool) -> Iterator[str]:
+    """The end of a stream: the usage chunk if asked for (`stream_options.include_usage`), then [DONE]."""
+    if include_usage:
+        yield sse({**head, "choices": [], "usage": job.usage()})
+    yield "data: [DONE]\n\n"
 
 
 def _mid_error(job: Job) -> ApiError:
