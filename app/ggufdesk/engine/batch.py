@@ -194,15 +194,7 @@ class BatchEngine:
                 seq.sampler.accept(t)
 
     def _fill(self, rows: list[tuple[int, int, int, bool]]) -> None:
-        """rows: (token, position, sequence id, wants logits)."""
-        b = self._batch.batch
-        for i, (tok, pos, sid, out) in enumerate(rows):
-            b.token[i] = tok
-            b.pos[i] = pos
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = sid
-            b.logits[i] = out
-        b.n_tokens = len(rows)
+        fill_batch(self._batch, rows)
 
     def _decode(self, rows: list[tuple[int, int, int, bool]], seqs: list[Sequence], *, abortable: bool) -> bool:
         """One llama_decode; False if it was aborted by a cancel (the batch is rolled back)."""
@@ -432,6 +424,18 @@ class BatchEngine:
         running, queued, used, spec = state
         self.emit(P.Status(running=running, queued=queued, kv_cells_used=used, kv_cells_total=self.n_ctx,
                            n_parallel=self.n_parallel, spec=spec))
+
+
+def fill_batch(batch: internals.LlamaBatch, rows: list[tuple[int, int, int, bool]]) -> None:
+    """rows: (token, position, sequence id, wants logits)."""
+    b = batch.batch
+    for i, (tok, pos, sid, out) in enumerate(rows):
+        b.token[i] = tok
+        b.pos[i] = pos
+        b.n_seq_id[i] = 1
+        b.seq_id[i][0] = sid
+        b.logits[i] = out
+    b.n_tokens = len(rows)
 
 
 def context_error(n: int, room: int) -> KnownError:

@@ -23,6 +23,7 @@ import time
 import llama_cpp
 from llama_cpp import _internals as internals
 
+from ggufdesk.engine.batch import fill_batch
 from ggufdesk.engine.native import LoadedModel
 
 ROWS = (1, 2, 4, 8, 16)  # rows per verification call measured (k = rows - 1 drafted tokens)
@@ -54,13 +55,9 @@ class Calibration:
         if not self._todo:
             return
         rows = self._todo.pop(0)
-        b = self._batch.batch
-        for i in range(rows):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = TOKEN, i, 1, True
-            b.seq_id[i][0] = 0
-        b.n_tokens = rows
+        fill_batch(self._batch, [(TOKEN, i, 0, True) for i in range(rows)])
         t = time.perf_counter()
-        rc = llama_cpp.llama_decode(self.lm.ctx.ctx, b)
+        rc = llama_cpp.llama_decode(self.lm.ctx.ctx, self._batch.batch)
         dt = time.perf_counter() - t
         llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1)
         if rc != 0:
