@@ -142,13 +142,29 @@ def test_evidence_probes_a_refused_class_with_backoff():
 
 def test_evidence_longer_matches_rate_higher_and_failures_fade():
     ev = Evidence()
-    assert ev.alpha(1) < ev.alpha(3) < ev.alpha(8) < ev.alpha(20)
+    assert ev.alpha(1) < ev.alpha(2) < ev.alpha(3) <= ev.alpha(4) < ev.alpha(8) < ev.alpha(20)
+    fresh20 = ev.alpha(20)
     for _ in range(8):
         ev.record(8, 8, 0)
     low = ev.alpha(8)
-    assert low < 0.3 and ev.alpha(20) > 0.8  # failures of 8-token matches say little about 20-token ones
+    # failures of 8-token matches sink that class and make the whole request look less copyable,
+    # but a 20-token match is still rated far above them
+    assert low < 0.3 and 0.6 < ev.alpha(20) < fresh20
     ev.tick(256)  # four half-lives later the failures weigh 1/16
     assert ev.alpha(8) > low + 0.3
     for _ in range(4):
         ev.record(1, 4, 4)  # short matches accepted: longer ones are rated at least as high
     assert ev.alpha(3) >= ev.alpha(1) > 0.6
+
+
+def test_evidence_a_copying_request_rates_classes_it_has_not_tried_higher():
+    """A class is consulted a few times per answer; what the request's drafts did as a whole counts
+    for all of them (accepted beyond what the priors expected: every prior rises, and back)."""
+    ev, other = Evidence(), Evidence()
+    for _ in range(6):
+        ev.record(20, 15, 15)
+        other.record(20, 15, 3)
+    assert ev.alpha(2) > Evidence().alpha(2) > other.alpha(2)
+    assert ev.ratio() > 1.0 > other.ratio()
+    ev.tick(64 * 8)
+    assert abs(ev.alpha(2) - Evidence().alpha(2)) < 0.01  # faded
