@@ -97,3 +97,29 @@ def test_the_occurrence_with_the_longest_real_match_wins_over_the_latest():
     c.feed([1] + source + [2] + mixed + [3, 60, 127, 128, 129])  # neither occurrence matches beyond the 3-gram
     n, pos, m = c.match()
     assert (n, m) == (3, 3) and c.continuation(pos, 2) == [55, 56]  # a tie: the latest
+
+
+def test_agreement_counts_the_occurrences_that_continue_alike():
+    c = NgramCache(2)
+    c.feed([1, 7, 8, 30, 0, 7, 8, 30, 0, 7, 8, 31, 0, 7, 8])
+    n, pos, m = c.match()
+    assert n == 2 and c.continuation(pos, 1) == [31]  # the latest occurrence wins a tie
+    assert c.agreement([7, 8], pos) == (3, 1)  # three earlier "7 8": one goes on with 31, two with 30
+    c.feed([2, 5, 6, 40, 5, 6, 40, 5, 6])
+    n, pos, m = c.match()
+    assert c.agreement([5, 6], pos) == (2, 2)
+    assert c.agreement([9, 9], 0) == (0, 0)  # never seen
+
+
+def test_a_short_match_is_judged_by_whether_its_occurrences_agree():
+    """Split continuations make a 2-token match count as one token; unanimous ones as three."""
+    lk = PromptLookup(ngram=2, k_min=1, k_max=8, adaptive=False)
+    lk.propose([1, 7, 8, 30, 0, 7, 8, 31, 0, 7], 8, 4)
+    split = lk._last_m
+    lk = PromptLookup(ngram=2, k_min=1, k_max=8, adaptive=False)
+    lk.propose([1, 7, 8, 30, 0, 5, 7, 8, 30, 0, 9, 7], 8, 4)  # the real match is "7 8" alone
+    agreed = lk._last_m
+    lk = PromptLookup(ngram=2, k_min=1, k_max=8, adaptive=False)
+    lk.propose([1, 7, 8, 30, 0, 9], 8, 4)
+    once = lk._last_m
+    assert (split, once, agreed) == (1, 1, 3)
