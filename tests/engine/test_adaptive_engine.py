@@ -84,7 +84,7 @@ def test_lookup_recovers_when_the_first_drafts_fail_through_the_real_loop(gen):
     fixed, adaptive = runs[False], runs[True]
     assert fixed.rejected_before(start) >= 4  # the first drafts do fail
     later = 240 - start - 16
-    assert adaptive.accepted_from(start + 16) >= 0.7 * later, adaptive.steps
+    assert adaptive.accepted_from(start + 16) >= 0.7 * later, str(adaptive.steps)
     assert adaptive.accepted_from(start + 16) >= 0.85 * fixed.accepted_from(start + 16)
     assert adaptive.status == "lookup"
 

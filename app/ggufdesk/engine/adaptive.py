@@ -243,7 +243,8 @@ class DraftLength:
         else:  # move towards the best k, at most doubling or halving per step
             self._k = max(self.k_min, min(self.k_max, k_best, 2 * self._k), self._k // 2, 1)
             self._k = min(self._k, self.k_max)
-        if len(self.window) >= MIN_EVIDENCE:
+        n, a, _ = self.window[-1]
+        if len(self.window) >= MIN_EVIDENCE and a < n:  # never right after a draft that was all accepted
             measured = self.measured_rate()
             if measured < plain and predicted < plain:
                 self.pause(f"slower than plain ({measured:.1f} vs {plain:.1f} tok/s, "
