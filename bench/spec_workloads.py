@@ -2,6 +2,14 @@
 
 The starter model is a base model without a chat template, so every prompt is a text it continues:
 a transcript, a document followed by the start of the answer. Greedy unless a temperature is given.
+
+Where the 270M base model does not do the task unless its answer is started, the prompt starts
+it, as a chat client's assistant prefill would: code editing gives the file's first line (asked
+only to "return the whole file", it wrote `import random` thirty times instead of the file; a
+Python file that starts with `import json` sets that off even then, so the third file is
+JavaScript), and
+the RAG prompts open the quote with its first word (asked only to quote, it wrote its own
+sentences: "the river town of Ashford is a busy town, with a population of 10,000").
 """
 from __future__ import annotations
 
@@ -96,33 +104,38 @@ def report(path):
     print("highest:", max(values))
     print("lowest:", min(values))
 '''
-CODE_CONFIG = '''import json
-
-
-DEFAULTS = {
-    "host": "127.0.0.1",
-    "port": 8080,
-    "workers": 4,
-    "timeout": 30,
-    "log_level": "info",
+CODE_CART = '''function formatPrice(cents, currency) {
+  const amount = (cents / 100).toFixed(2);
+  return `${amount} ${currency}`;
 }
 
+function total(items) {
+  let sum = 0;
+  for (const item of items) {
+    sum += item.price * item.quantity;
+  }
+  return sum;
+}
 
-def load_config(path):
-    with open(path) as f:
-        data = json.load(f)
-    config = dict(DEFAULTS)
-    config.update(data)
-    if config["port"] < 1 or config["port"] > 65535:
-        raise ValueError("port out of range")
-    if config["workers"] < 1:
-        raise ValueError("at least one worker is needed")
-    return config
-
-
-def describe(config):
-    return f"{config['host']}:{config['port']} with {config['workers']} workers"
+function describeCart(items, currency) {
+  const lines = items.map((item) => `${item.quantity} x ${item.name}`);
+  lines.push(`Total: ${formatPrice(total(items), currency)}`);
+  return lines.join("\\n");
+}
 '''
+
+
+def _edit(file: str, change: str, lang: str = "python") -> str:
+    """Code editing: the file, the change, and the answer's first line (a base model copies on from there)."""
+    first = file.splitlines()[0]
+    return f"```{lang}\n{file}```\n\n{change} Return the whole file.\n\n```{lang}\n{first}\n"
+
+
+def _rag(sources: list[str], question: str, opening: str) -> str:
+    """RAG: numbered sources, the question, and the answer's opening up to the quote's first word."""
+    listed = "\n".join(f"[{i + 1}] {s}" for i, s in enumerate(sources))
+    return (f"Sources:\n{listed}\n\nQuestion: {question} Answer by quoting the sources word for word, "
+            f"with their numbers.\nAnswer: According to [1], \"{opening}")
 
 
 def _chat(turns: list[tuple[str, str]], last: str) -> str:
@@ -208,22 +221,17 @@ WORKLOADS: list[Workload] = [
     Workload("math", "tickets", "Question: Adult tickets cost 12 euros and child tickets cost 7 euros. A group "
              "of 9 people paid 88 euros. How many children were in the group?\nLet's think step by step.\n"),
     # ---- retrieval-augmented answers that quote their sources
-    Workload("rag", "festival", f"Sources:\n[1] {ASHFORD}\n[2] {TRAIN}\n\nQuestion: What happens in Ashford "
-             "in summer and in winter? Answer by quoting the sources word for word, with their numbers.\n"
-             "Answer: According to [1], \""),
-    Workload("rag", "winter", f"Sources:\n[1] {BEES}\n[2] {LIGHTHOUSE}\n\nQuestion: How do bees survive the "
-             "winter, and when was the lighthouse automated? Quote the sources exactly.\nAnswer: Source [1] "
-             "says: \""),
-    Workload("rag", "beds", f"Sources:\n[1] {TRAIN}\n[2] {ASHFORD}\n\nQuestion: What can passengers on the "
-             "night train choose between? Quote the relevant sentences exactly, citing each source.\n"
-             "Answer: [1] \""),
+    Workload("rag", "festival", _rag([ASHFORD, TRAIN], "What happens in Ashford in summer and in winter?",
+                                     "Visitors")),
+    Workload("rag", "winter", _rag([BEES, LIGHTHOUSE], "How do bees survive the winter, and when was the "
+                                   "lighthouse automated?", "In winter")),
+    Workload("rag", "beds", _rag([TRAIN, ASHFORD], "What can passengers on the night train choose between?",
+                                 "Passengers")),
     # ---- code editing: return the file with a small change
-    Workload("code", "stack", f"```python\n{CODE_STACK}```\n\nRename the method `size` to `__len__` and "
-             "return the whole file.\n\n```python\n"),
-    Workload("code", "temps", f"```python\n{CODE_TEMPS}```\n\nChange `report` so that it also prints the "
-             "number of readings above 30 degrees. Return the whole updated file.\n\n```python\n"),
-    Workload("code", "config", f"```python\n{CODE_CONFIG}```\n\nChange the default port to 9090 and return "
-             "the complete file.\n\n```python\n"),
+    Workload("code", "stack", _edit(CODE_STACK, "Rename the method `size` to `__len__`.")),
+    Workload("code", "temps", _edit(CODE_TEMPS, "Change `report` so that it also prints the number of readings "
+                                    "above 30 degrees.")),
+    Workload("code", "cart", _edit(CODE_CART, "Rename `total` to `cartTotal` everywhere.", "javascript")),
     # ---- copy / extract
     Workload("copy", "ashford", f"Text: {ASHFORD}\n\nThe same text, copied exactly:\n{ASHFORD[:40]}"),
     Workload("copy", "bees", f"Text: {BEES}\n\nThe sentences of the text that mention winter or nectar, "
