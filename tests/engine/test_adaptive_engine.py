@@ -154,3 +154,15 @@ def test_reloading_forgets_the_conversation(engine, tiny_model):
     alone, st_alone = _generate(engine, PROMPT, {**lookup, "lookup_history": False})
     after, st = _generate(engine, PROMPT, lookup)
     assert after == alone and st.accepted == st_alone.accepted  # nothing left from before the reload
+
+
+def test_sentence_ends_are_read_from_the_vocabulary(gen):
+    from ggufdesk.engine.speculative import SentenceEnds
+
+    ends = SentenceEnds(gen.lm)
+    by_text = {gen.piece(t).decode("utf-8", "replace"): t for t in gen.tokenize("the cat. the dog! why? so,\n",
+                                                                                   add_bos=False)}
+    assert {p for p, t in by_text.items() if ends(t)} == {".", "!", "?", "\n"}
+    assert not ends(by_text[","]) and not any(ends(t) for p, t in by_text.items() if p.strip(" ,").isalpha())
+    assert ends(by_text["."])  # read once, then remembered
+    assert len(ends._known) == len(by_text)

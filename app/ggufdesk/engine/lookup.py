@@ -8,6 +8,8 @@ long the match really is, and how drafts with matches that long fared lately.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ggufdesk.engine.adaptive import DraftLength
 from ggufdesk.engine.evidence import Evidence
 
@@ -17,6 +19,7 @@ CHAIN = 8  # earlier occurrences of an n-gram compared for the longest real matc
 PROBE_LEN = 2  # tokens drafted when probing a match length judged not worth drafting
 AGREED_M = 3  # a short match whose earlier occurrences all continue alike counts as this long
 SPLIT_BELOW = 6  # a match shorter than this whose occurrences continue differently counts as one token
+CROSS_CUT = 0.5  # drafts stop at a sentence end while fewer than this share of this request's got past one
 
 
 class NgramCache:
@@ -176,16 +179,26 @@ class PromptLookup:
     proposed when that acceptance makes a speculative step predicted faster than a plain one at
     the measured costs; a match length judged not worth it is probed again later, with backoff, so
     early failures cannot lock drafting out of a text that turns copyable.
+
+    Sentence ends (`ends_sentence`, from the model's vocabulary) are where copying stops: a quote
+    closes, an answer leaves its source. Once this request's drafts have more often stopped at a
+    sentence end than carried on past it, a draft is made no longer than the shortest measured
+    length that reaches its first sentence end (the rows beyond would likely be wasted); a copy
+    that carries on across sentences keeps its long drafts.
     """
 
     def __init__(self, *, ngram: int, k_min: int, k_max: int, adaptive: bool,
-                 history: NgramCache | None = None, costs: dict[int, float] | None = None) -> None:
+                 history: NgramCache | None = None, costs: dict[int, float] | None = None,
+                 ends_sentence: Callable[[int], bool] | None = None) -> None:
         self.cache = NgramCache(ngram)  # this request: prompt and output so far
         self.history = history  # earlier requests (the worker feeds it after each; read-only here)
         self.control = DraftLength(k_min=k_min, k_max=k_max, adaptive=adaptive, label="lookup",
                                    sizes_drafts=True, costs=costs)
         self.evidence = Evidence()
         self._last_m = 0
+        self.ends_sentence = ends_sentence
+        self.reached = self.crossed = 0  # drafts that reached a sentence end / got past it
+        self._end_at = -1  # index of the first sentence end in the draft in flight
 
     @property
     def k(self) -> int:
@@ -219,7 +232,22 @@ class PromptLookup:
                 return []
             avail = avail[:k_worth]
         self._last_m = m
-        return avail
+        return self._to_sentence_end(avail)
+
+    def _to_sentence_end(self, draft: list[int]) -> list[int]:
+        self._end_at = -1
+        if self.ends_sentence is None or len(draft) < 2:
+            return draft
+        j = next((i for i, t in enumerate(draft[:-1]) if self.ends_sentence(t)), -1)
+        if j < 0:
+            return draft
+        if self.control.adaptive and (self.crossed + 1) / (self.reached + 2) < CROSS_CUT:
+            reach = [n for n in self.control.lengths() if n >= max(j, 1)]
+            if reach:
+                draft = draft[:min(reach)]
+        if len(draft) > j + 1:
+            self._end_at = j  # the outcome says whether the model went past it
+        return draft
 
     @staticmethod
     def _weight(cache: NgramCache, gram: list[int], c: int, m: int) -> int:
@@ -235,6 +263,10 @@ class PromptLookup:
         return m
 
     def feedback(self, n_drafted: int, n_accepted: int, seconds: float) -> None:
+        if self._end_at >= 0 and n_drafted and n_accepted >= self._end_at:  # the draft got to the sentence end
+            self.reached += 1
+            self.crossed += n_accepted >= self._end_at + 2  # ... and the model went on past it
+        self._end_at = -1
         if n_drafted:
             self.evidence.record(self._last_m, n_drafted, n_accepted)
         else:

@@ -5,6 +5,7 @@ decide (engine/adaptive.py) how much to propose, or whether to propose at all.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import logging
 import os
@@ -197,6 +198,25 @@ class DraftModelDrafter:
             self.dm.plain_s = self.control.t0
 
 
+class SentenceEnds:
+    """Does a token end a sentence or a line (its text ends in . ! ? before closing quotes, or holds a
+    newline)? Read from the model's vocabulary once per token."""
+
+    def __init__(self, lm: LoadedModel) -> None:
+        self.vocab = lm.vocab
+        self._known: dict[int, bool] = {}
+        self._buf = ctypes.create_string_buffer(64)
+
+    def __call__(self, token: int) -> bool:
+        known = self._known.get(token)
+        if known is None:
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, self._buf, len(self._buf), 0, False)
+            piece = self._buf.raw[:n] if n > 0 else b""
+            known = b"\n" in piece or piece.rstrip(b" \"')").endswith((b".", b"!", b"?"))
+            self._known[token] = known
+        return known
+
+
 def make_drafter(spec: SpeculationSettings, *, prompt: list[int], draft: DraftModel | None,
                  target: LoadedModel, max_tokens: int = 256, ngrams: NgramCache | None = None,
                  costs: dict[int, float] | None = None):
@@ -205,7 +225,7 @@ def make_drafter(spec: SpeculationSettings, *, prompt: list[int], draft: DraftMo
     `costs`: verification cost by draft length, measured on this machine (engine/verify_cost.py)."""
     if spec.mode == "lookup":
         return PromptLookup(ngram=spec.ngram, k_min=spec.k_min, k_max=spec.k_max, adaptive=spec.adaptive,
-                            history=ngrams, costs=costs)
+                            history=ngrams, costs=costs, ends_sentence=SentenceEnds(target))
     if spec.mode == "draft":
         if draft is None:
             raise KnownError("speculation mode 'draft' needs a loaded draft model")

@@ -1,0 +1,164 @@
+"""How close adaptive prompt lookup comes to the best any lookup policy could do, per category of the suite.
+
+bench/speculative.py measures wall time. This replays instead: each greedy prompt of
+bench/spec_workloads.py is answered once by plain decoding (the starter, in process); then the
+engine's own drafter (`engine/lookup.py`: adaptive, and fixed K) is driven over that answer with
+each step charged what this machine measured for its row count (a verification decode at a
+400-token context, rows 1 to 32; a plain step = 1). Greedy speculation emits exactly the plain
+answer, so the replay needs no model, and every policy is charged the same costs.
+
+The **oracle** knows, at every position, how many of the lookup's drafted tokens the model will
+accept, and picks each step's length (0 or one of `--lengths`) by dynamic programming to spend the
+least: no online policy drafting from the same n-gram lookup can beat it at these costs. The gap
+between adaptive and oracle is what better judgement could still win; the oracle itself is the
+ceiling of prompt lookup on this CPU.
+
+    .venv/bin/python bench/spec_oracle.py [--categories rag,code] [--max-tokens 96] [--lengths 1,3,7,15]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.spec_workloads import CATEGORIES, WORKLOADS
+
+from ggufdesk.core.settings import LoadSettings, SamplingSettings
+from ggufdesk.core.starter import starter_model_path
+from ggufdesk.engine.lookup import NgramCache, PromptLookup
+
+ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32)
+CONTEXT = 400  # tokens in the KV cache while the costs are measured (a prompt of the suite's size)
+
+
+def measure_costs(gen, reps: int = 4) -> dict[int, float]:
+    """k -> seconds of a decode of k + 1 rows with logits / a one-row decode's, at CONTEXT tokens."""
+    import llama_cpp
+    from llama_cpp import _internals as internals
+
+    from ggufdesk.engine.batch import fill_batch
+
+    gen.truncate(0)
+    gen.prefill([1000 + i for i in range(CONTEXT)])
+    batch = internals.LlamaBatch(n_tokens=max(ROWS), embd=0, n_seq_max=1)
+    times: dict[int, list[float]] = {}
+    for rep in range(reps + 1):
+        for r in ROWS:
+            fill_batch(batch, [(500 + i, CONTEXT + i, 0, True) for i in range(r)])
+            t = time.perf_counter()
+            llama_cpp.llama_decode(gen.lm.ctx.ctx, batch.batch)
+            dt = time.perf_counter() - t
+            llama_cpp.llama_memory_seq_rm(gen._mem, 0, CONTEXT, -1)
+            if rep:  # the first pass warms up
+                times.setdefault(r, []).append(dt)
+    one = statistics.median(times[1])
+    gen.truncate(0)
+    return {r - 1: statistics.median(ts) / one for r, ts in times.items()}
+
+
+def cost(table: dict[int, float], k: int) -> float:
+    if k == 0:
+        return 1.0
+    if k in table:
+        return table[k]
+    lo = max(j for j in table if j < k)
+    hi = min((j for j in table if j > k), default=None)
+    if hi is None:
+        return table[lo] * k / lo
+    return table[lo] + (table[hi] - table[lo]) * (k - lo) / (hi - lo)
+
+
+def replay(prompt: list[int], out: list[int], drafter, table: dict[int, float]) -> float:
+    """Tokens per plain-step cost of `drafter` over the answer `out` (the first token comes from prefill)."""
+    i, spent, n = 1, 0.0, len(out)
+    while i < n:
+        k = min(drafter.k, n - i - 1)
+        draft = drafter.propose(prompt + out[:i - 1], out[i - 1], k)[:k] if k > 0 else []
+        a = 0
+        while a < len(draft) and draft[a] == out[i + a]:
+            a += 1
+        c = cost(table, len(draft))
+        spent += c
+        drafter.feedback(len(draft), a, c * 0.0167)  # seconds: any scale, the controller compares ratios
+        i += a + 1
+    return (n - 1) / spent
+
+
+def oracle(prompt: list[int], out: list[int], table: dict[int, float], lengths: list[int]) -> float:
+    cache, n, avail = NgramCache(3), len(out), []
+    for i in range(n):
+        cache.feed(prompt + out[:i])
+        ng, c, _ = cache.match()
+        cont = cache.continuation(c, max(lengths), loop=True) if ng else []
+        a = 0
+        while a < len(cont) and i + a < n and cont[a] == out[i + a]:
+            a += 1
+        avail.append(a)
+    best = [0.0] * (n + 1)
+    for i in range(n - 1, 0, -1):
+        best[i] = min(cost(table, k) + best[min(n, i + min(k, avail[i]) + 1)] for k in [0] + lengths)
+    return (n - 1) / best[1]
+
+
+def gmean(xs: list[float]) -> float:
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--categories", default=",".join(CATEGORIES))
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--lengths", default="1,3,7,15", help="draft lengths the oracle may choose")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    from ggufdesk.engine.generate import Generator
+    from ggufdesk.engine.native import LlamaLog, load_model
+    from ggufdesk.engine.speculative import SentenceEnds
+    from ggufdesk.engine.verify_cost import Calibration
+
+    s = LoadSettings(n_ctx=8192, n_threads=args.threads, n_threads_batch=args.threads)
+    gen = Generator(load_model(str(starter_model_path()), s, LlamaLog(), n_outputs=max(ROWS) + 1))
+    table = measure_costs(gen)
+    cal = Calibration(gen.lm, 16)  # what the engine itself measures at load (an empty KV cache)
+    while not cal.done:
+        cal.step()
+    gen.truncate(0)
+    ends = SentenceEnds(gen.lm)
+    print("verification cost at a 400-token context (plain steps): "
+          + ", ".join(f"{k + 1} rows {c:.2f}" for k, c in sorted(table.items()) if k))
+    print("the engine's own measurement at load: " + ", ".join(f"k={k} {c:.2f}" for k, c in (cal.costs or {}).items()))
+    lengths = [int(x) for x in args.lengths.split(",")]
+    cats = args.categories.split(",")
+    rows: dict[str, list[tuple[float, float, float]]] = {}  # (adaptive, best fixed K, oracle)
+    for w in WORKLOADS:
+        if w.category not in cats or w.temperature:
+            continue
+        gen.truncate(0)
+        prompt = gen.tokenize(w.prompt)
+        _, st = gen.run(prompt, SamplingSettings(temperature=0.0, max_tokens=args.max_tokens),
+                        emit_text=lambda t: None)
+        out = st.tokens
+        adaptive = PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=cal.costs, ends_sentence=ends)
+        ad = replay(prompt, out, adaptive, table)
+        fixed = {k: replay(prompt, out, PromptLookup(ngram=3, k_min=1, k_max=k, adaptive=False), table)
+                 for k in (4, 8, 16)}
+        kb = max(fixed, key=lambda k: fixed[k])
+        bound = oracle(prompt, out, table, lengths)
+        rows.setdefault(w.category, []).append((ad, fixed[kb], bound))
+        print(f"  {w.category}/{w.name}: adaptive {ad:.2f}, best fixed {fixed[kb]:.2f} (K={kb}), "
+              f"oracle {bound:.2f}", file=sys.stderr, flush=True)
+    print(f"\nreplayed × plain (geometric mean over a category's prompts; oracle lengths {lengths}):")
+    print(f"{'category':14s} {'adaptive':>9s} {'best K':>7s} {'oracle':>7s} {'adaptive/oracle':>16s}")
+    for cat, rs in rows.items():
+        ad, bk, orc = (gmean([r[i] for r in rs]) for i in (0, 1, 2))
+        print(f"{cat:14s} {ad:9.2f} {bk:7.2f} {orc:7.2f} {ad / orc:16.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
