@@ -198,6 +198,17 @@ def sentences(n: int, length: int = 20) -> list[list[int]]:
     return [list(range(1000 + 50 * i, 1000 + 50 * i + length - 1)) + [STOP] for i in range(n)]
 
 
+def with_and_without_cut(prompt: list[int], truth: list[int]) -> dict[bool, Counting]:
+    """The same answer drafted by adaptive lookup that knows sentence ends (True) and one that does not."""
+    runs = {}
+    for cut in (False, True):
+        d = Counting(PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=COSTS,
+                                  ends_sentence=(lambda t: t == STOP) if cut else None))
+        simulate(d, prompt, truth)
+        runs[cut] = d
+    return runs
+
+
 def test_drafts_stop_at_sentence_ends_once_the_answer_stops_there():
     """A quoting answer: each quote ends where its sentence does, while the source goes on. After
     the first quotes, drafts reaching a sentence end are cut there: fewer rows wasted, less time."""
@@ -206,12 +217,7 @@ def test_drafts_stop_at_sentence_ends_once_the_answer_stops_there():
     truth: list[int] = []
     for i, j in enumerate((0, 3, 1, 4, 2, 6, 5, 7)):
         truth += [60 + 4 * i, 61 + 4 * i, 62 + 4 * i] + src[j]  # words of the answer's own, then the quote
-    runs = {}
-    for cut in (False, True):
-        d = Counting(PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=COSTS,
-                                  ends_sentence=(lambda t: t == STOP) if cut else None))
-        simulate(d, prompt, truth)
-        runs[cut] = d
+    runs = with_and_without_cut(prompt, truth)
     assert runs[True].accepted >= runs[False].accepted
     wasted = {cut: d.drafted - d.accepted for cut, d in runs.items()}
     assert wasted[True] <= 0.75 * wasted[False], wasted
@@ -223,11 +229,6 @@ def test_a_copy_across_sentences_keeps_its_long_drafts():
     src = sentences(12)
     text = [t for s in src for t in s]
     prompt = [1] + text + [2, 3]
-    runs = {}
-    for cut in (False, True):
-        d = Counting(PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=COSTS,
-                                  ends_sentence=(lambda t: t == STOP) if cut else None))
-        simulate(d, prompt, text)
-        runs[cut] = d
+    runs = with_and_without_cut(prompt, text)
     assert runs[True].accepted >= 0.95 * runs[False].accepted
     assert runs[True].inner.crossed >= 3 and runs[True].inner.crossed == runs[True].inner.reached
