@@ -143,6 +143,9 @@ def main() -> int:
         _, st = gen.run(prompt, SamplingSettings(temperature=0.0, max_tokens=args.max_tokens),
                         emit_text=lambda t: None)
         out = st.tokens
+        if len(out) < 2:
+            print(f"  {w.category}/{w.name}: skipped (a {len(out)}-token answer)", file=sys.stderr)
+            continue
         adaptive = PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=cal.costs, ends_sentence=ends)
         ad = replay(prompt, out, adaptive, table)
         fixed = {k: replay(prompt, out, PromptLookup(ngram=3, k_min=1, k_max=k, adaptive=False), table)
