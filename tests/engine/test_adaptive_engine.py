@@ -11,6 +11,7 @@ import pytest
 from ggufdesk.core.settings import LoadSettings, SamplingSettings
 from ggufdesk.engine import protocol as P
 from ggufdesk.engine.lookup import NgramCache, PromptLookup
+from tests.engine.helpers import collect, greedy
 from tests.engine.test_adaptive_recovery import FIXED_S, PLAIN_S, ROW_S
 
 PROMPT = "hello the cat and the dog were in the house"
@@ -123,17 +124,11 @@ def engine(tiny_model):
 
 
 def _generate(client, prompt: str, speculation: dict) -> tuple[str, P.Stats]:
-    rid = client.generate(prompt=prompt, sampling={"temperature": 0.0, "max_tokens": 150},
-                          speculation=speculation)
-    text, stats = [], None
-    for ev in client.stream(rid, timeout=120):
-        if isinstance(ev, P.Token):
-            text.append(ev.text)
-        elif isinstance(ev, P.Stats):
-            stats = ev
-        elif isinstance(ev, P.Error):
-            raise AssertionError(f"engine error: {ev.message}")
-    return "".join(text), stats
+    rid = client.generate(prompt=prompt, sampling=greedy(150), speculation=speculation)
+    r = collect(client, rid)
+    assert r.error is None, f"engine error: {r.error.message}"
+    assert r.stats is not None
+    return r.text, r.stats
 
 
 def test_a_regenerated_answer_is_drafted_from_the_earlier_one(engine):
