@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+from ggufdesk.core import procs
 from ggufdesk.server.pool import EnginePool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,13 +61,7 @@ class ServeProcess:
             self.stderr.append(line.rstrip("\n"))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        procs.terminate(self.proc, 10)
 
 
 def fake_pool(model: str = "/models/fake-model.gguf", **kwargs) -> EnginePool:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from ggufdesk.core import procs
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.rpc_wire import RpcConnection, WorkerDown, parse_workers, probe_worker
 
@@ -142,10 +143,4 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, old)
-        if child.poll() is None:
-            child.terminate()
-            try:
-                child.wait(5)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        procs.terminate(child, 5)

@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal
 
+from ggufdesk.core import procs
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
 from ggufdesk.engine import protocol as P
@@ -562,12 +563,7 @@ class EngineClient:
             try:
                 popen.wait(timeout)
             except subprocess.TimeoutExpired:
-                popen.terminate()
-                try:
-                    popen.wait(2.0)
-                except subprocess.TimeoutExpired:
-                    popen.kill()
-                    popen.wait()
+                procs.terminate(popen, 2.0)
         # Only now: the supervisor spawned the engine, and its end sends the parent-death signal.
         self._jobs.put(("close", 0))
         if self.state != "stopped":
