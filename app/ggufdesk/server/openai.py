@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -134,41 +134,32 @@ async def chat_completions(request: Request) -> Response:
                          "choices": [choice], "usage": job.usage(), "system_fingerprint": None})
 
 
-async def _chat_stream(job: Job, cid: str, created: int, model: str, top: int | None,
-                       include_usage: bool, calls: CallStream | None) -> AsyncIterator[str]:
+def _chat_stream(job: Job, cid: str, created: int, model: str, top: int | None,
+                 include_usage: bool, calls: CallStream | None) -> AsyncIterator[str]:
     """Chunks as tokens come; with tools, text that may be a call is held back and calls come at the end."""
     head = _chunk_head(cid, "chat.completion.chunk", created, model)
 
     def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
         return sse({**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
 
-    try:
-        yield chunk({"role": "assistant", "content": ""})
-        async for ev in job.events():
-            if job.disconnected:
-                return  # nobody is reading: close() drains the rest
-            if isinstance(ev, P.Token):
-                lps = getattr(ev, "logprobs", None)
-                text = calls.push(ev.text) if calls is not None else ev.text
-                if text or lps:
-                    yield chunk({"content": text},
-                                logprobs=chat_logprobs(lps, top) if top is not None and lps else None)
-            elif isinstance(ev, P.Done):
-                if ev.tool_calls:
-                    deltas = [{"index": i, **c} for i, c in enumerate(openai_calls(ev.tool_calls))]
-                    yield chunk({"tool_calls": deltas})
-                elif calls is not None:
-                    rest = calls.finish()[0]
-                    if rest:
-                        yield chunk({"content": rest})
-                yield chunk({}, job.finish_reason)
-            elif isinstance(ev, P.Error):
-                yield sse(_mid_error(job).openai())
-                return
-        for line in _stream_end(head, job, include_usage):
-            yield line
-    finally:
-        job.close()
+    def lines(ev: P.Event) -> Iterator[str]:
+        if isinstance(ev, P.Token):
+            lps = getattr(ev, "logprobs", None)
+            text = calls.push(ev.text) if calls is not None else ev.text
+            if text or lps:
+                yield chunk({"content": text},
+                            logprobs=chat_logprobs(lps, top) if top is not None and lps else None)
+        elif isinstance(ev, P.Done):
+            if ev.tool_calls:
+                deltas = [{"index": i, **c} for i, c in enumerate(openai_calls(ev.tool_calls))]
+                yield chunk({"tool_calls": deltas})
+            elif calls is not None:
+                rest = calls.finish()[0]
+                if rest:
+                    yield chunk({"content": rest})
+            yield chunk({}, job.finish_reason)
+
+    return _framed(job, head, include_usage, chunk({"role": "assistant", "content": ""}), lines)
 
 
 async def completions(request: Request) -> Response:
@@ -209,28 +200,44 @@ async def completions(request: Request) -> Response:
                          "choices": [choice], "usage": job.usage(), "system_fingerprint": None})
 
 
-async def _completion_stream(job: Job, cid: str, created: int, model: str, top: int | None,
-                             include_usage: bool) -> AsyncIterator[str]:
+def _completion_stream(job: Job, cid: str, created: int, model: str, top: int | None,
+                       include_usage: bool) -> AsyncIterator[str]:
     head = _chunk_head(cid, "text_completion", created, model)
 
     def chunk(text: str, finish: str | None = None, logprobs: Any = None) -> str:
         return sse({**head, "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]})
 
     offset = 0
+
+    def lines(ev: P.Event) -> Iterator[str]:
+        nonlocal offset
+        if isinstance(ev, P.Token):
+            lps = getattr(ev, "logprobs", None)
+            yield chunk(ev.text, logprobs=completion_logprobs(lps, top or 0, offset)
+                        if top is not None and lps else None)
+            offset += len(ev.text)
+        elif isinstance(ev, P.Done):
+            yield chunk("", job.finish_reason)
+
+    return _framed(job, head, include_usage, None, lines)
+
+
+async def _framed(job: Job, head: dict[str, Any], include_usage: bool, first: str | None,
+                  lines: Callable[[P.Event], Iterator[str]]) -> AsyncIterator[str]:
+    """One streamed response: `first`, each event's `lines`, then the usage chunk if asked for and
+    [DONE]. A mid-stream error ends it with the error object; a client that went away ends it
+    silently. The job is closed however the stream ends."""
     try:
+        if first is not None:
+            yield first
         async for ev in job.events():
             if job.disconnected:
                 return  # nobody is reading: close() drains the rest
-            if isinstance(ev, P.Token):
-                lps = getattr(ev, "logprobs", None)
-                yield chunk(ev.text, logprobs=completion_logprobs(lps, top or 0, offset)
-                            if top is not None and lps else None)
-                offset += len(ev.text)
-            elif isinstance(ev, P.Done):
-                yield chunk("", job.finish_reason)
-            elif isinstance(ev, P.Error):
+            if isinstance(ev, P.Error):
                 yield sse(_mid_error(job).openai())
                 return
+            for line in lines(ev):
+                yield line
         for line in _stream_end(head, job, include_usage):
             yield line
     finally:
