@@ -118,7 +118,7 @@ class ShortForesight(PromptLookup):
             a += 1
         rate = {j: (min(j, a) + 1) / cost(self.table, j) for j in self.lengths if j <= len(cont)}
         best = max(rate, key=lambda j: rate[j], default=0)
-        self._last_m = m
+        self._last_m, self._end_at = m, -1  # this draft's outcome says nothing about sentence ends
         return cont[:best] if best and rate[best] > 1.0 else []
 
 
