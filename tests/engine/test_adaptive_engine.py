@@ -12,34 +12,23 @@ from ggufdesk.core.settings import LoadSettings, SamplingSettings
 from ggufdesk.engine import protocol as P
 from ggufdesk.engine.lookup import NgramCache, PromptLookup
 from tests.engine.helpers import collect, greedy
-from tests.engine.test_adaptive_recovery import FIXED_S, PLAIN_S, ROW_S
+from tests.engine.test_adaptive_recovery import FIXED_S, PLAIN_S, ROW_S, Counting
 
 PROMPT = "hello the cat and the dog were in the house"
 
 
-class CpuCosts:
-    """Wraps a drafter: reports simulated CPU step costs and records where drafts were accepted."""
+class CpuCosts(Counting):
+    """Counting, but the drafter is told simulated CPU step costs, and where drafts were accepted is kept."""
 
     def __init__(self, inner: PromptLookup) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.pos = 0  # tokens emitted before the current step (the first token comes before any step)
         self.steps: list[tuple[int, int, int]] = []  # (position, drafted, accepted)
-
-    @property
-    def k(self) -> int:
-        return self.inner.k
-
-    @property
-    def status(self) -> str:
-        return self.inner.status
-
-    def propose(self, history: list[int], last: int, k: int) -> list[int]:
-        return self.inner.propose(history, last, k)
 
     def feedback(self, n_drafted: int, n_accepted: int, seconds: float) -> None:
         self.steps.append((self.pos, n_drafted, n_accepted))
         self.pos += n_accepted + 1
-        self.inner.feedback(n_drafted, n_accepted, PLAIN_S if not n_drafted else FIXED_S + ROW_S * n_drafted)
+        super().feedback(n_drafted, n_accepted, PLAIN_S if not n_drafted else FIXED_S + ROW_S * n_drafted)
 
     def accepted_from(self, start: int) -> int:
         return sum(a for p, d, a in self.steps if p >= start)
@@ -161,3 +150,4 @@ def test_sentence_ends_are_read_from_the_vocabulary(gen):
     assert not ends(by_text[","]) and not any(ends(t) for p, t in by_text.items() if p.strip(" ,").isalpha())
     assert ends(by_text["."])  # read once, then remembered
     assert len(ends._known) == len(by_text)
+

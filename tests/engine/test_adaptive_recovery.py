@@ -180,6 +180,10 @@ class Counting:
     def k(self) -> int:
         return self.inner.k
 
+    @property
+    def status(self) -> str:
+        return self.inner.status
+
     def propose(self, history: list[int], last: int, k: int) -> list[int]:
         return self.inner.propose(history, last, k)
 
