@@ -151,3 +151,11 @@ def test_sentence_ends_are_read_from_the_vocabulary(gen):
     assert ends(by_text["."])  # read once, then remembered
     assert len(ends._known) == len(by_text)
 
+
+def test_a_piece_longer_than_the_scratch_buffer_is_read_whole(gen):
+    import ctypes
+
+    from ggufdesk.engine.native import token_piece
+
+    for t in gen.tokenize("the cat. the dog! why? so,\n", add_bos=False):
+        assert token_piece(gen.lm.vocab, t, ctypes.create_string_buffer(1)) == gen.piece(t) != b""

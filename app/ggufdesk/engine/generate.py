@@ -20,7 +20,7 @@ from llama_cpp import _internals as internals
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import SamplingSettings
-from ggufdesk.engine.native import LoadedModel
+from ggufdesk.engine.native import LoadedModel, token_piece
 from ggufdesk.engine.text import TextStream
 
 log = logging.getLogger("ggufdesk.engine")
@@ -135,14 +135,7 @@ class Generator:
     def piece(self, token: int) -> bytes:
         p = self._pieces.get(token)
         if p is None:
-            n = llama_cpp.llama_token_to_piece(self.lm.vocab, token, self._piece_buf, 256, 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = llama_cpp.llama_token_to_piece(self.lm.vocab, token, buf, -n, 0, False)
-                p = buf.raw[:n]
-            else:
-                p = self._piece_buf.raw[:n]
-            self._pieces[token] = p
+            p = self._pieces[token] = token_piece(self.lm.vocab, token, self._piece_buf)
         return p
 
     def is_eog(self, token: int) -> bool:

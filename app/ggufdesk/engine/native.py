@@ -96,6 +96,16 @@ def memory_from_log(lines: list[str]) -> dict[str, int]:
     return out
 
 
+def token_piece(vocab, token: int, buf: ctypes.Array) -> bytes:
+    """A token's text as bytes, read into `buf` (a scratch buffer), or a buffer as long as it needs."""
+    n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+    if n < 0:
+        big = ctypes.create_string_buffer(-n)
+        n = llama_cpp.llama_token_to_piece(vocab, token, big, -n, 0, False)
+        return big.raw[:n]
+    return buf.raw[:n]
+
+
 class Aborter:
     """The abort callback for long batches; cancel() makes llama_decode return within one graph node."""
 

@@ -19,7 +19,7 @@ from ggufdesk.core.settings import SpeculationSettings
 from ggufdesk.engine.adaptive import DraftLength
 from ggufdesk.engine.generate import Generator
 from ggufdesk.engine.lookup import NgramCache, PromptLookup
-from ggufdesk.engine.native import LlamaLog, LoadedModel, load_model
+from ggufdesk.engine.native import LlamaLog, LoadedModel, load_model, token_piece
 
 log = logging.getLogger("ggufdesk.engine.speculative")
 
@@ -210,8 +210,7 @@ class SentenceEnds:
     def __call__(self, token: int) -> bool:
         known = self._known.get(token)
         if known is None:
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, self._buf, len(self._buf), 0, False)
-            piece = self._buf.raw[:n] if n > 0 else b""
+            piece = token_piece(self.vocab, token, self._buf)
             known = b"\n" in piece or piece.rstrip(b" \"')").endswith((b".", b"!", b"?"))
             self._known[token] = known
         return known
