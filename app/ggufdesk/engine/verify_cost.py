@@ -2,9 +2,10 @@
 
 A verification step evaluates [last] + k drafted tokens with logits on every row. Its cost is
 neither the plain step's (one row) nor a straight line in k: on the 2-core CPU with the starter
-model 2 rows cost 1.7 plain steps, 3 rows 2.85 but 4 rows 2.2 (the kernels work in tiles), 8 rows
-4.5 and 16 rows 6.9, mostly because every row with logits pays for Gemma's 262k-word output
-head; on a GPU the same rows cost little more than one. So instead of assuming, the engine times
+model 2 rows cost 1.6-1.8 plain steps, 3 rows 2.7-3.1 but 4 rows 2.2-2.7 (the kernels work in
+tiles), 8 rows 3.3-4.5 and 16 rows 5.6-6.9 (they move from run to run), mostly because every row
+with logits pays for Gemma's 262k-word output head (16 rows with logits for the last row only:
+3.4); on a GPU the same rows cost little more than one. So instead of assuming, the engine times
 1, 2, 4, 8 and 16 rows (up to the draft rows reserved at load) and the adaptive controller
 (engine/adaptive.py) drafts only lengths it measured: k = rows - 1 = 1, 3, 7, 15.
 

@@ -49,10 +49,13 @@ class Emitter:
     def flush(self) -> None:
         """Send what is held now (the step is about to compute: a cancel's Done must not wait for it)."""
         with self._lock:
-            try:
-                self._out.flush()
-            except (BrokenPipeError, OSError):
-                os._exit(0)
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        try:
+            self._out.flush()
+        except (BrokenPipeError, OSError):
+            os._exit(0)  # the client is gone: nobody is left to hear us
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -67,10 +70,7 @@ class Emitter:
         finally:
             with self._lock:
                 self._held_by = None
-                try:
-                    self._out.flush()
-                except (BrokenPipeError, OSError):
-                    os._exit(0)
+                self._flush_locked()
 
 
 class CancelBook:
