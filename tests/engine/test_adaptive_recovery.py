@@ -236,3 +236,15 @@ def test_a_copy_across_sentences_keeps_its_long_drafts():
     runs = with_and_without_cut(prompt, text)
     assert runs[True].accepted >= 0.95 * runs[False].accepted
     assert runs[True].inner.crossed >= 3 and runs[True].inner.crossed == runs[True].inner.reached
+
+
+def test_a_draft_that_starts_with_a_sentence_end_is_cut_at_the_next_one():
+    """Once the cut is on, a draft that follows a sentence end (a closing quote) and opens with
+    another (the newline before the answer's next line) runs to the next sentence end; it used to
+    be cut to that newline alone, a one-token draft that rarely pays for its row."""
+    d = PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=COSTS, ends_sentence=lambda t: t == STOP)
+    d.reached, d.crossed = 3, 0  # this request's quotes stopped at their sentence ends
+    line = [STOP, 20, 21, 22, 23, 24, 25, 26, STOP, 30, 31, 32, 33, 34, 35, 36]
+    assert d._to_sentence_end(line, after_end=True) == line[:15]  # the shortest measured length past the end at 8
+    assert d._to_sentence_end(line) == [STOP]  # mid-sentence, the end comes first: the quote stops there
+    assert d._to_sentence_end([20, 21, 22, STOP, 30, 31, 32, 33], after_end=True) == [20, 21, 22]
