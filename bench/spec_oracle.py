@@ -18,7 +18,8 @@ adaptive with one change: at a match shorter than SHORT tokens (where a copied s
 match is one or two tokens long) it knows how many drafted tokens will be accepted and drafts the
 best measured length for that, or nothing; everywhere else it judges as the engine does. The cost
 line also gives the same rows with logits for the last row only: what the vocabulary's output
-layer (262,144 tokens for the starter) adds to every verified row on a CPU.
+layer (262,144 tokens for the starter) adds to every verified row on a CPU, and a one-row step
+with and without its logits, what that layer costs a plain step.
 
     .venv/bin/python bench/spec_oracle.py [--categories rag,code] [--max-tokens 96] [--lengths 1,3,7,15]
 """
@@ -68,6 +69,31 @@ def measure_costs(gen, reps: int = 4, *, every_row: bool = True) -> dict[int, fl
     one = statistics.median(times[1])
     gen.truncate(0)
     return {r - 1: statistics.median(ts) / one for r, ts in times.items()}
+
+
+def one_row_ms(gen, reps: int = 10) -> tuple[float, float]:
+    """Milliseconds of a one-row decode at CONTEXT tokens with its logits and without (no output
+    layer at all): what the vocabulary's output layer costs a plain step."""
+    import llama_cpp
+    from llama_cpp import _internals as internals
+
+    from ggufdesk.engine.batch import fill_batch
+
+    gen.truncate(0)
+    gen.prefill([1000 + i for i in range(CONTEXT)])
+    batch = internals.LlamaBatch(n_tokens=1, embd=0, n_seq_max=1)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for rep in range(reps + 1):
+        for logits in (True, False):
+            fill_batch(batch, [(500, CONTEXT, 0, logits)])
+            t = time.perf_counter()
+            llama_cpp.llama_decode(gen.lm.ctx.ctx, batch.batch)
+            dt = time.perf_counter() - t
+            llama_cpp.llama_memory_seq_rm(gen._mem, 0, CONTEXT, -1)
+            if rep:
+                times[logits].append(dt)
+    gen.truncate(0)
+    return statistics.median(times[True]) * 1e3, statistics.median(times[False]) * 1e3
 
 
 def cost(table: dict[int, float], k: int) -> float:
@@ -167,6 +193,9 @@ def main() -> int:
           + ", ".join(f"{k + 1} rows {c:.2f}" for k, c in sorted(table.items()) if k))
     print("the same rows, logits for the last row only: "
           + ", ".join(f"{k + 1} rows {c:.2f}" for k, c in sorted(last_only.items()) if k))
+    with_head, without = one_row_ms(gen)
+    print(f"a one-row step: {with_head:.1f} ms with its logits, {without:.1f} ms without "
+          f"(the output layer: {1 - without / with_head:.0%} of a plain step)")
     print("the engine's own measurement at load: " + ", ".join(f"k={k} {c:.2f}" for k, c in (cal.costs or {}).items()))
     lengths = [int(x) for x in args.lengths.split(",")]
     cats = args.categories.split(",")
