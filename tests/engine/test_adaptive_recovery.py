@@ -242,9 +242,13 @@ def test_a_draft_that_starts_with_a_sentence_end_is_cut_at_the_next_one():
     """Once the cut is on, a draft that follows a sentence end (a closing quote) and opens with
     another (the newline before the answer's next line) runs to the next sentence end; it used to
     be cut to that newline alone, a one-token draft that rarely pays for its row."""
-    d = PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=COSTS, ends_sentence=lambda t: t == STOP)
+    nl = 8  # a newline: a sentence end too
+    d = PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=COSTS,
+                     ends_sentence=lambda t: t in (STOP, nl))
     d.reached, d.crossed = 3, 0  # this request's quotes stopped at their sentence ends
-    line = [STOP, 20, 21, 22, 23, 24, 25, 26, STOP, 30, 31, 32, 33, 34, 35, 36]
-    assert d._to_sentence_end(line, after_end=True) == line[:15]  # the shortest measured length past the end at 8
-    assert d._to_sentence_end(line) == [STOP]  # mid-sentence, the end comes first: the quote stops there
-    assert d._to_sentence_end([20, 21, 22, STOP, 30, 31, 32, 33], after_end=True) == [20, 21, 22]
+    source = [40, 41, 42, STOP, nl] + list(range(20, 27)) + [STOP, nl] + list(range(30, 40))
+    prompt = [1] + source + [2, 3]
+    after_quote = d.propose(prompt + [40, 41, 42], STOP, 16)
+    assert after_quote == source[4:19]  # the newline, the next line and past its end: 15, the shortest measured length there
+    mid_sentence = d.propose(prompt + [40, 41], 42, 16)
+    assert mid_sentence == [STOP]  # mid-sentence, the end comes first: the quote stops there, as before
