@@ -45,9 +45,9 @@ CONTEXT = 400  # tokens in the KV cache while the costs are measured (a prompt o
 SHORT = 3  # matches shorter than this get foresight in the "short foresight" replay
 
 
-def measure_costs(gen, reps: int = 4, *, every_row: bool = True) -> dict[int, float]:
-    """k -> seconds of a decode of k + 1 rows with logits (for every row, or for the last only) / a
-    one-row decode's, at CONTEXT tokens."""
+def decode_times(gen, cases: list[tuple[int, str]], reps: int) -> list[float]:
+    """Median seconds of each case's decode at CONTEXT tokens, the cases interleaved in every pass (the
+    first pass warms up). A case is (rows, which rows want logits: "every", "last" or "none")."""
     import llama_cpp
     from llama_cpp import _internals as internals
 
@@ -55,45 +55,35 @@ def measure_costs(gen, reps: int = 4, *, every_row: bool = True) -> dict[int, fl
 
     gen.truncate(0)
     gen.prefill([1000 + i for i in range(CONTEXT)])
-    batch = internals.LlamaBatch(n_tokens=max(ROWS), embd=0, n_seq_max=1)
-    times: dict[int, list[float]] = {}
+    batch = internals.LlamaBatch(n_tokens=max(r for r, _ in cases), embd=0, n_seq_max=1)
+    times: list[list[float]] = [[] for _ in cases]
     for rep in range(reps + 1):
-        for r in ROWS:
-            fill_batch(batch, [(500 + i, CONTEXT + i, 0, every_row or i == r - 1) for i in range(r)])
-            t = time.perf_counter()
-            llama_cpp.llama_decode(gen.lm.ctx.ctx, batch.batch)
-            dt = time.perf_counter() - t
-            llama_cpp.llama_memory_seq_rm(gen._mem, 0, CONTEXT, -1)
-            if rep:  # the first pass warms up
-                times.setdefault(r, []).append(dt)
-    one = statistics.median(times[1])
-    gen.truncate(0)
-    return {r - 1: statistics.median(ts) / one for r, ts in times.items()}
-
-
-def one_row_ms(gen, reps: int = 10) -> tuple[float, float]:
-    """Milliseconds of a one-row decode at CONTEXT tokens with its logits and without (no output
-    layer at all): what the vocabulary's output layer costs a plain step."""
-    import llama_cpp
-    from llama_cpp import _internals as internals
-
-    from ggufdesk.engine.batch import fill_batch
-
-    gen.truncate(0)
-    gen.prefill([1000 + i for i in range(CONTEXT)])
-    batch = internals.LlamaBatch(n_tokens=1, embd=0, n_seq_max=1)
-    times: dict[bool, list[float]] = {True: [], False: []}
-    for rep in range(reps + 1):
-        for logits in (True, False):
-            fill_batch(batch, [(500, CONTEXT, 0, logits)])
+        for (r, logits), ts in zip(cases, times):
+            fill_batch(batch, [(500 + i, CONTEXT + i, 0, logits == "every" or (logits == "last" and i == r - 1))
+                               for i in range(r)])
             t = time.perf_counter()
             llama_cpp.llama_decode(gen.lm.ctx.ctx, batch.batch)
             dt = time.perf_counter() - t
             llama_cpp.llama_memory_seq_rm(gen._mem, 0, CONTEXT, -1)
             if rep:
-                times[logits].append(dt)
+                ts.append(dt)
     gen.truncate(0)
-    return statistics.median(times[True]) * 1e3, statistics.median(times[False]) * 1e3
+    return [statistics.median(ts) for ts in times]
+
+
+def measure_costs(gen, reps: int = 4, *, every_row: bool = True) -> dict[int, float]:
+    """k -> seconds of a decode of k + 1 rows with logits (for every row, or for the last only) / a
+    one-row decode's, at CONTEXT tokens."""
+    times = decode_times(gen, [(r, "every" if every_row else "last") for r in ROWS], reps)
+    one = times[ROWS.index(1)]
+    return {r - 1: t / one for r, t in zip(ROWS, times)}
+
+
+def one_row_ms(gen, reps: int = 10) -> tuple[float, float]:
+    """Milliseconds of a one-row decode at CONTEXT tokens with its logits and without (no output
+    layer at all): what the vocabulary's output layer costs a plain step."""
+    with_head, without = decode_times(gen, [(1, "every"), (1, "none")], reps)
+    return with_head * 1e3, without * 1e3
 
 
 def cost(table: dict[int, float], k: int) -> float:

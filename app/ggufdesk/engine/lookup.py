@@ -232,16 +232,17 @@ class PromptLookup:
                 return []
             avail = avail[:k_worth]
         self._last_m = m
-        return self._to_sentence_end(avail, after_end=self.ends_sentence is not None and self.ends_sentence(last))
+        return self._to_sentence_end(avail, last)
 
-    def _to_sentence_end(self, draft: list[int], *, after_end: bool = False) -> list[int]:
+    def _to_sentence_end(self, draft: list[int], last: int) -> list[int]:
+        """`draft` continues a text ending in `last`."""
         self._end_at = -1
         if self.ends_sentence is None or len(draft) < 2:
             return draft
         # after a text that has just ended a sentence (a closing quote), a draft that opens with an
         # end (the newline before the answer's next line) starts the next sentence: its first end is
         # further on, else the cut would leave a one-token draft of that end alone
-        first = 1 if after_end else 0
+        first = 1 if self.ends_sentence(last) else 0
         j = next((i for i, t in enumerate(draft[:-1]) if i >= first and self.ends_sentence(t)), -1)
         if j < 0:
             return draft
