@@ -152,6 +152,24 @@ def test_sentence_ends_are_read_from_the_vocabulary(gen):
     assert len(ends._known) == len(by_text)
 
 
+def test_quote_marks_are_read_from_the_vocabulary(gen):
+    from ggufdesk.engine.speculative import QuoteMarks
+
+    marks = QuoteMarks(gen.lm)
+    text = 'He said "stay." and so.\nok "'
+    tokens = gen.tokenize(text, add_bos=False)
+    assert b"".join(gen.piece(t) for t in tokens).decode().lstrip() == text  # (a leading space, SPM-style)
+    read = [marks(t) for t in tokens]
+    assert "".join(m for _, m in read) == '"""'
+    assert [gen.piece(t) for t, (starts, _) in zip(tokens, read) if starts] == [b"\n"]
+    assert marks(tokens[0]) == (False, "")
+    # curly ones by direction, and only those after a piece's last newline count for its line
+    # (the tiny model's vocabulary spells them in bytes; the starter's has them whole: ' \u201c', ',\u201d')
+    piece = QuoteMarks.__new__(QuoteMarks)._read
+    assert piece(" \u201c".encode()) == (False, "(") and piece(",\u201d".encode()) == (False, ")")
+    assert piece(b'."\n"') == (True, '"')
+
+
 def test_a_piece_longer_than_the_scratch_buffer_is_read_whole(gen):
     import ctypes
 

@@ -252,3 +252,52 @@ def test_a_draft_that_starts_with_a_sentence_end_is_cut_at_the_next_one():
     assert after_quote == source[4:19]  # the newline, the next line and past its end: 15, the shortest measured length there
     mid_sentence = d.propose(prompt + [40, 41], 42, 16)
     assert mid_sentence == [STOP]  # mid-sentence, the end comes first: the quote stops there, as before
+
+
+QUOTE, CLOSE = 7, 10  # a '"' alone, and '."' (a sentence end that closes a quote)
+
+
+def quote_marks(t: int) -> tuple[bool, str]:
+    return False, '"' if t in (QUOTE, CLOSE) else ""
+
+
+def test_inside_an_open_quote_a_draft_stops_at_its_first_sentence_end_from_the_start():
+    """With no evidence yet from this request, a draft written inside a quote that it does not
+    close stops at its sentence end (the quote will close there, and the source cannot say so);
+    the same draft outside a quote, or one that closes the quote itself, runs on."""
+    def draft(source: list[int], answer: list[int], reached: int = 0, crossed: int = 0) -> list[int]:
+        d = PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=COSTS,
+                         ends_sentence=lambda t: t in (STOP, CLOSE), quote_marks=quote_marks)
+        d.reached, d.crossed = reached, crossed  # this request's drafts that reached a sentence end / went past it
+        return d.propose([1] + source + [2, 3] + answer[:-1], answer[-1], 16)
+
+    source = [40, 41, 42, 43, 44, STOP] + list(range(50, 70))
+    assert draft(source, [QUOTE, 40, 41, 42]) == source[3:6]  # up to the end: 3, a measured length
+    assert draft(source, [40, 41, 42]) == source[3:19]  # no quote: all 16 asked for, as before
+    assert draft(source, [QUOTE, 4, QUOTE, 40, 41, 42]) == source[3:19]  # that quote is closed
+    closing = [40, 41, 42, QUOTE, 43, STOP] + list(range(50, 70))  # a source that closes the quote itself
+    assert draft(closing, [QUOTE, 40, 41, 42]) == closing[3:19]
+    # the request's own evidence decides when it leans either way; the quote tips an even balance
+    assert draft(source, [QUOTE, 40, 41, 42], reached=4, crossed=2) == source[3:6]
+    assert draft(source, [QUOTE, 40, 41, 42], reached=4, crossed=3) == source[3:19]
+    assert draft(source, [40, 41, 42], reached=4, crossed=1) == source[3:6]  # without a quote, as before
+
+
+def test_a_quoting_answer_wastes_fewer_rows_from_its_first_quote():
+    """Quotes that close at their sentence's end: knowing the quote marks, the first quotes are cut
+    too, before the request's evidence would have turned the cut on."""
+    src = sentences(8)
+    prompt = [1] + [t for s in src for t in s] + [2, 3]
+    truth: list[int] = []
+    for i, j in enumerate((0, 3, 1, 4, 2, 6, 5, 7)):
+        truth += [60 + 4 * i, 61 + 4 * i, QUOTE] + src[j][:-1] + [CLOSE]
+    runs = {}
+    for marks in (None, quote_marks):
+        d = Counting(PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=COSTS,
+                                  ends_sentence=lambda t: t in (STOP, CLOSE), quote_marks=marks))
+        simulate(d, prompt, truth)
+        runs[marks is not None] = d
+    assert runs[True].accepted >= runs[False].accepted
+    wasted = {q: d.drafted - d.accepted for q, d in runs.items()}
+    assert wasted[True] < wasted[False], wasted
+    assert runs[True].seconds < runs[False].seconds

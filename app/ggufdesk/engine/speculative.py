@@ -198,22 +198,41 @@ class DraftModelDrafter:
             self.dm.plain_s = self.control.t0
 
 
-class SentenceEnds:
-    """Does a token end a sentence or a line (its text ends in . ! ? before closing quotes, or holds a
-    newline)? Read from the model's vocabulary once per token."""
+class _Pieces:
+    """Something read from each token's text in the model's vocabulary, once per token."""
 
     def __init__(self, lm: LoadedModel) -> None:
         self.vocab = lm.vocab
-        self._known: dict[int, bool] = {}
+        self._known: dict[int, object] = {}
         self._buf = ctypes.create_string_buffer(64)
 
-    def __call__(self, token: int) -> bool:
+    def _read(self, piece: bytes):
+        raise NotImplementedError
+
+    def __call__(self, token: int):
         known = self._known.get(token)
         if known is None:
-            piece = token_piece(self.vocab, token, self._buf)
-            known = b"\n" in piece or piece.rstrip(b" \"')").endswith((b".", b"!", b"?"))
-            self._known[token] = known
+            known = self._known[token] = self._read(token_piece(self.vocab, token, self._buf))
         return known
+
+
+class SentenceEnds(_Pieces):
+    """Does a token end a sentence or a line (its text ends in . ! ? before closing quotes, or holds a
+    newline)?"""
+
+    def _read(self, piece: bytes) -> bool:
+        return b"\n" in piece or piece.rstrip(b" \"')").endswith((b".", b"!", b"?"))
+
+
+class QuoteMarks(_Pieces):
+    """The double quotes a token writes on its line: (does it start a new line, the marks after its
+    last newline in order: '"' for a straight one, '(' and ')' for curly opening and closing)."""
+
+    def _read(self, piece: bytes) -> tuple[bool, str]:
+        text = piece.decode("utf-8", "replace")
+        line = text.rsplit("\n", 1)[-1]
+        marks = "".join({'"': '"', "\u201c": "(", "\u201d": ")"}.get(ch, "") for ch in line)
+        return "\n" in text, marks
 
 
 def make_drafter(spec: SpeculationSettings, *, prompt: list[int], draft: DraftModel | None,
@@ -224,7 +243,8 @@ def make_drafter(spec: SpeculationSettings, *, prompt: list[int], draft: DraftMo
     `costs`: verification cost by draft length, measured on this machine (engine/verify_cost.py)."""
     if spec.mode == "lookup":
         return PromptLookup(ngram=spec.ngram, k_min=spec.k_min, k_max=spec.k_max, adaptive=spec.adaptive,
-                            history=ngrams, costs=costs, ends_sentence=SentenceEnds(target))
+                            history=ngrams, costs=costs, ends_sentence=SentenceEnds(target),
+                            quote_marks=QuoteMarks(target))
     if spec.mode == "draft":
         if draft is None:
             raise KnownError("speculation mode 'draft' needs a loaded draft model")
