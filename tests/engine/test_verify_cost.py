@@ -101,3 +101,62 @@ def test_a_slow_machine_stops_measuring_at_the_budget_and_drafts_only_what_it_me
     c = DraftLength(k_min=1, k_max=8, adaptive=True, label="lookup", costs=engine.verify_costs)
     assert c.costs is None  # ... so the controller falls back to its line
     engine.unload(quiet=True)
+
+
+class FakeClock:
+    """llama_decode that takes `base * (1 + 0.3 * (rows - 1))` seconds of a fake clock, times `slow`
+    for the calls listed there (by their index, the warm-up call being 0)."""
+
+    def __init__(self, slow: dict[int, float]) -> None:
+        self.now, self.calls, self.slow = 0.0, 0, slow
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def decode(self, ctx, batch) -> int:
+        rows = batch.n_tokens
+        self.now += 0.01 * (1 + 0.3 * (rows - 1)) * self.slow.get(self.calls, 1.0)
+        self.calls += 1
+        return 0
+
+
+def calibrate(monkeypatch, tiny_model, slow: dict[int, float], budget: float = 1.5):
+    from ggufdesk.core.settings import LoadSettings
+    from ggufdesk.engine import verify_cost
+    from ggufdesk.engine.native import LlamaLog, load_model
+
+    clock = FakeClock(slow)
+    monkeypatch.setattr(verify_cost.time, "perf_counter", clock.perf_counter)
+    monkeypatch.setattr(verify_cost.llama_cpp, "llama_decode", clock.decode)
+    monkeypatch.setattr(verify_cost, "BUDGET_S", budget)
+    lm = load_model(str(tiny_model), LoadSettings(n_ctx=256), LlamaLog(), n_outputs=17)
+    try:
+        cal = verify_cost.Calibration(lm, 16)
+        while not cal.done:
+            cal.step()
+        return cal, clock
+    finally:
+        lm.close()
+
+
+def test_a_busy_moment_slows_a_round_not_a_row_count(monkeypatch, tiny_model):
+    """Rounds of 1, 2, 4, 8, 16 rows, each cost taken against its own round's one-row call, the median
+    over rounds: a whole round three times slower (the machine got busy) and one stalled call change
+    nothing (timed in blocks per row count, they would have moved k = 1 and k = 7)."""
+    # calls: 0 warms up; round r (0-based) is calls 1 + 5r .. 5 + 5r, in the order 1, 2, 4, 8, 16 rows
+    slow = {1 + 5 * 1 + i: 3.0 for i in range(5)}  # round 2, every call
+    slow[1 + 5 * 3 + 3] = 4.0  # round 4, the 8-row call
+    slow[1 + 5 * 0 + 1] = 2.0  # round 1, the 2-row call
+    cal, clock = calibrate(monkeypatch, tiny_model, slow)
+    assert cal.rounds == 5 and clock.calls == 1 + 5 * 5
+    assert cal.costs is not None and sorted(cal.costs) == [1, 3, 7, 15]
+    for k, c in cal.costs.items():
+        assert abs(c - (1 + 0.3 * k)) < 1e-9, (k, c)
+
+
+def test_rounds_past_the_second_stay_within_the_budget(monkeypatch, tiny_model):
+    per_round = 0.01 * sum(1 + 0.3 * (r - 1) for r in (1, 2, 4, 8, 16))
+    cal, clock = calibrate(monkeypatch, tiny_model, {}, budget=2.5 * per_round)
+    assert cal.rounds == 2 and clock.calls == 1 + 2 * 5  # a third round would pass the budget
+    cal, clock = calibrate(monkeypatch, tiny_model, {}, budget=0.5 * per_round)
+    assert cal.rounds == 2 and sorted(cal.costs or {}) == [1, 3, 7]  # 16 rows skipped after the first round passed it

@@ -9,12 +9,13 @@ with logits pays for Gemma's 262k-word output head (16 rows with logits for the 
 1, 2, 4, 8 and 16 rows (up to the draft rows reserved at load) and the adaptive controller
 (engine/adaptive.py) drafts only lengths it measured: k = rows - 1 = 1, 3, 7, 15.
 
-A load with speculation on measures before it reports Loaded (about half a second for the starter on 2
-CPU cores; at most about BUDGET_S, larger row counts are skipped beyond it and then never
-drafted), so no first request waits for it. When a later request turns speculation on, the work
-is cut into single decode calls (`Calibration.step`) that the worker runs while idle, so a request
-arriving meanwhile waits for one call at most; cached prompt prefixes are dropped first (the
-measurement needs an empty KV cache), which costs the next turn one full prefill, once.
+A load with speculation on measures before it reports Loaded (about a second for the starter on 2
+CPU cores: five rounds of 1, 2, 4, 8 and 16 rows; rounds past the second only while the timed
+calls stay within BUDGET_S, and larger row counts are skipped once the first round passes it and
+then never drafted), so no first request waits for it. When a later request turns speculation on,
+the work is cut into single decode calls (`Calibration.step`) that the worker runs while idle, so
+a request arriving meanwhile waits for one call at most; cached prompt prefixes are dropped first
+(the measurement needs an empty KV cache), which costs the next turn one full prefill, once.
 """
 from __future__ import annotations
 
@@ -28,20 +29,31 @@ from ggufdesk.engine.batch import fill_batch
 from ggufdesk.engine.native import LoadedModel
 
 ROWS = (1, 2, 4, 8, 16)  # rows per verification call measured (k = rows - 1 drafted tokens)
-REPS = 2  # timed calls per row count (after one untimed warm-up call); the median counts
+ROUNDS = (2, 5)  # rounds of every row count timed: at least, and at most while within the budget
 BUDGET_S = 1.5  # once the timed calls took this long (a big model on a CPU), larger row counts are skipped
 TOKEN = 100  # any ordinary token: the cost does not depend on which
 
 
 class Calibration:
-    """Times verification calls of each row count on sequence 0 of an empty KV cache, one call per step."""
+    """Times verification calls of each row count on sequence 0 of an empty KV cache, one call per step.
+
+    The calls go in rounds (1, 2, 4, 8, 16 rows, then again), each cost is the ratio to the one-row
+    call of its own round, and the median over rounds counts: a busy moment on a shared machine
+    slows one round, not one row count. Timed in blocks of two calls per row count instead, eight
+    loads of the starter measured k = 7 at 2.83-4.21 plain steps and k = 15 at 4.84-6.63, enough to
+    change which lengths the controller drafts (replayed on the suite at such tables, RAG and copy
+    lost up to 7%); in five rounds, eight loads measured 3.29-3.58 and 5.47-5.79.
+    """
 
     def __init__(self, lm: LoadedModel, k_max: int) -> None:
         top = max(1, min(k_max + 1, lm.n_outputs, lm.settings.n_batch))
         self.lm = lm
         self.rows = [r for r in ROWS if r <= top]
-        self._todo = [1] + [r for r in self.rows for _ in range(REPS)]  # the first call only warms up
-        self._times: dict[int, list[float]] = {}
+        self._todo = [1] + self.rows  # the first call only warms up
+        self._warm = False
+        self._round: dict[int, float] = {}  # rows -> seconds, this round
+        self._ratios: dict[int, list[float]] = {r: [] for r in self.rows if r > 1}
+        self.rounds = 0
         self._batch = internals.LlamaBatch(n_tokens=max(self.rows), embd=0, n_seq_max=1)
         self._mem = llama_cpp.llama_get_memory(lm.ctx.ctx)
         self.costs: dict[int, float] | None = None  # k -> seconds of a step drafting k / a plain step's
@@ -64,12 +76,26 @@ class Calibration:
         if rc != 0:
             self._todo.clear()  # leave the controller on its prior
             return
-        warmup = len(self._todo) == len(self.rows) * REPS and not self._times
-        if not warmup:
-            self._times.setdefault(rows, []).append(dt)
-            self.spent += dt
-            if self.spent > BUDGET_S:  # finish this row count, skip the larger ones (they are not drafted)
-                self._todo = [r for r in self._todo if r == rows]
-        if not self._todo and 1 in self._times:
-            one = statistics.median(self._times[1])
-            self.costs = {r - 1: statistics.median(ts) / one for r, ts in self._times.items() if r > 1}
+        if not self._warm:
+            self._warm = True
+            return
+        self._round[rows] = dt
+        self.spent += dt
+        if self.rounds == 0 and self.spent > BUDGET_S:  # finish this row count, skip the larger ones (never drafted)
+            self.rows = [r for r in self.rows if r <= rows]
+            self._todo = [r for r in self._todo if r <= rows]
+        if not self._todo:
+            self._end_round()
+
+    def _end_round(self) -> None:
+        one = self._round[1]
+        for r, dt in self._round.items():
+            if r > 1:
+                self._ratios[r].append(dt / one)
+        self.rounds += 1
+        round_s = sum(self._round.values())
+        self._round = {}
+        if self.rounds < ROUNDS[0] or (self.rounds < ROUNDS[1] and self.spent + round_s <= BUDGET_S):
+            self._todo = list(self.rows)
+            return
+        self.costs = {r - 1: statistics.median(v) for r, v in self._ratios.items() if v}
