@@ -167,7 +167,7 @@ def main() -> int:
     args = ap.parse_args()
     from ggufdesk.engine.generate import Generator
     from ggufdesk.engine.native import LlamaLog, load_model
-    from ggufdesk.engine.speculative import QuoteMarks, SentenceEnds
+    from ggufdesk.engine.speculative import Numbers, QuoteMarks, SentenceEnds
     from ggufdesk.engine.verify_cost import Calibration
 
     s = LoadSettings(n_ctx=8192, n_threads=args.threads, n_threads_batch=args.threads)
@@ -178,7 +178,7 @@ def main() -> int:
     while not cal.done:
         cal.step()
     gen.truncate(0)
-    ends, quotes = SentenceEnds(gen.lm), QuoteMarks(gen.lm)
+    ends, quotes, nums = SentenceEnds(gen.lm), QuoteMarks(gen.lm), Numbers(gen.lm)
     print("verification cost at a 400-token context (plain steps): "
           + ", ".join(f"{k + 1} rows {c:.2f}" for k, c in sorted(table.items()) if k))
     print("the same rows, logits for the last row only: "
@@ -202,7 +202,7 @@ def main() -> int:
             print(f"  {w.category}/{w.name}: skipped (a {len(out)}-token answer)", file=sys.stderr)
             continue
         adaptive = PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=cal.costs, ends_sentence=ends,
-                                quote_marks=quotes)
+                                quote_marks=quotes, numbers=nums)
         ad = replay(prompt, out, adaptive, table)
         fixed = {k: replay(prompt, out, PromptLookup(ngram=3, k_min=1, k_max=k, adaptive=False), table)
                  for k in (4, 8, 16)}
@@ -210,7 +210,7 @@ def main() -> int:
         bound = oracle(prompt, out, table, lengths)
         seer = ShortForesight(prompt, out, table, [j for j in (cal.costs or {}) if j in lengths], ngram=3,
                               k_min=1, k_max=16, adaptive=True, costs=cal.costs, ends_sentence=ends,
-                              quote_marks=quotes)
+                              quote_marks=quotes, numbers=nums)
         short = replay(prompt, out, seer, table)
         rows.setdefault(w.category, []).append((ad, fixed[kb], bound, short))
         print(f"  {w.category}/{w.name}: adaptive {ad:.2f}, best fixed {fixed[kb]:.2f} (K={kb}), "

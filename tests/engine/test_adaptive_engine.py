@@ -170,6 +170,20 @@ def test_quote_marks_are_read_from_the_vocabulary(gen):
     assert piece(b'."\n"') == (True, '"')
 
 
+def test_numbers_are_read_from_the_vocabulary(gen):
+    from ggufdesk.engine.speculative import Numbers
+
+    nums = Numbers(gen.lm)
+    tokens = gen.tokenize("1. a\n2. b 10 x 7", add_bos=False)
+    read = {gen.piece(t): nums(t) for t in tokens}
+    assert read[b"1"] == ("", 1) and read[b"2"] == ("", 2) and read[b"7"] == ("", 7) and read[b"0"] == ("", 0)
+    assert read[b"."] is None and read[b" a"] is None and read[b"\n"] is None
+    three = nums.token("", 3)
+    assert three is not None and gen.piece(three) == b"3" and nums(three) == ("", 3)
+    assert nums.token("", 12) is None  # this vocabulary writes 12 with two tokens: not counted on
+    assert nums.token("", 3) == three and len(nums._tokens) == 2  # looked up once
+
+
 def test_a_piece_longer_than_the_scratch_buffer_is_read_whole(gen):
     import ctypes
 

@@ -9,6 +9,7 @@ long the match really is, and how drafts with matches that long fared lately.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from ggufdesk.engine.adaptive import DraftLength
 from ggufdesk.engine.evidence import Evidence
@@ -21,6 +22,14 @@ AGREED_M = 3  # a short match whose earlier occurrences all continue alike count
 SPLIT_BELOW = 6  # a match shorter than this whose occurrences continue differently counts as one token
 CROSS_CUT = 0.5  # drafts stop at a sentence end while fewer than this share of this request's got past one
 QUOTE_SCAN = 256  # how far back the start of the current line is looked for
+
+
+class NumberVocab(Protocol):
+    """engine/speculative.py's Numbers: which tokens write a whole number, and how to write another."""
+
+    def __call__(self, token: int) -> tuple[str, int] | None: ...
+
+    def token(self, lead: str, value: int) -> int | None: ...
 
 
 class NgramCache:
@@ -194,12 +203,21 @@ class PromptLookup:
     at). On the suite, the first quote of every RAG answer closed at its first sentence end while
     a 15-token draft ran on past it; cut there, RAG replays at 1.52x plain instead of 1.41x
     (bench/spec_oracle.py), and no other category moves.
+
+    Numbered lists and citations count up (`1.` ... `2.` ...; `According to [1]` ... `[2]`), so the
+    earlier occurrence a draft copies holds the number before the one now due: such drafts failed
+    at the number, and a long match failing there also taught the evidence that long matches fail.
+    When the previous occurrence of the same n-gram went on the same way up to a number one lower
+    (`numbers`, from the vocabulary), the draft writes the next number there and stops before any
+    later number (replayed on the suite: RAG 1.45 -> 1.57x plain, copy 1.93 -> 2.06, long 1.35 ->
+    1.40, no category lower).
     """
 
     def __init__(self, *, ngram: int, k_min: int, k_max: int, adaptive: bool,
                  history: NgramCache | None = None, costs: dict[int, float] | None = None,
                  ends_sentence: Callable[[int], bool] | None = None,
-                 quote_marks: Callable[[int], tuple[bool, str]] | None = None) -> None:
+                 quote_marks: Callable[[int], tuple[bool, str]] | None = None,
+                 numbers: NumberVocab | None = None) -> None:
         self.cache = NgramCache(ngram)  # this request: prompt and output so far
         self.history = history  # earlier requests (the worker feeds it after each; read-only here)
         self.control = DraftLength(k_min=k_min, k_max=k_max, adaptive=adaptive, label="lookup",
@@ -208,6 +226,7 @@ class PromptLookup:
         self._last_m = 0
         self.ends_sentence = ends_sentence
         self.quote_marks = quote_marks
+        self.numbers = numbers
         self.reached = self.crossed = 0  # drafts that reached a sentence end / got past it
         self._end_at = -1  # index of the first sentence end in the draft in flight
 
@@ -226,6 +245,9 @@ class PromptLookup:
         avail = own.continuation(c, k, loop=True) if n else []
         tail = own.tail()
         judged = self._weight(own, tail[len(tail) - n:], c, m) if avail else m
+        counted = self._count_on(n, c, avail) if avail else None
+        if counted is not None:  # a count going on, not a split: the n-gram's occurrences agree but for it
+            avail, judged = counted, max(judged, AGREED_M)
         if self.history is not None and len(self.history):
             hn, hc, hm = self.history.find(tail)
             if hm > m:  # a longer match in an earlier request
@@ -265,6 +287,27 @@ class PromptLookup:
         if len(draft) > j + 1:
             self._end_at = j  # the outcome says whether the model went past it
         return draft
+
+    def _count_on(self, n: int, c: int, draft: list[int]) -> list[int] | None:
+        """`draft` (this request's text from c on, after an n-gram) with its first number counted
+        on, when the n-gram's previous occurrence went on alike up to that number less one; cut
+        before any number after it. None when there is no such count."""
+        own, num = self.cache, self.numbers
+        if num is None:
+            return None
+        i = next((i for i, t in enumerate(draft) if num(t) is not None), -1)
+        p = own.prev[n][c]
+        if i < 0 or p < 0 or p + i >= c or c + i >= len(own.arena) or own.arena[p:p + i] != own.arena[c:c + i]:
+            return None
+        now, before = num(own.arena[c + i]), num(own.arena[p + i])
+        if now is None or before is None or now[0] != before[0] or now[1] != before[1] + 1:
+            return None
+        t = num.token(now[0], now[1] + 1)
+        if t is None:
+            return None
+        rest = draft[i + 1:]
+        j = next((q for q, x in enumerate(rest) if num(x) is not None), len(rest))
+        return draft[:i] + [t] + rest[:j]
 
     def _quoting(self, draft: list[int]) -> bool:
         """Is the text being written inside a double quote on its current line that `draft` does

@@ -210,10 +210,11 @@ class _Pieces:
         raise NotImplementedError
 
     def __call__(self, token: int):
-        known = self._known.get(token)
-        if known is None:
+        try:
+            return self._known[token]
+        except KeyError:
             known = self._known[token] = self._read(token_piece(self.vocab, token, self._buf))
-        return known
+            return known
 
 
 class SentenceEnds(_Pieces):
@@ -235,6 +236,33 @@ class QuoteMarks(_Pieces):
         return "\n" in text, marks
 
 
+class Numbers(_Pieces):
+    """Tokens that write a whole number: (the spaces before it, its value), else None; and `token`,
+    the one token that writes another number the same way, where the vocabulary has one."""
+
+    def __init__(self, lm: LoadedModel) -> None:
+        super().__init__(lm)
+        self._tokens: dict[tuple[str, int], int | None] = {}
+
+    def _read(self, piece: bytes) -> tuple[str, int] | None:
+        text = piece.decode("utf-8", "replace")
+        digits = text.lstrip(" ")
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= 9):
+            return None
+        return text[:len(text) - len(digits)], int(digits)
+
+    def token(self, lead: str, value: int) -> int | None:
+        key = (lead, value)
+        if key not in self._tokens:
+            data = f"{lead}{value}".encode()
+            buf = (llama_cpp.llama_token * 8)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, len(buf), False, False)
+            # (a SentencePiece vocabulary may put a space token before it)
+            same = [t for t in buf[:max(n, 0)] if token_piece(self.vocab, t, self._buf) == data]
+            self._tokens[key] = same[0] if len(same) == 1 else None
+        return self._tokens[key]
+
+
 def make_drafter(spec: SpeculationSettings, *, prompt: list[int], draft: DraftModel | None,
                  target: LoadedModel, max_tokens: int = 256, ngrams: NgramCache | None = None,
                  costs: dict[int, float] | None = None):
@@ -244,7 +272,7 @@ def make_drafter(spec: SpeculationSettings, *, prompt: list[int], draft: DraftMo
     if spec.mode == "lookup":
         return PromptLookup(ngram=spec.ngram, k_min=spec.k_min, k_max=spec.k_max, adaptive=spec.adaptive,
                             history=ngrams, costs=costs, ends_sentence=SentenceEnds(target),
-                            quote_marks=QuoteMarks(target))
+                            quote_marks=QuoteMarks(target), numbers=Numbers(target))
     if spec.mode == "draft":
         if draft is None:
             raise KnownError("speculation mode 'draft' needs a loaded draft model")
