@@ -121,15 +121,26 @@ class FakeClock:
 
 
 def calibrate(monkeypatch, tiny_model, slow: dict[int, float], budget: float = 1.5):
+    import types
+
+    import llama_cpp
+
     from ggufdesk.core.settings import LoadSettings
     from ggufdesk.engine import verify_cost
     from ggufdesk.engine.native import LlamaLog, load_model
 
-    clock = FakeClock(slow)
-    monkeypatch.setattr(verify_cost.time, "perf_counter", clock.perf_counter)
-    monkeypatch.setattr(verify_cost.llama_cpp, "llama_decode", clock.decode)
-    monkeypatch.setattr(verify_cost, "BUDGET_S", budget)
     lm = load_model(str(tiny_model), LoadSettings(n_ctx=256), LlamaLog(), n_outputs=17)
+    clock = FakeClock(slow)
+
+    class Llama:  # the module's llama_cpp, with the fake decode (nothing else sees it)
+        llama_decode = staticmethod(clock.decode)
+
+        def __getattr__(self, name):
+            return getattr(llama_cpp, name)
+
+    monkeypatch.setattr(verify_cost, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr(verify_cost, "llama_cpp", Llama())
+    monkeypatch.setattr(verify_cost, "BUDGET_S", budget)
     try:
         cal = verify_cost.Calibration(lm, 16)
         while not cal.done:
