@@ -6,6 +6,17 @@ import pytest
 from ggufdesk.core.settings import LoadSettings
 from ggufdesk.engine.client import EngineClient
 
+@pytest.fixture(autouse=True)
+def _data_ceiling_restored():
+    """An Engine loading in this process (engine/memlimit.py) sets the test process's own RLIMIT_DATA,
+    sized for the tiny model: put it back, or a later test loading a bigger model fails to allocate."""
+    import resource
+
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    yield
+    resource.setrlimit(resource.RLIMIT_DATA, before)
+
+
 TINY_LOAD = LoadSettings(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1)
 
 

@@ -184,6 +184,25 @@ def test_numbers_are_read_from_the_vocabulary(gen):
     assert nums.token("", 3) == three and len(nums._tokens) == 2  # looked up once
 
 
+def test_the_vocabulary_is_read_once_per_loaded_model(tiny_model):
+    """Sentence ends, quote marks and numbers are facts of the model: the worker keeps them across
+    requests, and a reload reads the new model's."""
+    from ggufdesk.core.settings import SpeculationSettings
+    from ggufdesk.engine.worker import CancelBook, Engine
+
+    engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
+    engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256}))
+    spec = SpeculationSettings(mode="lookup", k_max=8)
+    first, second = engine._drafter(spec, [1, 2, 3], 8), engine._drafter(spec, [4, 5, 6], 8)
+    assert first is not second  # a drafter per request...
+    assert first.ends_sentence is second.ends_sentence and first.quote_marks is second.quote_marks
+    assert first.numbers is second.numbers  # ... reading one model's vocabulary
+    engine.load(P.Load(id="m", model=str(tiny_model), settings={"n_ctx": 256}))
+    assert engine._drafter(spec, [1, 2, 3], 8).numbers is not first.numbers
+    engine.unload(quiet=True)
+    assert engine._token_text is None
+
+
 def test_a_piece_longer_than_the_scratch_buffer_is_read_whole(gen):
     import ctypes
 

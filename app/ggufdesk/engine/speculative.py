@@ -263,16 +263,32 @@ class Numbers(_Pieces):
         return self._tokens[key]
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenText:
+    """What prompt lookup reads from the vocabulary, each fact once per token: made once per loaded
+    model (the worker keeps it beside the model), so later requests find it read."""
+
+    ends_sentence: SentenceEnds
+    quote_marks: QuoteMarks
+    numbers: Numbers
+
+    @classmethod
+    def of(cls, lm: LoadedModel) -> TokenText:
+        return cls(SentenceEnds(lm), QuoteMarks(lm), Numbers(lm))
+
+
 def make_drafter(spec: SpeculationSettings, *, prompt: list[int], draft: DraftModel | None,
                  target: LoadedModel, max_tokens: int = 256, ngrams: NgramCache | None = None,
-                 costs: dict[int, float] | None = None):
+                 costs: dict[int, float] | None = None, text: TokenText | None = None):
     """The drafter for one request, or None when speculation is off. `ngrams`: the conversation's
     n-gram cache held by the worker across requests (lookup drafts from earlier turns too).
-    `costs`: verification cost by draft length, measured on this machine (engine/verify_cost.py)."""
+    `costs`: verification cost by draft length, measured on this machine (engine/verify_cost.py).
+    `text`: the target's TokenText, when the caller keeps one (else read afresh for this request)."""
     if spec.mode == "lookup":
+        text = text or TokenText.of(target)
         return PromptLookup(ngram=spec.ngram, k_min=spec.k_min, k_max=spec.k_max, adaptive=spec.adaptive,
-                            history=ngrams, costs=costs, ends_sentence=SentenceEnds(target),
-                            quote_marks=QuoteMarks(target), numbers=Numbers(target))
+                            history=ngrams, costs=costs, ends_sentence=text.ends_sentence,
+                            quote_marks=text.quote_marks, numbers=text.numbers)
     if spec.mode == "draft":
         if draft is None:
             raise KnownError("speculation mode 'draft' needs a loaded draft model")

@@ -132,6 +132,7 @@ class Engine:
         self._bytes_per_token: int | None = None  # for self-calibration, read once per model
         self.verify_costs: dict[int, float] | None = None  # engine/verify_cost.py, once per loaded model
         self._calibration: Any = None  # verify_cost.Calibration still to run while idle
+        self._token_text: Any = None  # speculative.TokenText of the loaded model, read as lookup asks
 
     # ---- load / unload --------------------------------------------------------------------------
 
@@ -168,6 +169,7 @@ class Engine:
         from ggufdesk.engine.lookup import NgramCache
 
         self.ngrams = NgramCache(spec.ngram)
+        self._token_text = None
         self._bytes_per_token = None
         self.verify_costs = self._calibration = None
         meta = lm.metadata
@@ -215,7 +217,7 @@ class Engine:
         self.verify_costs = self._calibration = None
         if self.lm is not None:
             self.gen = None
-            self.ngrams = None
+            self.ngrams = self._token_text = None
             self._lookup_prompts.clear()
             self.lm.close()
             self.lm = None
@@ -401,9 +403,12 @@ class Engine:
         from ggufdesk.engine import speculative
 
         self._start_calibration()  # (no-op once measured) a request turned speculation on
+        if spec.mode == "lookup" and self._token_text is None:
+            self._token_text = speculative.TokenText.of(self.lm)
         return speculative.make_drafter(spec, prompt=prompt, draft=self.draft, target=self.lm,
                                        max_tokens=max_tokens, costs=self.verify_costs,
-                                       ngrams=self.ngrams if spec.lookup_history else None)
+                                       ngrams=self.ngrams if spec.lookup_history else None,
+                                       text=self._token_text)
 
 
 _OOM = re.compile(r"out of (device )?memory|failed to allocate|alloc_buffer|cudaMalloc|"
