@@ -301,3 +301,26 @@ def test_a_quoting_answer_wastes_fewer_rows_from_its_first_quote():
     wasted = {q: d.drafted - d.accepted for q, d in runs.items()}
     assert wasted[True] < wasted[False], wasted
     assert runs[True].seconds < runs[False].seconds
+
+
+def test_inside_a_quote_the_one_earlier_place_of_its_words_is_drafted_from_its_first_token():
+    """A quote's first word occurring once before is the source being quoted: drafted at once (a
+    one-token match elsewhere is not worth its rows), but not when the match takes in the opening
+    mark itself (the answer's own template before each quote) nor when the word occurs twice."""
+    source = [40, 41, 42, 43, 44, 45, 46, 47]
+    prompt = [1] + source + [2, 3, 5, QUOTE, 70, 71, 72, 73, 74, 75, 76, CLOSE] + [2, 3]
+
+    def draft(answer: list[int]) -> list[int]:
+        d = PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=COSTS,
+                         ends_sentence=lambda t: t in (STOP, CLOSE), quote_marks=quote_marks)
+        d.feedback(0, 0, PLAIN_S)  # a plain step: the controller now judges drafts
+        return d.propose(prompt + answer[:-1], answer[-1], 16)
+
+    assert draft([QUOTE, 40]) == source[1:]  # inside a quote: the rest of the source
+    assert draft([6, 40]) == []  # the same one-token match outside a quote
+    assert draft([QUOTE, 6, 40]) == source[1:]  # further into the quote
+    assert draft([6, QUOTE]) == []  # the match is the opening mark itself (the answer's template before each quote)
+    twice = [1] + source + [2, 40, 60, 61, 62] + [2, 3]
+    d = PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=COSTS, quote_marks=quote_marks)
+    d.feedback(0, 0, PLAIN_S)
+    assert d.propose(twice + [QUOTE], 40, 16) == []  # two places it could be quoting from
