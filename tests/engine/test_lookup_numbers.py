@@ -70,3 +70,25 @@ def test_a_numbered_answer_is_drafted_through_its_numbers():
     assert wasted[True] <= wasted[False] / 3, wasted  # (3 vs 12: each line's number, before)
     assert runs[True].accepted > runs[False].accepted
     assert runs[True].seconds < 0.9 * runs[False].seconds
+
+
+END, A, COL, ACC, TO, LB, RB, Q = 10, 30, 31, 32, 33, 34, 35, 36  # '."', "Answer", ":", ... '"'
+W, X, Y = 40, 41, 42
+
+
+def test_a_count_is_found_at_a_shorter_ngram_when_the_drafts_own_occurred_once():
+    """RAG's "...\"\\nAnswer: According to [2], \"" lines: drafted from just after a line's newline,
+    the draft's 3-gram (the closing quote, the newline, "Answer") occurred only at the line before,
+    while "\\nAnswer" also opens the prompt's own "[1]" line: the count is found there. A shorter
+    n-gram counts only with enough text alike before the number (a catalogue's "with a 2-year" and
+    "with a 3-year" say nothing about the next)."""
+    def template(i: int) -> list[int]:
+        return [NL, A, COL, ACC, TO, LB, 100 + i, RB, Q]
+
+    prompt = [1, 2, 3] + template(1) + [50]
+    text = prompt + [51, 52, END] + template(2) + [60, 61, END, NL, A]
+    assert draft(text)[:6] == [COL, ACC, TO, LB, 102, RB]  # the old way: the previous line's number
+    assert draft(text, Digits())[:6] == [COL, ACC, TO, LB, 103, RB]
+    # "2 W X" occurred once (then 102), "W X" also before it (then 101): 2 tokens alike, too few
+    short = [1, 7, W, X, 101, Y, 8, 2, W, X, 102, Y, 9, 2, W, X]
+    assert draft(short, Digits()) == draft(short) == [102, Y, 9, 2, W, X, 102, Y, 9, 2, W, X, 102, Y, 9, 2]
