@@ -324,3 +324,23 @@ def test_inside_a_quote_the_one_earlier_place_of_its_words_is_drafted_from_its_f
     d = PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=COSTS, quote_marks=quote_marks)
     d.feedback(0, 0, PLAIN_S)
     assert d.propose(twice + [QUOTE], 40, 16) == []  # two places it could be quoting from
+
+
+def test_a_short_match_through_a_quotes_opening_mark_is_judged_by_its_words_inside():
+    """'[3], "The' matches the answer's '[2], "The' three tokens long, but only its template: which
+    source the quote takes is told by the one word inside it. Judged by that word, it is not worth
+    drafting; without quote marks, or as part of a long copy that runs through the quote, it is."""
+    first, second = [40, 41, 42, 43, 44, 45], [40, 51, 52, 53, 54, 55]  # two sources opening alike
+    prompt = [1] + first + [STOP] + second + [STOP, 2, 3]
+    answer = [6, QUOTE] + first + [CLOSE, 6, QUOTE, 40]
+
+    def draft(text: list[int], marks=quote_marks) -> list[int]:
+        d = PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=COSTS, quote_marks=marks)
+        d.feedback(0, 0, PLAIN_S)
+        return d.propose(text[:-1], text[-1], 16)
+
+    assert draft(prompt + answer) == []
+    assert draft(prompt + answer, marks=None)[:5] == first[1:]  # judged by its 3 tokens: the old way
+    passage = [60, 61, 62, 63, 64, QUOTE] + first + [CLOSE]
+    copying = [1] + passage + [2, 3] + passage[:7]  # a copy running through the opening mark
+    assert draft(copying)[:5] == first[1:]

@@ -209,7 +209,10 @@ class PromptLookup:
     taking in its opening mark) marks the source being quoted: the draft is judged as an agreeing
     match (AGREED_M) from the quote's first word instead of waiting for a three-token match. On the
     suite's greedy answers such matches went on for 10 tokens on average (RAG 1.53 -> 1.56x plain
-    replayed; no other category has quotes).
+    replayed; no other category has quotes). Conversely a short match that takes in the quote's
+    opening mark (the answer's `[3], "The` after `[2], "The`) is judged by its words inside the
+    quote only: what precedes a quote tells the answer's template, not its next source (RAG 1.57 ->
+    1.62 replayed, nothing else moves).
 
     Numbered lists and citations count up (`1.` ... `2.` ...; `According to [1]` ... `[2]`), so the
     earlier occurrence a draft copies holds the number before the one now due: such drafts failed
@@ -256,11 +259,15 @@ class PromptLookup:
         tail = own.tail()
         judged = self._weight(own, tail[len(tail) - n:], c, m) if avail else m
         counted = self._count_on(n, c, avail) if avail else None
+        quoted = self._quoted(avail[:1]) if avail and counted is None else -1
         if counted is not None:  # a count going on, not a split: the n-gram's occurrences agree but for it
             avail, judged = counted, max(judged, AGREED_M)
-        elif avail and judged < AGREED_M and self._quoted(avail[:1]) >= m \
-                and own.agreement(tail[len(tail) - n:], c)[0] == 1:
+        elif quoted >= m and judged < AGREED_M and own.agreement(tail[len(tail) - n:], c)[0] == 1:
             judged = AGREED_M  # the one earlier place a quote's own words occur: the source it quotes
+        elif 0 <= quoted < m < SPLIT_BELOW:
+            # a short match that takes in the quote's opening mark ('[3], "The'): the words before
+            # the quote say which template repeats, not which source it quotes this time
+            judged = min(judged, max(quoted, 1))
         if self.history is not None and len(self.history):
             hn, hc, hm = self.history.find(tail)
             if hm > m:  # a longer match in an earlier request
