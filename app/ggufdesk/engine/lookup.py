@@ -259,7 +259,7 @@ class PromptLookup:
         tail = own.tail()
         judged = self._weight(own, tail[len(tail) - n:], c, m) if avail else m
         counted = self._count_on(n, c, avail) if avail else None
-        quoted = self._quoted(avail[:1]) if avail and counted is None else -1
+        quoted = self._quoted(avail[:1]) if avail and counted is None and m < SPLIT_BELOW else -1
         if counted is not None:  # a count going on, not a split: the n-gram's occurrences agree but for it
             avail, judged = counted, max(judged, AGREED_M)
         elif quoted >= m and judged < AGREED_M and own.agreement(tail[len(tail) - n:], c)[0] == 1:
