@@ -320,6 +320,8 @@ class PromptLookup:
         if i < 0 or c + i >= len(own.arena):
             return None
         now = num(own.arena[c + i])
+        if now is None:
+            return None
         # the n-gram's own previous occurrence, else a shorter n-gram's (at least 2 tokens, and
         # COUNT_SPAN with the text before the number): which n-gram a draft is matched at depends
         # on where it starts (".\nAnswer" occurred once before, "\nAnswer" twice)
@@ -330,7 +332,7 @@ class PromptLookup:
             if p < 0 or p + i >= c or own.arena[p:p + i] != own.arena[c:c + i]:
                 continue
             before = num(own.arena[p + i])
-            if now is None or before is None or now[0] != before[0] or now[1] != before[1] + 1:
+            if before is None or now[0] != before[0] or now[1] != before[1] + 1:
                 continue
             t = num.token(now[0], now[1] + 1)
             if t is None:

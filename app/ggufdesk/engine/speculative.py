@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import os
 import time
+from typing import Generic, TypeVar
 
 import llama_cpp
 import numpy as np
@@ -198,18 +199,21 @@ class DraftModelDrafter:
             self.dm.plain_s = self.control.t0
 
 
-class _Pieces:
+Fact = TypeVar("Fact")
+
+
+class _Pieces(Generic[Fact]):
     """Something read from each token's text in the model's vocabulary, once per token."""
 
     def __init__(self, lm: LoadedModel) -> None:
         self.vocab = lm.vocab
-        self._known: dict[int, object] = {}
+        self._known: dict[int, Fact] = {}
         self._buf = ctypes.create_string_buffer(64)
 
-    def _read(self, piece: bytes):
+    def _read(self, piece: bytes) -> Fact:
         raise NotImplementedError
 
-    def __call__(self, token: int):
+    def __call__(self, token: int) -> Fact:
         try:
             return self._known[token]
         except KeyError:
@@ -217,7 +221,7 @@ class _Pieces:
             return known
 
 
-class SentenceEnds(_Pieces):
+class SentenceEnds(_Pieces[bool]):
     """Does a token end a sentence or a line (its text ends in . ! ? before closing quotes, or holds a
     newline)?"""
 
@@ -225,7 +229,7 @@ class SentenceEnds(_Pieces):
         return b"\n" in piece or piece.rstrip(b" \"')").endswith((b".", b"!", b"?"))
 
 
-class QuoteMarks(_Pieces):
+class QuoteMarks(_Pieces[tuple[bool, str]]):
     """The double quotes a token writes on its line: (does it start a new line, the marks after its
     last newline in order: '"' for a straight one, '(' and ')' for curly opening and closing)."""
 
@@ -236,7 +240,7 @@ class QuoteMarks(_Pieces):
         return "\n" in text, marks
 
 
-class Numbers(_Pieces):
+class Numbers(_Pieces[tuple[str, int] | None]):
     """Tokens that write a whole number: (the spaces before it, its value), else None; and `token`,
     the one token that writes another number the same way, where the vocabulary has one."""
 
