@@ -29,8 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ggufdesk.core.settings import LoadSettings, SamplingSettings
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.client import EngineClient
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.client import EngineClient
 
 WORDS = ("river town woke slowly fishermen pulled their boats onto the gravel baker opened his shutters "
          "thin smoke rose from chimneys along water children ran to school on hill while parents argued "
@@ -97,7 +97,7 @@ class LowLevel:
         import llama_cpp
         from llama_cpp import _internals as internals
 
-        from ggufdesk.engine.native import LlamaLog, load_model
+        from ggufdesk.engine.runtime.native import LlamaLog, load_model
 
         self.llama_cpp = llama_cpp
         s = LoadSettings(n_ctx=8192, n_batch=1024, n_ubatch=1024, n_threads=threads, n_threads_batch=threads,
@@ -188,8 +188,8 @@ def main() -> int:
     run1.start()
     serve.load(args.model, settings=LoadSettings(n_ctx=12288, n_parallel=8, **base))
     run1.load(args.model, settings=LoadSettings(n_ctx=4096, n_parallel=1, **base))
-    from ggufdesk.engine.generate import Generator
-    from ggufdesk.engine.native import LlamaLog, load_model
+    from ggufdesk.engine.batching.generate import Generator
+    from ggufdesk.engine.runtime.native import LlamaLog, load_model
 
     old = Generator(load_model(args.model, LoadSettings(n_ctx=4096, **{k: v for k, v in base.items()
                                                                       if k != "prefill_chunk"}), LlamaLog()))

@@ -17,8 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ggufdesk.core.settings import LoadSettings, SamplingSettings
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.client import EngineClient
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.client import EngineClient
 
 PASSAGE = (
     "The river town woke slowly. Fishermen pulled their boats onto the gravel, the baker opened "

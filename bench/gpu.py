@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
 from ggufdesk.core import gguf_meta, hardware, planner
 from ggufdesk.core.settings import LoadSettings, SamplingSettings
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.client import EngineClient
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.client import EngineClient
 from tests.fixtures import ggufs
 
 

@@ -32,7 +32,7 @@ def worker(path: str, n_ctx: int, n_ubatch: int, prompt_len: int, n_decode: int,
     import numpy as np
 
     from ggufdesk.core.settings import LoadSettings
-    from ggufdesk.engine import native
+    from ggufdesk.engine.runtime import native
 
     llama_cpp.llama_backend_init()
     log = native.LlamaLog(maxlen=100000)

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ggufdesk.core import distributed, gguf_meta, planner
 from ggufdesk.core.settings import LoadSettings, SamplingSettings
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.client import EngineClient
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.client import EngineClient
 from tests.engine.rpc_workers import start_worker
 
 PROMPT = "The river town woke slowly. Fishermen pulled their boats onto the gravel, and the baker"

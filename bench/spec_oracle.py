@@ -2,7 +2,7 @@
 
 bench/speculative.py measures wall time. This replays instead: each greedy prompt of
 bench/spec_workloads.py is answered once by plain decoding (the starter, in process); then the
-engine's own drafter (`engine/lookup.py`: adaptive, and fixed K) is driven over that answer with
+engine's own drafter (`engine/speculation/lookup.py`: adaptive, and fixed K) is driven over that answer with
 each step charged what this machine measured for its row count (a verification decode at a
 400-token context, rows 1 to 32; a plain step = 1). Greedy speculation emits exactly the plain
 answer, so the replay needs no model, and every policy is charged the same costs.
@@ -38,7 +38,7 @@ from bench.spec_workloads import CATEGORIES, WORKLOADS
 
 from ggufdesk.core.settings import LoadSettings, SamplingSettings
 from ggufdesk.core.starter import starter_model_path
-from ggufdesk.engine.lookup import NgramCache, PromptLookup
+from ggufdesk.engine.speculation.lookup import NgramCache, PromptLookup
 
 ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32)
 CONTEXT = 400  # tokens in the KV cache while the costs are measured (a prompt of the suite's size)
@@ -51,7 +51,7 @@ def decode_times(gen, cases: list[tuple[int, str]], reps: int) -> list[float]:
     import llama_cpp
     from llama_cpp import _internals as internals
 
-    from ggufdesk.engine.batch import fill_batch
+    from ggufdesk.engine.batching.batch import fill_batch
 
     gen.truncate(0)
     gen.prefill([1000 + i for i in range(CONTEXT)])
@@ -165,10 +165,10 @@ def main() -> int:
     ap.add_argument("--lengths", default="1,3,7,15", help="draft lengths the oracle may choose")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    from ggufdesk.engine.generate import Generator
-    from ggufdesk.engine.native import LlamaLog, load_model
-    from ggufdesk.engine.speculative import Numbers, QuoteMarks, SentenceEnds
-    from ggufdesk.engine.verify_cost import Calibration
+    from ggufdesk.engine.batching.generate import Generator
+    from ggufdesk.engine.runtime.native import LlamaLog, load_model
+    from ggufdesk.engine.speculation.speculative import Numbers, QuoteMarks, SentenceEnds
+    from ggufdesk.engine.speculation.verify_cost import Calibration
 
     s = LoadSettings(n_ctx=8192, n_threads=args.threads, n_threads_batch=args.threads)
     gen = Generator(load_model(str(starter_model_path()), s, LlamaLog(), n_outputs=max(ROWS) + 1))

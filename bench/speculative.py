@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.spec_workloads import CATEGORIES, WORKLOADS, Workload
 from ggufdesk.core.starter import starter_model_path
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.client import EngineClient
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.client import EngineClient
 
 N_CTX = 8192
 REF_CTX = 2048
@@ -245,7 +245,7 @@ def main() -> int:
     with EngineClient(auto_restart=False) as client:
         client.load(model, settings={"n_ctx": N_CTX, "n_threads": args.threads, "n_threads_batch": args.threads},
                     speculation={"mode": "lookup", "k_max": 16})  # logits rows for K <= 16; measures
-                                                                 # verification costs (engine/verify_cost.py)
+                                                                 # verification costs (speculation/verify_cost.py)
         ours(client, chosen[0], 8, cfg["plain"])  # warm-up: page the weights in
         for rnd in range(args.rounds):
             for w in chosen:

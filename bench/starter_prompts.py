@@ -27,7 +27,7 @@ def distinct3(text: str) -> float:
 
 
 def continue_text(client, prompt: str, sampling) -> tuple[str, str, float]:
-    from ggufdesk.engine import protocol as P
+    from ggufdesk.engine.link import protocol as P
 
     rid = client.generate(prompt=prompt, sampling=sampling)
     text, reason, rate = [], "", 0.0
@@ -46,7 +46,7 @@ def continue_text(client, prompt: str, sampling) -> tuple[str, str, float]:
 def main() -> int:
     from ggufdesk.core.settings import LoadSettings, SamplingSettings
     from ggufdesk.core.starter import CANDIDATE_PROMPTS, EXAMPLE_PROMPT, starter_model_path
-    from ggufdesk.engine.client import EngineClient
+    from ggufdesk.engine.link.client import EngineClient
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=64)

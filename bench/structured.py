@@ -24,8 +24,8 @@ import jsonschema
 
 from ggufdesk.core.settings import LoadSettings
 from ggufdesk.core.starter import starter_model_path
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.client import EngineClient
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.client import EngineClient
 from tests.fixtures.schemas import SCHEMAS
 
 # A list of records: long enough output to measure decode, natural for a base model to continue.

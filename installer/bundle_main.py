@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def run_module(argv: list[str]) -> int:
-    """`ggufdesk -m ggufdesk.engine.worker`: the engine client starts `sys.executable -m ...`, as with Python."""
+    """`ggufdesk -m ggufdesk.engine.runtime.worker`: the engine client starts `sys.executable -m ...`, as with Python."""
     sys.argv = [argv[0], *argv[1:]]
     runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
     return 0

@@ -82,7 +82,7 @@ def test_gpus_here_without_nvml_finds_nothing_nvidia(monkeypatch):
 
 
 def test_bundle_entry_runs_modules_like_python(tmp_path):
-    """The engine client starts `sys.executable -m ggufdesk.engine.worker`; the frozen entry honours -m."""
+    """The engine client starts `sys.executable -m ggufdesk.engine.runtime.worker`; the frozen entry honours -m."""
     r = subprocess.run([sys.executable, str(ROOT / "installer" / "bundle_main.py"), "-m", "ggufdesk", "--version"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == f"ggufdesk {ggufdesk.__version__}", r.stderr

@@ -113,7 +113,7 @@ def test_run_refuses_what_will_not_fit_before_loading(starter_model, monkeypatch
     def no_engine(*a, **k):
         raise AssertionError("the engine must not start")
 
-    monkeypatch.setattr("ggufdesk.engine.client.EngineClient.__init__", no_engine)
+    monkeypatch.setattr("ggufdesk.engine.link.client.EngineClient.__init__", no_engine)
     rc, err = json_error(capsys, "run", str(starter_model), "--prompt", "x", "--ctx", "1048576")
     assert rc == 1 and "will not fit" in err and "MiB of RAM" in err and "KV cache" in err
 

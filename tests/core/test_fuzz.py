@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.gguf_meta import parse_header, read_gguf
-from ggufdesk.engine import protocol as P
+from ggufdesk.engine.link import protocol as P
 from tests.fixtures import hostile
 
 SEED = hostile.valid_small()

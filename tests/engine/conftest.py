@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 
 from ggufdesk.core.settings import LoadSettings
-from ggufdesk.engine.client import EngineClient
+from ggufdesk.engine.link.client import EngineClient
 
 @pytest.fixture(autouse=True)
 def _data_ceiling_restored():
-    """An Engine loading in this process (engine/memlimit.py) sets the test process's own RLIMIT_DATA,
+    """An Engine loading in this process (engine/runtime/memlimit.py) sets the test process's own RLIMIT_DATA,
     sized for the tiny model: put it back, or a later test loading a bigger model fails to allocate."""
     import resource
 

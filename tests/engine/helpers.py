@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ggufdesk.engine import protocol as P
+from ggufdesk.engine.link import protocol as P
 
 
 @dataclass

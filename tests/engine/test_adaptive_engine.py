@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from ggufdesk.core.settings import LoadSettings, SamplingSettings
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.lookup import NgramCache, PromptLookup
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.speculation.lookup import NgramCache, PromptLookup
 from tests.engine.helpers import collect, greedy
 from tests.engine.test_adaptive_recovery import FIXED_S, PLAIN_S, ROW_S, Counting
 
@@ -39,8 +39,8 @@ class CpuCosts(Counting):
 
 @pytest.fixture(scope="module")
 def gen(tiny_model):
-    from ggufdesk.engine.generate import Generator
-    from ggufdesk.engine.native import LlamaLog, load_model
+    from ggufdesk.engine.batching.generate import Generator
+    from ggufdesk.engine.runtime.native import LlamaLog, load_model
 
     lm = load_model(str(tiny_model), LoadSettings(n_ctx=2048), LlamaLog())
     yield Generator(lm)
@@ -83,8 +83,8 @@ def test_a_draft_model_stops_where_its_own_confidence_makes_more_tokens_not_wort
     """The draft model's probability is evidence too: the draft ends where the chance that all of it
     is accepted (the product of its top probabilities) drops below q_min."""
     from ggufdesk.core.settings import SpeculationSettings
-    from ggufdesk.engine import speculative as S
-    from ggufdesk.engine.native import LlamaLog
+    from ggufdesk.engine.speculation import speculative as S
+    from ggufdesk.engine.runtime.native import LlamaLog
 
     spec = SpeculationSettings(mode="draft", draft_model=str(tiny_model), k_max=8, p_min=0.0)
     dm = S.DraftModel.load(spec, target=gen.lm, llama_log=LlamaLog())
@@ -105,7 +105,7 @@ def test_a_draft_model_stops_where_its_own_confidence_makes_more_tokens_not_wort
 
 @pytest.fixture
 def engine(tiny_model):
-    from ggufdesk.engine.client import EngineClient
+    from ggufdesk.engine.link.client import EngineClient
 
     with EngineClient(auto_restart=False) as client:
         client.load(str(tiny_model), settings={"n_ctx": 2048}, speculation={"k_max": 8})
@@ -141,7 +141,7 @@ def test_reloading_forgets_the_conversation(engine, tiny_model):
 
 
 def test_sentence_ends_are_read_from_the_vocabulary(gen):
-    from ggufdesk.engine.speculative import SentenceEnds
+    from ggufdesk.engine.speculation.speculative import SentenceEnds
 
     ends = SentenceEnds(gen.lm)
     by_text = {gen.piece(t).decode("utf-8", "replace"): t for t in gen.tokenize("the cat. the dog! why? so,\n",
@@ -153,7 +153,7 @@ def test_sentence_ends_are_read_from_the_vocabulary(gen):
 
 
 def test_quote_marks_are_read_from_the_vocabulary(gen):
-    from ggufdesk.engine.speculative import QuoteMarks
+    from ggufdesk.engine.speculation.speculative import QuoteMarks
 
     marks = QuoteMarks(gen.lm)
     text = 'He said "stay." and so.\nok "'
@@ -171,7 +171,7 @@ def test_quote_marks_are_read_from_the_vocabulary(gen):
 
 
 def test_numbers_are_read_from_the_vocabulary(gen):
-    from ggufdesk.engine.speculative import Numbers
+    from ggufdesk.engine.speculation.speculative import Numbers
 
     nums = Numbers(gen.lm)
     tokens = gen.tokenize("1. a\n2. b 10 x 7", add_bos=False)
@@ -188,7 +188,7 @@ def test_the_vocabulary_is_read_once_per_loaded_model(tiny_model):
     """Sentence ends, quote marks and numbers are facts of the model: the worker keeps them across
     requests, and a reload reads the new model's."""
     from ggufdesk.core.settings import SpeculationSettings
-    from ggufdesk.engine.worker import CancelBook, Engine
+    from ggufdesk.engine.runtime.worker import CancelBook, Engine
 
     engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
     engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256}))
@@ -206,7 +206,7 @@ def test_the_vocabulary_is_read_once_per_loaded_model(tiny_model):
 def test_a_piece_longer_than_the_scratch_buffer_is_read_whole(gen):
     import ctypes
 
-    from ggufdesk.engine.native import token_piece
+    from ggufdesk.engine.runtime.native import token_piece
 
     for t in gen.tokenize("the cat. the dog! why? so,\n", add_bos=False):
         assert token_piece(gen.lm.vocab, t, ctypes.create_string_buffer(1)) == gen.piece(t) != b""

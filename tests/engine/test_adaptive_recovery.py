@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import random
 
-from ggufdesk.engine.adaptive import MIN_EVIDENCE, PAUSE_FIRST, DraftLength
-from ggufdesk.engine.evidence import PROBE_FIRST, Evidence
-from ggufdesk.engine.lookup import PromptLookup
+from ggufdesk.engine.speculation.adaptive import MIN_EVIDENCE, PAUSE_FIRST, DraftLength
+from ggufdesk.engine.speculation.evidence import PROBE_FIRST, Evidence
+from ggufdesk.engine.speculation.lookup import PromptLookup
 
 PLAIN_S, FIXED_S, ROW_S = 0.010, 0.015, 0.003  # a CPU as measured: verifying k costs 1.5 plain steps + k/3
 
 
 def simulate(drafter, prompt: list[int], truth: list[int], rejected: list[int] | None = None) -> list[bool]:
-    """Drive a drafter the way engine/generate.py does, against a model that emits `truth`.
+    """Drive a drafter the way engine/batching/generate.py does, against a model that emits `truth`.
 
     Returns, per emitted token, whether it came from an accepted draft; appends to `rejected` the
     position of every rejected draft.

@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from ggufdesk.core.settings import LoadSettings
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.client import EngineClient
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.client import EngineClient
 from tests.engine.helpers import Result, collect, greedy
 from tests.fixtures import ggufs
 

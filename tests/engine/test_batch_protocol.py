@@ -5,7 +5,7 @@ import pytest
 
 from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.settings import LoadSettings
-from ggufdesk.engine import protocol as P
+from ggufdesk.engine.link import protocol as P
 
 
 @pytest.mark.parametrize("msg", [
@@ -35,4 +35,4 @@ def test_load_settings_refused(kwargs, words):
 
 def test_defaults_serve_one_sequence():
     s = LoadSettings()
-    assert s.n_parallel == 1 and s.prefill_chunk == 0  # 0: sized per step by engine/chunking.py
+    assert s.n_parallel == 1 and s.prefill_chunk == 0  # 0: sized per step by engine/batching/chunking.py

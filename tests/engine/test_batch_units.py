@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from ggufdesk.engine.prefix_cache import Slots
-from ggufdesk.engine.scheduler import Overloaded, Scheduler
+from ggufdesk.engine.batching.prefix_cache import Slots
+from ggufdesk.engine.batching.scheduler import Overloaded, Scheduler
 
 
 class FakeMemory:

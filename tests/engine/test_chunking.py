@@ -1,10 +1,10 @@
-"""The prefill chunk beside decoding streams is sized from measured step times (engine/chunking.py)."""
+"""The prefill chunk beside decoding streams is sized from measured step times (engine/batching/chunking.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ggufdesk.engine.chunking import FALLBACK, ChunkSizer
-from ggufdesk.engine.scheduler import Scheduler
+from ggufdesk.engine.batching.chunking import FALLBACK, ChunkSizer
+from ggufdesk.engine.batching.scheduler import Scheduler
 
 
 def fake_step(n_decode: int, n_prompt: int, position: int) -> float:

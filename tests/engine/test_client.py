@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ggufdesk.core.errors import KnownError
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.client import EngineClient, EngineError
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.client import EngineClient, EngineError
 
 FAKE = [sys.executable, str(Path(__file__).resolve().parents[1] / "fixtures" / "fake_engine.py")]
 
@@ -65,7 +65,7 @@ def test_a_stopped_engine_is_detected_killed_and_restarted(tmp_path):
 def test_the_default_watchdog_tells_the_user_within_15_s():
     """A silent engine gets a Ping after PING_INTERVAL_S and is declared hung HANG_TIMEOUT_S after its
     last word; the supervisor looks every 0.5 s at most."""
-    from ggufdesk.engine import client as C
+    from ggufdesk.engine.link import client as C
 
     assert C.HANG_TIMEOUT_S + 0.5 <= 15 and C.PING_INTERVAL_S < C.HANG_TIMEOUT_S
 

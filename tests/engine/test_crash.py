@@ -5,8 +5,8 @@ import os
 import signal
 import time
 
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.client import EngineClient
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.client import EngineClient
 from tests.engine.conftest import TINY_LOAD
 from tests.engine.helpers import collect, greedy
 

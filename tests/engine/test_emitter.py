@@ -4,8 +4,8 @@ from __future__ import annotations
 import io
 import threading
 
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.worker import Emitter
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.runtime.worker import Emitter
 
 
 class Counting(io.StringIO):

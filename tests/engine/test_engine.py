@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from ggufdesk.core.settings import LoadSettings
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.client import EngineClient, EngineError
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.client import EngineClient, EngineError
 from tests.engine.conftest import TINY_LOAD
 from tests.engine.helpers import collect, greedy
 from tests.fixtures import ggufs
@@ -216,8 +216,8 @@ def test_a_dropped_log_capture_does_not_crash_the_next_model(tiny_model):
     code = textwrap.dedent(f"""
         import gc
         from ggufdesk.core.settings import LoadSettings, SamplingSettings
-        from ggufdesk.engine.generate import Generator
-        from ggufdesk.engine.native import LlamaLog, load_model
+        from ggufdesk.engine.batching.generate import Generator
+        from ggufdesk.engine.runtime.native import LlamaLog, load_model
         s = LoadSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1)
         keep = load_model({str(tiny_model)!r}, s, LlamaLog())
         gc.collect()

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from ggufdesk.core.schema import SchemaError
-from ggufdesk.engine.grammar import int_range_gbnf, schema_to_gbnf, tool_grammar
+from ggufdesk.engine.structured.grammar import int_range_gbnf, schema_to_gbnf, tool_grammar
 from ggufdesk.core import tools as T
 
 

@@ -8,9 +8,9 @@ import textwrap
 
 import psutil
 
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.lifeline import PARENT_ENV, parent_is_gone
-from ggufdesk.engine.protocol import fields_of
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.lifeline import PARENT_ENV, parent_is_gone
+from ggufdesk.engine.link.protocol import fields_of
 from tests.engine.conftest import TINY_LOAD
 
 
@@ -29,7 +29,7 @@ def gone(pid: int, timeout: float = 30.0) -> bool:
 def test_the_engine_dies_when_its_client_is_killed():
     script = textwrap.dedent("""
         import sys, time
-        from ggufdesk.engine.client import EngineClient
+        from ggufdesk.engine.link.client import EngineClient
         c = EngineClient()
         c.start()
         print(c.pid, flush=True)
@@ -47,7 +47,7 @@ def test_the_engine_dies_when_its_client_is_killed():
 
 
 def worker() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ggufdesk.engine.worker"], stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "ggufdesk.engine.runtime.worker"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
 
 

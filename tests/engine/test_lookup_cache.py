@@ -1,7 +1,7 @@
 """The conversation-wide n-gram cache: earlier requests' prompts and answers, bounded, no match across documents."""
 from __future__ import annotations
 
-from ggufdesk.engine.lookup import MATCH_CAP, SEP, NgramCache, PromptLookup
+from ggufdesk.engine.speculation.lookup import MATCH_CAP, SEP, NgramCache, PromptLookup
 
 
 def test_a_later_request_matches_an_earlier_answer():

@@ -1,7 +1,7 @@
 """Prompt lookup counts on: a numbered list or citations copy the earlier line but not its number."""
 from __future__ import annotations
 
-from ggufdesk.engine.lookup import PromptLookup
+from ggufdesk.engine.speculation.lookup import PromptLookup
 from tests.engine.test_adaptive_recovery import COSTS, Counting, simulate
 
 DOT, NL, STOP = 5, 6, 9

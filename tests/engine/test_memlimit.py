@@ -1,4 +1,4 @@
-"""The engine's memory ceiling (engine/memlimit.py): derived from the plan, set before each load,
+"""The engine's memory ceiling (engine/runtime/memlimit.py): derived from the plan, set before each load,
 and it turns a runaway allocation into a MemoryError instead of eating the machine."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from ggufdesk.core.settings import LoadSettings
-from ggufdesk.engine import memlimit
+from ggufdesk.engine.runtime import memlimit
 from tests.engine.conftest import TINY_LOAD
 from tests.engine.helpers import collect, greedy
 
@@ -37,7 +37,7 @@ def test_gpu_loads_and_unreadable_models_get_no_limit(tiny_model, tmp_path):
 
 
 def test_the_ceiling_turns_a_runaway_allocation_into_memory_error():
-    code = ("from ggufdesk.engine import memlimit\n"
+    code = ("from ggufdesk.engine.runtime import memlimit\n"
             "memlimit.apply(memlimit.data_bytes() + (256 << 20))\n"
             "try:\n    b = bytearray(1 << 30)\nexcept MemoryError:\n    print('refused')\n"
             "small = bytearray(16 << 20)\nprint('ok', len(small))\n")

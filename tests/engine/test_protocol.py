@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ggufdesk.engine import protocol as P
+from ggufdesk.engine.link import protocol as P
 
 
 @pytest.mark.parametrize("msg", [

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ggufdesk.engine import protocol as P
+from ggufdesk.engine.link import protocol as P
 
 
 def test_every_error_kind_the_engine_and_client_use_is_declared():

@@ -8,8 +8,8 @@ import pytest
 
 from ggufdesk.core import distributed, gguf_meta, planner
 from ggufdesk.core.settings import LoadSettings
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.client import EngineClient, EngineError
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.client import EngineClient, EngineError
 from tests.engine.conftest import TINY_LOAD
 from tests.engine.helpers import collect, greedy
 from tests.engine.rpc_workers import start_worker

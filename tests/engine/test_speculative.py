@@ -8,9 +8,9 @@ import pytest
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.adaptive import MIN_EVIDENCE, DraftLength, expected_tokens
-from ggufdesk.engine.lookup import NgramCache, PromptLookup
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.speculation.adaptive import MIN_EVIDENCE, DraftLength, expected_tokens
+from ggufdesk.engine.speculation.lookup import NgramCache, PromptLookup
 from tests.fixtures import ggufs
 
 PROMPT = "hello the cat and the dog were in the house"
@@ -28,7 +28,7 @@ GREEDY = {"temperature": 0.0, "max_tokens": 120}
 
 @pytest.fixture
 def engine():
-    from ggufdesk.engine.client import EngineClient
+    from ggufdesk.engine.link.client import EngineClient
 
     with EngineClient(auto_restart=False) as client:
         yield client
@@ -133,8 +133,8 @@ def test_cancel_mid_speculation(engine, tiny_model):
 
 @pytest.fixture(scope="module")
 def target(tiny_model):
-    from ggufdesk.engine.generate import Generator
-    from ggufdesk.engine.native import LlamaLog, load_model
+    from ggufdesk.engine.batching.generate import Generator
+    from ggufdesk.engine.runtime.native import LlamaLog, load_model
 
     log = LlamaLog()
     lm = load_model(str(tiny_model), LoadSettings(n_ctx=2048), log)
@@ -174,7 +174,7 @@ def test_rejections_leave_the_kv_cache_consistent_over_a_long_generation(target,
     """600 tokens of mostly rejected drafts, then a follow-up request that reuses that cache."""
     import llama_cpp
 
-    from ggufdesk.engine import speculative as S
+    from ggufdesk.engine.speculation import speculative as S
 
     gen, log = target
     spec = SpeculationSettings(mode="draft", draft_model=str(tiny_draft), k_max=5, p_min=0.0, adaptive=False)
@@ -205,7 +205,7 @@ def test_rejections_leave_the_kv_cache_consistent_over_a_long_generation(target,
 
 
 def test_lookup_on_repetitive_text_is_identical_and_accepted(target):
-    from ggufdesk.engine import speculative as S
+    from ggufdesk.engine.speculation import speculative as S
 
     gen, _ = target
     prompt = gen.tokenize(PROMPT)
@@ -219,7 +219,7 @@ def test_lookup_on_repetitive_text_is_identical_and_accepted(target):
 
 def test_adaptive_switches_off_when_speculation_is_slower(target, tiny_draft):
     """On a tiny model a step costs microseconds: drafting can only lose, and the controller sees it."""
-    from ggufdesk.engine import speculative as S
+    from ggufdesk.engine.speculation import speculative as S
 
     gen, log = target
     spec = SpeculationSettings(mode="draft", draft_model=str(tiny_draft), k_max=8, p_min=0.0)
@@ -240,7 +240,7 @@ def test_adaptive_switches_off_when_speculation_is_slower(target, tiny_draft):
 
 
 def test_draft_mode_without_draft_model_is_a_clear_error(target):
-    from ggufdesk.engine.speculative import make_drafter
+    from ggufdesk.engine.speculation.speculative import make_drafter
 
     gen, _ = target
     with pytest.raises(KnownError, match="needs a loaded draft model"):
@@ -319,9 +319,9 @@ def test_expected_tokens():
 @pytest.mark.slow
 def test_starter_lookup_on_a_copy_prompt_is_identical(starter_model):
     """Prompt lookup on the real model, through the real loop, fixed K (4, 8) and adaptive."""
-    from ggufdesk.engine import speculative as S
-    from ggufdesk.engine.generate import Generator
-    from ggufdesk.engine.native import LlamaLog, load_model
+    from ggufdesk.engine.speculation import speculative as S
+    from ggufdesk.engine.batching.generate import Generator
+    from ggufdesk.engine.runtime.native import LlamaLog, load_model
 
     lm = load_model(str(starter_model), LoadSettings(n_ctx=2048), LlamaLog())
     try:

@@ -6,8 +6,8 @@ import time
 import pytest
 
 from ggufdesk.core.settings import LoadSettings
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.client import EngineClient
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.client import EngineClient
 from tests.engine.helpers import collect, greedy
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 
 from ggufdesk.core.settings import LoadSettings
-from ggufdesk.engine.client import EngineClient
+from ggufdesk.engine.link.client import EngineClient
 from tests.engine.helpers import collect, greedy
 from tests.fixtures import ggufs
 from tests.fixtures.schemas import SCHEMAS, UNSUPPORTED

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from ggufdesk.core.errors import KnownError
-from ggufdesk.engine.chat import ChatTemplate
+from ggufdesk.engine.runtime.chat import ChatTemplate
 from tests.fixtures import ggufs
 
 HOSTILE = {
@@ -37,7 +37,7 @@ HOSTILE = {
 @pytest.fixture
 def short_budget(monkeypatch):
     """Hostile templates go over any budget; a short one keeps the suite fast."""
-    from ggufdesk.engine import chat
+    from ggufdesk.engine.runtime import chat
 
     monkeypatch.setattr(chat, "PROBE_SECONDS", 0.3)
     monkeypatch.setattr(chat, "RENDER_SECONDS", 0.3)

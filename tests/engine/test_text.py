@@ -1,7 +1,7 @@
 """Streaming text: UTF-8 split across tokens, stop strings held back and never shown."""
 from __future__ import annotations
 
-from ggufdesk.engine.text import TextStream
+from ggufdesk.engine.batching.text import TextStream
 
 
 def feed(stream: TextStream, pieces: list[bytes]) -> list[str]:

@@ -1,11 +1,11 @@
-"""Verification cost measured on this machine (engine/verify_cost.py) and drafting only measured lengths."""
+"""Verification cost measured on this machine (engine/speculation/verify_cost.py) and drafting only measured lengths."""
 from __future__ import annotations
 
 import queue
 
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.adaptive import DraftLength
-from ggufdesk.engine.worker import CancelBook, Engine
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.speculation.adaptive import DraftLength
+from ggufdesk.engine.runtime.worker import CancelBook, Engine
 
 CPU = {1: 1.7, 3: 2.2, 7: 4.5, 15: 6.9}  # the starter on the 2-core CPU, in plain steps
 GPU = {1: 1.02, 3: 1.04, 7: 1.08, 15: 1.15}
@@ -91,7 +91,7 @@ def test_measuring_later_runs_while_idle_and_yields_to_requests(tiny_model):
 
 
 def test_a_slow_machine_stops_measuring_at_the_budget_and_drafts_only_what_it_measured(tiny_model, monkeypatch):
-    from ggufdesk.engine import verify_cost
+    from ggufdesk.engine.speculation import verify_cost
 
     monkeypatch.setattr(verify_cost, "BUDGET_S", 0.0)  # every call is over budget
     engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
@@ -126,8 +126,8 @@ def calibrate(monkeypatch, tiny_model, slow: dict[int, float], budget: float = 1
     import llama_cpp
 
     from ggufdesk.core.settings import LoadSettings
-    from ggufdesk.engine import verify_cost
-    from ggufdesk.engine.native import LlamaLog, load_model
+    from ggufdesk.engine.speculation import verify_cost
+    from ggufdesk.engine.runtime.native import LlamaLog, load_model
 
     lm = load_model(str(tiny_model), LoadSettings(n_ctx=256), LlamaLog(), n_outputs=17)
     clock = FakeClock(slow)

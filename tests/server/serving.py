@@ -67,7 +67,7 @@ class ServeProcess:
 def fake_pool(model: str = "/models/fake-model.gguf", **kwargs) -> EnginePool:
     """An EnginePool over tests/fixtures/fake_engine.py (no llama.cpp): fast and scriptable."""
     from ggufdesk.core.settings import LoadSettings
-    from ggufdesk.engine.client import EngineClient
+    from ggufdesk.engine.link.client import EngineClient
 
     env = dict(os.environ, **{k: str(v) for k, v in kwargs.pop("env", {}).items()})
     return EnginePool(model=model, load=LoadSettings(n_ctx=512),

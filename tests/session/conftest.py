@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ggufdesk.core.history import History
-from ggufdesk.engine import protocol as P
+from ggufdesk.engine.link import protocol as P
 from ggufdesk.session import ChatSession, HistoryWriter, SessionView
 from ggufdesk.session.inbox import Inbox
 

@@ -6,7 +6,7 @@ import sqlite3
 import pytest
 
 from ggufdesk.core.errors import KnownError
-from ggufdesk.engine import protocol as P
+from ggufdesk.engine.link import protocol as P
 from ggufdesk.session import Refused, build_request, title_from
 from tests.session.conftest import locked
 

@@ -7,7 +7,7 @@ import pytest
 
 from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.settings import SamplingSettings
-from ggufdesk.engine import protocol as P
+from ggufdesk.engine.link import protocol as P
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}
 

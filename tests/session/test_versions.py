@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ggufdesk.engine import protocol as P
+from ggufdesk.engine.link import protocol as P
 from ggufdesk.session import Refused
 from ggufdesk.session.prompt import title_from
 

@@ -1,7 +1,7 @@
 """Honest gauges: decode speed over a recent window, prefill on the tokens actually read, no idle bar."""
 from __future__ import annotations
 
-from ggufdesk.engine import protocol as p
+from ggufdesk.engine.link import protocol as p
 from ggufdesk.ui.gauges import DecodeRate, GaugePanel, prefill_words
 
 

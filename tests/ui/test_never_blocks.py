@@ -1,7 +1,7 @@
 """The GUI thread is never blocked by the engine: not in a send, not across a crash and a restart."""
 from __future__ import annotations
 
-from ggufdesk.engine import protocol as p
+from ggufdesk.engine.link import protocol as p
 from tests.ui.blocking import LoopGaps, TimedCalls
 
 BLOCKED_MAX_S = 0.050  # the target: no client call blocks the GUI thread longer than this

@@ -11,7 +11,7 @@ def test_chat_with_the_real_engine_on_a_tiny_model(qtbot, history, tiny_model):
     from ggufdesk.ui.engine_adapter import EngineBridge
     from ggufdesk.ui.main_window import MainWindow
 
-    engine = EngineBridge()  # the real worker: python -m ggufdesk.engine.worker
+    engine = EngineBridge()  # the real worker: python -m ggufdesk.engine.runtime.worker
     w = MainWindow(engine=engine, history=history, persist_settings=False)
     qtbot.addWidget(w)
     w.show()

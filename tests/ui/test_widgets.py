@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from ggufdesk.core.settings import LoadSettings, SpeculationSettings
-from ggufdesk.engine import protocol as p
+from ggufdesk.engine.link import protocol as p
 from ggufdesk.ui.gauges import GaugePanel, SystemSample
 
 

@@ -15,7 +15,7 @@ from ggufdesk.core.errors import KnownError
 from ggufdesk.session import ChatSession, Refused, SessionView, Turn
 
 if TYPE_CHECKING:
-    from ggufdesk.engine.client import EngineClient
+    from ggufdesk.engine.link.client import EngineClient
 
 NAME = "chat"
 HELP = "chat in the terminal (Ctrl-C stops an answer; /reset clears the conversation; /exit quits)"
@@ -61,7 +61,7 @@ def readable(stream: TextIO) -> TextIO:
 
 
 def run(args: argparse.Namespace, *, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
-    from ggufdesk.engine.client import EngineClient
+    from ggufdesk.engine.link.client import EngineClient
 
     stdin = stdin or readable(sys.stdin)
     out = stdout or sys.stdout

@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def engine_devices() -> list[dict]:
     """The ggml device list, from a short-lived engine process (the only place llama.cpp loads)."""
-    from ggufdesk.engine.client import EngineClient
+    from ggufdesk.engine.link.client import EngineClient
 
     client = EngineClient(auto_restart=False)
     try:

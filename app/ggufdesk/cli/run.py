@@ -113,8 +113,8 @@ def resolve_model(model: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ggufdesk.cli import print_json
-    from ggufdesk.engine import protocol as P
-    from ggufdesk.engine.client import EngineClient
+    from ggufdesk.engine.link import protocol as P
+    from ggufdesk.engine.link.client import EngineClient
 
     from ggufdesk.cli import preflight
 

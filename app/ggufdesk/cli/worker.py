@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
                              "Pass --allow-remote to serve on a trusted network, or use an SSH tunnel")
         print(WARNING.format(host=host, port=port or "PORT"), file=sys.stderr, flush=True)
     port = free_port(host, port)
-    cmd = [sys.executable, "-m", "ggufdesk.engine.rpc", "--host", host, "--port", str(port),
+    cmd = [sys.executable, "-m", "ggufdesk.engine.runtime.rpc", "--host", host, "--port", str(port),
            "--mem", str(args.mem), "--threads", str(args.threads)] + (["--cpu"] if args.cpu else [])
     child = subprocess.Popen(cmd, stdout=sys.stderr)  # llama.cpp's banner goes to our stderr
     stop = {"sig": 0}

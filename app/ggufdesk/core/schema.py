@@ -1,6 +1,6 @@
 """JSON schemas for structured output: which features we can enforce, checked before any grammar is built.
 
-The engine turns a schema into a GBNF grammar (engine/grammar.py) and llama.cpp's grammar sampler
+The engine turns a schema into a GBNF grammar (engine/structured/grammar.py) and llama.cpp's grammar sampler
 makes every generated token fit it. A schema keyword the grammar cannot enforce is refused here
 with its name and where it sits, so a user never gets an unconstrained answer silently.
 """

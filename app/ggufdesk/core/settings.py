@@ -16,7 +16,7 @@ KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_n
 FLASH_ATTN = ("auto", "on", "off")
 SPEC_MODES = ("off", "draft", "lookup")
 MAX_PARALLEL = 256  # llama.cpp's LLAMA_MAX_SEQ
-PREFILL_CHUNK = 0  # 0 = sized each step from measured times (engine/chunking.py, bench/batch.py)
+PREFILL_CHUNK = 0  # 0 = sized each step from measured times (engine/batching/chunking.py, bench/batch.py)
 
 
 def _int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:

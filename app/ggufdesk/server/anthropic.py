@@ -12,7 +12,7 @@ from starlette.routing import Route
 from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.core.tools import GENERIC, CallStream
-from ggufdesk.engine import protocol as P
+from ggufdesk.engine.link import protocol as P
 from ggufdesk.server import structured
 from ggufdesk.server.errors import invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, read_body, service, sse

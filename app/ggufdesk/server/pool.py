@@ -11,13 +11,13 @@ from typing import Any, Callable
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
-from ggufdesk.engine import protocol as P
+from ggufdesk.engine.link import protocol as P
 
 log = logging.getLogger("ggufdesk.server.pool")
 
 
 def default_client(**kwargs: Any) -> Any:
-    from ggufdesk.engine.client import EngineClient
+    from ggufdesk.engine.link.client import EngineClient
 
     return EngineClient(**kwargs)
 

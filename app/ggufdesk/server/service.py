@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import SamplingSettings
-from ggufdesk.engine import protocol as P
+from ggufdesk.engine.link import protocol as P
 from ggufdesk.server.admission import Admission, MemoryGuard
 from ggufdesk.server.errors import ApiError
 from ggufdesk.server.metrics import Metrics

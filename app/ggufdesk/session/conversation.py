@@ -15,7 +15,7 @@ from typing import Any, Callable, Literal, Protocol
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.history import Conversation, History, Message
 from ggufdesk.core.settings import SamplingSettings
-from ggufdesk.engine import protocol as P
+from ggufdesk.engine.link import protocol as P
 from ggufdesk.session.prompt import build_request, title_from
 from ggufdesk.session.turns import Ref, Turn
 from ggufdesk.session.writer import HistoryWriter, SaveState

@@ -1,4 +1,4 @@
-"""The one QObject around engine/client.py: reader-thread events become queued, typed Qt signals."""
+"""The one QObject around engine/link/client.py: reader-thread events become queued, typed Qt signals."""
 from __future__ import annotations
 
 import collections
@@ -9,13 +9,13 @@ from typing import Any, Callable
 from PySide6.QtCore import QObject, Signal
 
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
-from ggufdesk.engine import protocol as p
+from ggufdesk.engine.link import protocol as p
 
 log = logging.getLogger("ggufdesk.ui.engine")
 
 
 def default_client_factory(**kwargs: Any) -> Any:
-    from ggufdesk.engine.client import EngineClient
+    from ggufdesk.engine.link.client import EngineClient
 
     return EngineClient(**kwargs)
 

@@ -12,7 +12,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ggufdesk.engine import protocol as p
+from ggufdesk.engine.link import protocol as p
 from ggufdesk.ui import theme
 from ggufdesk.ui.tasks import run_in_background
 

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.history import Conversation, History, Message
 from ggufdesk.core.settings import LoadSettings, Settings, SpeculationSettings, save_settings
-from ggufdesk.engine import protocol as p
+from ggufdesk.engine.link import protocol as p
 from ggufdesk.ui import theme
 from ggufdesk.ui.chat_view import ChatView
 from ggufdesk.ui.composer import ENTER_SENDS_KEY, Composer, enter_sends

@@ -3,7 +3,7 @@
 `NgramCache` indexes token sequences in one bounded arena: per request, its prompt and output;
 in the worker, every earlier prompt and answer (fed after each request is done), the way
 llama.cpp's lookup keeps a dynamic n-gram cache across generations. `PromptLookup` drafts from the
-longer of the two matches and judges each draft by its own evidence (engine/evidence.py): how
+longer of the two matches and judges each draft by its own evidence (engine/speculation/evidence.py): how
 long the match really is, and how drafts with matches that long fared lately.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from ggufdesk.engine.adaptive import DraftLength
-from ggufdesk.engine.evidence import Evidence
+from ggufdesk.engine.speculation.adaptive import DraftLength
+from ggufdesk.engine.speculation.evidence import Evidence
 
 SEP = -1  # between documents in the arena: never equal to a token, so no match crosses it
 MATCH_CAP = 32  # how far back a match is measured
@@ -26,7 +26,7 @@ COUNT_SPAN = 5  # a count found at a shorter n-gram: it and the text alike up to
 
 
 class NumberVocab(Protocol):
-    """engine/speculative.py's Numbers: which tokens write a whole number, and how to write another."""
+    """engine/speculation/speculative.py's Numbers: which tokens write a whole number, and how to write another."""
 
     def __call__(self, token: int) -> tuple[str, int] | None: ...
 
@@ -186,7 +186,7 @@ class PromptLookup:
 
     Each draft is weighed by its evidence: the real length of the match (a 20-token match inside
     a copied passage is far more likely to continue than a 2-token one) and the recent acceptance
-    of drafts with matches that long (engine/evidence.py, older outcomes fading). A draft is
+    of drafts with matches that long (engine/speculation/evidence.py, older outcomes fading). A draft is
     proposed when that acceptance makes a speculative step predicted faster than a plain one at
     the measured costs; a match length judged not worth it is probed again later, with backoff, so
     early failures cannot lock drafting out of a text that turns copyable.

@@ -5,7 +5,7 @@ generate fit the cells that running requests have not reserved; otherwise it wai
 FIFO queue (full queue: `Overloaded`). Admission is strictly first come, first served, so a big
 request at the head is never starved by small ones behind it. Each step decodes one token for
 every running sequence and prefills at most one chunk of one prompt: while others are decoding,
-as many tokens as engine/chunking.py says fit beside them (or a fixed `prefill_chunk`), so their
+as many tokens as engine/batching/chunking.py says fit beside them (or a fixed `prefill_chunk`), so their
 next token is never far away; a whole `n_batch` when nobody is waiting for a token.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from ggufdesk.engine.chunking import ChunkSizer
+from ggufdesk.engine.batching.chunking import ChunkSizer
 
 QUEUE_PER_SLOT = 16  # queued requests allowed per sequence slot before new ones are refused
 MIN_QUEUE = 16

@@ -4,7 +4,7 @@ llama-cpp-python does not bind ggml-rpc; its wheel (built with GGML_RPC=ON) ship
 exports we declare here against ggml/include/ggml-rpc.h of the vendored llama.cpp (protocol 7.x):
 `ggml_backend_rpc_start_server(endpoint, cache_dir, n_threads, n_devices, devices)` blocks and serves;
 `ggml_backend_rpc_add_server(endpoint)` returns a backend registry whose devices go into
-`llama_model_params.devices`. Run `python -m ggufdesk.engine.rpc --port N` to serve (the `ggufdesk
+`llama_model_params.devices`. Run `python -m ggufdesk.engine.runtime.rpc --port N` to serve (the `ggufdesk
 worker` command does, in a child process, so that Ctrl-C and termination always work).
 """
 from __future__ import annotations
@@ -114,7 +114,7 @@ def prepare_offload(path: str, settings: LoadSettings) -> Offload:
     workers = check_workers(settings.rpc)
     info = gguf_meta.read_gguf(path)
     ngl = None if settings.n_gpu_layers == 0 else settings.n_gpu_layers
-    from ggufdesk.engine.devices import ggml_devices
+    from ggufdesk.engine.runtime.devices import ggml_devices
 
     hw = hardware.with_ggml_devices(hardware.probe(), ggml_devices())  # Metal/Vulkan GPUs too
     sp = distributed.split(info, hw, workers, n_ctx=settings.n_ctx, n_ubatch=settings.n_ubatch,
@@ -187,7 +187,7 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ggufdesk.engine.rpc")
+    ap = argparse.ArgumentParser(prog="python -m ggufdesk.engine.runtime.rpc")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--mem", type=int, default=0)

@@ -1,7 +1,7 @@
 """The batched engine: many requests on one context, one `llama_decode` per step (continuous batching).
 
 Each step (nano-vllm's shape: schedule, one forward pass, postprocess) decodes one token for
-every running sequence plus at most one prefill chunk (engine/scheduler.py), logits only for
+every running sequence plus at most one prefill chunk (engine/batching/scheduler.py), logits only for
 the rows that are sampled. Requests join and leave between steps. A request alone on the
 engine runs speculative decoding as before (verification is a batch of [last] + draft on its
 own sequence); while several run, drafting pauses (bench/batch.py measured why).
@@ -20,14 +20,14 @@ from llama_cpp import _internals as internals
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import SamplingSettings
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.generate import Drafter, Generator, RunStats, llama_perf, make_sampler
-from ggufdesk.engine.grammar import GrammarConstraint
-from ggufdesk.engine.structured import Structured
-from ggufdesk.engine.native import LoadedModel
-from ggufdesk.engine.prefix_cache import Slot, Slots
-from ggufdesk.engine.scheduler import Overloaded, Scheduler
-from ggufdesk.engine.text import TextStream
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.batching.generate import Drafter, Generator, RunStats, llama_perf, make_sampler
+from ggufdesk.engine.structured.grammar import GrammarConstraint
+from ggufdesk.engine.structured.request import Structured
+from ggufdesk.engine.runtime.native import LoadedModel
+from ggufdesk.engine.batching.prefix_cache import Slot, Slots
+from ggufdesk.engine.batching.scheduler import Overloaded, Scheduler
+from ggufdesk.engine.batching.text import TextStream
 
 log = logging.getLogger("ggufdesk.engine")
 
@@ -69,7 +69,7 @@ class Sequence:
 
 
 class Memory:
-    """llama.cpp's memory calls for engine/prefix_cache.py."""
+    """llama.cpp's memory calls for engine/batching/prefix_cache.py."""
 
     def __init__(self, lm: LoadedModel) -> None:
         self._mem = llama_cpp.llama_get_memory(lm.ctx.ctx)
@@ -293,7 +293,7 @@ class BatchEngine:
     # ---- sampling and output ------------------------------------------------------------------
 
     def _sample(self, s: Sequence, row: int) -> int:
-        if s.constraint is not None:  # engine/grammar.py: check the sampled token, resample if rejected
+        if s.constraint is not None:  # engine/structured/grammar.py: check the sampled token, resample if rejected
             t = s.constraint.sample(self.gen.logits_row(row), s.sampler)
         else:
             t = self.gen.sample(s.sampler, row)

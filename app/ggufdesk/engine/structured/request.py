@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from ggufdesk.core import tools as T
 from ggufdesk.core.schema import SchemaError, json_object_schema
-from ggufdesk.engine.grammar import GrammarConstraint, _openings, schema_to_gbnf, tool_grammar
+from ggufdesk.engine.structured.grammar import GrammarConstraint, _openings, schema_to_gbnf, tool_grammar
 
 
 @dataclass

@@ -70,7 +70,7 @@ class Generate:
     speculation: dict[str, Any] | None = None  # overrides the loaded SpeculationSettings
     context_policy: Literal["truncate", "refuse"] = "truncate"  # drop oldest turns, or refuse
     logprobs: int = 0  # 0 = off; N = the top-N alternatives (with their logprobs) for every token
-    # structured output (engine/structured.py), at most one of the three:
+    # structured output (engine/structured/request.py), at most one of the three:
     json_schema: dict[str, Any] | str | None = None  # a JSON schema, or "json_object" for any object
     grammar: str | None = None  # GBNF text with a `root` rule
     tools: list[dict[str, Any]] | None = None  # OpenAI-style function tools (chat requests)

@@ -20,8 +20,8 @@ from llama_cpp import _internals as internals
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import SamplingSettings
-from ggufdesk.engine.native import LoadedModel, token_piece
-from ggufdesk.engine.text import TextStream
+from ggufdesk.engine.runtime.native import LoadedModel, token_piece
+from ggufdesk.engine.batching.text import TextStream
 
 log = logging.getLogger("ggufdesk.engine")
 
@@ -31,7 +31,7 @@ class Cancelled(Exception):
 
 
 class Drafter(Protocol):
-    """Proposes tokens that the target model then verifies (engine/speculative.py).
+    """Proposes tokens that the target model then verifies (engine/speculation/speculative.py).
 
     The loop asks `k` (0 = do not speculate this step), calls `propose`, verifies, then reports
     back through `feedback` with the wall time of the whole step (propose + verify), also for

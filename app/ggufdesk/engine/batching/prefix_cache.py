@@ -20,7 +20,7 @@ from typing import Protocol
 
 
 class Memory(Protocol):
-    """The two llama.cpp memory calls we need (engine/batch.py passes the real ones; tests a fake)."""
+    """The two llama.cpp memory calls we need (engine/batching/batch.py passes the real ones; tests a fake)."""
 
     def seq_rm(self, seq: int, p0: int, p1: int) -> bool: ...
 

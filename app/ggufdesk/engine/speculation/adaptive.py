@@ -2,7 +2,7 @@
 
 The loop reports every step: how many tokens were drafted, how many accepted, and the wall time
 (propose + verify). Plain steps (nothing drafted) give the plain cost t0. The cost of verifying k
-drafted tokens comes from the engine's measurement of this machine (engine/verify_cost.py: a table
+drafted tokens comes from the engine's measurement of this machine (engine/speculation/verify_cost.py: a table
 of k -> cost in plain steps, for k = 1, 3, 7, 15), scaled by how recent speculative steps compared
 with it; only those measured lengths are drafted. Before that table exists, t(k) is fitted as a
 line a + b*k over recent steps from an optimistic prior. With the acceptance rate
@@ -20,7 +20,7 @@ import logging
 import statistics
 from collections import deque
 
-log = logging.getLogger("ggufdesk.engine.speculative")
+log = logging.getLogger("ggufdesk.engine.speculation.speculative")
 
 WINDOW = 16  # speculative steps remembered for acceptance and measured rate
 MIN_EVIDENCE = 5  # speculative steps before we may switch off
@@ -45,7 +45,7 @@ class DraftLength:
                  sizes_drafts: bool = False, costs: dict[int, float] | None = None) -> None:
         self.k_min, self.k_max, self.adaptive, self.label = k_min, k_max, adaptive, label
         self.sizes_drafts = sizes_drafts
-        # measured cost of drafting k, in plain steps (engine/verify_cost.py); None: fit a line
+        # measured cost of drafting k, in plain steps (engine/speculation/verify_cost.py); None: fit a line
         self.costs = {k: c for k, c in sorted((costs or {}).items()) if k_min <= k <= k_max and c > 0} or None
         self._k = self.snap(min(k_max, max(k_min, k_start or k_max)))
         self.plain: deque[float] = deque(maxlen=8)  # recent plain step seconds

@@ -1,7 +1,7 @@
-"""Drafters for speculative decoding: a draft model in the same process, or prompt lookup (engine/lookup.py).
+"""Drafters for speculative decoding: a draft model in the same process, or prompt lookup (speculation/lookup.py).
 
-The loop in engine/generate.py verifies whatever a drafter proposes; here we only propose, and
-decide (engine/adaptive.py) how much to propose, or whether to propose at all.
+The loop in engine/batching/generate.py verifies whatever a drafter proposes; here we only propose, and
+decide (engine/speculation/adaptive.py) how much to propose, or whether to propose at all.
 """
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ import numpy as np
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import SpeculationSettings
-from ggufdesk.engine.adaptive import DraftLength
-from ggufdesk.engine.generate import Generator
-from ggufdesk.engine.lookup import NgramCache, PromptLookup
-from ggufdesk.engine.native import LlamaLog, LoadedModel, load_model, token_piece
+from ggufdesk.engine.speculation.adaptive import DraftLength
+from ggufdesk.engine.batching.generate import Generator
+from ggufdesk.engine.speculation.lookup import NgramCache, PromptLookup
+from ggufdesk.engine.runtime.native import LlamaLog, LoadedModel, load_model, token_piece
 
-log = logging.getLogger("ggufdesk.engine.speculative")
+log = logging.getLogger("ggufdesk.engine.speculation.speculative")
 
 VOCAB_CHECK_START = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
 VOCAB_MAX_SIZE_DIFF = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
@@ -286,7 +286,7 @@ def make_drafter(spec: SpeculationSettings, *, prompt: list[int], draft: DraftMo
                  costs: dict[int, float] | None = None, text: TokenText | None = None):
     """The drafter for one request, or None when speculation is off. `ngrams`: the conversation's
     n-gram cache held by the worker across requests (lookup drafts from earlier turns too).
-    `costs`: verification cost by draft length, measured on this machine (engine/verify_cost.py).
+    `costs`: verification cost by draft length, measured on this machine (engine/speculation/verify_cost.py).
     `text`: the target's TokenText, when the caller keeps one (else read afresh for this request)."""
     if spec.mode == "lookup":
         text = text or TokenText.of(target)

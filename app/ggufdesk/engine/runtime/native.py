@@ -170,7 +170,7 @@ class LoadedModel:
 
 
 def apply_offload(mparams: llama_cpp.llama_model_params, offload) -> list:
-    """RPC workers (engine/rpc.py Offload): the device list (NULL-terminated) and per-device layer
+    """RPC workers (engine/runtime/rpc.py Offload): the device list (NULL-terminated) and per-device layer
     counts as tensor_split. Returns the ctypes arrays, which must outlive the model load."""
     devs = (ctypes.c_void_p * (len(offload.devices) + 1))(*offload.devices, None)
     split = (ctypes.c_float * llama_cpp.llama_max_devices())(*offload.tensor_split)
@@ -221,7 +221,7 @@ def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog, *,
     cparams.type_v = KV_TYPE_IDS[settings.type_v]
     cparams.no_perf = False
     cparams.n_outputs_max = max(1, n_outputs)
-    # several sequences share one pool of n_ctx cells (engine/prefix_cache.py): each may grow to
+    # several sequences share one pool of n_ctx cells (engine/batching/prefix_cache.py): each may grow to
     # n_ctx, and a shared prefix is one set of cells tagged with several sequence ids
     cparams.n_seq_max = settings.n_parallel
     cparams.kv_unified = True

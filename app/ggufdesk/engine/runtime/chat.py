@@ -10,7 +10,7 @@ import jinja2.ext
 from jinja2.sandbox import SecurityError
 
 from ggufdesk.core.errors import KnownError
-from ggufdesk.engine.template_guard import (PROBE_SECONDS, RENDER_SECONDS, GuardedEnvironment,
+from ggufdesk.engine.runtime.template_guard import (PROBE_SECONDS, RENDER_SECONDS, GuardedEnvironment,
                                             TemplateBudgetError, render_with_deadline)
 
 # For models that ship no template (base models such as the starter model): a plain transcript.

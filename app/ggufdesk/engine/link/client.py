@@ -23,10 +23,10 @@ from typing import Any, Callable, Iterator, Literal
 from ggufdesk.core import procs
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
-from ggufdesk.engine import protocol as P
-from ggufdesk.engine.lifeline import PARENT_ENV
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.lifeline import PARENT_ENV
 
-log = logging.getLogger("ggufdesk.engine.client")
+log = logging.getLogger("ggufdesk.engine.link.client")
 
 MAX_RESTARTS = 3  # within RESTART_WINDOW_S, then give up
 RESTART_WINDOW_S = 60.0
@@ -93,7 +93,7 @@ class EngineClient:
     ) -> None:
         self.on_event = on_event
         self.auto_restart = auto_restart
-        self.command = command or [sys.executable, "-m", "ggufdesk.engine.worker"]
+        self.command = command or [sys.executable, "-m", "ggufdesk.engine.runtime.worker"]
         self.env = env
         self.ping_interval = ping_interval
         self.hang_timeout = hang_timeout

@@ -7,7 +7,7 @@ tiles), 8 rows 3.3-4.5 and 16 rows 5.6-6.9 (they move from run to run), mostly b
 with logits pays for Gemma's 262k-word output head (16 rows with logits for the last row only:
 3.4); on a GPU the same rows cost little more than one. So instead of assuming, the engine times
 1, 2, 4, 8 and 16 rows (up to the draft rows reserved at load) and the adaptive controller
-(engine/adaptive.py) drafts only lengths it measured: k = rows - 1 = 1, 3, 7, 15.
+(engine/speculation/adaptive.py) drafts only lengths it measured: k = rows - 1 = 1, 3, 7, 15.
 
 A load with speculation on measures before it reports Loaded (about a second for the starter on 2
 CPU cores: five rounds of 1, 2, 4, 8 and 16 rows; rounds past the second only while the timed
@@ -25,8 +25,8 @@ import time
 import llama_cpp
 from llama_cpp import _internals as internals
 
-from ggufdesk.engine.batch import fill_batch
-from ggufdesk.engine.native import LoadedModel
+from ggufdesk.engine.batching.batch import fill_batch
+from ggufdesk.engine.runtime.native import LoadedModel
 
 ROWS = (1, 2, 4, 8, 16)  # rows per verification call measured (k = rows - 1 drafted tokens)
 ROUNDS = (2, 5)  # rounds of every row count timed: at least, and at most while within the budget

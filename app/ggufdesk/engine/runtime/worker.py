@@ -22,8 +22,8 @@ from typing import Any, TextIO
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
-from ggufdesk.engine import lifeline
-from ggufdesk.engine import protocol as P
+from ggufdesk.engine.link import lifeline
+from ggufdesk.engine.link import protocol as P
 
 log = logging.getLogger("ggufdesk.engine")
 
@@ -116,7 +116,7 @@ class Engine:
     """Holds the loaded model (and draft) and serves requests on the main thread."""
 
     def __init__(self, emit: Emitter, book: CancelBook) -> None:
-        from ggufdesk.engine.native import LlamaLog
+        from ggufdesk.engine.runtime.native import LlamaLog
 
         self.emit = emit
         self.book = book
@@ -130,17 +130,17 @@ class Engine:
         self.ngrams = None  # lookup.NgramCache: every prompt and answer so far, for prompt lookup
         self._lookup_prompts: dict[str, list[int]] = {}  # rid -> prompt, fed to ngrams at its Done
         self._bytes_per_token: int | None = None  # for self-calibration, read once per model
-        self.verify_costs: dict[int, float] | None = None  # engine/verify_cost.py, once per loaded model
+        self.verify_costs: dict[int, float] | None = None  # engine/speculation/verify_cost.py, once per loaded model
         self._calibration: Any = None  # verify_cost.Calibration still to run while idle
         self._token_text: Any = None  # speculative.TokenText of the loaded model, read as lookup asks
 
     # ---- load / unload --------------------------------------------------------------------------
 
     def load(self, req: P.Load) -> None:
-        from ggufdesk.engine.batch import BatchEngine
-        from ggufdesk.engine.chat import ChatTemplate
-        from ggufdesk.engine.generate import Generator
-        from ggufdesk.engine.native import load_model
+        from ggufdesk.engine.batching.batch import BatchEngine
+        from ggufdesk.engine.runtime.chat import ChatTemplate
+        from ggufdesk.engine.batching.generate import Generator
+        from ggufdesk.engine.runtime.native import load_model
 
         try:
             settings = LoadSettings(**req.settings)
@@ -151,7 +151,8 @@ class Engine:
             self.emit(P.Error(kind="settings", id=req.id, message=str(e)))
             return
         self.unload(quiet=True)
-        from ggufdesk.engine import memlimit  # a ceiling from the plan: runaway allocations fail, not the machine
+        # a ceiling from the plan: runaway allocations fail, not the machine
+        from ggufdesk.engine.runtime import memlimit
 
         memlimit.apply(memlimit.limit_for(req.model, settings, spec.draft_model if spec.mode == "draft" else None))
         self.emit(P.Loading(id=req.id, stage="model", path=req.model))
@@ -166,7 +167,7 @@ class Engine:
             return
         lm.aborter.flag = self.book.flag
         self.lm, self.gen, self.speculation = lm, Generator(lm), spec
-        from ggufdesk.engine.lookup import NgramCache
+        from ggufdesk.engine.speculation.lookup import NgramCache
 
         self.ngrams = NgramCache(spec.ngram)
         self._token_text = None
@@ -184,7 +185,7 @@ class Engine:
         if spec.mode == "draft":
             self.emit(P.Loading(id=req.id, stage="draft", path=str(spec.draft_model)))
             try:
-                from ggufdesk.engine.speculative import DraftModel
+                from ggufdesk.engine.speculation.speculative import DraftModel
 
                 self.draft = DraftModel.load(spec, target=lm, llama_log=self.llama_log)
                 memory["draft"] = self.draft.memory_bytes
@@ -236,8 +237,8 @@ class Engine:
 
     def generate(self, req: P.Generate) -> None:
         """Check and queue a request; the step loop (next_request) runs it beside the others."""
-        from ggufdesk.engine.batch import Sequence
-        from ggufdesk.engine.generate import RunStats
+        from ggufdesk.engine.batching.batch import Sequence
+        from ggufdesk.engine.batching.generate import RunStats
 
         t_start = time.perf_counter()
         if self.book.is_cancelled(req.id):
@@ -300,7 +301,7 @@ class Engine:
         return inbox.get()
 
     def _start_calibration(self) -> None:
-        from ggufdesk.engine.verify_cost import Calibration
+        from ggufdesk.engine.speculation.verify_cost import Calibration
 
         if self.lm is not None and self.verify_costs is None and self._calibration is None:
             self._calibration = Calibration(self.lm, self.speculation.k_max)
@@ -325,10 +326,10 @@ class Engine:
                          ", ".join(f"k={k}: {c:.2f}" for k, c in cal.costs.items()))
 
     def _structured(self, req: P.Generate, sampling: SamplingSettings) -> Any:
-        """The request's schema/grammar/tools resolved (engine/structured.py); SchemaError if unsupported.
+        """The request's schema/grammar/tools resolved (engine/structured/request.py); SchemaError if unsupported.
         Without any, a conversation's `sampling.structured` setting applies (the window's)."""
         from ggufdesk.core.tools import request_fields
-        from ggufdesk.engine import structured
+        from ggufdesk.engine.structured import request as structured
 
         try:
             fields: dict[str, Any] = {"json_schema": req.json_schema, "grammar": req.grammar,
@@ -344,9 +345,9 @@ class Engine:
 
     def _prompt(self, req: P.Generate, sampling: SamplingSettings,
                 structured: Any = None) -> tuple[list[int], list[str]]:
-        from ggufdesk.engine.batch import context_error
-        from ggufdesk.engine.chat import fit_messages
-        from ggufdesk.engine.structured import prepare_messages
+        from ggufdesk.engine.batching.batch import context_error
+        from ggufdesk.engine.runtime.chat import fit_messages
+        from ggufdesk.engine.structured.request import prepare_messages
 
         gen, n_ctx = self.gen, self.lm.n_ctx
         reserve = min(sampling.max_tokens, n_ctx // 2)
@@ -400,7 +401,7 @@ class Engine:
     def _drafter(self, spec: SpeculationSettings, prompt: list[int], max_tokens: int):
         if spec.mode == "off":
             return None
-        from ggufdesk.engine import speculative
+        from ggufdesk.engine.speculation import speculative
 
         self._start_calibration()  # (no-op once measured) a request turned speculation on
         if spec.mode == "lookup" and self._token_text is None:
@@ -422,10 +423,10 @@ def out_of_memory(reason: str) -> bool:
 
 
 def _rpc_offload(model: str, settings: LoadSettings) -> Any:
-    """With RPC workers: check them, split the model, register their devices (engine/rpc.py)."""
+    """With RPC workers: check them, split the model, register their devices (engine/runtime/rpc.py)."""
     if not settings.rpc:
         return None
-    from ggufdesk.engine.rpc import prepare_offload
+    from ggufdesk.engine.runtime.rpc import prepare_offload
 
     return prepare_offload(model, settings)
 
@@ -482,7 +483,7 @@ def main() -> int:
     try:
         import llama_cpp
 
-        from ggufdesk.engine.devices import ggml_devices
+        from ggufdesk.engine.runtime.devices import ggml_devices
 
         engine = Engine(emit, book)
         emit(P.Ready(pid=os.getpid(), llama_cpp_version=llama_cpp.__version__,
