@@ -129,3 +129,10 @@ def test_call_stream_holds_back_the_marker():
 def test_call_text_is_what_models_write():
     call = {"function": {"name": "now", "arguments": "{\"tz\": \"UTC\"}"}}
     assert json.loads(T.call_text(call)) == {"name": "now", "arguments": {"tz": "UTC"}}
+
+
+def test_property_names_that_only_say_string_are_accepted():
+    """Claude Code's TaskCreate/TaskUpdate tools say `propertyNames: {"type": "string"}` (true of every JSON key)."""
+    check_schema({"type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {}})
+    with pytest.raises(SchemaError, match="propertyNames"):
+        check_schema({"type": "object", "propertyNames": {"pattern": "^a"}})

@@ -127,3 +127,29 @@ def test_an_embedding_model_uses_its_own_pooling_and_cannot_generate(bert):
     client.load(str(cls), settings=LoadSettings(n_ctx=512, n_threads=1, n_threads_batch=1))
     c = client.embeddings(TEXTS[:2])
     assert c.pooling == "cls" and c.vectors[0] != e.vectors[0]
+
+
+# ---- Tokenize (count_tokens, llama-server's /tokenize, /detokenize, /apply-template) -------------------
+
+
+def test_tokenize_text_messages_and_back(engine):
+    t = engine.tokenize(text="hello cat", with_pieces=True)
+    assert t.tokens[0] == 1 and len(t.tokens) == len(t.pieces) > 1  # BOS first
+    bare = engine.tokenize(text="hello cat", add_special=False)
+    assert bare.tokens == t.tokens[1:]
+    assert engine.tokenize(tokens=bare.tokens).text.strip() == "hello cat"
+    chat = engine.tokenize(messages=[{"role": "user", "content": "hello cat"}])
+    assert "User: hello cat" in chat.text and chat.text.endswith("Assistant:")  # the built-in plain template
+    r = collect(engine, engine.generate(messages=[{"role": "user", "content": "hello cat"}], sampling=greedy(2)))
+    assert r.done.usage["prompt_tokens"] == len(chat.tokens)  # the same count a generation sees
+    with pytest.raises(EngineError) as err:
+        engine.tokenize(tokens=[5, -1])
+    assert err.value.event.kind == "settings"
+
+
+def test_a_final_assistant_message_is_continued(engine):
+    msgs = [{"role": "user", "content": "hello cat"}, {"role": "assistant", "content": "the dog"}]
+    rendered = engine.tokenize(messages=msgs).text
+    assert rendered.endswith("Assistant: the dog")  # no new turn after it
+    whole = engine.tokenize(messages=msgs[:1]).text
+    assert rendered == whole + " the dog"

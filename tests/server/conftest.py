@@ -13,3 +13,13 @@ def served(tiny_model, tmp_path_factory):
                           home=tmp_path_factory.mktemp("serve-home"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def fake_server():
+    """An in-process server over the fake engine (tests/fixtures/fake_engine.py): fast, no llama.cpp."""
+    from tests.server.serving import InProcess
+
+    server = InProcess(env={"FAKE_ENGINE_TOKENS_PER_S": "0"})
+    yield server
+    server.close()

@@ -10,7 +10,10 @@ import threading
 from pathlib import Path
 
 from ggufdesk.core import procs
+from ggufdesk.server.admission import Admission
 from ggufdesk.server.pool import EnginePool
+from ggufdesk.server.runner import ServerRunner
+from ggufdesk.server.service import ServerConfig, Service
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_ENGINE = [sys.executable, str(ROOT / "tests" / "fixtures" / "fake_engine.py")]
@@ -72,3 +75,22 @@ def fake_pool(model: str = "/models/fake-model.gguf", **kwargs) -> EnginePool:
     env = dict(os.environ, **{k: str(v) for k, v in kwargs.pop("env", {}).items()})
     return EnginePool(model=model, load=LoadSettings(n_ctx=512),
                       client_factory=lambda **kw: EngineClient(command=FAKE_ENGINE, env=env, **kw), **kwargs)
+
+
+class InProcess:
+    """A server on a thread of this process over the fake engine."""
+
+    def __init__(self, *, env: dict | None = None, load: bool = True, **config) -> None:
+        memory = config.pop("memory_check", lambda: None)
+        self.pool = fake_pool(env=env or {})
+        cfg = ServerConfig(**config)
+        self.svc = Service(pool=self.pool, config=cfg,
+                           admission=Admission(slots=cfg.parallel, max_queue=cfg.max_queue, memory_check=memory))
+        self.runner = ServerRunner(self.svc, port=0)
+        self.url = self.runner.start_thread()
+        if load:
+            self.pool.start()
+
+    def close(self) -> None:
+        self.runner.stop()
+        self.pool.shutdown()

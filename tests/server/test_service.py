@@ -7,31 +7,9 @@ import threading
 import httpx
 import pytest
 
-from ggufdesk.server.admission import Admission
-from ggufdesk.server.runner import ServerRunner
-from ggufdesk.server.service import ServerConfig, Service
-from tests.server.serving import fake_pool
+from tests.server.serving import InProcess
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400}
-
-
-class InProcess:
-    """A server on a thread of this process over the fake engine."""
-
-    def __init__(self, *, env: dict | None = None, load: bool = True, **config) -> None:
-        memory = config.pop("memory_check", lambda: None)
-        self.pool = fake_pool(env=env or {})
-        cfg = ServerConfig(**config)
-        self.svc = Service(pool=self.pool, config=cfg,
-                           admission=Admission(slots=cfg.parallel, max_queue=cfg.max_queue, memory_check=memory))
-        self.runner = ServerRunner(self.svc, port=0)
-        self.url = self.runner.start_thread()
-        if load:
-            self.pool.start()
-
-    def close(self) -> None:
-        self.runner.stop()
-        self.pool.shutdown()
 
 
 @pytest.fixture

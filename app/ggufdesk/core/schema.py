@@ -75,6 +75,8 @@ def _walk(node: Any, where: str, depth: int, count: list[int], root: dict[str, A
     if depth > MAX_DEPTH or count[0] > MAX_NODES:
         raise SchemaError(f"the schema is too large (more than {MAX_DEPTH} levels or {MAX_NODES} parts)")
     for key in node:
+        if key == "propertyNames" and node[key] in ({"type": "string"}, {}, True):
+            continue  # every JSON key is a string: nothing to enforce (Claude Code's tools say so)
         if key not in ENFORCED and key not in ANNOTATIONS:
             raise SchemaError(f"{where}: the keyword `{key}` is not supported for structured output")
     types = node.get("type")

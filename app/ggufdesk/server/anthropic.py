@@ -1,4 +1,9 @@
-"""Anthropic-compatible route: POST /v1/messages, streaming (the real event sequence) and not."""
+"""Anthropic-compatible routes: POST /v1/messages (streaming: the real event sequence) and /v1/messages/count_tokens.
+
+Requests are taken as Claude Code sends them today: system turns among the messages, thinking,
+context_management, output_config, metadata and any other field we do not use are accepted
+(`?beta=true` too); output_config.format (a JSON schema) is honoured.
+"""
 from __future__ import annotations
 
 import json
@@ -16,7 +21,7 @@ from ggufdesk.engine.link import protocol as P
 from ggufdesk.server import structured
 from ggufdesk.server.errors import invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, read_body, service, sse
-from ggufdesk.server.schemas import MessagesRequest, parse, text_of
+from ggufdesk.server.schemas import AnthropicBlock, CountTokensRequest, MessagesRequest, parse, text_of
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -39,13 +44,22 @@ def sampling_for(svc: Service, req: MessagesRequest) -> SamplingSettings:
         raise invalid(str(e)) from None
 
 
-def messages_of(req: MessagesRequest) -> list[dict[str, Any]]:
+# Content blocks a model's earlier turn may hold that are not for the model to read again: its own
+# reasoning (Anthropic drops it from earlier turns too) and results of Anthropic's server tools.
+SKIPPED_BLOCKS = frozenset({"thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result",
+                            "web_fetch_tool_result", "code_execution_tool_result", "mcp_tool_use", "mcp_tool_result"})
+
+
+def messages_of(req: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]]:
     """Anthropic turns as the engine's (OpenAI-style) messages: tool_use blocks become tool_calls,
-    tool_result blocks become role "tool" messages."""
+    tool_result blocks become role "tool" messages, and system text (the `system` field, then system
+    turns wherever they stand among the messages, in order) becomes one system message at the start."""
+    system = [text_of(req.system, "system")] if req.system else []
     out: list[dict[str, Any]] = []
-    if req.system:
-        out.append({"role": "system", "content": text_of(req.system, "system")})
     for i, m in enumerate(req.messages):
+        if m.role == "system":
+            system.append(_text(m.content, f"messages[{i}]"))
+            continue
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
@@ -60,6 +74,10 @@ def messages_of(req: MessagesRequest) -> list[dict[str, Any]]:
             elif b.type == "tool_result" and m.role == "user":
                 out.append({"role": "tool", "tool_call_id": b.tool_use_id or "",
                             "content": text_of(b.content, where)})
+            elif b.type in SKIPPED_BLOCKS:
+                continue
+            elif b.type in ("image", "document"):
+                raise not_supported(f"{where} of type {b.type!r} (this model reads text only)")
             else:
                 raise not_supported(f"{where} of type {b.type!r}")
         if text or calls or m.role == "assistant":
@@ -67,7 +85,14 @@ def messages_of(req: MessagesRequest) -> list[dict[str, Any]]:
             if calls:
                 msg["tool_calls"] = calls
             out.append(msg)
-    return out
+    joined = "\n\n".join(t for t in system if t)
+    return ([{"role": "system", "content": joined}] if joined else []) + out
+
+
+def _text(content: str | list[AnthropicBlock], where: str) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(b.text or "" for b in content if b.type == "text")
 
 
 def stop_reason(job: Job) -> str:
@@ -77,23 +102,39 @@ def stop_reason(job: Job) -> str:
 
 
 def stop_sequence(job: Job) -> str | None:
-    """The stop sequence that ended the answer (None when the model ended it or it ran out)."""
-    return job.done.stop if job.done is not None else None
+    """The client's stop sequence that ended the answer; None when the model ended it, it ran out, or
+    a stop string of our own (a transcript template's "\nUser:") ended it."""
+    stop = job.done.stop if job.done is not None else None
+    return stop if stop is not None and stop in job.spec.sampling.stop else None
+
+
+def request_structured(req: MessagesRequest) -> dict[str, Any]:
+    """Generate's structured fields: tools, or output_config.format's JSON schema (not both)."""
+    extra = structured.anthropic_tools(req.tools, req.tool_choice)
+    fmt = (req.output_config or {}).get("format") or req.output_format
+    if fmt is None:
+        return extra
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise invalid("output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                      param="output_config")
+    if extra:
+        raise not_supported("output_config.format together with tools")
+    schema = structured.response_format({"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}})
+    return {"json_schema": schema}
 
 
 async def messages(request: Request) -> Response:
     svc = service(request)
     req: MessagesRequest = parse(MessagesRequest, await read_body(request, svc.config.max_body))
-    extra = structured.anthropic_tools(req.tools, req.tool_choice)
-    if req.thinking and req.thinking.get("type") != "disabled":
-        raise not_supported("thinking")
-    svc.check_model(req.model)
-    spec = GenSpec(endpoint="messages", messages=messages_of(req), sampling=sampling_for(svc, req), structured=extra)
+    extra = request_structured(req)
+    model = svc.check_model(req.model)
+    spec = GenSpec(endpoint="messages", messages=messages_of(req), sampling=sampling_for(svc, req), structured=extra,
+                   model=model)
     job = await svc.start(caller(request), spec, request.receive)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if req.stream:
-        calls = CallStream(svc.pool.tool_format or GENERIC) if extra else None
-        return event_stream(_stream(job, mid, svc.model_id, calls))
+        calls = CallStream(svc.pool_for(model).tool_format or GENERIC) if "tools" in extra else None
+        return event_stream(_stream(job, mid, model, calls))
     try:
         await job.collect()
     finally:
@@ -105,7 +146,7 @@ async def messages(request: Request) -> Response:
         content = ([{"type": "text", "text": job.done.content}] if job.done.content else []) + [
             structured.anthropic_tool_use(c) for c in job.done.tool_calls]
     return JSONResponse({
-        "id": mid, "type": "message", "role": "assistant", "model": svc.model_id,
+        "id": mid, "type": "message", "role": "assistant", "model": model,
         "content": content,
         "stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job),
         "usage": {"input_tokens": job.prompt_tokens, "output_tokens": job.completion_tokens},
@@ -127,7 +168,7 @@ async def _stream(job: Job, mid: str, model: str, calls: CallStream | None) -> A
                 return  # nobody is reading: close() drains the rest
             if not started and not isinstance(ev, P.Error):
                 started = True
-                known = ev.total if isinstance(ev, P.Progress) else job.prompt_tokens
+                known = ev.n_prompt if isinstance(ev, P.Progress) and ev.n_prompt else job.prompt_tokens
                 yield sse({"type": "message_start", "message": message(known)}, "message_start")
                 yield sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
                           "content_block_start")
@@ -163,4 +204,16 @@ async def _stream(job: Job, mid: str, model: str, calls: CallStream | None) -> A
         job.close()
 
 
-ROUTES = [Route("/v1/messages", messages, methods=["POST"])]
+async def count_tokens(request: Request) -> Response:
+    """The prompt's tokens as a generation would see them: template, system text and tools included."""
+    svc = service(request)
+    req: CountTokensRequest = parse(CountTokensRequest, await read_body(request, svc.config.max_body))
+    extra = structured.anthropic_tools(req.tools, req.tool_choice)
+    model = svc.check_model(req.model)
+    out = await svc.tokenize(model, messages=messages_of(req), tools=extra.get("tools"),
+                             tool_choice=extra.get("tool_choice"))
+    return JSONResponse({"input_tokens": len(out.tokens)})
+
+
+ROUTES = [Route("/v1/messages", messages, methods=["POST"]),
+          Route("/v1/messages/count_tokens", count_tokens, methods=["POST"])]

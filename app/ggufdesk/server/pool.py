@@ -117,6 +117,11 @@ class EnginePool:
         """Ask for embeddings under `rid` (opened with open()): its Embeddings or Error event follows."""
         await asyncio.to_thread(self._client.start_embed, inputs, truncate=truncate, request_id=rid)
 
+    async def tokenize(self, **fields: Any) -> P.Tokenized:
+        """The engine's Tokenized answer (client.tokenize's fields); raises EngineError or KnownError."""
+        result: P.Tokenized = await asyncio.to_thread(self._client.tokenize, **fields)
+        return result
+
     async def cancel(self, rid: str) -> None:
         try:
             await asyncio.to_thread(self._client.cancel, rid)

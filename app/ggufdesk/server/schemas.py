@@ -87,7 +87,7 @@ class AnthropicBlock(Strict):
 
 
 class AnthropicMessage(Strict):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # Claude Code puts system turns among the messages
     content: str | list[AnthropicBlock]
 
 
@@ -102,6 +102,17 @@ class MessagesRequest(Strict):
     top_k: int | None = Field(None, ge=0)
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None  # accepted; ignored until the model reasons
+    output_config: dict[str, Any] | None = None  # format (a JSON schema) is honoured; effort is ignored
+    output_format: dict[str, Any] | None = None  # the structured-outputs beta's older name for the format
+
+
+class CountTokensRequest(Strict):
+    model: str | None = None
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: str | list[AnthropicBlock] | None = None
     tools: list[Any] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None

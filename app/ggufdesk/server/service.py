@@ -10,6 +10,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.client import EngineError
 from ggufdesk.server.admission import Admission, MemoryGuard
 from ggufdesk.server.errors import ApiError
 from ggufdesk.server.metrics import Metrics
@@ -233,6 +234,16 @@ class Service:
             self.metrics.requests.labels(endpoint, outcome).inc()
             self.metrics.prompt_tokens.inc(n_tokens)
             self.limiter.charge(caller, n_tokens)
+
+    async def tokenize(self, model: str, **fields: Any) -> P.Tokenized:
+        """The served model's Tokenize (text, messages with tools, or token ids back to text)."""
+        self.require_ready()
+        try:
+            return await self.pool_for(model).tokenize(**fields)
+        except EngineError as e:
+            raise engine_error(e.event) from None
+        except KnownError as e:
+            raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
 
     def _done_with(self, caller: str) -> None:
         n = self._inflight.get(caller, 1) - 1

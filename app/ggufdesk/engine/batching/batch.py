@@ -249,7 +249,7 @@ class BatchEngine:
             prefill.n_done += len(part)
             base = prefill.stats.n_reused
             self.emit(P.Progress(id=prefill.rid, phase="prefill", done=prefill.n_done - base,
-                                 total=len(prefill.prompt) - base))
+                                 total=len(prefill.prompt) - base, n_prompt=len(prefill.prompt)))
         for i, s in enumerate(decode):
             self._take(s, self._sample(s, i))
         if completes:

@@ -291,11 +291,11 @@ class EngineClient:
                     if event.id in self._waiting:
                         self._results[event.id] = event
                     ended_load = event.message
-            if isinstance(event, (P.Done, P.Error, P.Embeddings)) and event.id is not None:
+            if isinstance(event, (P.Done, P.Error, P.Embeddings, P.Tokenized)) and event.id is not None:
                 self._inflight.discard(event.id)
                 self._cancel_deadlines.pop(event.id, None)
             private = getattr(event, "id", None) in self._private
-            if private and isinstance(event, (P.Done, P.Error, P.Embeddings)):
+            if private and isinstance(event, (P.Done, P.Error, P.Embeddings, P.Tokenized)):
                 self._results[event.id] = event  # type: ignore[index]
             self._cond.notify_all()
         if private:
@@ -457,7 +457,7 @@ class EngineClient:
     def _undeliverable(self, msg: P.Request) -> None:
         """The engine is down for good: a request that expects an answer gets one."""
         rid = getattr(msg, "id", None)
-        if isinstance(msg, (P.Generate, P.Load, P.Embed)) and rid is not None:
+        if isinstance(msg, (P.Generate, P.Load, P.Embed, P.Tokenize)) and rid is not None:
             kind: P.ErrorKind = "load" if isinstance(msg, P.Load) else "crash"
             self._handle(P.Error(kind=kind, id=rid, message=self._not_running()))
 
@@ -554,29 +554,49 @@ class EngineClient:
             raise
         return rid
 
-    def embeddings(self, inputs: list[str | list[int]], *, truncate: bool = False,
-                   timeout: float = 600.0) -> P.Embeddings:
-        """The Embeddings event for `inputs`, blocking (with or without on_event). Raises EngineError
-        when the engine refuses or fails them, KnownError when it is down, cancelled or too slow."""
-        rid = f"e{next(self._ids)}"
+    def _ask(self, msg: P.Embed | P.Tokenize, timeout: float) -> P.Event:
+        """Send a request and wait for the event that ends it (with or without on_event: the answer
+        goes to this caller only). Raises EngineError for an Error, KnownError when it never comes."""
+        rid = msg.id
         with self._cond:
             self._private.add(rid)
+            self._inflight.add(rid)
         try:
-            self.start_embed(inputs, truncate=truncate, request_id=rid)
+            self._send(msg)
             with self._cond:
                 done = self._cond.wait_for(lambda: rid in self._results, timeout)
                 result = self._results.pop(rid, None)
             if not done:
                 self.cancel(rid)
-                raise KnownError(f"no embeddings from the engine in {timeout:.0f} s")
+                raise KnownError(f"no answer from the engine in {timeout:.0f} s")
         finally:
             with self._cond:
                 self._private.discard(rid)
-        if isinstance(result, P.Embeddings):
-            return result
+                self._inflight.discard(rid)
         if isinstance(result, P.Error):
             raise EngineError(result)
-        raise KnownError("the embedding request was cancelled")
+        assert result is not None
+        return result
+
+    def embeddings(self, inputs: list[str | list[int]], *, truncate: bool = False,
+                   timeout: float = 600.0) -> P.Embeddings:
+        """The Embeddings event for `inputs`, blocking (with or without on_event). Raises EngineError
+        when the engine refuses or fails them, KnownError when it is down, cancelled or too slow."""
+        result = self._ask(P.Embed(id=f"e{next(self._ids)}", inputs=list(inputs), truncate=truncate), timeout)
+        if not isinstance(result, P.Embeddings):
+            raise KnownError("the embedding request was cancelled")
+        return result
+
+    def tokenize(self, *, text: str | None = None, messages: list[dict[str, Any]] | None = None,
+                 tokens: list[int] | None = None, timeout: float = 60.0, **options: Any) -> P.Tokenized:
+        """Tokens of `text`, or of the chat prompt for `messages` (rendered as a generation renders it;
+        `tools`, `tool_choice` in options), or the text of `tokens` (detokenize). Options are the other
+        Tokenize fields (add_special, parse_special, with_pieces). Blocking; raises EngineError."""
+        msg = P.Tokenize(id=f"t{next(self._ids)}", text=text, messages=messages, tokens=tokens, **options)
+        result = self._ask(msg, timeout)
+        if not isinstance(result, P.Tokenized):
+            raise KnownError("the tokenize request was cancelled")
+        return result
 
     def embed(self, texts: list[str], *, truncate: bool = False, timeout: float = 600.0) -> list[list[float]]:
         """One unit-length embedding vector per text, in order (the loaded model's pooling; mean for a

@@ -90,6 +90,23 @@ class Embed:
 
 
 @dataclass(kw_only=True)
+class Tokenize:
+    """Token ids of a text, or of a chat prompt rendered exactly as a generation would render it
+    (template, tools), or, with `tokens`, the text of token ids. Answered by Tokenized (or Error)."""
+
+    TYPE: ClassVar[str] = "tokenize"
+    id: str
+    text: str | None = None
+    messages: list[dict[str, Any]] | None = None  # a chat prompt; tools/tool_choice as in Generate
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    tokens: list[int] | None = None  # detokenize these
+    add_special: bool = True  # text: add the model's BOS (and EOS if it adds one)
+    parse_special: bool = True  # text: special-token text (<|im_start|>) becomes the special token
+    with_pieces: bool = False  # also each token's text
+
+
+@dataclass(kw_only=True)
 class Cancel:
     TYPE: ClassVar[str] = "cancel"
     id: str  # the request to cancel
@@ -169,7 +186,8 @@ class Progress:
     id: str
     phase: Literal["prefill"]
     done: int
-    total: int
+    total: int  # tokens to prefill (the prompt less what the KV cache already held)
+    n_prompt: int = 0  # the whole prompt, reused tokens included
 
 
 @dataclass(kw_only=True)
@@ -227,6 +245,17 @@ class Embeddings:
 
 
 @dataclass(kw_only=True)
+class Tokenized:
+    """The answer to Tokenize."""
+
+    TYPE: ClassVar[str] = "tokenized"
+    id: str
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""  # the rendered chat prompt (messages), the detokenized text (tokens), or the text given
+    pieces: list[str | list[int]] | None = None  # with_pieces: each token's text (its bytes when not UTF-8)
+
+
+@dataclass(kw_only=True)
 class Error:
     TYPE: ClassVar[str] = "error"
     kind: ErrorKind
@@ -273,16 +302,16 @@ class Lifecycle:
     restarted: bool = False  # the state was reached by a restart after a crash or a hang
 
 
-Request = Load | Generate | Embed | Cancel | Unload | Shutdown | Ping
-Event = (Ready | Loaded | Unloaded | Loading | Progress | Token | Stats | Done | Embeddings | Error | Status | Log
-         | Pong | Lifecycle)
+Request = Load | Generate | Embed | Tokenize | Cancel | Unload | Shutdown | Ping
+Event = (Ready | Loaded | Unloaded | Loading | Progress | Token | Stats | Done | Embeddings | Tokenized | Error
+         | Status | Log | Pong | Lifecycle)
 Message = Request | Event
 
 REQUESTS: Final[dict[str, type[Any]]] = {
-    c.TYPE: c for c in (Load, Generate, Embed, Cancel, Unload, Shutdown, Ping)}
+    c.TYPE: c for c in (Load, Generate, Embed, Tokenize, Cancel, Unload, Shutdown, Ping)}
 EVENTS: Final[dict[str, type[Any]]] = {c.TYPE: c for c in (
-    Ready, Loaded, Unloaded, Loading, Progress, Token, Stats, Done, Embeddings, Error, Status, Log, Pong,
-    Lifecycle)}
+    Ready, Loaded, Unloaded, Loading, Progress, Token, Stats, Done, Embeddings, Tokenized, Error, Status, Log,
+    Pong, Lifecycle)}
 _ALL: Final[dict[str, type[Any]]] = {**REQUESTS, **EVENTS}
 # The Literal-typed fields, checked on decode: a receiver can trust them when it branches.
 _CHOICES: Final[dict[tuple[str, str], frozenset[str]]] = {
@@ -323,7 +352,7 @@ def encode(msg: Message) -> str:
 def decode_event(line: str | bytes) -> Event:
     """decode() for the client side: a request coming back from the engine is a protocol error."""
     msg = decode(line)
-    if isinstance(msg, (Load, Generate, Embed, Cancel, Unload, Shutdown, Ping)):
+    if isinstance(msg, (Load, Generate, Embed, Tokenize, Cancel, Unload, Shutdown, Ping)):
         raise ProtocolError(f"not an event: {msg.TYPE}")
     return msg
 

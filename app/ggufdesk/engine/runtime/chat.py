@@ -22,6 +22,7 @@ PLAIN_TEMPLATE = (
     "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
 )
 PLAIN_STOPS = ["\nUser:"]
+CONTINUE_MARK = "\u2063<ggufdesk-continue>\u2063"  # where a prefilled assistant message ends (never in real text)
 MAX_TEMPLATE_CHARS = 1 << 20  # real templates are a few KB; the largest known ~30 KB
 # Conversations rendered at load time: a template that cannot render any of them is refused then,
 # not at the first message. Templates may refuse a system turn (raise_exception), hence the fallbacks.
@@ -105,12 +106,25 @@ class ChatTemplate:
         raise KnownError(f"the model's chat template fails on a plain conversation: {last}") from None
 
     def render(self, messages: list[dict[str, Any]], **extra: Any) -> str:
-        """The prompt for `messages`; `extra` are further template variables (tools=[...], OpenAI-style)."""
+        """The prompt for `messages`; `extra` are further template variables (tools=[...], OpenAI-style).
+
+        A conversation that ends with an assistant message (text, no tool calls) is a prefill: the
+        prompt ends inside that message, so the answer continues it (llama-server, Anthropic and
+        vLLM's continue_final_message do the same) rather than starting a new turn after it.
+        """
         for m in messages:
             if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool") \
                     or not (isinstance(m.get("content"), str)
                             or (m.get("content") is None and m.get("tool_calls"))):
                 raise KnownError(f"bad chat message: {str(m)[:100]}")
+        last = messages[-1] if messages else {}
+        if last.get("role") == "assistant" and last.get("content") and not last.get("tool_calls"):
+            marked = [*messages[:-1], {**last, "content": last["content"] + CONTINUE_MARK}]
+            text = self._render(marked, seconds=RENDER_SECONDS, **{**extra, "add_generation_prompt": False})
+            cut = text.rfind(CONTINUE_MARK)
+            if cut >= 0:
+                return text[:cut]
+            # the template dropped or rewrote the final turn: answer after it instead
         return self._render(messages, seconds=RENDER_SECONDS, **extra)
 
     def _render(self, messages: list[dict[str, str]], *, seconds: float, **extra: Any) -> str:

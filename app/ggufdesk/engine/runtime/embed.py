@@ -20,6 +20,7 @@ from llama_cpp import _internals as internals
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.gguf_meta import EMBEDDING_ARCHS, embedding_only
 from ggufdesk.engine.runtime.native import FLASH_ATTN_IDS, LlamaLog, LoadedModel
+from ggufdesk.engine.runtime.tokens import refusal, tokenize
 
 log = logging.getLogger("ggufdesk.engine")
 
@@ -106,13 +107,7 @@ class Embedder:
 
     def tokenize(self, text: str) -> list[int]:
         """The input as the model reads it for an embedding: with its BOS/CLS (and SEP/EOS if it adds one)."""
-        data = text.encode("utf-8")
-        n_max = len(data) + 8
-        buf = (llama_cpp.llama_token * n_max)()
-        n = llama_cpp.llama_tokenize(self.lm.vocab, data, len(data), buf, n_max, True, False)
-        if n < 0:
-            raise KnownError(f"could not tokenize the input (llama_tokenize returned {n})")
-        return list(buf[:n])
+        return tokenize(self.lm, text, add_special=True, parse_special=False)
 
     def embed(self, item: str | Sequence[int], *, truncate: bool, aborter: object | None = None) -> Vector:
         """One input (text, or token ids) as a unit-length vector. Raises KnownError (kind "context"
@@ -186,13 +181,6 @@ class Embedder:
     def close(self) -> None:
         self.ctx.close()
         self._batch.close()
-
-
-def refusal(message: str, kind: str) -> KnownError:
-    """A KnownError with the protocol ErrorKind the engine reports it as ("settings": 400, "context": 400)."""
-    e = KnownError(message)
-    e.kind = kind  # type: ignore[attr-defined]
-    return e
 
 
 def check_inputs(inputs: object) -> None:

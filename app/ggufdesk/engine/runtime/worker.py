@@ -262,7 +262,7 @@ class Engine:
 
     def _emit(self, event: Any) -> None:
         self.emit(event)
-        if isinstance(event, (P.Done, P.Error, P.Embeddings)) and event.id is not None:
+        if isinstance(event, (P.Done, P.Error, P.Embeddings, P.Tokenized)) and event.id is not None:
             self.book.finish(event.id)
             prompt = self._lookup_prompts.pop(event.id, None)
             if prompt is not None and isinstance(event, P.Done) and self.ngrams is not None:
@@ -281,7 +281,7 @@ class Engine:
             if self.gen is None or self.batch is None:
                 raise KnownError("no model is loaded")
             if self.embedding_only:
-                from ggufdesk.engine.runtime.embed import refusal
+                from ggufdesk.engine.runtime.tokens import refusal
 
                 raise refusal(f"{os.path.basename(self.lm.path)} is an embedding model: it computes "
                               "embeddings and cannot generate text", "settings")
@@ -473,9 +473,48 @@ class Engine:
         return tokens, []
 
     def _chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        text = self.template.render(messages, tools=tools)
+        return self._text_tokens(self.template.render(messages, tools=tools))
+
+    def _text_tokens(self, text: str) -> list[int]:
+        """A rendered chat prompt's tokens (a BOS only when the template did not write one)."""
         bos = llama_bos_text(self.gen)
         return self.gen.tokenize(text, add_bos=not (bos and text.startswith(bos)))
+
+    # ---- tokenize ---------------------------------------------------------------------------------
+
+    def tokenize(self, req: P.Tokenize) -> None:
+        """Answer a Tokenize at once (between steps): text -> tokens, messages -> the prompt's tokens
+        as a generation renders it, tokens -> text."""
+        from ggufdesk.engine.runtime.tokens import detokenize, pieces, tokenize
+
+        try:
+            if self.gen is None or self.lm is None:
+                raise KnownError("no model is loaded")
+            if req.tokens is not None:
+                out = P.Tokenized(id=req.id, tokens=list(req.tokens), text=detokenize(self.gen, req.tokens))
+            elif req.messages is not None:
+                text = self._render(req)
+                out = P.Tokenized(id=req.id, tokens=self._text_tokens(text), text=text)
+            elif req.text is not None:
+                out = P.Tokenized(id=req.id, text=req.text, tokens=tokenize(
+                    self.lm, req.text, add_special=req.add_special, parse_special=req.parse_special))
+            else:
+                raise KnownError("tokenize needs a text, messages or tokens")
+            if req.with_pieces:
+                out.pieces = pieces(self.gen, out.tokens)
+        except (KnownError, TypeError) as e:
+            self._emit(P.Error(kind=getattr(e, "kind", "settings"), id=req.id, message=str(e)))
+            return
+        self._emit(out)
+
+    def _render(self, req: P.Tokenize) -> str:
+        """The chat prompt a Generate with these messages and tools would be given (before fitting)."""
+        from ggufdesk.engine.structured.request import prepare_messages
+
+        as_generate = P.Generate(id=req.id, messages=req.messages, tools=req.tools, tool_choice=req.tool_choice)
+        structured = self._structured(as_generate, SamplingSettings())
+        tools = structured.tools if structured.fmt is not None and structured.fmt.native else None
+        return self.template.render(prepare_messages(req.messages or [], structured), tools=tools)
 
     def _calibrate(self, n_gen: int, tok_s: float) -> None:
         """Feed a plain run's real decode speed back to the planner (hardware.record_decode_run),
@@ -613,6 +652,8 @@ def main() -> int:
                 engine.generate(msg)
             elif isinstance(msg, P.Embed):
                 engine.embed(msg)
+            elif isinstance(msg, P.Tokenize):
+                engine.tokenize(msg)
             elif isinstance(msg, P.Unload):
                 engine.unload(quiet=True)
                 emit(P.Unloaded(id=msg.id))

@@ -100,6 +100,11 @@ class _Converter(llama_grammar.SchemaConverter):
         return super()._add_primitive(name, _JSON_CHAR if name == "char" else rule)
 
     def visit(self, schema: Any, name: str) -> str:
+        if isinstance(schema, dict) and not (schema.keys() - S.ANNOTATIONS - {"propertyNames"}):
+            # {} or annotations alone (Claude Code's {"description": ...}) accept any JSON value,
+            # where the upstream converter would take them for an object
+            rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
+            return self._add_rule(rule_name, self._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"]))
         if isinstance(schema, dict) and ({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
                                          & schema.keys()):
             rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"

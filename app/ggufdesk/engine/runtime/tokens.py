@@ -1,0 +1,51 @@
+"""Tokenize and detokenize for the Tokenize request (llama-server's /tokenize and /detokenize, count_tokens)."""
+from __future__ import annotations
+
+from typing import Any
+
+import llama_cpp
+
+from ggufdesk.core.errors import KnownError
+from ggufdesk.engine.runtime.native import LoadedModel
+
+
+def refusal(message: str, kind: str) -> KnownError:
+    """A KnownError with the protocol ErrorKind the engine reports it as ("settings": 400, "context": 400)."""
+    e = KnownError(message)
+    e.kind = kind  # type: ignore[attr-defined]
+    return e
+
+
+def tokenize(lm: LoadedModel, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+    data = text.encode("utf-8")
+    n_max = len(data) + 8
+    buf = (llama_cpp.llama_token * n_max)()
+    n = llama_cpp.llama_tokenize(lm.vocab, data, len(data), buf, n_max, add_special, parse_special)
+    if n < 0:
+        raise KnownError(f"could not tokenize the text (llama_tokenize returned {n})")
+    return list(buf[:n])
+
+
+def _check(gen: Any, tokens: list[int]) -> None:
+    n_vocab = gen.lm.n_vocab
+    if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab for t in tokens):
+        raise refusal(f"token ids must be whole numbers from 0 to {n_vocab - 1}", "settings")
+
+
+def detokenize(gen: Any, tokens: list[int]) -> str:
+    """The text of token ids (their pieces joined, as llama-server's /detokenize gives it)."""
+    _check(gen, tokens)
+    return b"".join(gen.piece(t) for t in tokens).decode("utf-8", "replace")
+
+
+def pieces(gen: Any, tokens: list[int]) -> list[str | list[int]]:
+    """Each token's text; a piece that is not valid UTF-8 on its own is given as its bytes."""
+    _check(gen, tokens)
+    out: list[str | list[int]] = []
+    for t in tokens:
+        raw = gen.piece(t)
+        try:
+            out.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            out.append(list(raw))
+    return out

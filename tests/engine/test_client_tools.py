@@ -1,0 +1,27 @@
+"""The tool sets real agent clients send (recorded in tests/fixtures/clients/) become tool-call grammars."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ggufdesk.engine.structured.request import plan
+from tests.fixtures import ggufs
+
+CLIENTS = Path(__file__).resolve().parents[1] / "fixtures" / "clients"
+
+
+def claude_code_tools() -> list[dict]:
+    body = json.loads((CLIENTS / "claude_code_2.1.197_main.json").read_text())
+    return [{"type": "function", "function": {"name": t["name"], "description": t["description"],
+                                              "parameters": t["input_schema"]}} for t in body["tools"]]
+
+
+@pytest.mark.parametrize("template", [None, ggufs.CHATML_TEMPLATE])
+def test_claude_codes_24_tools_plan_into_a_grammar(template):
+    tools = claude_code_tools()
+    assert len(tools) >= 24
+    st = plan(tools=tools, tool_choice="auto", template_source=template, chat=True)
+    assert st.gbnf and st.marker == "<tool_call>" and len(st.tools) == len(tools)
+    assert "Workflow" in st.gbnf  # the tool whose `args` takes any JSON value
