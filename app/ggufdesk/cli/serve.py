@@ -27,6 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-limit", type=int, default=0,
                    help="prompt + generated tokens per minute per API key or client address (0 = off)")
     p.add_argument("--max-body", type=int, default=4 * 1024 * 1024, help="largest request body in bytes")
+    p.add_argument("--ollama-port", type=int, default=None,
+                   help="also listen on this port (11434 for clients that hard-code Ollama's); off by default")
 
 
 def build(args: argparse.Namespace):
@@ -39,6 +41,8 @@ def build(args: argparse.Namespace):
         raise KnownError("--parallel must be at least 1")
     if args.queue < 0 or args.rate_limit < 0 or args.max_body < 1 or args.prefill_chunk < 0:
         raise KnownError("--queue, --rate-limit and --prefill-chunk cannot be negative, --max-body must be positive")
+    if args.ollama_port is not None and not 0 <= args.ollama_port <= 65535:
+        raise KnownError("--ollama-port must be a port number (0-65535)")
     keys = tuple(k for k in args.api_key if k)
     check_exposure(args.host, keys)
     load, sampling, spec = settings_from_args(args)
@@ -48,7 +52,7 @@ def build(args: argparse.Namespace):
                           sampling=sampling)
     pool = EnginePool(model=resolve_model(args.model), load=load, speculation=spec)
     service = Service(pool=pool, config=config)
-    return service, ServerRunner(service, host=args.host, port=args.port)
+    return service, ServerRunner(service, host=args.host, port=args.port, ollama_port=args.ollama_port)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     url = runner.bind()
     print(f"ggufdesk serve: listening on {url} (loading {pool.model_id}; GET {url}/health says when ready)",
           flush=True)
+    if runner.ollama_port is not None:
+        print(f"ggufdesk serve: also listening on port {runner.ollama_port} (Ollama's API and the rest)", flush=True)
     failure: list[str] = []
 
     def load() -> None:

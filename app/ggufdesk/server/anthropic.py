@@ -14,13 +14,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.core.tools import GENERIC, CallStream
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.server import structured
 from ggufdesk.server.errors import invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, read_body, service, sse
+from ggufdesk.server.sampling import sampling_from
 from ggufdesk.server.schemas import AnthropicBlock, CountTokensRequest, MessagesRequest, parse, text_of
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
@@ -28,20 +28,11 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
 
 
 def sampling_for(svc: Service, req: MessagesRequest) -> SamplingSettings:
-    d = svc.config.sampling
     stop = [s for s in (req.stop_sequences or []) if s]
     if len(stop) > 16:
         raise invalid("stop_sequences: at most 16", param="stop_sequences")
-    try:
-        return SamplingSettings(
-            temperature=d.temperature if req.temperature is None else req.temperature,
-            top_p=d.top_p if req.top_p is None else req.top_p,
-            top_k=d.top_k if req.top_k is None else req.top_k,
-            min_p=d.min_p, repeat_penalty=d.repeat_penalty, repeat_last_n=d.repeat_last_n, seed=d.seed,
-            max_tokens=req.max_tokens, stop=stop,
-        )
-    except SettingsError as e:
-        raise invalid(str(e)) from None
+    return sampling_from(svc, max_tokens=req.max_tokens, stop=stop, temperature=req.temperature, top_p=req.top_p,
+                         top_k=req.top_k)
 
 
 # Content blocks a model's earlier turn may hold that are not for the model to read again: its own

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ggufdesk.server import anthropic, embeddings, openai
+from ggufdesk.server import anthropic, embeddings, ollama, openai
 from ggufdesk.server.errors import ApiError
 from ggufdesk.server.service import ClientGone, Service
 
@@ -27,7 +27,7 @@ def is_anthropic(path: str) -> bool:
 
 
 def error_response(path: str, err: ApiError) -> JSONResponse:
-    body = err.anthropic() if is_anthropic(path) else err.openai()
+    body = err.anthropic() if is_anthropic(path) else err.ollama() if path.startswith("/api/") else err.openai()
     return JSONResponse(body, status_code=err.status, headers=err.headers())
 
 
@@ -96,7 +96,8 @@ async def on_bug(request: Request, exc: Exception) -> Response:
 def build_app(service: Service) -> ASGIApp:
     app = Starlette(
         routes=[Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
-                *openai.ROUTES, *anthropic.ROUTES, *embeddings.ROUTES],
+                *openai.ROUTES, *anthropic.ROUTES, *embeddings.ROUTES,
+                *ollama.ROUTES],
         exception_handlers={ApiError: on_api_error, ClientGone: on_client_gone, HTTPException: on_http_error,
                             Exception: on_bug},
     )

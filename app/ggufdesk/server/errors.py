@@ -35,6 +35,9 @@ class ApiError(Exception):
         kind = _TYPES.get(self.status, _TYPES[500])[0]
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
+    def ollama(self) -> dict[str, Any]:
+        return {"error": self.message}
+
     def anthropic(self) -> dict[str, Any]:
         kind = _TYPES.get(self.status, _TYPES[500])[1]
         return {"type": "error", "error": {"type": kind, "message": self.message}}

@@ -9,33 +9,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.tools import GENERIC, CallStream
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.server import structured
 from ggufdesk.server.errors import ApiError, invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, read_body, service, sse
+from ggufdesk.server.sampling import sampling_from
 from ggufdesk.server.schemas import (ChatRequest, CompletionRequest, SamplingFields, parse, refuse_unsupported,
                                      stops, text_of)
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
 def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None) -> SamplingSettings:
-    d = svc.config.sampling
-
-    def pick(value: Any, default: Any) -> Any:
-        return default if value is None else value
-
-    try:
-        return SamplingSettings(
-            temperature=pick(req.temperature, d.temperature), top_p=pick(req.top_p, d.top_p),
-            top_k=pick(req.top_k, d.top_k), min_p=pick(req.min_p, d.min_p),
-            repeat_penalty=pick(req.repeat_penalty, d.repeat_penalty), repeat_last_n=d.repeat_last_n,
-            seed=pick(req.seed, d.seed), max_tokens=max_tokens or svc.config.default_max_tokens,
-            stop=stops(req.stop) or list(d.stop),
-        )
-    except SettingsError as e:
-        raise invalid(str(e)) from None
+    return sampling_from(svc, max_tokens=max_tokens, stop=stops(req.stop), temperature=req.temperature,
+                         top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, repeat_penalty=req.repeat_penalty,
+                         seed=req.seed)
 
 
 def want_logprobs(svc: Service, n: int) -> int:

@@ -37,29 +37,44 @@ def check_exposure(host: str, api_keys: tuple[str, ...]) -> None:
 class ServerRunner:
     """One uvicorn server over a socket we bind ourselves, so port 0 works and the URL is known up front."""
 
-    def __init__(self, service: Service, *, host: str = "127.0.0.1", port: int = 8080) -> None:
+    def __init__(self, service: Service, *, host: str = "127.0.0.1", port: int = 8080,
+                 ollama_port: int | None = None) -> None:
         check_exposure(host, service.config.api_keys)
         self.service = service
         self.host, self.port = host, port
+        self.ollama_port = ollama_port  # a second port with the same API, for clients that hard-code Ollama's
         self._sock: socket.socket | None = None
+        self._extra: list[socket.socket] = []
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
     def bind(self) -> str:
-        """Bind and listen; returns the base URL. Raises KnownError when the port is taken."""
+        """Bind and listen (and on the Ollama port, if any); returns the base URL. Raises KnownError
+        when a port is taken."""
+        self._sock = self._listen(self.port)
+        self.port = self._sock.getsockname()[1]
+        if self.ollama_port is not None:
+            try:
+                extra = self._listen(self.ollama_port)
+            except KnownError:
+                self._close_socket()
+                raise
+            self._extra = [extra]
+            self.ollama_port = extra.getsockname()[1]
+        return self.url
+
+    def _listen(self, port: int) -> socket.socket:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((self.host, self.port))
+            sock.bind((self.host, port))
         except OSError as e:
             sock.close()
-            raise KnownError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
+            raise KnownError(f"cannot listen on {self.host}:{port}: {e.strerror or e}") from None
         sock.listen(128)
         sock.setblocking(False)
-        self._sock = sock
-        self.port = sock.getsockname()[1]
-        return self.url
+        return sock
 
     @property
     def url(self) -> str:
@@ -78,16 +93,16 @@ class ServerRunner:
             self.bind()
         assert self._sock is not None
         try:
-            await self._make_server().serve(sockets=[self._sock])
+            await self._make_server().serve(sockets=[self._sock, *self._extra])
         finally:
             self._close_socket()
 
     def start_thread(self) -> str:
         """Serve on a daemon thread with its own event loop (the GUI); returns the URL."""
         url = self.bind() if self._sock is None else self.url
-        server, sock = self._make_server(), self._sock
-        assert sock is not None
-        self._thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
+        server, socks = self._make_server(), [self._sock, *self._extra]
+        assert self._sock is not None
+        self._thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=socks)),
                                         name="ggufdesk-server", daemon=True)
         self._thread.start()
         return url
@@ -102,6 +117,7 @@ class ServerRunner:
             self._close_socket()
 
     def _close_socket(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        for sock in [self._sock, *self._extra]:
+            if sock is not None:
+                sock.close()
+        self._sock, self._extra = None, []
