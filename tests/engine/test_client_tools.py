@@ -25,3 +25,12 @@ def test_claude_codes_24_tools_plan_into_a_grammar(template):
     st = plan(tools=tools, tool_choice="auto", template_source=template, chat=True)
     assert st.gbnf and st.marker == "<tool_call>" and len(st.tools) == len(tools)
     assert "Workflow" in st.gbnf  # the tool whose `args` takes any JSON value
+
+
+def test_codexs_function_tools_plan_into_a_grammar():
+    body = json.loads((CLIENTS / "codex_0.171.0_exec.json").read_text())
+    tools = [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                               "parameters": t["parameters"]}}
+             for t in body["tools"] if t["type"] == "function"]
+    st = plan(tools=tools, tool_choice="auto", template_source=None, chat=True)
+    assert st.gbnf and len(st.tools) == len(tools) >= 7

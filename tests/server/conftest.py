@@ -23,3 +23,24 @@ def fake_server():
     server = InProcess(env={"FAKE_ENGINE_TOKENS_PER_S": "0"})
     yield server
     server.close()
+
+
+SCRIPTED_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="package")
+def scripted(tmp_path_factory):
+    """`ggufdesk serve` on a Hermes-format model that answers every prompt with one get_weather call
+    (tests/fixtures/scripted.py), also listening on a second, Ollama-style port."""
+    import socket
+
+    from tests.fixtures.scripted import write_scripted
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    model = write_scripted(tmp_path_factory.mktemp("scripted-models") / "hermes-tools.gguf", "hermes", SCRIPTED_CALL)
+    server = ServeProcess(model, "--ctx", "2048", "--temperature", "0", "--ollama-port", str(port),
+                          home=tmp_path_factory.mktemp("scripted-home"))
+    yield server
+    server.stop()

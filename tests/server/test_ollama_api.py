@@ -3,16 +3,13 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 
 import httpx
 import ollama
 import pytest
 
-from tests.fixtures.scripted import write_scripted
-from tests.server.serving import ServeProcess
+from tests.server.conftest import SCRIPTED_CALL as CALL
 
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 NAME = "hermes-tools"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -20,21 +17,9 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """A Hermes-format model that answers every prompt with one get_weather call (tests/fixtures/scripted.py),
-    also on a second, Ollama-style port."""
-    model = write_scripted(tmp_path_factory.mktemp("ollama-models") / f"{NAME}.gguf", "hermes", CALL)
-    server = ServeProcess(model, "--ctx", "2048", "--temperature", "0", "--ollama-port", str(free_port()),
-                          home=tmp_path_factory.mktemp("ollama-home"))
-    yield server
-    server.stop()
+def server(scripted):
+    return scripted
 
 
 @pytest.fixture(scope="module")

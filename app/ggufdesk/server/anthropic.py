@@ -21,7 +21,8 @@ from ggufdesk.server import structured
 from ggufdesk.server.errors import invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, read_body, service, sse
 from ggufdesk.server.sampling import sampling_from
-from ggufdesk.server.schemas import AnthropicBlock, CountTokensRequest, MessagesRequest, parse, text_of
+from ggufdesk.server.schemas import (AnthropicBlock, CountTokensRequest, MessagesRequest, parse, system_first,
+                                    text_of)
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -45,11 +46,10 @@ def messages_of(req: MessagesRequest | CountTokensRequest) -> list[dict[str, Any
     """Anthropic turns as the engine's (OpenAI-style) messages: tool_use blocks become tool_calls,
     tool_result blocks become role "tool" messages, and system text (the `system` field, then system
     turns wherever they stand among the messages, in order) becomes one system message at the start."""
-    system = [text_of(req.system, "system")] if req.system else []
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = [{"role": "system", "content": text_of(req.system, "system")}] if req.system else []
     for i, m in enumerate(req.messages):
         if m.role == "system":
-            system.append(_text(m.content, f"messages[{i}]"))
+            out.append({"role": "system", "content": _text(m.content, f"messages[{i}]")})
             continue
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
@@ -76,8 +76,7 @@ def messages_of(req: MessagesRequest | CountTokensRequest) -> list[dict[str, Any
             if calls:
                 msg["tool_calls"] = calls
             out.append(msg)
-    joined = "\n\n".join(t for t in system if t)
-    return ([{"role": "system", "content": joined}] if joined else []) + out
+    return system_first(out)
 
 
 def _text(content: str | list[AnthropicBlock], where: str) -> str:

@@ -163,3 +163,11 @@ def text_of(content: Any, where: str) -> str:
             raise not_supported(f"{where} content of type {part.type!r}")
         out.append(part.text)
     return "".join(out)
+
+
+def system_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """System (and developer) turns wherever they stand, joined in order into one system message at the
+    start: most chat templates take a system prompt only there (Claude Code and Codex send several)."""
+    system = [m["content"] for m in messages if m["role"] == "system" and m["content"]]
+    rest = [m for m in messages if m["role"] != "system"]
+    return ([{"role": "system", "content": "\n\n".join(system)}] if system else []) + rest

@@ -1,0 +1,419 @@
+"""OpenAI's Responses API: POST /v1/responses (streaming: the full event sequence) and GET/DELETE /v1/responses/{id}.
+
+What Codex and the openai SDK send: `instructions`, string or item `input` (messages, function_call,
+function_call_output; reasoning items are skipped), function tools with tool_choice, text.format
+(json_object, json_schema), max_output_tokens, `reasoning` (accepted). Built-in tool types we do not
+have (web_search, file_search, namespace, custom...) are ignored and named in the response header
+`X-Ggufdesk-Ignored-Tools`. previous_response_id continues a stored response: responses are kept in
+memory, per server run, newest RESPONSE_STORE of them (`store: false` keeps none).
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Literal
+
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ggufdesk.core.tools import GENERIC, CallStream
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.server import structured
+from ggufdesk.server.errors import ApiError, invalid, not_supported
+from ggufdesk.server.http import caller, event_stream, read_body, service, sse
+from ggufdesk.server.sampling import sampling_from
+from ggufdesk.server.schemas import Strict, parse, system_first
+from ggufdesk.server.service import GenSpec, Job, engine_error
+
+log = logging.getLogger("ggufdesk.server")
+RESPONSE_STORE = 256  # responses kept for previous_response_id and GET, oldest forgotten first
+MAX_ITEMS = 4096  # input items in one request
+
+
+class ResponsesRequest(Strict):
+    model: str | None = None
+    input: str | list[dict[str, Any]] = Field(default_factory=list)
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    store: bool = True
+    stream: bool = False
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | int | None = Field(None, ge=0, le=2)
+    top_p: float | int | None = Field(None, ge=0, le=1)
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None  # accepted; reasoning comes with the models that reason
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+
+
+@dataclass
+class Stored:
+    """A finished response: its JSON, and the conversation it ends (for previous_response_id)."""
+
+    body: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)  # engine messages, instructions excluded
+
+
+class ResponseStore:
+    """The newest `limit` responses, by id, in memory."""
+
+    def __init__(self, limit: int = RESPONSE_STORE) -> None:
+        self.limit = limit
+        self._items: OrderedDict[str, Stored] = OrderedDict()
+
+    def put(self, rid: str, item: Stored) -> None:
+        self._items[rid] = item
+        self._items.move_to_end(rid)
+        while len(self._items) > self.limit:
+            self._items.popitem(last=False)
+
+    def get(self, rid: str) -> Stored | None:
+        return self._items.get(rid)
+
+    def delete(self, rid: str) -> bool:
+        return self._items.pop(rid, None) is not None
+
+
+def store_of(request: Request) -> ResponseStore:
+    """The server's store (one per app, made at its first use)."""
+    state = request.app.state
+    if not hasattr(state, "responses"):
+        state.responses = ResponseStore()
+    store: ResponseStore = state.responses
+    return store
+
+
+# ---- request -> engine ----------------------------------------------------------------------------
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content: a string, or input_text/output_text parts (images refused)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(f"{where}.content must be a string or a list of parts", param="input")
+    out = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text", "summary_text") and isinstance(part.get("text"), str):
+            out.append(part["text"])
+        elif kind in ("input_image", "input_file", "input_audio"):
+            raise not_supported(f"{where}.content[{j}] of type {kind!r} (this model reads text only)")
+        elif kind != "refusal":
+            raise invalid(f"{where}.content[{j}] must be an input_text part", param="input")
+    return "".join(out)
+
+
+def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Input items as the engine's messages: function_call items join the assistant turn before them
+    as tool_calls, function_call_output items become tool messages, reasoning items are skipped."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if len(items) > MAX_ITEMS:
+        raise invalid(f"input holds {len(items)} items; at most {MAX_ITEMS}", param="input")
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise invalid(f"{where}.role must be user, assistant, system or developer", param="input")
+            out.append({"role": "system" if role == "developer" else role,
+                        "content": _text(item.get("content"), where)})
+        elif kind == "function_call":
+            name, args, cid = item.get("name"), item.get("arguments", "{}"), item.get("call_id")
+            if not (isinstance(name, str) and isinstance(args, str) and isinstance(cid, str)):
+                raise invalid(f"{where}: a function_call needs name, arguments and call_id strings", param="input")
+            call = {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            cid, output = item.get("call_id"), item.get("output")
+            if not isinstance(cid, str):
+                raise invalid(f"{where}: a function_call_output needs its call_id", param="input")
+            out.append({"role": "tool", "tool_call_id": cid,
+                        "content": output if isinstance(output, str) else _text(output, where)})
+        elif kind == "reasoning":
+            continue  # a reasoning model's own notes (Codex sends them back): not read again
+        else:
+            raise not_supported(f"{where} of type {kind!r}")
+    return out
+
+
+def tool_fields(tools: list[dict[str, Any]] | None, choice: Any, parallel: bool | None) -> tuple[dict, list[str]]:
+    """Generate's tool fields for the function tools, and the built-in tool types left out."""
+    functions, ignored = [], []
+    for i, t in enumerate(tools or []):
+        if not isinstance(t, dict):
+            raise invalid(f"tools[{i}] must be an object", param="tools")
+        if t.get("type") != "function":
+            ignored.append(str(t.get("type")))
+            continue
+        fn = {k: t[k] for k in ("name", "description", "parameters") if k in t and t[k] is not None}
+        functions.append({"type": "function", "function": fn})
+    if isinstance(choice, dict):
+        if choice.get("type") != "function":
+            raise not_supported(f"tool_choice of type {choice.get('type')!r}")
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    if not functions:
+        return ({} if choice in (None, "auto", "none") else structured.openai_tools(None, choice, parallel)), ignored
+    return structured.openai_tools(functions, choice, parallel), ignored
+
+
+def text_format(text: dict[str, Any] | None) -> dict[str, Any]:
+    fmt = (text or {}).get("format")
+    if not fmt or fmt.get("type") == "text":
+        return {}
+    if fmt.get("type") == "json_schema":
+        return {"json_schema": structured.response_format({"type": "json_schema", "json_schema": fmt})}
+    return {"json_schema": structured.response_format(fmt)}
+
+
+# ---- engine -> response -----------------------------------------------------------------------------
+
+
+def _ids() -> tuple[str, str]:
+    return f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
+
+
+def message_item(mid: str, text: str, status: str = "completed") -> dict[str, Any]:
+    return {"type": "message", "id": mid, "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def call_item(call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+    return {"type": "function_call", "id": "fc_" + call["id"].removeprefix("call_"), "call_id": call["id"],
+            "name": call["function"]["name"], "arguments": call["function"]["arguments"], "status": status}
+
+
+@dataclass
+class Draft:
+    """What a response says about itself, before and after its output exists."""
+
+    rid: str
+    model: str
+    req: ResponsesRequest
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def body(self, status: str, output: list[dict[str, Any]], job: Job | None = None,
+             error: dict[str, Any] | None = None) -> dict[str, Any]:
+        r = self.req
+        usage = None
+        if job is not None and status != "in_progress":
+            p, c = job.prompt_tokens, job.completion_tokens
+            usage = {"input_tokens": p, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": c,
+                     "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": p + c}
+        return {
+            "id": self.rid, "object": "response", "created_at": self.created, "status": status,
+            "error": error, "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": r.instructions, "max_output_tokens": r.max_output_tokens, "model": self.model,
+            "output": output, "parallel_tool_calls": r.parallel_tool_calls is not False,
+            "previous_response_id": r.previous_response_id, "reasoning": r.reasoning or {"effort": None,
+                                                                                          "summary": None},
+            "store": r.store, "temperature": r.temperature, "text": r.text or {"format": {"type": "text"}},
+            "tool_choice": r.tool_choice or "auto", "tools": [t for t in r.tools or [] if t.get("type") == "function"],
+            "top_p": r.top_p, "truncation": r.truncation or "disabled", "usage": usage, "user": r.user,
+            "metadata": r.metadata or {},
+        }
+
+
+def final_output(job: Job, mid: str) -> list[dict[str, Any]]:
+    done = job.done
+    if done is not None and done.tool_calls:
+        head = [message_item(mid, done.content)] if done.content else []
+        return head + [call_item(c) for c in done.tool_calls]
+    return [message_item(mid, "".join(job.text))]
+
+
+def status_of(job: Job) -> str:
+    return "incomplete" if job.finish_reason == "length" else "completed"
+
+
+def remember(store: ResponseStore, draft: Draft, body: dict[str, Any], history: list[dict[str, Any]], job: Job) -> None:
+    if not draft.req.store:
+        return
+    answer = job.done
+    turn: dict[str, Any] = {"role": "assistant", "content": (answer.content or "") if answer and answer.tool_calls
+                            else "".join(job.text)}
+    if answer is not None and answer.tool_calls:
+        turn["tool_calls"] = answer.tool_calls
+    store.put(draft.rid, Stored(body=body, history=[*history, turn]))
+
+
+# ---- routes -------------------------------------------------------------------------------------------
+
+
+async def create(request: Request) -> Response:
+    svc = service(request)
+    req: ResponsesRequest = parse(ResponsesRequest, await read_body(request, svc.config.max_body))
+    model = svc.check_model(req.model)
+    history: list[dict[str, Any]] = []
+    if req.previous_response_id:
+        prev = store_of(request).get(req.previous_response_id)
+        if prev is None:
+            raise ApiError(404, f"the response {req.previous_response_id!r} is not stored here (responses are kept "
+                                f"in memory, the newest {RESPONSE_STORE}, until the server stops)",
+                           code="previous_response_not_found", param="previous_response_id", reason="invalid")
+        history = list(prev.history)
+    history += input_messages(req.input)
+    if not any(m["role"] in ("user", "tool", "assistant") for m in history):
+        raise invalid("input must hold at least one message", param="input")
+    tools, ignored = tool_fields(req.tools, req.tool_choice, req.parallel_tool_calls)
+    fmt = text_format(req.text)
+    if tools and fmt:
+        raise invalid("use text.format or tools, not both", param="text")
+    if ignored:
+        log.info("responses: ignoring tools of types %s (not available here)", ", ".join(sorted(set(ignored))))
+    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    sampling = sampling_from(svc, max_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p)
+    spec = GenSpec(endpoint="responses", messages=system_first(system + history), sampling=sampling,
+                   structured=tools or fmt, model=model)
+    job = await svc.start(caller(request), spec, request.receive)
+    rid, mid = _ids()
+    draft = Draft(rid=rid, model=model, req=req)
+    headers = {"X-Ggufdesk-Ignored-Tools": ", ".join(sorted(set(ignored)))} if ignored else {}
+    calls = CallStream(svc.pool_for(model).tool_format or GENERIC) if "tools" in tools else None
+    if req.stream:
+        resp = event_stream(_stream(store_of(request), job, draft, mid, history, calls))
+        resp.headers.update(headers)
+        return resp
+    try:
+        await job.collect()
+    finally:
+        job.close()
+    if job.error is not None:
+        raise engine_error(job.error)
+    body = draft.body(status_of(job), final_output(job, mid), job)
+    remember(store_of(request), draft, body, history, job)
+    return JSONResponse(body, headers=headers)
+
+
+async def _stream(store: ResponseStore, job: Job, draft: Draft, mid: str, history: list[dict[str, Any]],
+                  calls: CallStream | None) -> AsyncIterator[str]:
+    """response.created, in_progress, then a message item (output_item.added, content_part.added,
+    output_text.delta..., output_text.done, content_part.done, output_item.done) and a function_call
+    item per call (added, function_call_arguments.delta/.done, done), then response.completed."""
+    seq = 0
+
+    def ev(kind: str, **data: Any) -> str:
+        nonlocal seq
+        seq += 1
+        return sse({"type": kind, "sequence_number": seq - 1, **data}, kind)
+
+    text: list[str] = []
+    opened = False
+    output: list[dict[str, Any]] = []
+
+    def open_message() -> list[str]:
+        return [ev("response.output_item.added", output_index=0, item={**message_item(mid, "", "in_progress"),
+                                                                       "content": []}),
+                ev("response.content_part.added", item_id=mid, output_index=0, content_index=0,
+                   part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
+
+    def close_message() -> list[str]:
+        whole = "".join(text)
+        item = message_item(mid, whole)
+        output.append(item)
+        return [ev("response.output_text.done", item_id=mid, output_index=0, content_index=0, text=whole, logprobs=[]),
+                ev("response.content_part.done", item_id=mid, output_index=0, content_index=0,
+                   part=item["content"][0]),
+                ev("response.output_item.done", output_index=0, item=item)]
+
+    try:
+        yield ev("response.created", response=draft.body("in_progress", []))
+        yield ev("response.in_progress", response=draft.body("in_progress", []))
+        async for e in job.events():
+            if job.disconnected:
+                return
+            if isinstance(e, P.Token):
+                piece = calls.push(e.text) if calls is not None else e.text
+                if piece:
+                    if not opened:
+                        opened = True
+                        for line in open_message():
+                            yield line
+                    text.append(piece)
+                    yield ev("response.output_text.delta", item_id=mid, output_index=0, content_index=0,
+                             delta=piece, logprobs=[])
+            elif isinstance(e, P.Done):
+                if calls is not None and not e.tool_calls and (rest := calls.finish()[0]):
+                    if not opened:
+                        opened = True
+                        for line in open_message():
+                            yield line
+                    text.append(rest)
+                    yield ev("response.output_text.delta", item_id=mid, output_index=0, content_index=0,
+                             delta=rest, logprobs=[])
+                if e.tool_calls and e.content and not opened:  # text the model wrote before its calls
+                    opened = True
+                    text.append(e.content)
+                    for line in [*open_message(), ev("response.output_text.delta", item_id=mid, output_index=0,
+                                                     content_index=0, delta=e.content, logprobs=[])]:
+                        yield line
+                if opened or not e.tool_calls:
+                    if not opened:
+                        for line in open_message():
+                            yield line
+                    for line in close_message():
+                        yield line
+                for call in e.tool_calls:
+                    for line in _call_events(ev, call, len(output)):
+                        yield line
+                    output.append(call_item(call))
+            elif isinstance(e, P.Error):
+                err = engine_error(e)
+                yield ev("response.failed", response=draft.body("failed", output, job,
+                                                                {"code": err.code or "server_error",
+                                                                 "message": err.message}))
+                return
+        body = draft.body(status_of(job), output, job)
+        remember(store, draft, body, history, job)
+        yield ev("response.completed" if body["status"] == "completed" else "response.incomplete", response=body)
+    finally:
+        job.close()
+
+
+def _call_events(ev: Any, call: dict[str, Any], index: int) -> list[str]:
+    item = call_item(call)
+    return [ev("response.output_item.added", output_index=index, item={**call_item(call, "in_progress"),
+                                                                      "arguments": ""}),
+            ev("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+               delta=item["arguments"]),
+            ev("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+               name=item["name"], arguments=item["arguments"]),
+            ev("response.output_item.done", output_index=index, item=item)]
+
+
+async def retrieve(request: Request) -> Response:
+    stored = store_of(request).get(request.path_params["rid"])
+    if stored is None:
+        raise ApiError(404, f"no response with id {request.path_params['rid']!r} is stored here",
+                       code="not_found", reason="invalid")
+    return JSONResponse(stored.body)
+
+
+async def delete(request: Request) -> Response:
+    rid = request.path_params["rid"]
+    if not store_of(request).delete(rid):
+        raise ApiError(404, f"no response with id {rid!r} is stored here", code="not_found", reason="invalid")
+    return JSONResponse({"id": rid, "object": "response", "deleted": True})
+
+
+ROUTES = [
+    Route("/v1/responses", create, methods=["POST"]),
+    Route("/responses", create, methods=["POST"]),
+    Route("/v1/responses/{rid}", retrieve, methods=["GET"]),
+    Route("/v1/responses/{rid}", delete, methods=["DELETE"]),
+]
