@@ -56,7 +56,7 @@ def test_malformed_bodies_are_400(keyed, body):
 
 @pytest.mark.parametrize("field,value", [
     ("messages", "hello"), ("messages", []), ("max_tokens", "5"), ("max_tokens", 0), ("temperature", True),
-    ("stream", "yes"), ("stop", 5), ("seed", -3), ("model", None),
+    ("stream", "yes"), ("stop", 5), ("seed", -3), ("model", 5), ("grammar", 5), ("n_probs", -1),
 ])
 def test_wrong_types_are_400_naming_the_field(keyed, field, value):
     r = post(keyed, "/v1/chat/completions", json={**CHAT, field: value})

@@ -27,6 +27,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-limit", type=int, default=0,
                    help="prompt + generated tokens per minute per API key or client address (0 = off)")
     p.add_argument("--max-body", type=int, default=4 * 1024 * 1024, help="largest request body in bytes")
+    p.add_argument("--alias", action="append", default=[],
+                   help="a name the model is listed as and answers to (repeatable or comma-separated; "
+                        "the first in sorted order is its id, as llama-server does)")
+    p.add_argument("--chat-template-file", help="a Jinja chat template to use instead of the model's own")
+    p.add_argument("--chat-template", help="a chat template as Jinja text, or a built-in name (chatml, llama3)")
+    p.add_argument("--no-metrics", action="store_true", help="no /metrics endpoint (it answers 501)")
+    p.add_argument("--metrics", action="store_true", help=argparse.SUPPRESS)  # llama-server's flag: on anyway
+    p.add_argument("--slots", action="store_true", help="serve llama-server's /slots monitoring endpoint")
     p.add_argument("--ollama-port", type=int, default=None,
                    help="also listen on this port (11434 for clients that hard-code Ollama's); off by default")
 
@@ -46,13 +54,28 @@ def build(args: argparse.Namespace):
     keys = tuple(k for k in args.api_key if k)
     check_exposure(args.host, keys)
     load, sampling, spec = settings_from_args(args)
-    load = dataclasses.replace(load, n_parallel=args.parallel, prefill_chunk=args.prefill_chunk)
+    load = dataclasses.replace(load, n_parallel=args.parallel, prefill_chunk=args.prefill_chunk,
+                               chat_template=chat_template(args))
     config = ServerConfig(api_keys=keys, rate_limit=args.rate_limit, parallel=args.parallel,
                           max_queue=args.queue, max_body=args.max_body, default_max_tokens=args.max_tokens,
-                          sampling=sampling)
+                          sampling=sampling, metrics=not args.no_metrics, slots=args.slots,
+                          aliases=tuple(sorted({n.strip() for a in args.alias for n in a.split(",") if n.strip()})))
     pool = EnginePool(model=resolve_model(args.model), load=load, speculation=spec)
     service = Service(pool=pool, config=config)
     return service, ServerRunner(service, host=args.host, port=args.port, ollama_port=args.ollama_port)
+
+
+def chat_template(args: argparse.Namespace) -> str | None:
+    """--chat-template-file's text, or --chat-template's (a built-in name or Jinja text)."""
+    from ggufdesk.core.chat_templates import template_for
+
+    if args.chat_template_file:
+        try:
+            with open(args.chat_template_file, encoding="utf-8") as f:
+                return f.read((1 << 20) + 1)
+        except (OSError, UnicodeDecodeError) as e:
+            raise KnownError(f"cannot read the chat template {args.chat_template_file}: {e}") from None
+    return template_for(args.chat_template) if args.chat_template else None
 
 
 def run(args: argparse.Namespace) -> int:

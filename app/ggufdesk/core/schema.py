@@ -54,7 +54,8 @@ def check_schema(schema: Any) -> None:
     from jsonschema import exceptions, validators
 
     try:
-        validators.validator_for(schema).check_schema(schema)
+        # without a $schema, draft 7's rules: its tuple form `items: [...]` is still common (llama-server takes it)
+        validators.validator_for(schema, default=validators.Draft7Validator).check_schema(schema)
     except RecursionError:
         raise SchemaError(f"the schema is too large (nested more than {MAX_DEPTH} levels deep)") from None
     except exceptions.SchemaError as e:

@@ -73,9 +73,13 @@ class LoadSettings:
     n_parallel: int = 1  # sequences decoded together (the server sets it; the GUI and run use 1)
     prefill_chunk: int = PREFILL_CHUNK  # prompt tokens per engine step while others decode; 0 = auto
     rpc: list[str] = field(default_factory=list)  # RPC workers, host:port (`ggufdesk worker`)
+    chat_template: str | None = None  # Jinja text used instead of the model's own (serve --chat-template-file)
 
     def __post_init__(self) -> None:
         _int("context length (n_ctx)", self.n_ctx, 16, 1 << 20)
+        if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template
+                                               or len(self.chat_template) > 1 << 20):
+            raise SettingsError("a chat template must be Jinja text of at most 1 MiB")
         _int("parallel sequences (n_parallel)", self.n_parallel, 1, MAX_PARALLEL)
         _int("prefill chunk (prefill_chunk)", self.prefill_chunk, 0, 1 << 16)
         _int("GPU layers (n_gpu_layers)", self.n_gpu_layers, -1, 100_000)

@@ -54,11 +54,13 @@ def messages_of(req: MessagesRequest | CountTokensRequest) -> list[dict[str, Any
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
-        text, calls = [], []
+        text, calls, thinking = [], [], []
         for j, b in enumerate(m.content):
             where = f"messages[{i}].content[{j}]"
             if b.type == "text":
                 text.append(b.text or "")
+            elif b.type == "thinking" and m.role == "assistant" and b.thinking:
+                thinking.append(b.thinking)  # the template renders it if it knows reasoning
             elif b.type == "tool_use" and m.role == "assistant":
                 calls.append({"id": b.id or f"call_{i}_{j}", "type": "function",
                               "function": {"name": b.name or "", "arguments": json.dumps(b.input or {})}})
@@ -75,6 +77,8 @@ def messages_of(req: MessagesRequest | CountTokensRequest) -> list[dict[str, Any
             msg: dict[str, Any] = {"role": m.role, "content": "".join(text)}
             if calls:
                 msg["tool_calls"] = calls
+            if thinking:
+                msg["reasoning_content"] = "\n".join(thinking)
             out.append(msg)
     return system_first(out)
 
@@ -83,6 +87,13 @@ def _text(content: str | list[AnthropicBlock], where: str) -> str:
     if isinstance(content, str):
         return content
     return "".join(b.text or "" for b in content if b.type == "text")
+
+
+def usage(n_in: int, n_out: int) -> dict[str, int]:
+    """Anthropic's usage: input_tokens is the whole prompt here (KV-cache reuse is not billed apart, so
+    the cache fields stay 0 and a client adding them up counts each token once)."""
+    return {"input_tokens": n_in, "output_tokens": n_out, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0}
 
 
 def stop_reason(job: Job) -> str:
@@ -139,7 +150,7 @@ async def messages(request: Request) -> Response:
         "id": mid, "type": "message", "role": "assistant", "model": model,
         "content": content,
         "stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job),
-        "usage": {"input_tokens": job.prompt_tokens, "output_tokens": job.completion_tokens},
+        "usage": usage(job.prompt_tokens, job.completion_tokens),
     })
 
 
@@ -149,7 +160,7 @@ async def _stream(job: Job, mid: str, model: str, calls: CallStream | None) -> A
     def message(usage_in: int) -> dict[str, Any]:
         return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
                 "stop_reason": None, "stop_sequence": None,
-                "usage": {"input_tokens": usage_in, "output_tokens": 0}}
+                "usage": usage(usage_in, 0)}
 
     started = False
     try:
@@ -184,7 +195,7 @@ async def _stream(job: Job, mid: str, model: str, calls: CallStream | None) -> A
                     yield sse({"type": "content_block_stop", "index": k}, "content_block_stop")
                 yield sse({"type": "message_delta",
                            "delta": {"stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job)},
-                           "usage": {"input_tokens": job.prompt_tokens, "output_tokens": job.completion_tokens}},
+                           "usage": usage(job.prompt_tokens, job.completion_tokens)},
                           "message_delta")
                 yield sse({"type": "message_stop"}, "message_stop")
             elif isinstance(ev, P.Error):

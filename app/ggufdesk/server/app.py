@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ggufdesk.server import anthropic, embeddings, ollama, openai, responses
+from ggufdesk.server import anthropic, embeddings, llamacpp, ollama, openai, responses
 from ggufdesk.server.errors import ApiError
 from ggufdesk.server.service import ClientGone, Service
 
@@ -27,7 +27,15 @@ def is_anthropic(path: str) -> bool:
 
 
 def error_response(path: str, err: ApiError) -> JSONResponse:
-    body = err.anthropic() if is_anthropic(path) else err.ollama() if path.startswith("/api/") else err.openai()
+    """The error in the shape of the API the path belongs to."""
+    if is_anthropic(path):
+        body = err.anthropic()
+    elif path.startswith("/api/"):
+        body = err.ollama()
+    elif llamacpp.is_native(path):
+        body = llamacpp.native_error(err)
+    else:
+        body = err.openai()
     return JSONResponse(body, status_code=err.status, headers=err.headers())
 
 
@@ -66,7 +74,10 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    return Response(request.app.state.service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    svc = request.app.state.service
+    if not svc.config.metrics:
+        raise ApiError(501, "this server was started with --no-metrics", code="not_supported", reason="invalid")
+    return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 async def on_api_error(request: Request, exc: Exception) -> Response:
@@ -97,7 +108,7 @@ def build_app(service: Service) -> ASGIApp:
     app = Starlette(
         routes=[Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
                 *openai.ROUTES, *anthropic.ROUTES, *embeddings.ROUTES,
-                *ollama.ROUTES, *responses.ROUTES],
+                *ollama.ROUTES, *responses.ROUTES, *llamacpp.ROUTES],
         exception_handlers={ApiError: on_api_error, ClientGone: on_client_gone, HTTPException: on_http_error,
                             Exception: on_bug},
     )

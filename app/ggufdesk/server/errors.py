@@ -11,6 +11,7 @@ _TYPES = {
     413: ("invalid_request_error", "request_too_large"),
     429: ("rate_limit_error", "rate_limit_error"),
     500: ("server_error", "api_error"),
+    501: ("not_supported_error", "api_error"),
     503: ("server_error", "overloaded_error"),
 }
 
@@ -19,8 +20,10 @@ class ApiError(Exception):
     """An answer other than success: status, a machine code, and a message for people."""
 
     def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
-                 retry_after: int | None = None, reason: str | None = None) -> None:
+                 retry_after: int | None = None, reason: str | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
         super().__init__(message)
+        self.extra = extra or {}  # more fields for the error object (a context error's sizes)
         self.status = status
         self.message = message
         self.code = code
@@ -33,7 +36,8 @@ class ApiError(Exception):
 
     def openai(self) -> dict[str, Any]:
         kind = _TYPES.get(self.status, _TYPES[500])[0]
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code,
+                          **self.extra}}
 
     def ollama(self) -> dict[str, Any]:
         return {"error": self.message}

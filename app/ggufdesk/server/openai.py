@@ -1,20 +1,29 @@
-"""OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions (streaming and not)."""
+"""OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions (streaming and not).
+
+llama-server's request extensions (server/llamacpp.py) work here too: grammar, json_schema,
+response_format {"type": "json_object", "schema"}, n_predict, n_probs, timings_per_token,
+return_progress, verbose; responses carry llama-server's `timings` beside OpenAI's fields.
+"""
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ggufdesk import __version__
 from ggufdesk.core.tools import GENERIC, CallStream
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.server import structured
 from ggufdesk.server.errors import ApiError, invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, read_body, service, sse
+from ggufdesk.server.llamacpp import extension_structured, progress, refuse_extensions, timings
 from ggufdesk.server.sampling import sampling_from
 from ggufdesk.server.schemas import (ChatRequest, CompletionRequest, SamplingFields, parse, refuse_unsupported,
                                      stops, text_of)
@@ -44,16 +53,33 @@ def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
             msg["tool_calls"] = m.tool_calls
         if m.tool_call_id:
             msg["tool_call_id"] = m.tool_call_id
+        if m.reasoning_content and m.role == "assistant":
+            msg["reasoning_content"] = m.reasoning_content
         out.append(msg)
     return out
 
 
 def chat_structured(req: ChatRequest) -> dict[str, Any]:
-    schema = structured.response_format(req.response_format)
+    constrained = extension_structured(req, req.response_format)
     tools = structured.openai_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
-    if schema is not None and tools:
-        raise invalid("use response_format or tools, not both", param="response_format")
-    return {"json_schema": schema} if schema is not None else tools
+    if constrained and tools:
+        raise invalid("use response_format (or grammar, json_schema) or tools, not both", param="response_format")
+    return constrained or tools
+
+
+def fingerprint(svc: Service) -> str:
+    """system_fingerprint: the backend's build (llama-server's start with "b" and its build, so do ours)."""
+    ready = getattr(getattr(svc.pool, "_client", None), "ready", None)
+    return f"b{getattr(ready, 'llama_cpp_version', '') or 'unknown'}-ggufdesk-{__version__}"
+
+
+async def verbose_prompt(svc: Service, spec: GenSpec) -> dict[str, Any]:
+    """llama-server's `__verbose` (the prompt as the model reads it), for requests with verbose: true."""
+    if spec.messages is None:
+        return {"__verbose": {"prompt": spec.prompt or ""}}
+    out = await svc.tokenize(spec.model or svc.model_id, messages=spec.messages, tools=spec.structured.get("tools"),
+                             tool_choice=spec.structured.get("tool_choice"))
+    return {"__verbose": {"prompt": out.text}}
 
 
 def openai_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -87,25 +113,32 @@ def completion_logprobs(items: list[dict[str, Any]], top: int, offset: int) -> d
 async def models(request: Request) -> Response:
     svc = service(request)
     return JSONResponse({"object": "list", "data": [
-        {"id": svc.model_id, "object": "model", "created": svc.created, "owned_by": "ggufdesk"}]})
+        {"id": m["id"], "object": "model", "created": svc.created, "owned_by": "ggufdesk"} for m in svc.models()]})
 
 
 async def chat_completions(request: Request) -> Response:
     svc = service(request)
     req: ChatRequest = parse(ChatRequest, await read_body(request, svc.config.max_body))
     refuse_unsupported(req)
+    refuse_extensions(req)
+    if req.continue_final_message and req.add_generation_prompt:
+        raise invalid("continue_final_message and add_generation_prompt cannot both be true",
+                      param="continue_final_message")
     extra = chat_structured(req)
-    svc.check_model(req.model)
-    top = req.top_logprobs or 0
-    lp = want_logprobs(svc, top) if req.logprobs else 0
-    sampling = sampling_for(svc, req, req.max_completion_tokens or req.max_tokens)
-    spec = GenSpec(endpoint="chat", messages=chat_messages(req), sampling=sampling, logprobs=lp, structured=extra)
+    model = svc.check_model(req.model)
+    top = req.top_logprobs or req.n_probs or 0
+    lp = want_logprobs(svc, top) if req.logprobs or req.n_probs else 0
+    sampling = sampling_for(svc, req, req.max_completion_tokens or req.max_tokens or positive(req.n_predict))
+    spec = GenSpec(endpoint="chat", messages=chat_messages(req), sampling=sampling, logprobs=lp, structured=extra,
+                   model=model)
+    verbose = await verbose_prompt(svc, spec) if req.verbose else {}
     job = await svc.start(caller(request), spec, request.receive)
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    head = _chunk_head(cid, "chat.completion.chunk", created, model, fingerprint(svc))
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        calls = CallStream(svc.pool.tool_format or GENERIC) if "tools" in extra else None
-        return event_stream(_chat_stream(job, cid, created, svc.model_id, top if lp else None, usage, calls))
+        calls = CallStream(svc.pool_for(model).tool_format or GENERIC) if "tools" in extra else None
+        return event_stream(_chat_stream(job, head, top if lp else None, usage, calls, Extras.of(req)))
     try:
         await job.collect()
     finally:
@@ -118,14 +151,31 @@ async def chat_completions(request: Request) -> Response:
                    "tool_calls": openai_calls(job.done.tool_calls)}
     choice = {"index": 0, "message": message, "logprobs": chat_logprobs(job.logprobs, top) if lp else None,
               "finish_reason": job.finish_reason}
-    return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": svc.model_id,
-                         "choices": [choice], "usage": job.usage(), "system_fingerprint": None})
+    return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model,
+                         "choices": [choice], "usage": job.usage(), "system_fingerprint": head["system_fingerprint"],
+                         "timings": timings(job), **verbose})
 
 
-def _chat_stream(job: Job, cid: str, created: int, model: str, top: int | None,
-                 include_usage: bool, calls: CallStream | None) -> AsyncIterator[str]:
+def positive(n: int | None) -> int | None:
+    """llama-server's n_predict as a token budget (-1: until the model stops or the context is full)."""
+    return None if n is None else (1 << 20) if n < 0 else max(1, n)
+
+
+@dataclass
+class Extras:
+    """llama-server's streaming extensions a request asked for."""
+
+    timings: bool = False  # timings_per_token: `timings` in every chunk
+    progress: bool = False  # return_progress: prompt_progress chunks while the prompt is read
+
+    @classmethod
+    def of(cls, req: Any) -> Extras:
+        return cls(timings=bool(req.timings_per_token), progress=bool(req.return_progress))
+
+
+def _chat_stream(job: Job, head: dict[str, Any], top: int | None, include_usage: bool, calls: CallStream | None,
+                 extras: Extras) -> AsyncIterator[str]:
     """Chunks as tokens come; with tools, text that may be a call is held back and calls come at the end."""
-    head = _chunk_head(cid, "chat.completion.chunk", created, model)
 
     def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
         return sse({**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
@@ -147,13 +197,14 @@ def _chat_stream(job: Job, cid: str, created: int, model: str, top: int | None,
                     yield chunk({"content": rest})
             yield chunk({}, job.finish_reason)
 
-    return _framed(job, head, include_usage, chunk({"role": "assistant", "content": ""}), lines)
+    return _framed(job, head, include_usage, chunk({"role": "assistant", "content": ""}), lines, extras)
 
 
 async def completions(request: Request) -> Response:
     svc = service(request)
     req: CompletionRequest = parse(CompletionRequest, await read_body(request, svc.config.max_body))
     refuse_unsupported(req)
+    refuse_extensions(req)
     if req.echo:
         raise not_supported("echo")
     if req.suffix:
@@ -165,16 +216,19 @@ async def completions(request: Request) -> Response:
         if len(prompt) != 1:
             raise not_supported("prompt as a list of several prompts")
         prompt = prompt[0]
-    svc.check_model(req.model)
-    top = req.logprobs
+    model = svc.check_model(req.model)
+    top = req.logprobs if req.logprobs is not None else req.n_probs
     lp = want_logprobs(svc, top) if top is not None else 0
-    spec = GenSpec(endpoint="completions", prompt=prompt, sampling=sampling_for(svc, req, req.max_tokens),
-                   logprobs=lp)
+    max_tokens = positive(req.n_predict) if req.n_predict is not None and "max_tokens" not in req.model_fields_set \
+        else req.max_tokens
+    spec = GenSpec(endpoint="completions", prompt=prompt, sampling=sampling_for(svc, req, max_tokens),
+                   logprobs=lp, structured=extension_structured(req), model=model)
     job = await svc.start(caller(request), spec, request.receive)
     cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    head = _chunk_head(cid, "text_completion", created, model, fingerprint(svc))
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return event_stream(_completion_stream(job, cid, created, svc.model_id, top, usage))
+        return event_stream(_completion_stream(job, head, top, usage, Extras.of(req)))
     try:
         await job.collect()
     finally:
@@ -184,14 +238,13 @@ async def completions(request: Request) -> Response:
     choice = {"text": "".join(job.text), "index": 0,
               "logprobs": completion_logprobs(job.logprobs, top or 0, 0) if lp else None,
               "finish_reason": job.finish_reason}
-    return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": svc.model_id,
-                         "choices": [choice], "usage": job.usage(), "system_fingerprint": None})
+    return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": model,
+                         "choices": [choice], "usage": job.usage(), "system_fingerprint": head["system_fingerprint"],
+                         "timings": timings(job)})
 
 
-def _completion_stream(job: Job, cid: str, created: int, model: str, top: int | None,
-                       include_usage: bool) -> AsyncIterator[str]:
-    head = _chunk_head(cid, "text_completion", created, model)
-
+def _completion_stream(job: Job, head: dict[str, Any], top: int | None, include_usage: bool,
+                       extras: Extras) -> AsyncIterator[str]:
     def chunk(text: str, finish: str | None = None, logprobs: Any = None) -> str:
         return sse({**head, "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]})
 
@@ -207,14 +260,16 @@ def _completion_stream(job: Job, cid: str, created: int, model: str, top: int | 
         elif isinstance(ev, P.Done):
             yield chunk("", job.finish_reason)
 
-    return _framed(job, head, include_usage, None, lines)
+    return _framed(job, head, include_usage, None, lines, extras)
 
 
 async def _framed(job: Job, head: dict[str, Any], include_usage: bool, first: str | None,
-                  lines: Callable[[P.Event], Iterator[str]]) -> AsyncIterator[str]:
+                  lines: Callable[[P.Event], Iterator[str]], extras: Extras) -> AsyncIterator[str]:
     """One streamed response: `first`, each event's `lines`, then the usage chunk if asked for and
     [DONE]. A mid-stream error ends it with the error object; a client that went away ends it
-    silently. The job is closed however the stream ends."""
+    silently. The job is closed however the stream ends. With llama-server's extensions: progress
+    chunks (no choices) while the prompt is read, `timings` in every chunk after the first."""
+    t0 = time.perf_counter()
     try:
         if first is not None:
             yield first
@@ -224,24 +279,43 @@ async def _framed(job: Job, head: dict[str, Any], include_usage: bool, first: st
             if isinstance(ev, P.Error):
                 yield sse(_mid_error(job).openai())
                 return
+            if isinstance(ev, P.Progress) and extras.progress:
+                yield sse({**head, "choices": [], "prompt_progress": progress(ev, t0)})
             for line in lines(ev):
-                yield line
+                yield line if not extras.timings else _with_timings(line, job)
         for line in _stream_end(head, job, include_usage):
             yield line
     finally:
         job.close()
 
 
-def _chunk_head(cid: str, obj: str, created: int, model: str) -> dict[str, Any]:
+def _with_timings(line: str, job: Job) -> str:
+    data = json.loads(line[6:])
+    return sse({**data, "timings": timings(job)})
+
+
+def _chunk_head(cid: str, obj: str, created: int, model: str, fingerprint: str | None = None) -> dict[str, Any]:
     """The fields every streamed chunk of one response repeats."""
-    return {"id": cid, "object": obj, "created": created, "model": model, "system_fingerprint": None}
+    return {"id": cid, "object": obj, "created": created, "model": model, "system_fingerprint": fingerprint}
 
 
 def _stream_end(head: dict[str, Any], job: Job, include_usage: bool) -> Iterator[str]:
-    """The end of a stream: the usage chunk if asked for (`stream_options.include_usage`), then [DONE]."""
+    """The end of a stream: the usage chunk if asked for (`stream_options.include_usage`, with llama-server's
+    `timings`), then [DONE]."""
     if include_usage:
-        yield sse({**head, "choices": [], "usage": job.usage()})
+        yield sse({**head, "choices": [], "usage": job.usage(), "timings": timings(job)})
     yield "data: [DONE]\n\n"
+
+
+async def input_tokens(request: Request) -> Response:
+    """llama-server's /chat/completions/input_tokens: the prompt's tokens for these messages and tools."""
+    svc = service(request)
+    req: ChatRequest = parse(ChatRequest, await read_body(request, svc.config.max_body))
+    tools = structured.openai_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+    model = svc.check_model(req.model)
+    out = await svc.tokenize(model, messages=chat_messages(req), tools=tools.get("tools"),
+                             tool_choice=tools.get("tool_choice"))
+    return JSONResponse({"input_tokens": len(out.tokens)})
 
 
 def _mid_error(job: Job) -> ApiError:
@@ -252,5 +326,7 @@ def _mid_error(job: Job) -> ApiError:
 ROUTES = [
     Route("/v1/models", models, methods=["GET"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/chat/completions", chat_completions, methods=["POST"]),  # llama-server serves it without /v1 too
+    Route("/chat/completions/input_tokens", input_tokens, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
 ]

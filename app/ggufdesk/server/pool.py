@@ -56,7 +56,7 @@ class EnginePool:
         self._set_state("loading")
         from ggufdesk.server.structured import tool_format
 
-        self.tool_format = tool_format(self.model)
+        self.tool_format = tool_format(self.model, self.load_settings.chat_template)
         try:
             self._client.start()
             self._client.load(self.model, settings=self.load_settings, speculation=self.speculation)

@@ -27,6 +27,7 @@ class ChatMessage(Strict):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message answers this call
+    reasoning_content: str | None = None  # an assistant's earlier reasoning (templates that know it render it)
 
 
 class StreamOptions(Strict):
@@ -52,8 +53,39 @@ class SamplingFields(Strict):
     user: str | None = None
 
 
-class ChatRequest(SamplingFields):
-    model: str
+class LlamaFields(Strict):
+    """llama-server's request extensions (server/llamacpp.py says what each does here)."""
+
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    n_probs: int | None = Field(None, ge=0, le=20)
+    n_predict: int | None = Field(None, ge=-2)
+    cache_prompt: bool = True
+    id_slot: int | None = None
+    n_keep: int | None = None
+    timings_per_token: bool = False
+    return_progress: bool = False
+    return_tokens: bool = False
+    mirostat: int | None = None
+    typical_p: float | int | None = None
+    dry_multiplier: float | int | None = None
+    xtc_probability: float | int | None = None
+    dynatemp_range: float | int | None = None
+    top_n_sigma: float | int | None = None
+    n_indent: int | None = None
+    t_max_predict_ms: int | None = None
+    ignore_eos: bool = False
+    post_sampling_probs: bool = False
+    min_keep: int | None = None
+    lora: list[Any] | None = None
+    image_data: list[Any] | None = None
+    multimodal_data: list[Any] | None = None
+    samplers: list[str] | str | None = None
+    verbose: bool = False  # add the rendered prompt as "__verbose"
+
+
+class ChatRequest(SamplingFields, LlamaFields):
+    model: str | None = None  # OpenAI requires it; llama-server does not (one model is served)
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -63,10 +95,12 @@ class ChatRequest(SamplingFields):
     tool_choice: Any | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
+    continue_final_message: bool = False  # vLLM's name for continuing a final assistant message (the default)
+    add_generation_prompt: bool = True
 
 
-class CompletionRequest(SamplingFields):
-    model: str
+class CompletionRequest(SamplingFields, LlamaFields):
+    model: str | None = None
     prompt: str | list[str]
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=20)
@@ -83,6 +117,7 @@ class AnthropicBlock(Strict):
     name: str | None = None
     input: dict[str, Any] | None = None
     tool_use_id: str | None = None  # tool_result
+    thinking: str | None = None  # thinking (an assistant's earlier reasoning)
     content: str | list[TextPart] | None = None
 
 
@@ -126,6 +161,11 @@ def parse(model: type[Strict], body: bytes) -> Any:
         raise invalid(f"the request body is not valid JSON: {str(e)[:200]}") from None
     if not isinstance(data, dict):
         raise invalid("the request body must be a JSON object")
+    return validate(model, data)
+
+
+def validate(model: type[Strict], data: dict[str, Any]) -> Any:
+    """`data` as `model`, or a 400 that names the first bad field."""
     try:
         return model.model_validate(data)
     except ValidationError as e:

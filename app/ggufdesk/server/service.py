@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping
@@ -35,6 +36,9 @@ class ServerConfig:
     max_body: int = 4 * 1024 * 1024  # bytes
     default_max_tokens: int = 1024
     sampling: SamplingSettings = field(default_factory=SamplingSettings)  # defaults for omitted fields
+    metrics: bool = True  # /metrics (off: 501, as llama-server without --metrics)
+    slots: bool = False  # /slots (llama-server's --slots)
+    aliases: tuple[str, ...] = ()  # names the one model is listed as and answers to (sorted; the first is its id)
 
 
 @dataclass(kw_only=True)
@@ -45,6 +49,7 @@ class GenSpec:
     sampling: SamplingSettings
     model: str = ""  # the served model's id (Service.check_model), "" = the only one
     prompt: str | None = None
+    prompt_tokens: list[int] | None = None  # a completion prompt given as token ids
     messages: list[dict[str, Any]] | None = None
     logprobs: int = 0
     structured: dict[str, Any] = field(default_factory=dict)  # json_schema or tools/tool_choice/...
@@ -53,7 +58,10 @@ class GenSpec:
 def engine_error(ev: P.Error) -> ApiError:
     """What an engine Error for a request means to an HTTP client."""
     if ev.kind == "context":
-        return ApiError(400, ev.message, code="context_length_exceeded", param="messages", reason="context")
+        sizes = re.search(r"is (\d+) tokens but the context has room for (\d+)", ev.message)
+        extra = {"n_prompt_tokens": int(sizes[1]), "n_ctx": int(sizes[2])} if sizes else {}
+        return ApiError(400, ev.message, code="context_length_exceeded", param="messages", reason="context",
+                        extra=extra)
     if ev.kind == "overloaded":
         return ApiError(503, ev.message, code="overloaded", retry_after=2, reason="overloaded")
     if ev.kind in ("crash", "hung"):
@@ -88,7 +96,7 @@ class Service:
 
     @property
     def model_id(self) -> str:
-        return self.pool.model_id
+        return self.config.aliases[0] if self.config.aliases else self.pool.model_id
 
     def kv_usage(self) -> float:
         st = self.pool.status
@@ -114,7 +122,8 @@ class Service:
         """The id of the served model a request's `model` names. With one model served, any name (or
         none) answers with it, as llama-server and LM Studio do; `exact` (Ollama's model-management
         routes) wants its id, with or without Ollama's ":latest" tag. Raises a 404 ApiError."""
-        if not exact or name in (self.model_id, f"{self.model_id}:latest"):
+        names = {self.model_id, self.pool.model_id, *self.config.aliases}
+        if not exact or name in names or (name or "").removesuffix(":latest") in names:
             return self.model_id
         raise ApiError(404, f"the model {name!r} does not exist; this server has {self.model_id!r}",
                        code="model_not_found", param="model", reason="unknown_model")
@@ -130,6 +139,7 @@ class Service:
 
         pool = self.pool
         facts = describe(pool.model, self.model_id)
+        facts["aliases"] = list(self.config.aliases)
         loaded = pool.loaded
         facts.update(loaded=pool.state == "ready" and loaded is not None, state=pool.state,
                      n_ctx=loaded.n_ctx if loaded else 0, memory=dict(loaded.memory) if loaded else {})
@@ -156,8 +166,9 @@ class Service:
         job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone, pool=pool)
         self._inflight[caller] = self._inflight.get(caller, 0) + 1
         try:
+            extra = {"prompt_tokens": spec.prompt_tokens} if spec.prompt_tokens is not None else {}
             await pool.generate(rid, prompt=spec.prompt, messages=spec.messages, sampling=spec.sampling,
-                                     logprobs=spec.logprobs, **spec.structured)
+                                logprobs=spec.logprobs, **spec.structured, **extra)
         except KnownError as e:
             job.finish(None)
             raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
@@ -372,9 +383,11 @@ class Job:
         reason = self.done.finish_reason if self.done else "stop"
         return "length" if reason in ("length", "context") else "tool_calls" if reason == "tool_calls" else "stop"
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         p, c = self.prompt_tokens, self.completion_tokens
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        cached = self.stats.n_reused if self.stats is not None else 0
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
     def finish(self, outcome: str | None) -> None:
         if self._ended:

@@ -67,10 +67,13 @@ def anthropic_tools(tools: list[Any] | None, choice: dict[str, Any] | None) -> d
     return out
 
 
-def tool_format(model_path: str) -> T.ToolFormat:
-    """The tool format the engine will use for this model (from its chat template; generic if unknown)."""
+def tool_format(model_path: str, template: str | None = None) -> T.ToolFormat:
+    """The tool format the engine will use for this model (from its chat template, or `template` that
+    replaces it; generic if unknown)."""
     from ggufdesk.core.gguf_meta import read_gguf
 
+    if template is not None:
+        return T.detect_format(template)
     try:
         return T.detect_format(read_gguf(model_path).chat_template)
     except Exception:  # noqa: BLE001 - an unreadable header: the engine falls back the same way

@@ -308,8 +308,8 @@ class BatchEngine:
         n = min(n, len(logits))
         top = np.argpartition(-logits, n - 1)[:n]
         top = top[np.argsort(-logits[top], kind="stable")]
-        return {"token": self._text(token), "logprob": float(logits[token]) - lse,
-                "top": [{"token": self._text(int(i)), "logprob": float(logits[i]) - lse} for i in top]}
+        return {"token": self._text(token), "logprob": float(logits[token]) - lse, "id": int(token),
+                "top": [{"token": self._text(int(i)), "logprob": float(logits[i]) - lse, "id": int(i)} for i in top]}
 
     def _text(self, token: int) -> str:
         return self.gen.piece(token).decode("utf-8", "replace")

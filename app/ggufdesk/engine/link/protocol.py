@@ -65,6 +65,7 @@ class Generate:
     TYPE: ClassVar[str] = "generate"
     id: str
     prompt: str | None = None  # completion mode: raw text
+    prompt_tokens: list[int] | None = None  # completion mode: token ids, as they are (instead of prompt)
     messages: list[dict[str, str]] | None = None  # chat mode: rendered with the model's template
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingSettings fields
     speculation: dict[str, Any] | None = None  # overrides the loaded SpeculationSettings
@@ -104,6 +105,7 @@ class Tokenize:
     add_special: bool = True  # text: add the model's BOS (and EOS if it adds one)
     parse_special: bool = True  # text: special-token text (<|im_start|>) becomes the special token
     with_pieces: bool = False  # also each token's text
+    add_generation_prompt: bool = True  # messages: end with the assistant turn's opening
 
 
 @dataclass(kw_only=True)
@@ -196,7 +198,7 @@ class Token:
     id: str
     text: str
     # with Generate.logprobs: one entry per token behind `text`:
-    # {"token": str, "logprob": float, "top": [{"token": str, "logprob": float}, ...]}
+    # {"token": str, "logprob": float, "id": int, "top": [{"token": str, "logprob": float, "id": int}, ...]}
     logprobs: list[dict[str, Any]] | None = None
 
 

@@ -26,21 +26,26 @@ def tokenize(lm: LoadedModel, text: str, *, add_special: bool, parse_special: bo
     return list(buf[:n])
 
 
-def _check(gen: Any, tokens: list[int]) -> None:
+def check_ids(gen: Any, tokens: Any) -> list[int]:
+    """Token ids the loaded model has (a settings error otherwise, or for none at all)."""
     n_vocab = gen.lm.n_vocab
-    if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab for t in tokens):
-        raise refusal(f"token ids must be whole numbers from 0 to {n_vocab - 1}", "settings")
+    if not isinstance(tokens, list) or not tokens or any(
+            isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab for t in tokens):
+        raise refusal(f"token ids must be a non-empty list of whole numbers from 0 to {n_vocab - 1}", "settings")
+    return tokens
 
 
 def detokenize(gen: Any, tokens: list[int]) -> str:
     """The text of token ids (their pieces joined, as llama-server's /detokenize gives it)."""
-    _check(gen, tokens)
+    if tokens:
+        check_ids(gen, tokens)
     return b"".join(gen.piece(t) for t in tokens).decode("utf-8", "replace")
 
 
 def pieces(gen: Any, tokens: list[int]) -> list[str | list[int]]:
     """Each token's text; a piece that is not valid UTF-8 on its own is given as its bytes."""
-    _check(gen, tokens)
+    if tokens:
+        check_ids(gen, tokens)
     out: list[str | list[int]] = []
     for t in tokens:
         raw = gen.piece(t)

@@ -203,7 +203,7 @@ class Engine:
         bos = _piece(self.gen, meta.get("tokenizer.ggml.bos_token_id"))
         eos = _piece(self.gen, meta.get("tokenizer.ggml.eos_token_id"))
         try:
-            self.template = ChatTemplate(lm.chat_template, bos=bos, eos=eos)
+            self.template = ChatTemplate(settings.chat_template or lm.chat_template, bos=bos, eos=eos)
         except KnownError as e:
             self.emit(P.Error(kind="template", id=req.id, message=str(e)))
             self.template = ChatTemplate(None, bos=bos, eos=eos)
@@ -465,9 +465,14 @@ class Engine:
                 raise context_error(count(msgs), budget)
             messages = fit_messages(msgs, count, budget)
             return self._chat_tokens(messages, tools), list(self.template.stops)
-        if req.prompt is None:
+        if req.prompt_tokens is not None:
+            from ggufdesk.engine.runtime.tokens import check_ids
+
+            tokens = check_ids(gen, req.prompt_tokens)
+        elif req.prompt is None:
             raise KnownError("a generate request needs a prompt or messages")
-        tokens = gen.tokenize(req.prompt)
+        else:
+            tokens = gen.tokenize(req.prompt)
         if len(tokens) >= n_ctx:
             raise context_error(len(tokens), n_ctx - 1)
         return tokens, []
@@ -514,7 +519,8 @@ class Engine:
         as_generate = P.Generate(id=req.id, messages=req.messages, tools=req.tools, tool_choice=req.tool_choice)
         structured = self._structured(as_generate, SamplingSettings())
         tools = structured.tools if structured.fmt is not None and structured.fmt.native else None
-        return self.template.render(prepare_messages(req.messages or [], structured), tools=tools)
+        extra = {} if req.add_generation_prompt else {"add_generation_prompt": False}
+        return self.template.render(prepare_messages(req.messages or [], structured), tools=tools, **extra)
 
     def _calibrate(self, n_gen: int, tok_s: float) -> None:
         """Feed a plain run's real decode speed back to the planner (hardware.record_decode_run),

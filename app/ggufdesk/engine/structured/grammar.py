@@ -209,7 +209,9 @@ class GrammarConstraint:
         else:
             self._smp = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
         if not self._smp:
-            raise KnownError("llama.cpp could not parse the grammar (see the engine log)")
+            err = S.SchemaError("llama.cpp could not parse the grammar: it is not valid GBNF with a `root` rule")
+            err.kind = "schema"  # type: ignore[attr-defined]  # the request's fault: a 400
+            raise err
         self._one = np.zeros(1, dtype=_TOKEN_DATA)
         self._all = np.zeros(n_vocab, dtype=_TOKEN_DATA)
         self.rejections = 0  # how often the fast check failed and the full vocabulary was used

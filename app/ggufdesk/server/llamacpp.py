@@ -1,0 +1,372 @@
+"""llama-server's own endpoints and request extensions: what tools written for llama.cpp's server send.
+
+Native routes: /completion (and /completions, which is the same in llama-server), /tokenize,
+/detokenize, /apply-template, /props, /slots, /models. Extensions on any completion request
+(LlamaFields): grammar, json_schema, n_probs, n_predict, timings_per_token, return_progress,
+return_tokens, response_fields are honoured; cache_prompt and id_slot are accepted (the answer is
+the same without them: ggufdesk shares one KV pool across requests and reuses any cached prefix);
+samplers and options ggufdesk does not have (mirostat, typical_p, DRY, XTC, dynatemp, n_indent,
+t_max_predict_ms, ignore_eos, post_sampling_probs, lora, image data) are refused with a 400 when set
+to anything but their neutral value, never silently dropped. Errors use llama-server's shape
+({"error": {"code", "message", "type"}}).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator, Iterator
+
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.server import structured
+from ggufdesk.server.errors import ApiError, invalid, not_supported
+from ggufdesk.server.http import caller, event_stream, read_body, service, sse
+from ggufdesk.server.sampling import sampling_from
+from ggufdesk.server.schemas import LlamaFields, SamplingFields, Strict, parse, stops, validate
+from ggufdesk.server.service import GenSpec, Job, Service, engine_error
+
+NATIVE_PATHS = ("/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots")
+# llama.cpp sampling options ggufdesk does not have, with the value that means "off"
+NEUTRAL: dict[str, Any] = {"mirostat": 0, "typical_p": 1.0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
+                           "dynatemp_range": 0.0, "top_n_sigma": -1.0, "n_indent": 0, "t_max_predict_ms": 0,
+                           "ignore_eos": False, "post_sampling_probs": False, "min_keep": 0,
+                           "presence_penalty": 0.0, "frequency_penalty": 0.0}
+REFUSED = ("lora", "image_data", "multimodal_data", "samplers", "logit_bias")
+
+
+def is_native(path: str) -> bool:
+    """A path of llama-server's own API (its native endpoints, and the OpenAI ones without /v1)."""
+    return path in NATIVE_PATHS or not path.startswith(("/v1/", "/api/"))
+
+
+def native_error(err: ApiError) -> dict[str, Any]:
+    """llama-server's error object (a prompt too long for the context: exceed_context_size_error, with sizes)."""
+    kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+             404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error"}
+    kind = "exceed_context_size_error" if err.code == "context_length_exceeded" else kinds.get(err.status,
+                                                                                              "server_error")
+    return {"error": {"code": err.status, "message": err.message, "type": kind, **err.extra}}
+
+
+def refuse_extensions(req: Any) -> None:
+    """A llama.cpp option set to something ggufdesk cannot do is a 400, never dropped silently."""
+    for name, neutral in NEUTRAL.items():
+        value = getattr(req, name, None)
+        if value is not None and value != neutral:
+            raise not_supported(f"{name} (ggufdesk samples with temperature, top_k, top_p, min_p, repeat_penalty "
+                                "and seed)" if name not in ("ignore_eos", "post_sampling_probs") else name)
+    for name in REFUSED:
+        if getattr(req, name, None):
+            raise not_supported(name)
+
+
+def extension_structured(req: LlamaFields, response_format: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Generate's structured fields from grammar, json_schema or response_format (with llama.cpp's
+    {"type": "json_object", "schema": ...} form); at most one of them."""
+    given = [n for n, v in (("grammar", req.grammar), ("json_schema", req.json_schema),
+                            ("response_format", response_format)) if v]
+    if len(given) > 1:
+        raise invalid(f"use one of {' and '.join(given)}", param=given[1])
+    if req.grammar:
+        return {"grammar": req.grammar}
+    if req.json_schema:
+        return {"json_schema": structured.response_format({"type": "json_schema",
+                                                           "json_schema": {"schema": req.json_schema}})}
+    if response_format and response_format.get("type") == "json_object" and "schema" in response_format:
+        return {"json_schema": structured.response_format({"type": "json_schema",
+                                                           "json_schema": {"schema": response_format["schema"]}})}
+    schema = structured.response_format(response_format)
+    return {"json_schema": schema} if schema is not None else {}
+
+
+def timings(job: Job) -> dict[str, Any]:
+    """llama-server's `timings`, from the engine's stats (prompt: the part not already cached)."""
+    st = job.stats
+    if st is None:
+        return {"cache_n": 0, "prompt_n": job.prompt_tokens, "prompt_ms": 0.0, "prompt_per_token_ms": 0.0,
+                "prompt_per_second": 0.0, "predicted_n": job.completion_tokens, "predicted_ms": 0.0,
+                "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}
+    prompt_n = max(0, st.n_prompt - st.n_reused)
+    prompt_ms = 1000 * prompt_n / st.prefill_tok_s if st.prefill_tok_s > 0 else st.ttft_s * 1000
+    n_gen = max(st.n_gen, job.completion_tokens)
+    pred_ms = 1000 * max(0, n_gen - 1) / st.decode_tok_s if st.decode_tok_s > 0 else 0.0
+    return {"cache_n": st.n_reused, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": st.prefill_tok_s, "predicted_n": n_gen, "predicted_ms": pred_ms,
+            "predicted_per_token_ms": pred_ms / n_gen if n_gen else 0.0, "predicted_per_second": st.decode_tok_s}
+
+
+def progress(ev: P.Progress, t0: float) -> dict[str, Any]:
+    """llama-server's prompt_progress: the whole prompt, the cached part, what is read so far."""
+    total = ev.n_prompt or ev.total
+    cached = total - ev.total
+    return {"total": total, "cache": cached, "processed": cached + ev.done,
+            "time_ms": (time.perf_counter() - t0) * 1000}
+
+
+def probabilities(items: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """completion_probabilities: each token with its logprob and the top n."""
+    def one(t: dict[str, Any]) -> dict[str, Any]:
+        return {"id": t.get("id", -1), "token": t["token"], "bytes": list(t["token"].encode("utf-8")),
+                "logprob": t["logprob"]}
+
+    return [{**one(t), "top_logprobs": [one(x) for x in (t.get("top") or [])[:n]]} for t in items]
+
+
+# ---- /completion --------------------------------------------------------------------------------------
+
+
+class CompletionRequest(SamplingFields, LlamaFields):
+    prompt: str | list[int] | list[str | list[int]] = ""
+    temperature: float | int | None = Field(None, ge=0, le=5)
+    repeat_last_n: int | None = Field(None, ge=-1)
+    seed: int | None = None  # (a negative seed: a random one, as llama-server takes it)
+    response_fields: list[str] | None = None
+    model: str | None = None
+
+
+def prompts_of(prompt: str | list[Any]) -> list[str | list[int]]:
+    """One prompt (text or token ids), or several; a prompt mixing text and ids is refused."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(t, int) for t in prompt):
+        return [list(prompt)]
+    if not prompt:
+        raise invalid("prompt must not be empty", param="prompt")
+    for p in prompt:
+        if isinstance(p, list) and not all(isinstance(t, int) for t in p):
+            raise not_supported("a prompt mixing text and token ids")
+    return list(prompt)
+
+
+def settings_of(svc: Service, req: CompletionRequest) -> Any:
+    n = req.n_predict
+    max_tokens = None if n is None else (1 << 20) if n < 0 else max(1, n)
+    seed = None if req.seed is None else req.seed if 0 <= req.seed < 2**32 else -1
+    return sampling_from(svc, max_tokens=max_tokens, stop=stops(req.stop), temperature=req.temperature,
+                         top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, repeat_penalty=req.repeat_penalty,
+                         repeat_last_n=req.repeat_last_n, seed=seed)
+
+
+def generation_settings(job: Job, req: CompletionRequest) -> dict[str, Any]:
+    s = job.spec.sampling
+    return {"n_predict": s.max_tokens, "seed": s.seed, "temperature": s.temperature, "top_k": s.top_k,
+            "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n,
+            "stop": list(s.stop), "n_probs": req.n_probs or 0, "ignore_eos": False, "logit_bias": [],
+            "grammar": req.grammar or "", "stream": req.stream, "cache_prompt": req.cache_prompt}
+
+
+def stop_type(job: Job) -> str:
+    done = job.done
+    if done is None:
+        return "none"
+    if done.finish_reason in ("length", "context"):
+        return "limit"
+    return "word" if done.stop else "eos"
+
+
+def final_fields(job: Job, req: CompletionRequest, model: str, content: str) -> dict[str, Any]:
+    done = job.done
+    out = {"index": 0, "content": content, "tokens": list(done.tokens) if done and req.return_tokens else [],
+           "id_slot": 0, "stop": True, "model": model, "tokens_predicted": job.completion_tokens,
+           "tokens_evaluated": job.prompt_tokens, "generation_settings": generation_settings(job, req),
+           "prompt": req.prompt if isinstance(req.prompt, str) else "", "has_new_line": "\n" in content,
+           "truncated": bool(getattr(done, "truncated", False)), "stop_type": stop_type(job),
+           "stopping_word": (done.stop or "") if done else "",
+           "tokens_cached": job.stats.n_reused if job.stats else 0, "timings": timings(job)}
+    if req.n_probs:
+        out["completion_probabilities"] = probabilities(job.logprobs, req.n_probs)
+    return out
+
+
+def pick(body: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
+    """llama-server's response_fields: only these, nested ones named with a slash."""
+    if not fields:
+        return body
+    out: dict[str, Any] = {}
+    for f in fields:
+        node: Any = body
+        for part in f.split("/"):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            out[f] = node
+    return out
+
+
+async def completion(request: Request) -> Response:
+    svc = service(request)
+    req: CompletionRequest = parse(CompletionRequest, await read_body(request, svc.config.max_body))
+    refuse_extensions(req)
+    model = svc.check_model(req.model)
+    prompts = prompts_of(req.prompt)
+    if len(prompts) > 1 and req.stream:
+        raise not_supported("streaming several prompts at once")
+    extra = extension_structured(req)
+    jobs = []
+    try:
+        for p in prompts:
+            spec = GenSpec(endpoint="completion", sampling=settings_of(svc, req), model=model, structured=extra,
+                           logprobs=max(1, req.n_probs) if req.n_probs else 0,
+                           **({"prompt": p} if isinstance(p, str) else {"prompt_tokens": p}))
+            jobs.append(await svc.start(caller(request), spec, request.receive))
+    except BaseException:
+        for j in jobs:
+            j.close()
+        raise
+    if req.stream:
+        return event_stream(_stream(jobs[0], req, model))
+    bodies = []
+    for i, job in enumerate(jobs):
+        try:
+            await job.collect()
+        finally:
+            job.close()
+        if job.error is not None:
+            raise engine_error(job.error)
+        bodies.append(pick({**final_fields(job, req, model, "".join(job.text)), "index": i}, req.response_fields))
+    return JSONResponse(bodies[0] if len(bodies) == 1 else bodies)
+
+
+async def _stream(job: Job, req: CompletionRequest, model: str) -> AsyncIterator[str]:
+    t0 = time.perf_counter()
+    try:
+        async for ev in job.events():
+            if job.disconnected:
+                return
+            for chunk in _chunks(ev, job, req, model, t0):
+                yield sse(chunk)
+    finally:
+        job.close()
+
+
+def _chunks(ev: Any, job: Job, req: CompletionRequest, model: str, t0: float) -> Iterator[dict[str, Any]]:
+    head = {"index": 0, "id_slot": 0, "stop": False, "model": model}
+    if isinstance(ev, P.Progress) and req.return_progress:
+        yield {**head, "content": "", "prompt_progress": progress(ev, t0)}
+    elif isinstance(ev, P.Token):
+        chunk: dict[str, Any] = {**head, "content": ev.text, "tokens": []}
+        if req.n_probs and ev.logprobs:
+            chunk["completion_probabilities"] = probabilities(ev.logprobs, req.n_probs)
+        if req.timings_per_token:
+            chunk["timings"] = timings(job)
+        yield chunk
+    elif isinstance(ev, P.Done):
+        yield {**final_fields(job, req, model, ""), "content": ""}
+    elif isinstance(ev, P.Error):
+        yield native_error(engine_error(ev))
+
+
+# ---- tokenize, detokenize, apply-template ------------------------------------------------------------
+
+
+class TokenizeRequest(Strict):
+    content: str = ""
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(Strict):
+    tokens: list[int] = Field(default_factory=list)
+
+
+class TemplateRequest(Strict):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    add_generation_prompt: bool = True
+
+
+async def tokenize(request: Request) -> Response:
+    svc = service(request)
+    req: TokenizeRequest = parse(TokenizeRequest, await read_body(request, svc.config.max_body))
+    out = await svc.tokenize(svc.model_id, text=req.content, add_special=req.add_special,
+                             parse_special=req.parse_special, with_pieces=req.with_pieces)
+    if req.with_pieces:
+        return JSONResponse({"tokens": [{"id": t, "piece": p} for t, p in zip(out.tokens, out.pieces or [])]})
+    return JSONResponse({"tokens": out.tokens})
+
+
+async def detokenize(request: Request) -> Response:
+    svc = service(request)
+    req: DetokenizeRequest = parse(DetokenizeRequest, await read_body(request, svc.config.max_body))
+    out = await svc.tokenize(svc.model_id, tokens=req.tokens)
+    return JSONResponse({"content": out.text})
+
+
+async def apply_template(request: Request) -> Response:
+    from ggufdesk.server.openai import chat_messages
+    from ggufdesk.server.schemas import ChatRequest
+
+    svc = service(request)
+    req: TemplateRequest = parse(TemplateRequest, await read_body(request, svc.config.max_body))
+    msgs = chat_messages(validate(ChatRequest, {"model": "", "messages": req.messages}))
+    tools = structured.openai_tools(req.tools, req.tool_choice, True) if req.tools else {}
+    out = await svc.tokenize(svc.model_id, messages=msgs, tools=tools.get("tools"),
+                             tool_choice=tools.get("tool_choice"), add_generation_prompt=req.add_generation_prompt)
+    return JSONResponse({"prompt": out.text})
+
+
+# ---- props, slots, models ------------------------------------------------------------------------------
+
+
+async def props(request: Request) -> Response:
+    svc = service(request)
+    m = svc.models()[0]
+    s = svc.config.sampling
+    params = {"n_predict": svc.config.default_max_tokens, "seed": s.seed, "temperature": s.temperature,
+              "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": s.repeat_penalty,
+              "repeat_last_n": s.repeat_last_n, "stop": list(s.stop), "n_probs": 0}
+    return JSONResponse({
+        "default_generation_settings": {"id": 0, "n_ctx": m.get("n_ctx", 0), "is_processing": False,
+                                        "params": params},
+        "total_slots": svc.config.parallel, "model_alias": svc.model_id, "model_path": m["path"],
+        "chat_template": m.get("chat_template") or "", "modalities": {"vision": False, "audio": False},
+        "build_info": f"ggufdesk {_version()}", "is_sleeping": False,
+    })
+
+
+async def slots(request: Request) -> Response:
+    svc = service(request)
+    if not svc.config.slots:
+        raise ApiError(501, "this server does not support the slots endpoint (start it with --slots)",
+                       code="not_supported", reason="invalid")
+    n_ctx = svc.models()[0].get("n_ctx", 0)
+    busy = svc.admission.running
+    return JSONResponse([{"id": i, "n_ctx": n_ctx, "is_processing": i < busy} for i in range(svc.config.parallel)])
+
+
+async def models(request: Request) -> Response:
+    """llama-server's /models: the OpenAI list (with aliases) and its own `models` list."""
+    svc = service(request)
+    created = svc.created
+    data, native = [], []
+    for m in svc.models():
+        data.append({"id": m["id"], "object": "model", "created": created, "owned_by": "ggufdesk",
+                     "aliases": m.get("aliases") or [m["id"]], "tags": [],
+                     "meta": {"n_ctx_train": m["context_length"], "n_params": m["n_params"], "size": m["size_bytes"]}})
+        native.append({"name": m["id"], "model": m["id"], "size": m["size_bytes"], "digest": m["digest"],
+                       "capabilities": m["capabilities"], "details": {"format": "gguf", "family": m["family"],
+                                                                      "quantization_level": m["quant"]}})
+    return JSONResponse({"object": "list", "data": data, "models": native})
+
+
+def _version() -> str:
+    from ggufdesk import __version__
+
+    return __version__
+
+
+ROUTES = [
+    Route("/completion", completion, methods=["POST"]),
+    Route("/completions", completion, methods=["POST"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/apply-template", apply_template, methods=["POST"]),
+    Route("/props", props, methods=["GET"]),
+    Route("/slots", slots, methods=["GET"]),
+    Route("/models", models, methods=["GET"]),
+]
