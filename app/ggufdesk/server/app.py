@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ggufdesk.server import anthropic, embeddings, llamacpp, ollama, openai, responses
+from ggufdesk.server import anthropic, embeddings, llamacpp, ollama, ollama_pull, openai, responses
 from ggufdesk.server.errors import ApiError
 from ggufdesk.server.service import ClientGone, Service
 
@@ -108,7 +108,7 @@ def build_app(service: Service) -> ASGIApp:
     app = Starlette(
         routes=[Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
                 *openai.ROUTES, *anthropic.ROUTES, *embeddings.ROUTES,
-                *ollama.ROUTES, *responses.ROUTES, *llamacpp.ROUTES],
+                *ollama.ROUTES, *ollama_pull.ROUTES, *responses.ROUTES, *llamacpp.ROUTES],
         exception_handlers={ApiError: on_api_error, ClientGone: on_client_gone, HTTPException: on_http_error,
                             Exception: on_bug},
     )

@@ -12,6 +12,8 @@ _TYPES = {
     429: ("rate_limit_error", "rate_limit_error"),
     500: ("server_error", "api_error"),
     501: ("not_supported_error", "api_error"),
+    502: ("server_error", "api_error"),
+    403: ("invalid_request_error", "permission_error"),
     503: ("server_error", "overloaded_error"),
 }
 
