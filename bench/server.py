@@ -12,6 +12,11 @@ the llama-cpp-python sdist (same portable CPU flags as installer/llama_wheel.sh)
 
     python bench/server.py [--threads 2] [--ctx 8192] [--parallel 8] [--tokens 96] [--json out.json]
     python bench/server.py --skip-llama-cpp-python --aggregate-reps 8 [--clients 4]   # the 4-stream ratio alone
+    python bench/server.py --skip-llama-cpp-python --ctx 32768 --agent-prefill-reps 3   # a 20k-token agent prompt
+
+The agent prompt is Claude Code 2.1's recorded first request (tests/fixtures/clients/), sent to both
+servers as the same /v1/chat/completions request (system text, user turns, its 24 tools), a fresh
+nonce first so no cache helps; prefill tok/s is each server's own `timings` (prompt_n / prompt_ms).
 """
 from __future__ import annotations
 
@@ -350,6 +355,9 @@ def main() -> int:
     ap.add_argument("--aggregate-reps", type=int, default=0,
                     help="only compare aggregate tok/s at --clients streams, this many interleaved rounds")
     ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--agent-prefill-reps", type=int, default=0,
+                    help="only compare prefill of Claude Code's ~20k-token agent prompt, this many interleaved rounds")
+    ap.add_argument("--agent-chars", type=int, default=0, help="cut the agent prompt's system text (a smoke run)")
     a = ap.parse_args()
     if a.model is None:
         sys.path.insert(0, str(ROOT / "app"))
@@ -368,6 +376,9 @@ def main() -> int:
         print(f"servers ready (logs in {logs}); load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
         if a.aggregate_reps:
             aggregate_rounds(servers, a)
+            return 0
+        if a.agent_prefill_reps:
+            agent_prefill(servers, a)
             return 0
         run_rates: list[float] = []
         results["ggufdesk_run_decode_tok_s"] = run_rates
@@ -422,6 +433,45 @@ def aggregate_rounds(servers: list[Server], a: argparse.Namespace) -> None:
               f"{statistics.median(ours):.1f} tok/s vs {s.name} {statistics.median(got[s.name]):.1f} = "
               f"{statistics.median(ours) / statistics.median(got[s.name]):.3f}x (median of medians); per round "
               + " ".join(f"{r:.2f}" for r in pairs) + f", median {statistics.median(pairs):.3f}x")
+
+
+def agent_request(nonce: str, chars: int = 0) -> dict:
+    """Claude Code's recorded request as one OpenAI chat request both servers take (system text first,
+    a nonce at its head so no prefix cache helps, the user turns, the tools as functions)."""
+    body = json.loads((ROOT / "tests" / "fixtures" / "clients" / "claude_code_2.1.197_main.json").read_text())
+
+    def text(content) -> str:
+        return content if isinstance(content, str) else "".join(b.get("text", "") for b in content)
+
+    system = [nonce, text(body["system"])] + [text(m["content"]) for m in body["messages"] if m["role"] == "system"]
+    whole = "\n\n".join(system)
+    msgs = [{"role": "system", "content": whole[:chars] if chars else whole}] + [
+        {"role": m["role"], "content": text(m["content"])} for m in body["messages"] if m["role"] != "system"]
+    tools = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
+                                               "parameters": t["input_schema"]}} for t in body["tools"]]
+    if chars:  # a short smoke run: no tools either
+        tools = []
+    return {"messages": msgs, "max_tokens": 1, "temperature": 0, **({"tools": tools} if tools else {})}
+
+
+def agent_prefill(servers: list[Server], a: argparse.Namespace) -> None:
+    """Prefill tok/s of the agent prompt on each server, rounds interleaved, order alternating."""
+    got: dict[str, list[tuple[int, float]]] = {s.name: [] for s in servers}
+    for rnd in range(a.agent_prefill_reps):
+        for s in servers if rnd % 2 == 0 else servers[::-1]:
+            body = {**agent_request(f"session {random.getrandbits(64):x}", a.agent_chars), "model": s.model}
+            r = httpx.post(s.url + "/v1/chat/completions", json=body, timeout=3600)
+            r.raise_for_status()
+            t = r.json()["timings"]
+            got[s.name].append((t["prompt_n"], 1000 * t["prompt_n"] / t["prompt_ms"]))
+        print(f"  round {rnd + 1}: " + ", ".join(f"{n} {v[-1][0]} tokens at {v[-1][1]:.0f} tok/s"
+                                                 for n, v in got.items()), file=sys.stderr)
+    ours = statistics.median(x for _, x in got[servers[0].name])
+    for s in servers[1:]:
+        theirs = statistics.median(x for _, x in got[s.name])
+        print(f"agent prompt prefill, {a.agent_prefill_reps} rounds: {servers[0].name} {ours:.0f} tok/s "
+              f"({got[servers[0].name][0][0]} tokens) vs {s.name} {theirs:.0f} tok/s ({got[s.name][0][0]} tokens) "
+              f"= {ours / theirs:.2f}x")
 
 
 def save(a: argparse.Namespace, results: dict) -> None:
