@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from server import VERSION, free_port, llama_server_binary, tools_dir  # noqa: E402  (bench/server.py)
+from server import VERSION, free_port, llama_server_binary, tools_dir  # bench/server.py
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ["basic", "chat_completion", "completion", "compat_anthropic", "compat_oai_responses", "ctx_shift",
@@ -120,7 +120,7 @@ def run_file(kind: str, name: str, tests: Path, env: dict[str, str], py: Path, e
     """{test id: (outcome, first line of why)} for one file on one server."""
     report = Path(tempfile.mkstemp(suffix=".xml")[1])
     cmd = [str(py), "-m", "pytest", f"unit/test_{name}.py", "-q", "-p", "no:cacheprovider", "-o",
-           "addopts=", f"--junitxml={report}", *extra]
+           "addopts=", "-m", "not slow", f"--junitxml={report}", *extra]  # (tests.sh's default: slow = hub models)
     try:
         subprocess.run(cmd, cwd=str(tests), env=env, timeout=timeout, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
@@ -152,7 +152,16 @@ def main() -> int:
     p.add_argument("-k", default="", help="pytest -k expression")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per file and server")
     p.add_argument("--json", help="write every outcome here")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="no run: report these earlier --json files together")
     a = p.parse_args()
+    if a.merge:
+        merged: dict[str, dict[str, dict[str, tuple[str, str]]]] = {}
+        for path in a.merge:
+            for name, per in json.loads(Path(path).read_text()).items():
+                merged.setdefault(name, {}).update({k: {t: tuple(v) for t, v in r.items()} for k, r in per.items()})
+        kinds_seen = sorted({k for per in merged.values() for k in per}, key=lambda k: k != "llama-server")
+        report({n: {k: per.get(k, {}) for k in kinds_seen} for n, per in merged.items()}, kinds_seen)
+        return 0
     tests, py = suite_dir(), suite_python()
     tiny, bert = models(tools_dir() / "suite-models")
     base = dict(os.environ, SUITE_TINY_MODEL=str(tiny), SUITE_BERT_MODEL=str(bert), LLAMA_CACHE=str(tests / "tmp"))
@@ -160,7 +169,8 @@ def main() -> int:
     if a.only != "ggufdesk":
         kinds["llama-server"] = {"LLAMA_SERVER_BIN_PATH": str(llama_server_binary())}
     if a.only != "llama-server":
-        ours = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
+        venv = ROOT / ".venv" / "bin" / "python"
+        ours = str(venv) if venv.exists() else sys.executable
         kinds["ggufdesk"] = {"LLAMA_SERVER_BIN_PATH": str(SHIM), "GGUFDESK_PYTHON": ours,
                              "GGUFDESK_SERVE_FLAGS": serve_flags(ours)}
     extra = ["-k", a.k] if a.k else []
@@ -180,7 +190,8 @@ def main() -> int:
 
 
 def report(outcomes: dict[str, dict[str, dict[str, tuple[str, str]]]], kinds: list[str]) -> None:
-    print(f"\n{'file':24s}" + "".join(f"{k:>16s}" for k in kinds) + ("   both / llama-server" if len(kinds) == 2 else ""))
+    both = len(kinds) == 2
+    print(f"\n{'file':24s}" + "".join(f"{k:>16s}" for k in kinds) + ("   both / llama-server" if both else ""))
     tot = {k: 0 for k in kinds}
     both_total = ref_total = 0
     missing: list[str] = []
@@ -197,8 +208,8 @@ def report(outcomes: dict[str, dict[str, dict[str, tuple[str, str]]]], kinds: li
             row += f"   {len(both):>4d} / {len(ref)}"
             missing += [f"{name}: {t}: {per['ggufdesk'].get(t, ('missing', 'not run'))[1]}" for t in sorted(ref - both)]
         print(row)
-    print(f"{'total':24s}" + "".join(f"{tot[k]:>16d}" for k in kinds)
-          + (f"   {both_total:>4d} / {ref_total} = {both_total / ref_total:.0%}" if len(kinds) == 2 and ref_total else ""))
+    share = f"   {both_total:>4d} / {ref_total} = {both_total / ref_total:.0%}" if both and ref_total else ""
+    print(f"{'total':24s}" + "".join(f"{tot[k]:>16d}" for k in kinds) + share)
     if missing:
         print("\npassed by llama-server, not by ggufdesk:")
         print("\n".join("  " + m for m in missing))

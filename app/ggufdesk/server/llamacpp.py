@@ -32,9 +32,10 @@ NATIVE_PATHS = ("/completion", "/completions", "/tokenize", "/detokenize", "/app
 # llama.cpp sampling options ggufdesk does not have, with the value that means "off"
 NEUTRAL: dict[str, Any] = {"mirostat": 0, "typical_p": 1.0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
                            "dynatemp_range": 0.0, "top_n_sigma": -1.0, "n_indent": 0, "t_max_predict_ms": 0,
-                           "ignore_eos": False, "post_sampling_probs": False, "min_keep": 0,
+                           "post_sampling_probs": False, "min_keep": 0,
                            "presence_penalty": 0.0, "frequency_penalty": 0.0}
-REFUSED = ("lora", "image_data", "multimodal_data", "samplers", "logit_bias")
+MAX_PROMPTS = 64  # prompts in one /completion request (each is a request of its own)
+REFUSED = ("lora", "image_data", "multimodal_data", "samplers")
 
 
 def is_native(path: str) -> bool:
@@ -63,9 +64,32 @@ def refuse_extensions(req: Any) -> None:
             raise not_supported(name)
 
 
+def bias_fields(req: Any) -> dict[str, Any]:
+    """Generate's logit_bias ({id: bias or None for never}) from OpenAI's {"id": bias} or llama.cpp's
+    [[id, bias or false]], and ignore_eos."""
+    out: dict[str, Any] = {"ignore_eos": True} if getattr(req, "ignore_eos", False) else {}
+    raw = getattr(req, "logit_bias", None)
+    if not raw:
+        return out
+    pairs = raw.items() if isinstance(raw, dict) else [tuple(p) for p in raw]
+    bias: dict[str, float | None] = {}
+    for pair in pairs:
+        if len(pair) != 2 or (isinstance(pair[1], bool) and pair[1]):
+            raise invalid("logit_bias: give {\"token id\": bias} or [[token id, bias or false]]", param="logit_bias")
+        key, value = pair
+        bias[str(key)] = None if value is False else float(value)
+    if len(bias) > 1 << 16:
+        raise invalid("logit_bias: at most 65536 tokens", param="logit_bias")
+    return {**out, "logit_bias": bias}
+
+
 def extension_structured(req: LlamaFields, response_format: dict[str, Any] | None = None) -> dict[str, Any]:
     """Generate's structured fields from grammar, json_schema or response_format (with llama.cpp's
-    {"type": "json_object", "schema": ...} form); at most one of them."""
+    {"type": "json_object", "schema": ...} form); at most one of them; and the logit bias."""
+    return {**_constraint(req, response_format), **bias_fields(req)}
+
+
+def _constraint(req: LlamaFields, response_format: dict[str, Any] | None) -> dict[str, Any]:
     given = [n for n, v in (("grammar", req.grammar), ("json_schema", req.json_schema),
                             ("response_format", response_format)) if v]
     if len(given) > 1:
@@ -136,6 +160,8 @@ def prompts_of(prompt: str | list[Any]) -> list[str | list[int]]:
         return [list(prompt)]
     if not prompt:
         raise invalid("prompt must not be empty", param="prompt")
+    if len(prompt) > MAX_PROMPTS:
+        raise invalid(f"at most {MAX_PROMPTS} prompts in one request, got {len(prompt)}", param="prompt")
     for p in prompt:
         if isinstance(p, list) and not all(isinstance(t, int) for t in p):
             raise not_supported("a prompt mixing text and token ids")
@@ -155,7 +181,8 @@ def generation_settings(job: Job, req: CompletionRequest) -> dict[str, Any]:
     s = job.spec.sampling
     return {"n_predict": s.max_tokens, "seed": s.seed, "temperature": s.temperature, "top_k": s.top_k,
             "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n,
-            "stop": list(s.stop), "n_probs": req.n_probs or 0, "ignore_eos": False, "logit_bias": [],
+            "stop": list(s.stop), "n_probs": req.n_probs or 0, "ignore_eos": req.ignore_eos,
+            "logit_bias": [{"token": int(t), "bias": b} for t, b in (bias_fields(req).get("logit_bias") or {}).items()],
             "grammar": req.grammar or "", "stream": req.stream, "cache_prompt": req.cache_prompt}
 
 

@@ -62,9 +62,9 @@ def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
 def chat_structured(req: ChatRequest) -> dict[str, Any]:
     constrained = extension_structured(req, req.response_format)
     tools = structured.openai_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
-    if constrained and tools:
+    if tools and ("json_schema" in constrained or "grammar" in constrained):
         raise invalid("use response_format (or grammar, json_schema) or tools, not both", param="response_format")
-    return constrained or tools
+    return {**constrained, **tools}
 
 
 def fingerprint(svc: Service) -> str:

@@ -49,7 +49,7 @@ class SamplingFields(Strict):
     n: int = Field(1, ge=1)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float | bool | None] | list[list[int | float | bool]] | None = None
     user: str | None = None
 
 
@@ -187,8 +187,6 @@ def refuse_unsupported(req: SamplingFields) -> None:
         raise not_supported("n other than 1")
     if req.presence_penalty or req.frequency_penalty:
         raise not_supported("presence_penalty/frequency_penalty (use repeat_penalty)")
-    if req.logit_bias:
-        raise not_supported("logit_bias")
 
 
 def text_of(content: Any, where: str) -> str:

@@ -58,6 +58,7 @@ class Sequence:
     constraint: GrammarConstraint | None = None  # structured output: every token must fit its grammar
     structured: Structured | None = None  # what the request asked for (tool calls are parsed at the end)
     paused_steps: int = 0  # steps decoded in a batch while it had a drafter
+    bias: tuple[np.ndarray, np.ndarray] | None = None  # logit bias: token ids and what to add (-inf: never)
 
     @property
     def reserve(self) -> int:
@@ -293,6 +294,8 @@ class BatchEngine:
     # ---- sampling and output ------------------------------------------------------------------
 
     def _sample(self, s: Sequence, row: int) -> int:
+        if s.bias is not None:  # the row is llama.cpp's own logits buffer: its sampler reads the biased values
+            self.gen.logits_row(row)[s.bias[0]] += s.bias[1]
         if s.constraint is not None:  # engine/structured/grammar.py: check the sampled token, resample if rejected
             t = s.constraint.sample(self.gen.logits_row(row), s.sampler)
         else:

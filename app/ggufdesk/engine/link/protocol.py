@@ -77,6 +77,8 @@ class Generate:
     tools: list[dict[str, Any]] | None = None  # OpenAI-style function tools (chat requests)
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
     parallel_tool_calls: bool = False  # up to 4 calls in one answer (off: one, as llama-server)
+    logit_bias: dict[str, float | None] | None = None  # token id -> added to its logit (None: never sampled)
+    ignore_eos: bool = False  # end-of-generation tokens are never sampled: it runs to max_tokens
 
 
 @dataclass(kw_only=True)

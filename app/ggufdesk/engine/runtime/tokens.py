@@ -54,3 +54,26 @@ def pieces(gen: Any, tokens: list[int]) -> list[str | list[int]]:
         except UnicodeDecodeError:
             out.append(list(raw))
     return out
+
+
+def logit_bias(bias: dict[str, float | None], never: list[int], n_vocab: int) -> tuple[Any, Any]:
+    """(ids, values) to add to a logits row: `bias` maps token ids (as text) to a number, or None for
+    never; `never` are token ids never to sample. A bad id or value is a settings error."""
+    import numpy as np
+
+    merged: dict[int, float] = {t: -np.inf for t in never}
+    for key, value in bias.items():
+        try:
+            t = int(key)
+        except (TypeError, ValueError):
+            raise refusal(f"logit_bias keys must be token ids, got {str(key)[:20]!r}", "settings") from None
+        if not 0 <= t < n_vocab:
+            raise refusal(f"logit_bias: token id {t} is not in the vocabulary (0-{n_vocab - 1})", "settings")
+        if value is None:
+            merged[t] = -np.inf
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not -1e6 <= value <= 1e6:
+            raise refusal(f"logit_bias: the bias of token {t} must be a number or null", "settings")
+        else:
+            merged[t] = merged.get(t, 0.0) + float(value)
+    ids = np.fromiter(merged.keys(), dtype=np.int64, count=len(merged))
+    return ids, np.fromiter(merged.values(), dtype=np.float32, count=len(merged))

@@ -148,6 +148,7 @@ class Engine:
         self.embedder: Any = None  # runtime.embed.Embedder, made at the first Embed (at load for an embedding model)
         self.embedding_only = False  # the loaded model computes embeddings and cannot generate
         self._embeds: deque[EmbedJob] = deque()
+        self._eog: list[int] | None = None  # the loaded model's end-of-generation tokens (ignore_eos)
 
     # ---- load / unload --------------------------------------------------------------------------
 
@@ -249,6 +250,7 @@ class Engine:
             self.embedder.close()
             self.embedder = None
         self.embedding_only = False
+        self._eog = None
         if self.lm is not None:
             self.gen = None
             self.ngrams = self._token_text = None
@@ -306,7 +308,7 @@ class Engine:
                 seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs,
                                drafter=drafter, max_gen=min(sampling.max_tokens, self.lm.n_ctx - len(prompt)),
                                stats=RunStats(n_prompt=len(prompt), t_start=t_start),
-                               constraint=constraint, structured=structured)
+                               constraint=constraint, structured=structured, bias=self._bias(req))
                 self.batch.submit(seq)
             except (KnownError, TypeError):
                 if constraint is not None:
@@ -369,6 +371,19 @@ class Engine:
                                     pooling=self.embedder.pooling_name, model=self.lm.path))
 
     # ---- the main loop --------------------------------------------------------------------------
+
+    def _bias(self, req: P.Generate) -> Any:
+        """Generate.logit_bias and ignore_eos as (ids, values) arrays for the sampler, or None."""
+        from ggufdesk.engine.runtime.tokens import logit_bias
+
+        if not req.logit_bias and not req.ignore_eos:
+            return None
+        if req.ignore_eos and self._eog is None:
+            import llama_cpp
+
+            vocab = self.lm.vocab
+            self._eog = [t for t in range(self.lm.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)]
+        return logit_bias(req.logit_bias or {}, self._eog if req.ignore_eos else [], self.lm.n_vocab)
 
     def next_request(self, inbox: queue.Queue) -> Any:
         """Run engine steps (and embedding inputs) until a request arrives (requests are read between
