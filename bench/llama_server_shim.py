@@ -21,6 +21,7 @@ VALUED = {
     "--n-predict": "--max-tokens", "--threads": "--threads", "-t": "--threads", "--n-gpu-layers": "--gpu-layers",
     "-ngl": "--gpu-layers", "--api-key": "--api-key", "-fa": "--flash-attn", "--chat-template": "--chat-template",
     "--chat-template-file": "--chat-template-file", "--cors-origins": "--cors-origin", "-ctk": "--kv-type",
+    "--tags": "--tags",
 }
 # flags whose value changes nothing ggufdesk could honour differently (output format of reasoning: later)
 IGNORED_VALUED = {"--reasoning-format", "--reasoning"}
@@ -59,12 +60,8 @@ def translate(argv: list[str], offered: set[str]) -> list[str]:
             raise SystemExit(f"llama_server_shim: ggufdesk serve has no equivalent of {flag}")
         if flag == "--n-predict" and int(value) <= 0:
             value = str(1 << 20)  # -1: until the model stops or the context is full
-        if flag == "--host" and "," in value:
-            raise SystemExit("llama_server_shim: ggufdesk serve listens on one address")
         out += [target, value]
-    if not model:
-        raise SystemExit("llama_server_shim: no --model given (ggufdesk serve would pick its starter)")
-    return [model, *out]
+    return [model, *out] if model else out  # no model: ggufdesk serve's own default (llama-server's router mode)
 
 
 def main() -> None:

@@ -85,7 +85,16 @@ def test_invalid_values_are_400_naming_the_field(client):
         client.chat.completions.create(model=MODEL, messages=USER, max_tokens=2, temperature=7)
     assert e.value.param == "temperature"
     with pytest.raises(openai.BadRequestError, match="not supported"):
-        client.chat.completions.create(model=MODEL, messages=USER, max_tokens=2, n=2)
+        client.chat.completions.create(model=MODEL, messages=USER, max_tokens=2, n=2, stream=True)
+    with pytest.raises(openai.BadRequestError, match="not supported"):
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2, n=2)
+
+
+def test_n_choices(client):
+    r = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=3, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2] and all(c.finish_reason == "length" for c in r.choices)
+    assert len({c.message.content for c in r.choices}) == 1  # greedy: the same answer thrice
+    assert r.usage.completion_tokens == 9
 
 
 def test_a_prompt_longer_than_the_context_is_context_length_exceeded(client):

@@ -17,7 +17,8 @@ HELP = "serve the model over an OpenAI- and Anthropic-compatible HTTP API (127.0
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.set_defaults(max_tokens=1024)  # a request without max_tokens gets this many at most
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (others need --api-key)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (others need --api-key); several: comma-separated")
     p.add_argument("--port", type=int, default=8080, help="port (0 = any free port)")
     p.add_argument("--parallel", type=int, default=4, help="requests generated at once")
     p.add_argument("--prefill-chunk", type=int, default=0,
@@ -30,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alias", action="append", default=[],
                    help="a name the model is listed as and answers to (repeatable or comma-separated; "
                         "the first in sorted order is its id, as llama-server does)")
+    p.add_argument("--tags", default="", help="comma-separated labels /models lists for the model (llama-server's)")
     p.add_argument("--chat-template-file", help="a Jinja chat template to use instead of the model's own")
     p.add_argument("--chat-template", help="a chat template as Jinja text, or a built-in name (chatml, llama3)")
     p.add_argument("--no-metrics", action="store_true", help="no /metrics endpoint (it answers 501)")
@@ -52,14 +54,16 @@ def build(args: argparse.Namespace):
     if args.ollama_port is not None and not 0 <= args.ollama_port <= 65535:
         raise KnownError("--ollama-port must be a port number (0-65535)")
     keys = tuple(k for k in args.api_key if k)
-    check_exposure(args.host, keys)
+    for host in args.host.split(","):
+        check_exposure(host.strip(), keys)
     load, sampling, spec = settings_from_args(args)
     load = dataclasses.replace(load, n_parallel=args.parallel, prefill_chunk=args.prefill_chunk,
                                chat_template=chat_template(args))
     config = ServerConfig(api_keys=keys, rate_limit=args.rate_limit, parallel=args.parallel,
                           max_queue=args.queue, max_body=args.max_body, default_max_tokens=args.max_tokens,
                           sampling=sampling, metrics=not args.no_metrics, slots=args.slots,
-                          aliases=tuple(sorted({n.strip() for a in args.alias for n in a.split(",") if n.strip()})))
+                          aliases=tuple(sorted({n.strip() for a in args.alias for n in a.split(",") if n.strip()})),
+                          tags=tuple(t.strip() for t in args.tags.split(",") if t.strip()))
     pool = EnginePool(model=resolve_model(args.model), load=load, speculation=spec)
     service = Service(pool=pool, config=config)
     return service, ServerRunner(service, host=args.host, port=args.port, ollama_port=args.ollama_port)

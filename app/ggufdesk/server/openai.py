@@ -132,28 +132,49 @@ async def chat_completions(request: Request) -> Response:
     spec = GenSpec(endpoint="chat", messages=chat_messages(req), sampling=sampling, logprobs=lp, structured=extra,
                    model=model)
     verbose = await verbose_prompt(svc, spec) if req.verbose else {}
-    job = await svc.start(caller(request), spec, request.receive)
+    if req.n > 1 and req.stream:
+        raise not_supported("n other than 1 when streaming")
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     head = _chunk_head(cid, "chat.completion.chunk", created, model, fingerprint(svc))
     if req.stream:
+        job = await svc.start(caller(request), spec, request.receive)
         usage = bool(req.stream_options and req.stream_options.include_usage)
         calls = CallStream(svc.pool_for(model).tool_format or GENERIC) if "tools" in extra else None
         return event_stream(_chat_stream(job, head, top if lp else None, usage, calls, Extras.of(req)))
+    jobs = await _collect_n(svc, request, spec, req.n)
+    choices = [_chat_choice(i, job, top if lp else None) for i, job in enumerate(jobs)]
+    usage = jobs[0].usage()
+    usage["completion_tokens"] = sum(j.completion_tokens for j in jobs)
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model,
+                         "choices": choices, "usage": usage, "system_fingerprint": head["system_fingerprint"],
+                         "timings": timings(jobs[0]), **verbose})
+
+
+async def _collect_n(svc: Service, request: Request, spec: GenSpec, n: int) -> list[Job]:
+    """n answers to one request (OpenAI's `n`): n generations side by side, each admitted like any."""
+    jobs: list[Job] = []
     try:
-        await job.collect()
+        for _ in range(n):
+            jobs.append(await svc.start(caller(request), spec, request.receive))
+        for job in jobs:
+            await job.collect()
     finally:
-        job.close()
-    if job.error is not None:
-        raise _mid_error(job)
+        for job in jobs:
+            job.close()
+    for job in jobs:
+        if job.error is not None:
+            raise engine_error(job.error)
+    return jobs
+
+
+def _chat_choice(index: int, job: Job, top: int | None) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": "".join(job.text)}
     if job.done is not None and job.done.tool_calls:
         message = {"role": "assistant", "content": job.done.content or None,
                    "tool_calls": openai_calls(job.done.tool_calls)}
-    choice = {"index": 0, "message": message, "logprobs": chat_logprobs(job.logprobs, top) if lp else None,
-              "finish_reason": job.finish_reason}
-    return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model,
-                         "choices": [choice], "usage": job.usage(), "system_fingerprint": head["system_fingerprint"],
-                         "timings": timings(job), **verbose})
+    return {"index": index, "message": message, "logprobs": chat_logprobs(job.logprobs, top) if top is not None
+            else None, "finish_reason": job.finish_reason}
 
 
 def positive(n: int | None) -> int | None:
@@ -205,6 +226,8 @@ async def completions(request: Request) -> Response:
     req: CompletionRequest = parse(CompletionRequest, await read_body(request, svc.config.max_body))
     refuse_unsupported(req)
     refuse_extensions(req)
+    if req.n != 1:
+        raise not_supported("n other than 1 (here; /v1/chat/completions takes it)")
     if req.echo:
         raise not_supported("echo")
     if req.suffix:

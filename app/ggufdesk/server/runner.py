@@ -39,9 +39,11 @@ class ServerRunner:
 
     def __init__(self, service: Service, *, host: str = "127.0.0.1", port: int = 8080,
                  ollama_port: int | None = None) -> None:
-        check_exposure(host, service.config.api_keys)
+        self.hosts = [h.strip() for h in host.split(",") if h.strip()] or ["127.0.0.1"]  # "a,b": both addresses
+        for h in self.hosts:
+            check_exposure(h, service.config.api_keys)
         self.service = service
-        self.host, self.port = host, port
+        self.host, self.port = self.hosts[0], port
         self.ollama_port = ollama_port  # a second port with the same API, for clients that hard-code Ollama's
         self._sock: socket.socket | None = None
         self._extra: list[socket.socket] = []
@@ -51,27 +53,31 @@ class ServerRunner:
     def bind(self) -> str:
         """Bind and listen (and on the Ollama port, if any); returns the base URL. Raises KnownError
         when a port is taken."""
-        self._sock = self._listen(self.port)
+        self._sock = self._listen(self.host, self.port)
         self.port = self._sock.getsockname()[1]
-        if self.ollama_port is not None:
-            try:
-                extra = self._listen(self.ollama_port)
-            except KnownError:
-                self._close_socket()
-                raise
-            self._extra = [extra]
-            self.ollama_port = extra.getsockname()[1]
+        try:
+            self._extra = [self._listen(h, self.port) for h in self.hosts[1:]]
+            if self.ollama_port is not None:
+                first = self._listen(self.host, self.ollama_port)
+                self.ollama_port = first.getsockname()[1]
+                self._extra += [first] + [self._listen(h, self.ollama_port) for h in self.hosts[1:]]
+        except KnownError:
+            self._close_socket()
+            raise
         return self.url
 
-    def _listen(self, port: int) -> socket.socket:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+    @staticmethod
+    def _listen(host: str, port: int) -> socket.socket:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         try:
-            sock.bind((self.host, port))
+            sock.bind((host, port))
         except OSError as e:
             sock.close()
-            raise KnownError(f"cannot listen on {self.host}:{port}: {e.strerror or e}") from None
+            raise KnownError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
         sock.listen(128)
         sock.setblocking(False)
         return sock

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ggufdesk.server.errors import invalid, not_supported
 
 Stop = str | list[str] | None
+MAX_N = 8  # choices in one chat request (each is a generation of its own)
 
 
 class Strict(BaseModel):
@@ -183,8 +184,8 @@ def stops(stop: Stop) -> list[str]:
 
 def refuse_unsupported(req: SamplingFields) -> None:
     """Fields we cannot honour are refused, never silently ignored."""
-    if req.n != 1:
-        raise not_supported("n other than 1")
+    if req.n > MAX_N:
+        raise invalid(f"n: at most {MAX_N} choices", param="n")
     if req.presence_penalty or req.frequency_penalty:
         raise not_supported("presence_penalty/frequency_penalty (use repeat_penalty)")
 

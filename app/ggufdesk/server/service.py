@@ -39,6 +39,7 @@ class ServerConfig:
     metrics: bool = True  # /metrics (off: 501, as llama-server without --metrics)
     slots: bool = False  # /slots (llama-server's --slots)
     aliases: tuple[str, ...] = ()  # names the one model is listed as and answers to (sorted; the first is its id)
+    tags: tuple[str, ...] = ()  # labels /models lists (llama-server's --tags)
 
 
 @dataclass(kw_only=True)
