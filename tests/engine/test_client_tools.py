@@ -34,3 +34,30 @@ def test_codexs_function_tools_plan_into_a_grammar():
              for t in body["tools"] if t["type"] == "function"]
     st = plan(tools=tools, tool_choice="auto", template_source=None, chat=True)
     assert st.gbnf and len(st.tools) == len(tools) >= 7
+
+
+def test_claude_codes_tools_make_a_grammar_llama_cpp_takes(tiny_model):
+    """Its Workflow tool says `maxLength: 524288`: expanded, that grammar crashed llama.cpp's parser
+    (SIGSEGV); tool parameters leave bounds above BOUND_LIMIT unenforced instead."""
+    from ggufdesk.core.settings import LoadSettings
+    from ggufdesk.engine.batching.generate import Generator
+    from ggufdesk.engine.runtime.native import LlamaLog, load_model
+
+    lm = load_model(str(tiny_model), LoadSettings(n_ctx=256, n_threads=1, n_threads_batch=1), LlamaLog())
+    try:
+        gen = Generator(lm)
+        st = plan(tools=claude_code_tools(), tool_choice="auto", template_source=None, chat=True)
+        c = st.constraint(lm.vocab, lm.n_vocab, piece=gen.piece, tokenize=lambda t: gen.tokenize(t, add_bos=False))
+        assert c is not None
+        c.close()
+    finally:
+        lm.close()
+
+
+def test_a_response_schema_bound_too_large_for_a_grammar_is_refused():
+    from ggufdesk.core.schema import SchemaError
+    from ggufdesk.engine.structured.grammar import BOUND_LIMIT, schema_to_gbnf
+
+    assert schema_to_gbnf({"type": "string", "maxLength": BOUND_LIMIT})
+    with pytest.raises(SchemaError, match="cannot be enforced"):
+        schema_to_gbnf({"type": "array", "items": {"type": "string"}, "maxItems": BOUND_LIMIT + 1})

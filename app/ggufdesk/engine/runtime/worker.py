@@ -475,10 +475,12 @@ class Engine:
             def count(m: list[dict[str, Any]]) -> int:
                 return len(self._chat_tokens(m, tools))
 
-            budget = n_ctx - reserve
-            if req.context_policy == "refuse" and count(msgs) > budget:
-                raise context_error(count(msgs), budget)
-            messages = fit_messages(msgs, count, budget)
+            if req.context_policy == "refuse":  # (the server) the prompt must fit; the answer gets what is left,
+                tokens = self._chat_tokens(msgs, tools)  # as llama-server does with a large max_tokens
+                if len(tokens) > n_ctx - 1:
+                    raise context_error(len(tokens), n_ctx - 1)
+                return tokens, list(self.template.stops)
+            messages = fit_messages(msgs, count, n_ctx - reserve)
             return self._chat_tokens(messages, tools), list(self.template.stops)
         if req.prompt_tokens is not None:
             from ggufdesk.engine.runtime.tokens import check_ids

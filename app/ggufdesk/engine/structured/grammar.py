@@ -121,12 +121,34 @@ class _Converter(llama_grammar.SchemaConverter):
         return super().visit(schema, name)
 
 
-def schema_to_gbnf(schema: dict[str, Any]) -> str:
-    """GBNF for a checked schema; SchemaError names what cannot be enforced."""
+BOUND_LIMIT = 256  # longest length/item-count bound a grammar holds: llama.cpp refuses ~1,000 and crashes far above
+BOUNDS = ("minLength", "maxLength", "minItems", "maxItems")
+
+
+def _bounded(node: Any, relax: bool) -> Any:
+    """The schema with length and item-count bounds above BOUND_LIMIT removed (relax: tool parameters,
+    where Claude Code's `maxLength: 524288` must not refuse the whole request) or refused."""
+    if isinstance(node, list):
+        return [_bounded(x, relax) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key in BOUNDS and isinstance(value, int) and not isinstance(value, bool) and value > BOUND_LIMIT:
+            if not relax:
+                raise S.SchemaError(f"`{key}: {value}` cannot be enforced by a grammar (at most {BOUND_LIMIT})")
+            continue
+        out[key] = value if key in ("enum", "const") else _bounded(value, relax)
+    return out
+
+
+def schema_to_gbnf(schema: dict[str, Any], *, relax_bounds: bool = False) -> str:
+    """GBNF for a checked schema; SchemaError names what cannot be enforced. `relax_bounds`: length and
+    item-count bounds above BOUND_LIMIT are left unenforced instead (tool parameters)."""
     S.check_schema(schema)
     conv = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     try:
-        resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "input")
+        resolved = conv.resolve_refs(_bounded(json.loads(json.dumps(schema)), relax_bounds), "input")
         conv.visit(resolved, "")
     except S.SchemaError:
         raise
@@ -158,7 +180,7 @@ def _openings(fmt: ToolFormat) -> list[bytes]:
 def tool_grammar(tools: list[dict[str, Any]], fmt: ToolFormat, mode: str, *,
                  parallel: bool = False) -> ToolGrammar:
     """The grammar of one call (parallel: one to four) to `tools` in `fmt` (mode: "required" or "auto")."""
-    call = schema_to_gbnf(T.call_schema(tools, fmt))
+    call = schema_to_gbnf(T.call_schema(tools, fmt), relax_bounds=True)
     call = re.sub(r"^root ::=", "call ::=", call, flags=re.M)
     ws = '[ \\n]?'
     if fmt.name == "mistral":
