@@ -135,7 +135,9 @@ async def messages(request: Request) -> Response:
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if req.stream:
         calls = CallStream(svc.pool_for(model).tool_format or GENERIC) if "tools" in extra else None
-        return event_stream(_stream(job, mid, model, calls))
+        started: list[bool] = []  # (a ping only after message_start, as Anthropic sends them)
+        return event_stream(_stream(job, mid, model, calls, started),
+                            beat=lambda: sse({"type": "ping"}, "ping") if started else None)
     try:
         await job.collect()
     finally:
@@ -154,7 +156,8 @@ async def messages(request: Request) -> Response:
     })
 
 
-async def _stream(job: Job, mid: str, model: str, calls: CallStream | None) -> AsyncIterator[str]:
+async def _stream(job: Job, mid: str, model: str, calls: CallStream | None,
+                  started_flag: list[bool] | None = None) -> AsyncIterator[str]:
     """Anthropic's event sequence; with tools, call text is held back and each call becomes a
     tool_use block (content_block_start + one input_json_delta + content_block_stop) at the end."""
     def message(usage_in: int) -> dict[str, Any]:
@@ -169,6 +172,8 @@ async def _stream(job: Job, mid: str, model: str, calls: CallStream | None) -> A
                 return  # nobody is reading: close() drains the rest
             if not started and not isinstance(ev, P.Error):
                 started = True
+                if started_flag is not None:
+                    started_flag.append(True)
                 known = ev.n_prompt if isinstance(ev, P.Progress) and ev.n_prompt else job.prompt_tokens
                 yield sse({"type": "message_start", "message": message(known)}, "message_start")
                 yield sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},

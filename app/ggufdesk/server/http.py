@@ -1,8 +1,9 @@
 """Helpers the routes share: the body under a size limit, who is calling, SSE framing."""
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -44,6 +45,39 @@ def sse(data: Any, event: str | None = None) -> str:
     return f"{head}data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def event_stream(body: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(body, media_type="text/event-stream",
+KEEPALIVE_S = 5.0  # a stream that has been silent this long (a long prompt being read) sends a keep-alive
+COMMENT = ": keep-alive\n\n"  # an SSE comment: every SSE parser skips it, every idle timer sees bytes
+
+
+def event_stream(body: AsyncIterator[str], beat: Callable[[], str | None] = lambda: COMMENT,
+                 every: float = KEEPALIVE_S) -> StreamingResponse:
+    """An SSE response; while `body` is silent for `every` seconds, `beat()` is sent (None: nothing
+    yet), so clients with an idle timeout (Claude Code, Codex) do not give up during a long prefill."""
+    return StreamingResponse(keepalive(body, beat, every), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def keepalive(body: AsyncIterator[str], beat: Callable[[], str | None], every: float) -> AsyncIterator[str]:
+    it = body.__aiter__()
+    nxt: asyncio.Future[str] = asyncio.ensure_future(it.__anext__())
+    try:
+        while True:
+            done, _ = await asyncio.wait({nxt}, timeout=every)
+            if not done:
+                line = beat()
+                if line:
+                    yield line
+                continue
+            try:
+                item = nxt.result()
+            except StopAsyncIteration:
+                return
+            yield item
+            nxt = asyncio.ensure_future(it.__anext__())
+    finally:
+        if not nxt.done():
+            nxt.cancel()
+            await asyncio.gather(nxt, return_exceptions=True)
+        close = getattr(it, "aclose", None)
+        if close is not None:
+            await close()
