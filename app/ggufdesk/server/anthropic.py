@@ -135,9 +135,8 @@ async def messages(request: Request) -> Response:
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if req.stream:
         calls = CallStream(svc.pool_for(model).tool_format or GENERIC) if "tools" in extra else None
-        started: list[bool] = []  # (a ping only after message_start, as Anthropic sends them)
-        return event_stream(_stream(job, mid, model, calls, started),
-                            beat=lambda: sse({"type": "ping"}, "ping") if started else None)
+        open_block: list[bool] = []  # the text block is open: a silent stream may send an empty delta
+        return event_stream(_stream(job, mid, model, calls, open_block), beat=lambda: BEAT if open_block else None)
     try:
         await job.collect()
     finally:
@@ -156,8 +155,14 @@ async def messages(request: Request) -> Response:
     })
 
 
+# What a silent stream sends (a long prompt being read): Claude Code gives up after 300 s without an
+# event its SDK passes on, and the SDK drops `ping`; an empty text delta is an event that adds nothing.
+BEAT = sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": ""}},
+           "content_block_delta")
+
+
 async def _stream(job: Job, mid: str, model: str, calls: CallStream | None,
-                  started_flag: list[bool] | None = None) -> AsyncIterator[str]:
+                  open_block: list[bool] | None = None) -> AsyncIterator[str]:
     """Anthropic's event sequence; with tools, call text is held back and each call becomes a
     tool_use block (content_block_start + one input_json_delta + content_block_stop) at the end."""
     def message(usage_in: int) -> dict[str, Any]:
@@ -172,19 +177,21 @@ async def _stream(job: Job, mid: str, model: str, calls: CallStream | None,
                 return  # nobody is reading: close() drains the rest
             if not started and not isinstance(ev, P.Error):
                 started = True
-                if started_flag is not None:
-                    started_flag.append(True)
                 known = ev.n_prompt if isinstance(ev, P.Progress) and ev.n_prompt else job.prompt_tokens
                 yield sse({"type": "message_start", "message": message(known)}, "message_start")
                 yield sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
                           "content_block_start")
                 yield sse({"type": "ping"}, "ping")
+                if open_block is not None:
+                    open_block.append(True)
             if isinstance(ev, P.Token) and ev.text:
                 text = calls.push(ev.text) if calls is not None else ev.text
                 if text:
                     yield sse({"type": "content_block_delta", "index": 0,
                                "delta": {"type": "text_delta", "text": text}}, "content_block_delta")
             elif isinstance(ev, P.Done):
+                if open_block is not None:
+                    open_block.clear()
                 rest = calls.finish()[0] if calls is not None and not ev.tool_calls else ""
                 if rest:
                     yield sse({"type": "content_block_delta", "index": 0,

@@ -286,7 +286,11 @@ async def create(request: Request) -> Response:
     headers = {"X-Ggufdesk-Ignored-Tools": ", ".join(sorted(set(ignored)))} if ignored else {}
     calls = CallStream(svc.pool_for(model).tool_format or GENERIC) if "tools" in tools else None
     if req.stream:
-        resp = event_stream(_stream(store_of(request), job, draft, mid, history, calls))
+        # a silent stream (a long prompt being read) repeats response.in_progress: Codex, like Claude Code,
+        # gives up on a stream after 300 s without an event
+        seq = Sequencer()
+        resp = event_stream(_stream(store_of(request), job, draft, mid, history, calls, seq),
+                            beat=lambda: seq.event("response.in_progress", response=draft.body("in_progress", [])))
         resp.headers.update(headers)
         return resp
     try:
@@ -300,17 +304,23 @@ async def create(request: Request) -> Response:
     return JSONResponse(body, headers=headers)
 
 
+class Sequencer:
+    """The events of one stream, numbered in order (sequence_number)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def event(self, kind: str, **data: Any) -> str:
+        self.n += 1
+        return sse({"type": kind, "sequence_number": self.n - 1, **data}, kind)
+
+
 async def _stream(store: ResponseStore, job: Job, draft: Draft, mid: str, history: list[dict[str, Any]],
-                  calls: CallStream | None) -> AsyncIterator[str]:
+                  calls: CallStream | None, seq: Sequencer | None = None) -> AsyncIterator[str]:
     """response.created, in_progress, then a message item (output_item.added, content_part.added,
     output_text.delta..., output_text.done, content_part.done, output_item.done) and a function_call
     item per call (added, function_call_arguments.delta/.done, done), then response.completed."""
-    seq = 0
-
-    def ev(kind: str, **data: Any) -> str:
-        nonlocal seq
-        seq += 1
-        return sse({"type": kind, "sequence_number": seq - 1, **data}, kind)
+    ev = (seq or Sequencer()).event
 
     text: list[str] = []
     opened = False
