@@ -137,12 +137,7 @@ async def messages(request: Request) -> Response:
         calls = CallStream(svc.pool_for(model).tool_format or GENERIC) if "tools" in extra else None
         open_block: list[bool] = []  # the text block is open: a silent stream may send an empty delta
         return event_stream(_stream(job, mid, model, calls, open_block), beat=lambda: BEAT if open_block else None)
-    try:
-        await job.collect()
-    finally:
-        job.close()
-    if job.error is not None:
-        raise engine_error(job.error)
+    await job.complete()
     content = [{"type": "text", "text": "".join(job.text)}]
     if job.done is not None and job.done.tool_calls:
         content = ([{"type": "text", "text": job.done.content}] if job.done.content else []) + [

@@ -26,7 +26,7 @@ from ggufdesk.server.errors import ApiError, invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, read_body, service, sse
 from ggufdesk.server.sampling import sampling_from
 from ggufdesk.server.schemas import LlamaFields, SamplingFields, Strict, parse, stops, validate
-from ggufdesk.server.service import GenSpec, Job, Service, engine_error
+from ggufdesk.server.service import GenSpec, Job, Service, complete_all, engine_error
 
 NATIVE_PATHS = ("/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots")
 # llama.cpp sampling options ggufdesk does not have, with the value that means "off"
@@ -245,15 +245,9 @@ async def completion(request: Request) -> Response:
         raise
     if req.stream:
         return event_stream(_stream(jobs[0], req, model))
-    bodies = []
-    for i, job in enumerate(jobs):
-        try:
-            await job.collect()
-        finally:
-            job.close()
-        if job.error is not None:
-            raise engine_error(job.error)
-        bodies.append(pick({**final_fields(job, req, model, "".join(job.text)), "index": i}, req.response_fields))
+    await complete_all(jobs)
+    bodies = [pick({**final_fields(job, req, model, "".join(job.text)), "index": i}, req.response_fields)
+              for i, job in enumerate(jobs)]
     return JSONResponse(bodies[0] if len(bodies) == 1 else bodies)
 
 

@@ -289,12 +289,7 @@ async def _answer(request: Request, svc: Service, req: ChatRequest | GenerateReq
     calls = CallStream(svc.pool_for(spec.model).tool_format or GENERIC) if "tools" in spec.structured else None
     if req.stream:
         return ndjson(_stream(job, req.model, t0, chat=chat, calls=calls))
-    try:
-        await job.collect()
-    finally:
-        job.close()
-    if job.error is not None:
-        raise engine_error(job.error)
+    await job.complete()
     head = {"model": req.model, "created_at": now_rfc3339()}
     text = "".join(job.text)
     if chat:

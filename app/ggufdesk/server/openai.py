@@ -27,7 +27,7 @@ from ggufdesk.server.llamacpp import extension_structured, progress, refuse_exte
 from ggufdesk.server.sampling import sampling_from
 from ggufdesk.server.schemas import (ChatRequest, CompletionRequest, SamplingFields, parse, refuse_unsupported,
                                      stops, text_of)
-from ggufdesk.server.service import GenSpec, Job, Service, engine_error
+from ggufdesk.server.service import GenSpec, Job, Service, complete_all, engine_error
 
 def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None) -> SamplingSettings:
     return sampling_from(svc, max_tokens=max_tokens, stop=stops(req.stop), temperature=req.temperature,
@@ -157,14 +157,11 @@ async def _collect_n(svc: Service, request: Request, spec: GenSpec, n: int) -> l
     try:
         for _ in range(n):
             jobs.append(await svc.start(caller(request), spec, request.receive))
-        for job in jobs:
-            await job.collect()
-    finally:
+    except BaseException:
         for job in jobs:
             job.close()
-    for job in jobs:
-        if job.error is not None:
-            raise engine_error(job.error)
+        raise
+    await complete_all(jobs)
     return jobs
 
 
@@ -252,12 +249,7 @@ async def completions(request: Request) -> Response:
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
         return event_stream(_completion_stream(job, head, top, usage, Extras.of(req)))
-    try:
-        await job.collect()
-    finally:
-        job.close()
-    if job.error is not None:
-        raise _mid_error(job)
+    await job.complete()
     choice = {"text": "".join(job.text), "index": 0,
               "logprobs": completion_logprobs(job.logprobs, top or 0, 0) if lp else None,
               "finish_reason": job.finish_reason}

@@ -293,12 +293,7 @@ async def create(request: Request) -> Response:
                             beat=lambda: seq.event("response.in_progress", response=draft.body("in_progress", [])))
         resp.headers.update(headers)
         return resp
-    try:
-        await job.collect()
-    finally:
-        job.close()
-    if job.error is not None:
-        raise engine_error(job.error)
+    await job.complete()
     body = draft.body(status_of(job), final_output(job, mid), job)
     remember(store_of(request), draft, body, history, job)
     return JSONResponse(body, headers=headers)

@@ -282,6 +282,20 @@ class Service:
         self.limiter.charge(job.caller, job.prompt_tokens + job.completion_tokens)
 
 
+async def complete_all(jobs: list[Job]) -> None:
+    """Several whole answers of one request: collect each, close them all however it ends, raise the
+    first engine error as an ApiError."""
+    try:
+        for job in jobs:
+            await job.collect()
+    finally:
+        for job in jobs:
+            job.close()
+    for job in jobs:
+        if job.error is not None:
+            raise engine_error(job.error)
+
+
 class ClientGone(Exception):
     """The client closed its connection before its request was admitted."""
 
@@ -342,6 +356,15 @@ class Job:
     async def collect(self) -> None:
         async for _ in self.events():
             pass
+
+    async def complete(self) -> None:
+        """A whole answer (not streamed): collect it, close the job, raise an engine error as an ApiError."""
+        try:
+            await self.collect()
+        finally:
+            self.close()
+        if self.error is not None:
+            raise engine_error(self.error)
 
     def _observe(self, ev: Any) -> None:
         if isinstance(ev, P.Token):
