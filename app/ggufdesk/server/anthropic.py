@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from starlette.requests import Request
@@ -21,8 +22,8 @@ from ggufdesk.server import structured
 from ggufdesk.server.errors import invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, read_body, service, sse
 from ggufdesk.server.sampling import sampling_from
-from ggufdesk.server.schemas import (AnthropicBlock, CountTokensRequest, MessagesRequest, parse, system_first,
-                                    text_of)
+from ggufdesk.server.schemas import (AnthropicBlock, AnthropicMessage, CountTokensRequest, MessagesRequest, parse,
+                                    system_first, text_of)
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -50,37 +51,55 @@ def messages_of(req: MessagesRequest | CountTokensRequest) -> list[dict[str, Any
     for i, m in enumerate(req.messages):
         if m.role == "system":
             out.append({"role": "system", "content": _text(m.content, f"messages[{i}]")})
-            continue
-        if isinstance(m.content, str):
+        elif isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
-            continue
-        text, calls, thinking = [], [], []
-        for j, b in enumerate(m.content):
-            where = f"messages[{i}].content[{j}]"
-            if b.type == "text":
-                text.append(b.text or "")
-            elif b.type == "thinking" and m.role == "assistant" and b.thinking:
-                thinking.append(b.thinking)  # the template renders it if it knows reasoning
-            elif b.type == "tool_use" and m.role == "assistant":
-                calls.append({"id": b.id or f"call_{i}_{j}", "type": "function",
-                              "function": {"name": b.name or "", "arguments": json.dumps(b.input or {})}})
-            elif b.type == "tool_result" and m.role == "user":
-                out.append({"role": "tool", "tool_call_id": b.tool_use_id or "",
-                            "content": text_of(b.content, where)})
-            elif b.type in SKIPPED_BLOCKS:
-                continue
-            elif b.type in ("image", "document"):
-                raise not_supported(f"{where} of type {b.type!r} (this model reads text only)")
-            else:
-                raise not_supported(f"{where} of type {b.type!r}")
-        if text or calls or m.role == "assistant":
-            msg: dict[str, Any] = {"role": m.role, "content": "".join(text)}
-            if calls:
-                msg["tool_calls"] = calls
-            if thinking:
-                msg["reasoning_content"] = "\n".join(thinking)
-            out.append(msg)
+        else:
+            out += _turn(i, m)
     return system_first(out)
+
+
+@dataclass
+class _Parts:
+    """What one turn's blocks add up to."""
+
+    text: list[str] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    thinking: list[str] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)  # tool messages, before the turn
+
+
+def _turn(i: int, m: AnthropicMessage) -> list[dict[str, Any]]:
+    """One user or assistant turn of blocks: its tool results first (as tool messages), then the turn."""
+    parts = _Parts()
+    for j, b in enumerate(m.content):
+        _read_block(parts, b, m.role, i, j)
+    out = parts.results
+    if parts.text or parts.calls or m.role == "assistant":
+        msg: dict[str, Any] = {"role": m.role, "content": "".join(parts.text)}
+        if parts.calls:
+            msg["tool_calls"] = parts.calls
+        if parts.thinking:
+            msg["reasoning_content"] = "\n".join(parts.thinking)
+        out.append(msg)
+    return out
+
+
+def _read_block(parts: _Parts, b: AnthropicBlock, role: str, i: int, j: int) -> None:
+    where = f"messages[{i}].content[{j}]"
+    if b.type == "text":
+        parts.text.append(b.text or "")
+    elif b.type == "thinking" and role == "assistant":
+        if b.thinking:
+            parts.thinking.append(b.thinking)  # the template renders it if it knows reasoning
+    elif b.type == "tool_use" and role == "assistant":
+        parts.calls.append({"id": b.id or f"call_{i}_{j}", "type": "function",
+                            "function": {"name": b.name or "", "arguments": json.dumps(b.input or {})}})
+    elif b.type == "tool_result" and role == "user":
+        parts.results.append({"role": "tool", "tool_call_id": b.tool_use_id or "",
+                              "content": text_of(b.content, where)})
+    elif b.type not in SKIPPED_BLOCKS:
+        why = " (this model reads text only)" if b.type in ("image", "document") else ""
+        raise not_supported(f"{where} of type {b.type!r}{why}")
 
 
 def _text(content: str | list[AnthropicBlock], where: str) -> str:

@@ -182,20 +182,23 @@ def chat_messages(msgs: list[Message]) -> list[dict[str, Any]]:
             raise invalid(f"messages[{i}].role must be system, user, assistant or tool", param="messages")
         msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
         if m.role == "assistant" and m.tool_calls:
-            calls = []
-            for j, c in enumerate(m.tool_calls):
-                cid = c.id or f"call_{i}_{j}"
-                args = c.function.arguments
-                calls.append({"id": cid, "type": "function", "function": {
-                    "name": c.function.name, "arguments": args if isinstance(args, str) else json.dumps(args)}})
-                pending.append((cid, c.function.name))
-            msg["tool_calls"] = calls
+            msg["tool_calls"] = _calls(i, m.tool_calls)
+            pending += [(c["id"], c["function"]["name"]) for c in msg["tool_calls"]]
         elif m.role == "tool":
             match = next((p for p in pending if m.tool_call_id in (None, p[0]) and m.tool_name in (None, p[1])), None)
             if match is not None:
                 pending.remove(match)
             msg["tool_call_id"] = m.tool_call_id or (match[0] if match else f"call_{i}")
         out.append(msg)
+    return out
+
+
+def _calls(i: int, calls: list[ToolCall]) -> list[dict[str, Any]]:
+    out = []
+    for j, c in enumerate(calls):
+        args = c.function.arguments
+        out.append({"id": c.id or f"call_{i}_{j}", "type": "function", "function": {
+            "name": c.function.name, "arguments": args if isinstance(args, str) else json.dumps(args)}})
     return out
 
 

@@ -116,24 +116,30 @@ async def models(request: Request) -> Response:
         {"id": m["id"], "object": "model", "created": svc.created, "owned_by": "ggufdesk"} for m in svc.models()]})
 
 
-async def chat_completions(request: Request) -> Response:
-    svc = service(request)
-    req: ChatRequest = parse(ChatRequest, await read_body(request, svc.config.max_body))
+def chat_spec(svc: Service, req: ChatRequest) -> tuple[GenSpec, int]:
+    """The generation a chat request asks for, checked (400s), and its top-N logprobs (0: none)."""
     refuse_unsupported(req)
     refuse_extensions(req)
     if req.continue_final_message and req.add_generation_prompt:
         raise invalid("continue_final_message and add_generation_prompt cannot both be true",
                       param="continue_final_message")
+    if req.n > 1 and req.stream:
+        raise not_supported("n other than 1 when streaming")
     extra = chat_structured(req)
     model = svc.check_model(req.model)
     top = req.top_logprobs or req.n_probs or 0
     lp = want_logprobs(svc, top) if req.logprobs or req.n_probs else 0
     sampling = sampling_for(svc, req, req.max_completion_tokens or req.max_tokens or positive(req.n_predict))
-    spec = GenSpec(endpoint="chat", messages=chat_messages(req), sampling=sampling, logprobs=lp, structured=extra,
-                   model=model)
+    return GenSpec(endpoint="chat", messages=chat_messages(req), sampling=sampling, logprobs=lp, structured=extra,
+                   model=model), top
+
+
+async def chat_completions(request: Request) -> Response:
+    svc = service(request)
+    req: ChatRequest = parse(ChatRequest, await read_body(request, svc.config.max_body))
+    spec, top = chat_spec(svc, req)
+    model, extra, lp = spec.model, spec.structured, spec.logprobs
     verbose = await verbose_prompt(svc, spec) if req.verbose else {}
-    if req.n > 1 and req.stream:
-        raise not_supported("n other than 1 when streaming")
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     head = _chunk_head(cid, "chat.completion.chunk", created, model, fingerprint(svc))
     if req.stream:

@@ -122,34 +122,34 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         raise invalid(f"input holds {len(items)} items; at most {MAX_ITEMS}", param="input")
     out: list[dict[str, Any]] = []
     for i, item in enumerate(items):
-        where = f"input[{i}]"
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "assistant", "system", "developer"):
-                raise invalid(f"{where}.role must be user, assistant, system or developer", param="input")
-            out.append({"role": "system" if role == "developer" else role,
-                        "content": _text(item.get("content"), where)})
-        elif kind == "function_call":
-            name, args, cid = item.get("name"), item.get("arguments", "{}"), item.get("call_id")
-            if not (isinstance(name, str) and isinstance(args, str) and isinstance(cid, str)):
-                raise invalid(f"{where}: a function_call needs name, arguments and call_id strings", param="input")
-            call = {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
-            if out and out[-1]["role"] == "assistant":
-                out[-1].setdefault("tool_calls", []).append(call)
-            else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            cid, output = item.get("call_id"), item.get("output")
-            if not isinstance(cid, str):
-                raise invalid(f"{where}: a function_call_output needs its call_id", param="input")
-            out.append({"role": "tool", "tool_call_id": cid,
-                        "content": output if isinstance(output, str) else _text(output, where)})
-        elif kind == "reasoning":
-            continue  # a reasoning model's own notes (Codex sends them back): not read again
-        else:
-            raise not_supported(f"{where} of type {kind!r}")
+        _add_item(out, item, f"input[{i}]")
     return out
+
+
+def _add_item(out: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        if role not in ("user", "assistant", "system", "developer"):
+            raise invalid(f"{where}.role must be user, assistant, system or developer", param="input")
+        out.append({"role": "system" if role == "developer" else role, "content": _text(item.get("content"), where)})
+    elif kind == "function_call":
+        name, args, cid = item.get("name"), item.get("arguments", "{}"), item.get("call_id")
+        if not (isinstance(name, str) and isinstance(args, str) and isinstance(cid, str)):
+            raise invalid(f"{where}: a function_call needs name, arguments and call_id strings", param="input")
+        call = {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+        if out and out[-1]["role"] == "assistant":
+            out[-1].setdefault("tool_calls", []).append(call)
+        else:
+            out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    elif kind == "function_call_output":
+        cid, output = item.get("call_id"), item.get("output")
+        if not isinstance(cid, str):
+            raise invalid(f"{where}: a function_call_output needs its call_id", param="input")
+        out.append({"role": "tool", "tool_call_id": cid,
+                    "content": output if isinstance(output, str) else _text(output, where)})
+    elif kind != "reasoning":  # a reasoning model's own notes (Codex sends them back): not read again
+        raise not_supported(f"{where} of type {kind!r}")
 
 
 def tool_fields(tools: list[dict[str, Any]] | None, choice: Any, parallel: bool | None) -> tuple[dict, list[str]]:
@@ -310,80 +310,83 @@ class Sequencer:
         return sse({"type": kind, "sequence_number": self.n - 1, **data}, kind)
 
 
+class Output:
+    """The output items of one streamed response as its events say them: a message item opened at
+    its first text, closed before the calls; a function_call item per call."""
+
+    def __init__(self, ev: Any, mid: str) -> None:
+        self.ev, self.mid = ev, mid
+        self.text: list[str] = []
+        self.opened = False
+        self.items: list[dict[str, Any]] = []
+
+    def say(self, piece: str) -> list[str]:
+        """Text for the message item (opening it first)."""
+        if not piece:
+            return []
+        lines = [] if self.opened else self._open()
+        self.opened = True
+        self.text.append(piece)
+        return lines + [self.ev("response.output_text.delta", item_id=self.mid, output_index=0, content_index=0,
+                                delta=piece, logprobs=[])]
+
+    def end(self, calls: list[dict[str, Any]]) -> list[str]:
+        """The message item closed (an empty one when there is nothing else), then one item per call."""
+        lines = []
+        if self.opened or not calls:
+            lines += [] if self.opened else self._open()
+            lines += self._close()
+        for call in calls:
+            lines += _call_events(self.ev, call, len(self.items))
+            self.items.append(call_item(call))
+        return lines
+
+    def _open(self) -> list[str]:
+        ev, mid = self.ev, self.mid
+        return [ev("response.output_item.added", output_index=0, item={**message_item(mid, "", "in_progress"),
+                                                                       "content": []}),
+                ev("response.content_part.added", item_id=mid, output_index=0, content_index=0,
+                   part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
+
+    def _close(self) -> list[str]:
+        ev, mid = self.ev, self.mid
+        whole = "".join(self.text)
+        item = message_item(mid, whole)
+        self.items.append(item)
+        return [ev("response.output_text.done", item_id=mid, output_index=0, content_index=0, text=whole, logprobs=[]),
+                ev("response.content_part.done", item_id=mid, output_index=0, content_index=0,
+                   part=item["content"][0]),
+                ev("response.output_item.done", output_index=0, item=item)]
+
+
 async def _stream(store: ResponseStore, job: Job, draft: Draft, mid: str, history: list[dict[str, Any]],
                   calls: CallStream | None, seq: Sequencer | None = None) -> AsyncIterator[str]:
     """response.created, in_progress, then a message item (output_item.added, content_part.added,
     output_text.delta..., output_text.done, content_part.done, output_item.done) and a function_call
     item per call (added, function_call_arguments.delta/.done, done), then response.completed."""
     ev = (seq or Sequencer()).event
-
-    text: list[str] = []
-    opened = False
-    output: list[dict[str, Any]] = []
-
-    def open_message() -> list[str]:
-        return [ev("response.output_item.added", output_index=0, item={**message_item(mid, "", "in_progress"),
-                                                                       "content": []}),
-                ev("response.content_part.added", item_id=mid, output_index=0, content_index=0,
-                   part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
-
-    def close_message() -> list[str]:
-        whole = "".join(text)
-        item = message_item(mid, whole)
-        output.append(item)
-        return [ev("response.output_text.done", item_id=mid, output_index=0, content_index=0, text=whole, logprobs=[]),
-                ev("response.content_part.done", item_id=mid, output_index=0, content_index=0,
-                   part=item["content"][0]),
-                ev("response.output_item.done", output_index=0, item=item)]
-
+    out = Output(ev, mid)
     try:
         yield ev("response.created", response=draft.body("in_progress", []))
         yield ev("response.in_progress", response=draft.body("in_progress", []))
         async for e in job.events():
             if job.disconnected:
                 return
+            lines: list[str] = []
             if isinstance(e, P.Token):
-                piece = calls.push(e.text) if calls is not None else e.text
-                if piece:
-                    if not opened:
-                        opened = True
-                        for line in open_message():
-                            yield line
-                    text.append(piece)
-                    yield ev("response.output_text.delta", item_id=mid, output_index=0, content_index=0,
-                             delta=piece, logprobs=[])
+                lines = out.say(calls.push(e.text) if calls is not None else e.text)
             elif isinstance(e, P.Done):
-                if calls is not None and not e.tool_calls and (rest := calls.finish()[0]):
-                    if not opened:
-                        opened = True
-                        for line in open_message():
-                            yield line
-                    text.append(rest)
-                    yield ev("response.output_text.delta", item_id=mid, output_index=0, content_index=0,
-                             delta=rest, logprobs=[])
-                if e.tool_calls and e.content and not opened:  # text the model wrote before its calls
-                    opened = True
-                    text.append(e.content)
-                    for line in [*open_message(), ev("response.output_text.delta", item_id=mid, output_index=0,
-                                                     content_index=0, delta=e.content, logprobs=[])]:
-                        yield line
-                if opened or not e.tool_calls:
-                    if not opened:
-                        for line in open_message():
-                            yield line
-                    for line in close_message():
-                        yield line
-                for call in e.tool_calls:
-                    for line in _call_events(ev, call, len(output)):
-                        yield line
-                    output.append(call_item(call))
+                held = calls.finish()[0] if calls is not None and not e.tool_calls else ""
+                lines = out.say(held) + out.say((e.content or "") if e.tool_calls and not out.opened else "")
+                lines += out.end(e.tool_calls)
             elif isinstance(e, P.Error):
                 err = engine_error(e)
-                yield ev("response.failed", response=draft.body("failed", output, job,
-                                                                {"code": err.code or "server_error",
-                                                                 "message": err.message}))
+                yield ev("response.failed", response=draft.body("failed", out.items, job, {
+                    "code": err.code or "server_error", "message": err.message}))
                 return
-        body = draft.body(status_of(job), output, job)
+            for line in lines:
+                yield line
+        body = draft.body(status_of(job), out.items, job)
         remember(store, draft, body, history, job)
         yield ev("response.completed" if body["status"] == "completed" else "response.incomplete", response=body)
     finally:
