@@ -87,6 +87,18 @@ def _written(fmt: T.ToolFormat, calls: list[tuple[str, dict]]) -> str:
             f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>" for n, a in calls)
     if fmt.name == "mistral":
         return "[TOOL_CALLS]" + json.dumps([{"name": n, "arguments": a} for n, a in calls])
+    if fmt.name == "qwen3_coder":
+        return "Let me check.\n" + "".join(
+            f"<tool_call>\n<function={n}>\n" + "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in a.items())
+            + "</function>\n</tool_call>" for n, a in calls)
+    if fmt.name == "harmony":
+        return "".join(f"<|start|>assistant<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>"
+                       f"{json.dumps(a)}<|call|>" for n, a in calls)
+    if fmt.name.startswith("deepseek"):
+        one = ("function" + T.DS_SEP + "{n}\n```json\n{a}\n```" if fmt.name == "deepseek_r1"
+               else "{n}" + T.DS_SEP + "{a}")
+        return T.DS_CALLS + "".join(T.DS_CALL + one.format(n=n, a=json.dumps(a)) + T.DS_CALL_END
+                                    for n, a in calls) + T.DS_CALLS_END
     body = [{"name": n, "parameters": a} for n, a in calls]
     return "<|python_tag|>" + json.dumps(body[0] if len(body) == 1 else body)
 
@@ -119,11 +131,11 @@ def test_call_stream_holds_back_the_marker():
     s = TC.CallStream(T.HERMES)
     shown = "".join(s.push(p) for p in ["Sure", ", checking <to", "ol_call>\n{\"name\": \"now\", ",
                                         "\"arguments\": {}}\n</tool_call>"])
-    assert shown == "Sure, checking "
-    rest, calls = s.finish()
-    assert rest == "" and calls[0]["function"]["name"] == "now"
+    assert shown == "Sure, checking"  # the space before a call waits: the content ends before it
+    parsed = TC.parse(s.text, T.HERMES)
+    assert s.finish(parsed.content) == "" and parsed.calls[0]["function"]["name"] == "now"
     plain = TC.CallStream(T.HERMES)
-    shown = "".join(plain.push(p) for p in ["a <b", " c"]) + plain.finish()[0]
+    shown = "".join(plain.push(p) for p in ["a <b", " c"]) + plain.finish()
     assert shown == "a <b c"
 
 

@@ -62,7 +62,8 @@ def template_switches(template: str | None, think: bool | str | None) -> tuple[d
     if re.search(r"\bthinking\b", t) and "tool▁calls" in t:  # DeepSeek V3.1's switch
         out["thinking"] = on
     if "reasoning_effort" in t:
-        out["reasoning_effort"] = think if isinstance(think, str) and think in EFFORTS else ("low" if not on else "medium")
+        effort = think if isinstance(think, str) and think in EFFORTS else None
+        out["reasoning_effort"] = effort or ("medium" if on else "low")
     honoured = on or "enable_thinking" in out or "thinking" in out
     return out, honoured
 
@@ -164,9 +165,9 @@ class ReasoningSplit:
                 self._reason(out, buf[:i].rstrip())
                 self._state, self._buf = "after", buf[i + len(f.close):]
                 return True
-            keep = 0 if final else max(_partial(buf, f.close), len(buf) - len(buf.rstrip()))
-            self._reason(out, buf[:len(buf) - keep])
-            self._buf = buf[len(buf) - keep:]
+            upto = len(buf) if final else len(buf[:len(buf) - _partial(buf, f.close)].rstrip())
+            self._reason(out, buf[:upto])  # spaces wait: they end the reasoning if the marker follows
+            self._buf = buf[upto:]
             return False
         if self._state == "after":
             body = buf.lstrip()
@@ -193,7 +194,8 @@ class ReasoningSplit:
             i = buf.find("<|message|>")
             if i < 0:
                 body = buf.lstrip()
-                if self._state == "start" and body and not body.startswith("<|") and not "<|".startswith(body):
+                if self._state == "start" and body and not any(body.startswith(h) or h.startswith(body)
+                                                               for h in ("<|", "to=")):
                     self._state, self._kind = "plain", "answer"  # not harmony at all: all answer
                     return True
                 return False

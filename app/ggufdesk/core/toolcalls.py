@@ -161,7 +161,8 @@ def _mistral(text: str) -> Iterator[Span]:
         ok = bool(calls) and all(calls) and not text[end:].strip()
         yield from _block(i, end if ok else len(text), calls if ok else [None])
         return
-    found = list(re.finditer(r"\s*([A-Za-z0-9_.-]+)\[ARGS\]", text[start:]))  # [TOOL_CALLS]name[ARGS]{...}
+    # newer: [TOOL_CALLS]name[ARGS]{...}, each further call after another [TOOL_CALLS] or none
+    found = list(re.finditer(r"\s*(?:\[TOOL_CALLS\])?\s*([A-Za-z0-9_.-]+)\[ARGS\]", text[start:]))
     calls, pos = [], start
     for m in found:
         if m.start() + start != pos:

@@ -4,8 +4,9 @@ Formats (what the model writes when it calls a tool; core/toolcalls.py reads the
 - hermes:  <tool_call>{"name": ..., "arguments": {...}}</tool_call>   (Qwen 2.5/3, Hermes, generic)
 - qwen3_coder: <tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>
 - harmony: <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>   (gpt-oss)
-- deepseek_r1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>...
-- deepseek_v3: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...   (V3.1, R1-0528)
+- deepseek_r1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```
+               <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>   (R1 and its distills, V3-0324)
+- deepseek_v3: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...   (V3.1)
 - llama3:  {"name": ..., "parameters": {...}}, optionally after <|python_tag|>   (Llama 3.1-3.3)
 - mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]   (Mistral 7B v0.3, Nemo, Small)
 Models whose template knows no tools (Gemma 3, Phi, base models) get the hermes format explained
@@ -53,7 +54,8 @@ DEEPSEEK_R1 = ToolFormat("deepseek_r1", DS_CALLS, "arguments", True, starts=(DS_
                          object_args=False, tokens=(DS_CALLS, DS_CALL, DS_SEP, DS_CALL_END, DS_CALLS_END))
 DEEPSEEK_V3 = ToolFormat("deepseek_v3", DS_CALLS, "arguments", True, starts=(DS_CALLS, DS_CALL),
                          object_args=False, tokens=(DS_CALLS, DS_CALL, DS_SEP, DS_CALL_END, DS_CALLS_END))
-LLAMA3 = ToolFormat("llama3", '{"name"', "parameters", True, tokens=("<|python_tag|>",))
+LLAMA3 = ToolFormat("llama3", '{"name"', "parameters", True, starts=('{"name"', "<|python_tag|>"),
+                    tokens=("<|python_tag|>",))
 MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "arguments", True, tokens=("[TOOL_CALLS]", "[ARGS]"))
 FORMATS = {f.name: f for f in (HERMES, GENERIC, QWEN3_CODER, HARMONY, DEEPSEEK_R1, DEEPSEEK_V3, LLAMA3, MISTRAL)}
 

@@ -212,7 +212,8 @@ def _xml_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
         props = params.get("properties") or {}
         ps = []
         for k, (key, sub) in enumerate(props.items()):
-            if isinstance(sub, dict) and sub.get("type") == "string" and not ({"enum", "const", "pattern"} & sub.keys()):
+            plain = isinstance(sub, dict) and not ({"enum", "const", "pattern"} & sub.keys())
+            if plain and sub.get("type") == "string":
                 value = "xml-text"
             else:
                 value = f"v{i}-{k}"
