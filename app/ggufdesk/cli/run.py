@@ -32,6 +32,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=-1)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
+                   help="reasoning models: tokens of thinking before the answer is forced (-1 = no limit)")
+    p.add_argument("--think", default="auto", choices=("auto", "on", "off", "low", "medium", "high"),
+                   help="reasoning models: thinking on or off, or its effort (auto = the template's default)")
     spec = p.add_mutually_exclusive_group()
     spec.add_argument("--draft", help="draft model (.gguf) for speculative decoding")
     spec.add_argument("--lookup", action="store_true", help="prompt-lookup speculative decoding")
@@ -96,6 +100,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LoadSettings, Sampling
     sampling = SamplingSettings(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         repeat_penalty=args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
+        reasoning_budget=args.reasoning_budget, think=args.think,
     )
     mode = "draft" if args.draft else "lookup" if args.lookup else "off"
     spec = SpeculationSettings(mode=mode, draft_model=args.draft, k_max=args.draft_max,
@@ -126,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     model = resolve_model(args.model)
     info = preflight.check(model, load, spec)  # before the engine: broken files, a plan that cannot fit
     text: list[str] = []
+    thoughts: list[str] = []
     stats = done = None
     with EngineClient(auto_restart=False) as client:
         loaded = client.load(model, settings=load, speculation=spec)
@@ -147,10 +153,11 @@ def run(args: argparse.Namespace) -> int:
             rid = client.generate(prompt=prompt, sampling=sampling, **structured)
         for ev in client.stream(rid):
             if isinstance(ev, P.Token):
-                text.append(ev.text)
-                if not args.json:
-                    sys.stdout.write(ev.text)
-                    sys.stdout.flush()
+                (thoughts if ev.reasoning else text).append(ev.text)
+                if not args.json:  # the thinking on stderr, the answer on stdout
+                    out = sys.stderr if ev.reasoning else sys.stdout
+                    out.write(ev.text)
+                    out.flush()
             elif isinstance(ev, P.Stats):
                 stats = ev
             elif isinstance(ev, P.Done):
@@ -169,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
         "llama_perf": stats.llama_perf if stats else {},
         "finish_reason": done.finish_reason if done else None,
         "tool_calls": done.tool_calls if done else [],
+        **({"reasoning": "".join(thoughts), "reasoning_tokens": (done.usage if done else {}).get("reasoning_tokens", 0)}
+           if loaded.reasoning else {}),
         "chat_format": loaded.chat_format, "load_s": loaded.load_s, "memory": loaded.memory,
         **({"rpc": loaded.rpc} if loaded.rpc else {}),
     }

@@ -115,6 +115,14 @@ class LoadSettings:
         return self.n_threads_batch or default_threads()
 
 
+THINK_CHOICES = ("auto", "on", "off", "low", "medium", "high")
+
+
+def think_value(choice: str) -> bool | str | None:
+    """A `think` setting as the engine's Generate.think (None: the template's default)."""
+    return {"auto": None, "on": True, "off": False}.get(choice, choice)
+
+
 @dataclass(slots=True, kw_only=True)
 class SamplingSettings:
     """How the next token is chosen. temperature 0 = greedy."""
@@ -130,9 +138,16 @@ class SamplingSettings:
     stop: list[str] = field(default_factory=list)
     # structured output: "" off, "json_object", a JSON schema or a JSON list of tools (core/tools.py)
     structured: str = ""
+    # reasoning models (core/reasoning.py): tokens of thinking before the engine closes the block
+    # (-1 = no limit), and thinking on/off/effort ("auto" = the template's default)
+    reasoning_budget: int = -1
+    think: str = "auto"
 
     def __post_init__(self) -> None:
         _float("temperature", self.temperature, 0.0, 5.0)
+        _int("reasoning budget", self.reasoning_budget, -1, 1 << 20)
+        if self.think not in THINK_CHOICES:
+            raise SettingsError(f"think must be one of {', '.join(THINK_CHOICES)}, got {self.think!r}")
         _int("top-k", self.top_k, 0, 1_000_000)
         _float("top-p", self.top_p, 0.0, 1.0)
         _float("min-p", self.min_p, 0.0, 1.0)

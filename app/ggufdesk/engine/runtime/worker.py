@@ -225,17 +225,17 @@ class Engine:
         if shown:
             log.info("shown as text: %s", " ".join(shown))
 
-    def _reasoning(self, req: P.Generate, prompt_text: str) -> Any:
+    def _reasoning(self, req: P.Generate, sampling: SamplingSettings, prompt_text: str) -> Any:
         """The request's ReasoningControl (engine/structured/reasoning.py), None for a model that does not reason."""
         from ggufdesk.core.reasoning import starts_inside, template_switches
         from ggufdesk.engine.structured.reasoning import ReasoningControl
 
         if self.reasoning is None or req.messages is None:
             return None
-        budget = req.reasoning_budget
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < -1):
+        budget = req.reasoning_budget if req.reasoning_budget is not None else sampling.reasoning_budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < -1:
             raise KnownError(f"reasoning_budget must be a whole number of tokens (-1: no limit), got {budget!r}")
-        _, honoured = template_switches(self.template.source, req.think)
+        _, honoured = template_switches(self.template.source, _think(req, sampling))
         if not honoured:
             budget = 0  # the template has no off switch: end the reasoning at once
         close = self.gen.tokenize(self.reasoning.force_close, add_bos=False)
@@ -295,7 +295,7 @@ class Engine:
                 sampling = dataclasses.replace(sampling, stop=sampling.stop + stops)
             constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=self.gen.piece,
                                                tokenize=lambda t: self.gen.tokenize(t, add_bos=False))
-            thinking = self._reasoning(req, self._prompt_text)
+            thinking = self._reasoning(req, sampling, self._prompt_text)
             try:  # from here on the grammar's C sampler is ours to free if the request never runs
                 budgeted = thinking is not None and thinking.budget is not None
                 drafter = None if constraint or budgeted else self._drafter(spec, prompt, sampling.max_tokens)
@@ -393,7 +393,7 @@ class Engine:
                 and structured.fmt.native else None
             msgs = prepare_messages(req.messages, structured) if structured is not None else req.messages
             msgs = strip_reasoning(msgs, self.reasoning)
-            switches, _ = template_switches(self.template.source, req.think)
+            switches, _ = template_switches(self.template.source, _think(req, sampling))
 
             def count(m: list[dict[str, Any]]) -> int:
                 return len(self._chat_tokens(m, tools, switches))
@@ -461,6 +461,13 @@ def out_of_memory(reason: str) -> bool:
     """Does llama.cpp's reason for a failure say that memory ran out? (Read once, here, where
     llama.cpp's words are known; the receivers branch on Error.out_of_memory.)"""
     return bool(_OOM.search(reason))
+
+
+def _think(req: P.Generate, sampling: SamplingSettings) -> bool | str | None:
+    """The request's `think`, else the conversation's setting."""
+    from ggufdesk.core.settings import think_value
+
+    return req.think if req.think is not None else think_value(sampling.think)
 
 
 def _rpc_offload(model: str, settings: LoadSettings) -> Any:
