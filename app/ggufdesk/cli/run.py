@@ -21,6 +21,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=512, help="n_batch: prompt tokens per decode call")
     p.add_argument("--ubatch", type=int, default=512, help="n_ubatch: physical micro-batch")
     p.add_argument("--gpu-layers", type=int, default=0, help="layers to offload (-1 = all)")
+    p.add_argument("--n-cpu-moe", type=int, default=0, metavar="N",
+                   help="mixture of experts: keep the experts of the first N layers in RAM (`plan` proposes N)")
     p.add_argument("--flash-attn", default="auto", choices=("auto", "on", "off"))
     p.add_argument("--kv-type", default="f16", help="KV cache type (f16, q8_0, q4_0, ...)")
     p.add_argument("--no-mmap", action="store_true", help="read the whole model into RAM")
@@ -96,6 +98,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LoadSettings, Sampling
         n_ubatch=min(args.ubatch, args.batch) if args.ubatch == 512 else args.ubatch,
         n_threads=args.threads, n_threads_batch=args.threads_batch, flash_attn=args.flash_attn,
         type_k=args.kv_type, type_v=args.kv_type, use_mmap=not args.no_mmap, rpc=rpc_from_args(args),
+        n_cpu_moe=args.n_cpu_moe,
     )
     sampling = SamplingSettings(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,

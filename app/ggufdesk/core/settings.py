@@ -73,9 +73,13 @@ class LoadSettings:
     n_parallel: int = 1  # sequences decoded together (the server sets it; the GUI and run use 1)
     prefill_chunk: int = PREFILL_CHUNK  # prompt tokens per engine step while others decode; 0 = auto
     rpc: list[str] = field(default_factory=list)  # RPC workers, host:port (`ggufdesk worker`)
+    # a mixture of experts: the routed experts of the first N layers stay in RAM while the rest of
+    # those layers is on the GPU (llama.cpp's --n-cpu-moe; core/planner.py proposes N)
+    n_cpu_moe: int = 0
 
     def __post_init__(self) -> None:
         _int("context length (n_ctx)", self.n_ctx, 16, 1 << 20)
+        _int("layers with experts on the CPU (n_cpu_moe)", self.n_cpu_moe, 0, 100_000)
         _int("parallel sequences (n_parallel)", self.n_parallel, 1, MAX_PARALLEL)
         _int("prefill chunk (prefill_chunk)", self.prefill_chunk, 0, 1 << 16)
         _int("GPU layers (n_gpu_layers)", self.n_gpu_layers, -1, 100_000)

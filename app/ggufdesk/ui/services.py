@@ -38,6 +38,7 @@ class ModelChoice:
     size_bytes: int = 0
     fit: str = "unknown"
     n_gpu_layers: int = 0
+    n_cpu_moe: int = 0  # a mixture of experts: the first N layers' experts stay in RAM (core/planner.py)
     n_ctx: int = 4096
     pred_prefill_tok_s: float | None = None
     pred_decode_tok_s: float | None = None
@@ -296,7 +297,7 @@ class ModelServices:
         except KnownError as e:
             log.info("planning %s failed: %s", choice.label, e)
             return replace(rough_plan(choice, hw), note=str(e))
-        return replace(choice, fit=pl.fit, n_gpu_layers=pl.n_gpu_layers, n_ctx=pl.n_ctx,
+        return replace(choice, fit=pl.fit, n_gpu_layers=pl.n_gpu_layers, n_cpu_moe=pl.n_cpu_moe, n_ctx=pl.n_ctx,
                        pred_prefill_tok_s=pl.pred_prefill_tok_s,
                        pred_decode_tok_s=pl.pred_decode_tok_s, note=pl.explanation)
 
@@ -346,7 +347,7 @@ class ModelServices:
             self.hw = hw
             pl = planner.plan(info, hw, n_ctx=load.n_ctx, n_gpu_layers=load.n_gpu_layers,
                               n_ubatch=load.n_ubatch, type_k=load.type_k, type_v=load.type_v,
-                              flash_attn=load.flash_attn)
+                              flash_attn=load.flash_attn, n_cpu_moe=load.n_cpu_moe)
         except KnownError as e:
             log.info("no memory estimate for %s: %s", model, e)
             return None
@@ -359,5 +360,6 @@ class ModelServices:
     def recommended_settings(self, model: str | None) -> tuple[LoadSettings, SpeculationSettings]:
         if model and self.hw is not None and Path(model).is_file():
             c = self.choice_for_file(Path(model), self.hw)
-            return LoadSettings(n_gpu_layers=c.n_gpu_layers, n_ctx=c.n_ctx), SpeculationSettings()
+            return (LoadSettings(n_gpu_layers=c.n_gpu_layers, n_cpu_moe=c.n_cpu_moe, n_ctx=c.n_ctx),
+                    SpeculationSettings())
         return LoadSettings(), SpeculationSettings()
