@@ -177,9 +177,10 @@ def main() -> int:
     from ggufdesk.core import hardware, planner
     from ggufdesk.core.gguf_meta import read_gguf
 
-    hw = hardware.probe()
+    wait_quiet()
+    hw = hardware.probe(remeasure=True)
     print(f"machine: {hw.cpu.name}, {hw.cpu.cores_physical} cores, RAM read {hw.ram_bandwidth_gbs} GB/s "
-          f"({hw.ram_bandwidth_source}), {hw.cpu_gflops} GFLOPS; llama.cpp CPU, mmap off, 2 threads, "
+          f"(best measured), {hw.cpu_gflops} GFLOPS; formula only (recorded runs left out); llama.cpp CPU, mmap off, 2 threads, "
           f"flash attention auto, n_ubatch 512, prompt {PROMPT}, decode {DECODE}")
     hdr = (f"{'model':20s} {'ctx':>6s} | {'buffers MiB pred/meas':>22s} {'ratio':>6s} | "
            f"{'RSS MiB pred/meas':>18s} {'ratio':>6s} | {'decode tok/s pred/meas':>22s} {'ratio':>6s}")
@@ -195,7 +196,8 @@ def main() -> int:
                 mem = planner.memory(info, n_ctx=n_ctx)
                 meas_buf = m["memory"]["weights"] + m["memory"]["kv"] + m["memory"]["compute"] + m["memory"]["output"]
                 pred_rss = mem.resident_ram(info, 512)
-                pred_dec = 1 / planner.decode_seconds(info, hw, n_gpu_layers=0, depth=PROMPT + DECODE // 2)
+                pred_dec = 1 / planner.decode_seconds(info, hw, n_gpu_layers=0, depth=PROMPT + DECODE // 2,
+                                                      calibration=hardware.Calibration())
                 r_buf, r_rss = mem.buffers / meas_buf, pred_rss / m["rss_end"]
                 r_dec = pred_dec / m["decode_tok_s"]
                 for k, r in (("buf", r_buf), ("rss", r_rss), ("dec", r_dec)):
