@@ -180,7 +180,8 @@ def main() -> int:
     wait_quiet()
     hw = hardware.probe(remeasure=True)
     print(f"machine: {hw.cpu.name}, {hw.cpu.cores_physical} cores, RAM read {hw.ram_bandwidth_gbs} GB/s "
-          f"(best measured), {hw.cpu_gflops} GFLOPS; formula only (recorded runs left out); llama.cpp CPU, mmap off, 2 threads, "
+          f"(best measured), {hw.cpu_gflops} GFLOPS; formula only (recorded runs left out); "
+          "llama.cpp CPU, mmap off, 2 threads, "
           f"flash attention auto, n_ubatch 512, prompt {PROMPT}, decode {DECODE}")
     hdr = (f"{'model':20s} {'ctx':>6s} | {'buffers MiB pred/meas':>22s} {'ratio':>6s} | "
            f"{'RSS MiB pred/meas':>18s} {'ratio':>6s} | {'decode tok/s pred/meas':>22s} {'ratio':>6s}")
