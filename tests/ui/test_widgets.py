@@ -149,8 +149,13 @@ def test_choice_table_model(qtmodeltester, tmp_path):
     qtmodeltester.check(m, force_py=True)
     m.add(ModelChoice(label="z", source="disk"))
     qtmodeltester.check(m, force_py=True)
-    assert m.data(m.index(0, 0)) == "★ x" and m.data(m.index(0, 2)) == "fits on the GPU"
-    assert m.data(m.index(0, 3)) == "all" and m.data(m.index(0, 5)) == "~80 tok/s"
+    assert m.data(m.index(0, 0)) == "★ x" and m.data(m.index(0, 3)) == "fits on the GPU"
+    assert m.data(m.index(0, 4)) == "all" and m.data(m.index(0, 6)) == "~80 tok/s"
+    m = ChoiceTableModel()  # (a fresh one: the tester watches the first)
+    m.set_rows([ModelChoice(label="moe", source="catalog", capabilities=("moe", "reasoning", "tools"),
+                            fit="partial", n_gpu_layers=49, n_cpu_moe=20)])
+    assert m.data(m.index(0, 1)) == "reasons · tools · MoE"
+    assert m.data(m.index(0, 4)) == "49, experts of 20 on the CPU"
 
 
 def test_single_instance_raises_the_first_window(qtbot):

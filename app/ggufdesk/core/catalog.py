@@ -70,6 +70,21 @@ class Catalog:
         return sorted({e.family for e in self.entries})
 
 
+def capabilities_of(info: Any) -> tuple[str, ...]:
+    """What a model file can do, read from its header (a GGUFInfo): reasoning and tools from its chat
+    template, moe from its experts (vision needs a projector file beside it, which a header cannot say)."""
+    from ggufdesk.core import reasoning, tools
+
+    caps = []
+    if reasoning.detect(info.chat_template) is not None:
+        caps.append("reasoning")
+    if tools.detect_format(info.chat_template).native:
+        caps.append("tools")
+    if info.n_expert:
+        caps.append("moe")
+    return tuple(caps)
+
+
 def default_path() -> Path:
     """catalog/catalog.toml inside the package (editable, wheel and bundle installs alike)."""
     return Path(str(resources.files("ggufdesk") / "catalog" / "catalog.toml"))
