@@ -93,8 +93,8 @@ async def messages(request: Request) -> Response:
     job = await svc.start(caller(request), spec, request.receive)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if req.stream:
-        calls = CallStream(svc.pool.tool_format or GENERIC) if extra else None
-        reasons = bool(getattr(svc.pool.loaded, "reasoning", None))
+        calls = CallStream(job.pool.tool_format or GENERIC) if extra else None
+        reasons = bool(getattr(job.pool.loaded, "reasoning", None))
         return event_stream(_stream(job, mid, svc.model_id, calls, reasons))
     try:
         await job.collect()

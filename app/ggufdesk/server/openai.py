@@ -123,7 +123,7 @@ async def chat_completions(request: Request) -> Response:
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        calls = CallStream(svc.pool.tool_format or GENERIC) if "tools" in extra else None
+        calls = CallStream(job.pool.tool_format or GENERIC) if "tools" in extra else None
         return event_stream(_chat_stream(job, cid, created, svc.model_id, top if lp else None, usage, calls))
     try:
         await job.collect()
