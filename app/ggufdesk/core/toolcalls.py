@@ -65,8 +65,9 @@ def _json_prefix(text: str, start: int = 0) -> tuple[Any, int]:
 
 def _xml_value(raw: str, schema: dict[str, Any] | None) -> Any:
     value = raw.removeprefix("\n").removesuffix("\n")
-    kind = (schema or {}).get("type")
-    if kind == "string":
+    schema = schema or {}
+    kind = schema.get("type")
+    if kind == "string" or value in (schema.get("enum") or ()) or value == schema.get("const"):
         return value
     try:
         parsed = json.loads(value)

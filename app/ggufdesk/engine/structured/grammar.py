@@ -205,21 +205,27 @@ def _harmony_grammar(tools: list[dict[str, Any]]) -> str:
 
 def _xml_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
     """Qwen3-Coder: <tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function></tool_call>;
-    a string value is raw text, any other value the JSON its schema says."""
+    a string value is raw text, any other value the JSON its schema says. The required parameters
+    come first, in the schema's order (as the template lists them), then any optional ones."""
     schemas: dict[str, dict[str, Any]] = {}
     funcs = []
     for i, (name, params) in enumerate(_params(tools)):
         props = params.get("properties") or {}
-        ps = []
+        required = [k for k in props if k in (params.get("required") or [])]
+        ps, req = [], []
         for k, (key, sub) in enumerate(props.items()):
             plain = isinstance(sub, dict) and not ({"enum", "const", "pattern"} & sub.keys())
+            words = sub.get("enum", [sub.get("const")]) if isinstance(sub, dict) else None
             if plain and sub.get("type") == "string":
                 value = "xml-text"
+            elif isinstance(words, list) and words and all(isinstance(w, str) for w in words):
+                value = "(" + " | ".join(_lit(w) for w in words) + ")"  # raw text, as XML values are
             else:
                 value = f"v{i}-{k}"
                 schemas[value] = sub if isinstance(sub, dict) else {}
-            ps.append(f'{_lit("<parameter=" + key + ">")} nl {value} nl "</parameter>" nl')
-        body = f'({" | ".join(ps)})*' if ps else ""
+            one = f'{_lit("<parameter=" + key + ">")} nl {value} nl "</parameter>" nl'
+            (req if key in required else ps).append(one)
+        body = " ".join(f"({r})" for r in req) + (f' ({" | ".join(ps)})*' if ps else "")
         funcs.append(f'{_lit("<function=" + name + ">")} nl {body} "</function>"')
     rules = _schema_rules(schemas) if schemas else ""
     more = " (nl tc){0,3}" if parallel else ""
