@@ -7,7 +7,6 @@ import pytest
 from ggufdesk.core.reasoning import THINK, strip_reasoning, template_switches
 from ggufdesk.core.settings import LoadSettings
 from ggufdesk.engine.link import protocol as P
-from ggufdesk.engine.link.client import EngineClient
 from tests.fixtures.ggufs import CHATML_TEMPLATE
 from tests.fixtures import scripted
 from tests.fixtures.scripted import write_scripted
@@ -19,13 +18,6 @@ HARMONY = ("<|channel|>analysis<|message|>Add them up, carefully, one by one.<|e
            "<|channel|>final<|message|>Four.")
 USER = [{"role": "user", "content": "What is 2+2?"}]
 
-
-@pytest.fixture(scope="module")
-def client():
-    c = EngineClient(auto_restart=False)
-    c.start()
-    yield c
-    c.shutdown()
 
 
 def run(client, path, *, messages=USER, max_tokens=200, **extra):

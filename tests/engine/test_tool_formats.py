@@ -8,7 +8,6 @@ import json
 import pytest
 
 from ggufdesk.core.settings import LoadSettings
-from ggufdesk.engine.link.client import EngineClient
 from tests.engine.helpers import collect
 from tests.fixtures.scripted import write_scripted
 
@@ -28,13 +27,6 @@ WRONG = {
     "llama3": '{"name": "get_wether", "parameters": {"city": 3}}',
 }
 
-
-@pytest.fixture(scope="module")
-def client():
-    c = EngineClient(auto_restart=True)
-    c.start()
-    yield c
-    c.shutdown()
 
 
 @pytest.mark.parametrize("family", sorted(WRONG))
