@@ -22,6 +22,8 @@ CALL_JSON = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 CASES = {
     "qwen3-answer": ("qwen3", "<think>\nA greeting. Answer kindly.\n</think>\n\nHello! Nice to meet you.", {},
                      {"reasoning": "A greeting. Answer kindly.", "content": "Hello! Nice to meet you."}),
+    "qwen3-budget": ("qwen3", "<think>\nA greeting. Answer kindly.\n</think>\n\nHello! Nice to meet you.",
+                     {"reasoning_budget": 2}, {"reasoning": "A greeting.", "content": "Hello! Nice to meet you."}),
     "qwen3-call": ("qwen3", f"<think>\nNeed the weather tool.\n</think>\n\n<tool_call>\n{CALL_JSON}\n</tool_call>",
                    {"tools": TOOLS}, {"reasoning": "Need the weather tool.", "calls": [("get_weather", {"city": "Paris"})]}),
     "qwen3-none": ("qwen3", f"I will call it anyway.\n<tool_call>\n{CALL_JSON}\n</tool_call>",
@@ -93,6 +95,8 @@ def _openai(url: str, model: str, extra: dict, stream: bool) -> dict:
 
 def _anthropic(url: str, model: str, extra: dict, stream: bool) -> dict:
     body = {"model": model, "messages": USER, "max_tokens": extra.get("max_tokens", 200), "stream": stream}
+    if "reasoning_budget" in extra:
+        body["thinking"] = {"type": "enabled", "budget_tokens": extra["reasoning_budget"]}
     if "tools" in extra:
         body["tools"] = ANTHROPIC_TOOLS
         if extra.get("tool_choice") == "none":

@@ -45,8 +45,7 @@ def build(args: argparse.Namespace):
     load = dataclasses.replace(load, n_parallel=args.parallel, prefill_chunk=args.prefill_chunk)
     config = ServerConfig(api_keys=keys, rate_limit=args.rate_limit, parallel=args.parallel,
                           max_queue=args.queue, max_body=args.max_body, default_max_tokens=args.max_tokens,
-                          sampling=sampling,
-                          reasoning_budget=None if args.reasoning_budget < 0 else args.reasoning_budget)
+                          sampling=sampling)
     pool = EnginePool(model=resolve_model(args.model), load=load, speculation=spec)
     service = Service(pool=pool, config=config)
     return service, ServerRunner(service, host=args.host, port=args.port)

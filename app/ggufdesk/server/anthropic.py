@@ -34,7 +34,7 @@ def sampling_for(svc: Service, req: MessagesRequest) -> SamplingSettings:
             top_p=d.top_p if req.top_p is None else req.top_p,
             top_k=d.top_k if req.top_k is None else req.top_k,
             min_p=d.min_p, repeat_penalty=d.repeat_penalty, repeat_last_n=d.repeat_last_n, seed=d.seed,
-            max_tokens=req.max_tokens, stop=stop,
+            max_tokens=req.max_tokens, stop=stop, think=d.think, reasoning_budget=d.reasoning_budget,
         )
     except SettingsError as e:
         raise invalid(str(e)) from None
@@ -86,7 +86,7 @@ async def messages(request: Request) -> Response:
     svc = service(request)
     req: MessagesRequest = parse(MessagesRequest, await read_body(request, svc.config.max_body))
     extra = structured.anthropic_tools(req.tools, req.tool_choice)
-    think = reasoning.anthropic_fields(req.thinking, svc.config.reasoning_budget)
+    think = reasoning.anthropic_fields(req.thinking)
     svc.check_model(req.model)
     spec = GenSpec(endpoint="messages", messages=messages_of(req), sampling=sampling_for(svc, req), structured=extra,
                    reasoning=think)

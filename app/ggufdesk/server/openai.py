@@ -33,7 +33,7 @@ def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None) -> S
             top_k=pick(req.top_k, d.top_k), min_p=pick(req.min_p, d.min_p),
             repeat_penalty=pick(req.repeat_penalty, d.repeat_penalty), repeat_last_n=d.repeat_last_n,
             seed=pick(req.seed, d.seed), max_tokens=max_tokens or svc.config.default_max_tokens,
-            stop=stops(req.stop) or list(d.stop),
+            stop=stops(req.stop) or list(d.stop), think=d.think, reasoning_budget=d.reasoning_budget,
         )
     except SettingsError as e:
         raise invalid(str(e)) from None
@@ -115,8 +115,7 @@ async def chat_completions(request: Request) -> Response:
     lp = want_logprobs(svc, top) if req.logprobs else 0
     sampling = sampling_for(svc, req, req.max_completion_tokens or req.max_tokens)
     think = reasoning.openai_fields(effort=req.reasoning_effort, template_kwargs=req.chat_template_kwargs,
-                                    budget=req.reasoning_budget, think=req.think,
-                                    default_budget=svc.config.reasoning_budget)
+                                    budget=req.reasoning_budget, think=req.think)
     spec = GenSpec(endpoint="chat", messages=chat_messages(req), sampling=sampling, logprobs=lp, structured=extra,
                    reasoning=think)
     job = await svc.start(caller(request), spec, request.receive)

@@ -4,7 +4,7 @@ OpenAI: `reasoning_effort` ("none"|"minimal" off, "low"|"medium"|"high"), llama-
 `chat_template_kwargs: {"enable_thinking": bool}` and `reasoning_budget` (tokens; -1 no limit), Ollama's
 `think` (bool or effort). Anthropic: `thinking: {"type": "enabled", "budget_tokens": N}` |
 `{"type": "adaptive"}` | `{"type": "disabled"}`. A request that says nothing gets the server's
-`--reasoning-budget` and the template's default.
+`--think` and `--reasoning-budget` (its default SamplingSettings).
 """
 from __future__ import annotations
 
@@ -14,16 +14,14 @@ from ggufdesk.core.reasoning import EFFORTS
 from ggufdesk.server.errors import invalid
 
 
-def _budget(value: Any, param: str) -> int | None:
-    if value is None:
-        return None
+def _budget(value: Any, param: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < -1:
         raise invalid(f"{param} must be a whole number of tokens (-1: no limit)", param=param)
-    return None if value == -1 else value
+    return value
 
 
-def openai_fields(*, effort: Any = None, template_kwargs: Any = None, budget: Any = None, think: Any = None,
-                  default_budget: int | None = None) -> dict[str, Any]:
+def openai_fields(*, effort: Any = None, template_kwargs: Any = None, budget: Any = None,
+                  think: Any = None) -> dict[str, Any]:
     """Generate fields for an OpenAI-style request."""
     out: dict[str, Any] = {}
     if effort is not None:
@@ -39,22 +37,22 @@ def openai_fields(*, effort: Any = None, template_kwargs: Any = None, budget: An
         if not (isinstance(think, bool) or think in EFFORTS):
             raise invalid("think must be true, false, \"low\", \"medium\" or \"high\"", param="think")
         out["think"] = think
-    b = _budget(budget, "reasoning_budget") if budget is not None else default_budget
-    if b is not None:
-        out["reasoning_budget"] = b
+    if budget is not None:
+        out["reasoning_budget"] = _budget(budget, "reasoning_budget")
     return out
 
 
-def anthropic_fields(thinking: Any, default_budget: int | None = None) -> dict[str, Any]:
+def anthropic_fields(thinking: Any) -> dict[str, Any]:
     """Generate fields for Anthropic's `thinking`."""
     if thinking is None:
-        return {"reasoning_budget": default_budget} if default_budget is not None else {}
+        return {}
     kind = thinking.get("type") if isinstance(thinking, dict) else None
     if kind == "disabled":
         return {"think": False}
     if kind == "enabled":
-        budget = _budget(thinking.get("budget_tokens"), "thinking.budget_tokens")
-        return {"think": True, **({"reasoning_budget": budget} if budget is not None else {})}
+        budget = thinking.get("budget_tokens")
+        return {"think": True, **({"reasoning_budget": _budget(budget, "thinking.budget_tokens")}
+                                  if budget is not None else {})}
     if kind == "adaptive":
-        return {"reasoning_budget": default_budget} if default_budget is not None else {}
+        return {}
     raise invalid("thinking.type must be enabled, adaptive or disabled", param="thinking")

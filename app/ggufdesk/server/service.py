@@ -34,7 +34,6 @@ class ServerConfig:
     max_body: int = 4 * 1024 * 1024  # bytes
     default_max_tokens: int = 1024
     sampling: SamplingSettings = field(default_factory=SamplingSettings)  # defaults for omitted fields
-    reasoning_budget: int | None = None  # reasoning tokens a request gets unless it says (None: no limit)
 
 
 @dataclass(kw_only=True)
