@@ -96,7 +96,8 @@ class ToolLoop:
         return [s.name for s in self.host.config.enabled() if s.name not in off]
 
     def starting(self, servers: list[str]) -> list[str]:
-        return [n for n in servers if self.host.status(n).state != "ready"]
+        """The servers a listing will start (not those running, nor those that failed to start)."""
+        return [n for n in servers if self.host.status(n).state in ("stopped", "starting")]
 
     def list_tools(self, servers: list[str]) -> Future[dict[str, tuple[McpTool, ...] | McpFailure]]:
         return self.host.list_tools(servers)
@@ -123,7 +124,8 @@ class ToolLoop:
         try:
             self.save_config(config)
         except OSError as e:
-            return f"could not save the permission for {server}/{tool} in mcp.json ({e}); it holds until ggufdesk closes"
+            return (f"could not save the permission for {server}/{tool} in mcp.json ({e}); it holds until "
+                    "ggufdesk closes")
         return None
 
     def run(self, call: ToolCall) -> Future[ToolResult]:
@@ -136,7 +138,7 @@ class ToolLoop:
             result = future.result()
         except McpFailure as e:
             return "error", f"Error: {e}", False
-        except Exception as e:  # noqa: BLE001 - any failure of a call is the model's to hear about
+        except Exception as e:
             log.exception("MCP call failed")
             return "error", f"Error: the tool call failed ({type(e).__name__}: {e})", False
         text = ("Error: " + result.text) if result.is_error else result.text

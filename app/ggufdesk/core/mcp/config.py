@@ -204,6 +204,13 @@ def mcp_config_path() -> Path:
     return Path(user_config_dir("ggufdesk")) / "mcp.json"
 
 
+def mcp_log_dir() -> Path:
+    """Where each server's stderr is kept (mcp-<name>.log), for the window's log view."""
+    from platformdirs import user_log_dir
+
+    return Path(user_log_dir("ggufdesk")) / "mcp"
+
+
 def _read(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -298,7 +305,8 @@ def import_sources(home: Path | None = None, appdata: str | None = None) -> list
               home / "Library" / "Application Support" / "Claude" / "claude_desktop_config.json"]
     if appdata or sys.platform == "win32":
         claude.insert(0, Path(appdata or home) / "Claude" / "claude_desktop_config.json")
-    candidates = [("LM Studio", home / ".lmstudio" / "mcp.json"), ("LM Studio", home / ".cache" / "lm-studio" / "mcp.json"),
+    candidates = [("LM Studio", home / ".lmstudio" / "mcp.json"),
+                  ("LM Studio", home / ".cache" / "lm-studio" / "mcp.json"),
                   *(("Claude Desktop", p) for p in claude), ("Cursor", home / ".cursor" / "mcp.json")]
     return [(label, p) for label, p in candidates if p.is_file()]
 

@@ -78,8 +78,10 @@ class ServerStatus:
 
 def _leaf(e: BaseException) -> BaseException:
     """The first real error inside anyio's exception groups."""
-    while isinstance(e, BaseExceptionGroup) and e.exceptions:
-        e = e.exceptions[0]
+    inner = getattr(e, "exceptions", None)
+    while isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException):
+        e = inner[0]
+        inner = getattr(e, "exceptions", None)
     return e
 
 
@@ -163,7 +165,7 @@ class _Connection:
     def _open_stderr(self) -> Any:
         """The server's stderr goes to its log file (a real file: the child writes to it directly)."""
         if self.stderr is None:
-            return open(os.devnull, "w")  # noqa: SIM115 - closed when the connection ends
+            return open(os.devnull, "w")
         try:
             self.stderr.parent.mkdir(parents=True, exist_ok=True)
             mode = "w" if self.stderr.exists() and self.stderr.stat().st_size > STDERR_KEEP_BYTES else "a"
@@ -173,7 +175,7 @@ class _Connection:
             self._stderr_start = f.tell()
             return f
         except OSError:
-            return open(os.devnull, "w")  # noqa: SIM115
+            return open(os.devnull, "w")
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, Exception):
@@ -205,7 +207,7 @@ class _Connection:
                 phase = "running"
                 await stop.wait()
                 phase = "stopping"
-        except (Exception, asyncio.CancelledError, BaseExceptionGroup) as e:  # noqa: BLE001 - contained, reported
+        except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - contained, reported (groups too)
             failure = self._explain(_leaf(e), phase, init_timeout, list_timeout)
             if not ready.done():
                 ready.set_exception(failure)
@@ -292,7 +294,7 @@ class _Connection:
             record("failed", e.message)
             raise McpFailure(f"the MCP server {self.cfg.name!r} refused the call to {tool!r}: {e.message}",
                              server=self.cfg.name, kind="refused") from None
-        except (Exception, BaseExceptionGroup) as e:  # noqa: BLE001 - a transport error ends this server only
+        except Exception as e:  # noqa: BLE001 - a transport error (or a group of them) ends this server only
             leaf = _leaf(e)
             record("failed", str(leaf))
             self.stop()
@@ -349,7 +351,7 @@ class McpHost:
         if self.on_change is not None:
             try:
                 self.on_change(name)
-            except Exception:  # noqa: BLE001 - a front end's bug must not stop a server
+            except Exception:
                 log.exception("MCP status callback failed")
 
     def _conn(self, name: str) -> _Connection:
@@ -460,7 +462,7 @@ class McpHost:
 
         try:
             asyncio.run_coroutine_threadsafe(stop_all(), loop).result(timeout + 2)
-        except Exception:  # noqa: BLE001 - closing: log and go on
+        except Exception:
             log.exception("stopping the MCP servers")
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=2)
