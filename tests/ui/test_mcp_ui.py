@@ -100,21 +100,28 @@ def test_a_started_server_shows_its_dot_tools_and_calls(qtbot, setup):
 
 def test_press_everything_on_the_page(qtbot, monkeypatch, tmp_path, setup):
     dlg, host, path = setup
-    # The Import… button opens its menu (a popup that would wait for a click): its entries are pressed.
-    p = Presser(qtbot, monkeypatch, tmp_path, skip=lambda c: c is dlg.import_btn)
+    p = Presser(qtbot, monkeypatch, tmp_path)
     try:
         pressed = p.press_all(dlg, rounds=2)
-        for action in dlg.import_menu.actions():
-            p.press(action)
         p.assert_clean()
     finally:
         p.close()
     names = " ".join(pressed)
-    for expected in ("Add", "Remove", "Start / restart", "Forget permissions"):
+    for expected in ("Add", "Remove", "Start / restart", "Forget permissions", "Import from Claude Desktop"):
         assert expected in names, (expected, pressed)
-    assert "fs" in load_mcp_config(path).servers  # the import asked (answered Yes) and added fs only
-    assert load_mcp_config(path).servers.get("calc") is None or \
-        load_mcp_config(path).servers["calc"].command != "other"
+    assert p.dialogs.count("QMessageBox.question") >= 2  # Remove and Import asked first
+
+
+def test_import_shows_what_it_adds_and_never_replaces(qtbot, monkeypatch, setup):
+    dlg, host, path = setup
+    asked = []
+    monkeypatch.setattr("PySide6.QtWidgets.QMessageBox.question",
+                        staticmethod(lambda _parent, _title, text, *a: asked.append(text)
+                                     or __import__("PySide6.QtWidgets", fromlist=["x"]).QMessageBox.StandardButton.Yes))
+    dlg.import_btns[0].click()
+    assert "• fs: npx -y server-fs" in asked[0] and "calc (a server of that name exists)" in asked[0]
+    servers = load_mcp_config(path).servers
+    assert "fs" in servers and servers["calc"].command != "other"
 
 
 def test_the_card_asks_once_and_shows_the_result(qtbot):

@@ -401,6 +401,8 @@ class ChatSession(ToolTurns):
         answer.status, answer.finish_reason = status, finish_reason
         if finish_reason:
             answer.stats["finish_reason"] = finish_reason  # shown under the answer, also later
+        if calls:
+            answer.stats["tool_loop"] = True  # its calls are run here: shown as cards, not as text
         self._save_answer(answer, final=True)
         if calls:
             self.view.turn_finished(answer)

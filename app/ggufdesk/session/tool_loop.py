@@ -81,7 +81,7 @@ class ToolLoop:
     """
 
     def __init__(self, host: McpHost, *, max_rounds: int = MAX_ROUNDS, allow_all: bool = False,
-                 deny_all: bool = False, save_config: Callable[[McpConfig], None] | None = None) -> None:
+                 deny_all: bool = False, save_config: Callable[[McpConfig], object] | None = None) -> None:
         self.host = host
         self.max_rounds = max_rounds
         self.allow_all, self.deny_all = allow_all, deny_all

@@ -11,7 +11,7 @@ from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import (
     QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
-    QLineEdit, QListWidget, QListWidgetItem, QMenu, QMessageBox, QPlainTextEdit, QPushButton, QSpinBox,
+    QLineEdit, QListWidget, QListWidgetItem, QMessageBox, QPlainTextEdit, QPushButton, QSpinBox,
     QSplitter, QVBoxLayout, QWidget,
 )
 
@@ -226,34 +226,32 @@ class McpServersDialog(QDialog):
         self.list.setAccessibleName("MCP servers")
         self.list.currentItemChanged.connect(lambda *_: self._selected())
         self.list.itemChanged.connect(self._ticked)
-        self.add_btn = QPushButton("&Add")
-        self.add_btn.clicked.connect(lambda _checked=False: self.add_server())
-        self.remove_btn = QPushButton("Re&move")
-        self.remove_btn.clicked.connect(lambda _checked=False: self.remove_server())
         self.restart_btn = QPushButton("&Start / restart")
         self.restart_btn.setToolTip("Start the server now (again, if it failed) and list its tools")
         self.restart_btn.clicked.connect(lambda _checked=False: self.restart())
-        self.import_btn = QPushButton("&Import…")
-        self.import_menu = QMenu(self.import_btn)
+        self.remove_btn = QPushButton("Re&move")
+        self.remove_btn.clicked.connect(lambda _checked=False: self.remove_server())
+        self.add_btn = QPushButton("&Add")
+        self.add_btn.clicked.connect(lambda _checked=False: self.add_server())
+        # One button per other app whose MCP file exists (LM Studio, Claude Desktop, Cursor): it
+        # shows what would be added and asks first.
+        self.import_btns: list[QPushButton] = []
         for label, path in (sources or []):
-            act = self.import_menu.addAction(f"From {label} ({path})")
-            act.triggered.connect(lambda _checked=False, p=path, lb=label: self.import_from(lb, p))
-        self.import_btn.setMenu(self.import_menu)
-        self.import_btn.setEnabled(bool(sources))
-        self.import_btn.setToolTip("Add the servers another app (LM Studio, Claude Desktop, Cursor) has"
-                                   if sources else "No other app's MCP servers were found on this computer")
+            b = QPushButton(f"Import from {label}…")
+            b.setToolTip(f"Add the servers of {path} (you see them and confirm first)")
+            b.clicked.connect(lambda _checked=False, p=path, lb=label: self.import_from(lb, p))
+            self.import_btns.append(b)
         left = QWidget()
         ll = QVBoxLayout(left)
         ll.setContentsMargins(0, 0, 0, 0)
         ll.addWidget(self.list, 1)
+        ll.addWidget(self.restart_btn)  # first: what acts on the selected server, then Add
         row = QHBoxLayout()
-        for b in (self.add_btn, self.remove_btn):
+        for b in (self.remove_btn, self.add_btn):
             row.addWidget(b)
         ll.addLayout(row)
-        row2 = QHBoxLayout()
-        for b in (self.restart_btn, self.import_btn):
-            row2.addWidget(b)
-        ll.addLayout(row2)
+        for b in self.import_btns:
+            ll.addWidget(b)
         self.editor = ServerEditor()
         self.editor.changed.connect(self.validate)
         self.error = QLabel()

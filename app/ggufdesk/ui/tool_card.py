@@ -7,7 +7,7 @@ import json
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFontDatabase, QPalette, QShowEvent
 from PySide6.QtWidgets import (
-    QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy, QVBoxLayout, QWidget,
+    QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget,
 )
 
 from ggufdesk.ui import theme
@@ -48,8 +48,6 @@ class ToolCallCard(QFrame):
         self.result = QPlainTextEdit()
         self.result.setReadOnly(True)
         self.result.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
-        self.result.setMaximumHeight(140)
-        self.result.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Maximum)
         self.result.setAccessibleName("Tool result")
         self.allow_btn = QPushButton("&Allow once")
         self.allow_btn.setToolTip("Run this call now; the next call asks again")
@@ -101,6 +99,8 @@ class ToolCallCard(QFrame):
             result[:SHOWN_RESULT_CHARS] + f"\n[… {len(result) - SHOWN_RESULT_CHARS:,} more characters]")
         self.result.setPlainText(shown)
         self.result.setVisible(bool(result))
+        lines = min(8, max(1, shown.count("\n") + 1 + len(shown) // 100))  # long lines wrap
+        self.result.setFixedHeight(self.result.fontMetrics().lineSpacing() * lines + 14)
         if asking and self.isVisible():
             self.allow_btn.setFocus()  # Space allows once; Tab reaches the others
 
