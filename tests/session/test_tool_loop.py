@@ -231,3 +231,21 @@ def test_a_server_that_cannot_start_is_said_once_and_others_still_work(history, 
         assert s.phase == "idle"
     finally:
         host.close()
+
+
+def test_a_streamable_http_server_through_the_loop(history, writer, tmp_path):
+    from tests.fixtures.mcp_servers import http_server
+
+    with http_server("only=add") as url:
+        host = McpHost(parse_config({"mcpServers": {"web": {"url": url}}}), log_dir=tmp_path / "logs")
+        try:
+            rig = ToolRig(history, writer, ToolLoop(host))
+            s = rig.session
+            s.send("add over http")
+            assert [t["function"]["name"] for t in rig.wait_request(1)["tools"]] == ["add"]
+            rig.call("r1", "add", {"a": 40, "b": 2})
+            s.decide(rig.asked_about(1).key, "once")
+            assert rig.wait_request(2)["messages"][-1]["content"] == "42"
+            rig.answer("r2", "42")
+        finally:
+            host.close()
