@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import base64
-from types import SimpleNamespace as NS
+from types import SimpleNamespace as Ns
 
 from ggufdesk.core.mcp.host import McpTool
 from ggufdesk.core.mcp.offer import build_offer, offered_name
@@ -10,11 +10,11 @@ from ggufdesk.core.mcp.results import clean_text, convert_result, result_limit, 
 
 
 def test_blocks_become_text_and_media_a_note():
-    raw = NS(content=[NS(type="text", text="first"), NS(type="image", data=base64.b64encode(b"x" * 2048).decode(), mime_type="image/png"),
-                      NS(type="resource_link", uri="file:///tmp/x.txt"),
-                      NS(type="resource", resource=NS(text="inline text", uri="mem://a")),
-                      NS(type="resource", resource=NS(blob="AAAA", uri="mem://b")),
-                      NS(type="audio", data="", mime_type="audio/wav"), NS(type="future_kind")],
+    raw = Ns(content=[Ns(type="text", text="first"), Ns(type="image", data=base64.b64encode(b"x" * 2048).decode(), mime_type="image/png"),
+                      Ns(type="resource_link", uri="file:///tmp/x.txt"),
+                      Ns(type="resource", resource=Ns(text="inline text", uri="mem://a")),
+                      Ns(type="resource", resource=Ns(blob="AAAA", uri="mem://b")),
+                      Ns(type="audio", data="", mime_type="audio/wav"), Ns(type="future_kind")],
              structured_content={"ignored": True}, is_error=False)
     out = convert_result(raw)
     lines = out.text.splitlines()
@@ -25,17 +25,17 @@ def test_blocks_become_text_and_media_a_note():
 
 
 def test_structured_only_errors_and_nothing():
-    assert convert_result(NS(content=[], structured_content={"sum": 5}, is_error=False)).text == '{"sum": 5}'
-    failed = convert_result(NS(content=[NS(type="text", text="no such file")], is_error=True))
+    assert convert_result(Ns(content=[], structured_content={"sum": 5}, is_error=False)).text == '{"sum": 5}'
+    failed = convert_result(Ns(content=[Ns(type="text", text="no such file")], is_error=True))
     assert failed.is_error and failed.text == "no such file"
-    assert convert_result(NS(content=None)).text == "(the tool returned nothing)"
+    assert convert_result(Ns(content=None)).text == "(the tool returned nothing)"
 
 
 def test_invalid_unicode_is_replaced():
     text = clean_text("a\udcffb\ud800c\x00d")
     assert text == "a\ufffdb\ufffdc\ufffdd"
     text.encode("utf-8")
-    assert convert_result(NS(content=[NS(type="text", text="x\udcff")])).text == "x\ufffd"
+    assert convert_result(Ns(content=[Ns(type="text", text="x\udcff")])).text == "x\ufffd"
 
 
 def test_truncation_says_how_much_was_left_out():

@@ -87,6 +87,19 @@ def log_text(status: ServerStatus) -> str:
     return "\n".join(lines)
 
 
+def _line(placeholder: str) -> QLineEdit:
+    edit = QLineEdit()
+    edit.setPlaceholderText(placeholder)
+    return edit
+
+
+def _lines(placeholder: str) -> QPlainTextEdit:
+    edit = QPlainTextEdit()
+    edit.setPlaceholderText(placeholder)
+    edit.setFixedHeight(54)
+    return edit
+
+
 class ServerEditor(QGroupBox):
     """The form for one server; `entry()` is what it says, `check()` the server or why not."""
 
@@ -94,24 +107,16 @@ class ServerEditor(QGroupBox):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Server", parent)
-        self.name = QLineEdit()
-        self.name.setPlaceholderText("files")
+        self.name = _line("files")
         self.kind = QComboBox()
         for key, label in KINDS:
             self.kind.addItem(label, key)
-        self.command = QLineEdit()
-        self.command.setPlaceholderText("npx")
-        self.args = QLineEdit()
-        self.args.setPlaceholderText("-y @modelcontextprotocol/server-filesystem ~/Documents")
-        self.env = QPlainTextEdit()
-        self.env.setPlaceholderText("API_KEY=…  (one per line)")
-        self.env.setFixedHeight(54)
-        self.cwd = QLineEdit()
-        self.url = QLineEdit()
-        self.url.setPlaceholderText("http://127.0.0.1:8000/mcp")
-        self.headers = QPlainTextEdit()
-        self.headers.setPlaceholderText("Authorization: Bearer …  (one per line)")
-        self.headers.setFixedHeight(54)
+        self.command = _line("npx")
+        self.args = _line("-y @modelcontextprotocol/server-filesystem ~/Documents")
+        self.env = _lines("API_KEY=…  (one per line)")
+        self.cwd = _line("")
+        self.url = _line("http://127.0.0.1:8000/mcp")
+        self.headers = _lines("Authorization: Bearer …  (one per line)")
         self.timeout = QSpinBox()
         self.timeout.setRange(1, 86400)
         self.timeout.setSuffix(" s")

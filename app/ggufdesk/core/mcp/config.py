@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from ggufdesk.core.aside import move_aside
+from ggufdesk.core.aside import try_move_aside
 from ggufdesk.core.errors import SettingsError
 
 Transport = Literal["stdio", "http", "sse"]
@@ -268,20 +268,22 @@ def open_mcp_config(path: Path | None = None) -> McpConfigReport:
     except McpConfigError as e:
         problem = str(e)
     salvaged, dropped = _salvage(path)
+    kept = try_move_aside(path)
+    rewritten = kept is not None and bool(salvaged.servers) and _rewrite(salvaged, path)
+    message = (f"Your MCP servers file could not be used as it is ({problem}); "
+               + (f"{', '.join(dropped)} left out" if dropped and salvaged.servers else "no MCP servers are used")
+               + (f" and the file was kept as {kept}" if kept else " and it could not be moved aside either")
+               + ("" if rewritten or not salvaged.servers else "; the servers that were fine are used this time only")
+               + ".")
+    return McpConfigReport(salvaged, message, kept)
+
+
+def _rewrite(config: McpConfig, path: Path) -> bool:
     try:
-        kept: Path | None = move_aside(path)
+        save_mcp_config(config, path)
     except OSError:
-        kept = None
-    if kept is not None and salvaged.servers:
-        try:
-            save_mcp_config(salvaged, path)
-        except OSError:
-            pass
-    where = f"the file was kept as {kept}" if kept else "it could not be moved aside either"
-    what = (f"{', '.join(dropped)} left out" if dropped and salvaged.servers
-            else "no MCP servers are used")
-    return McpConfigReport(salvaged, f"Your MCP servers file could not be used as it is ({problem}); "
-                           f"{what} and {where}.", kept)
+        return False
+    return True
 
 
 def save_mcp_config(config: McpConfig, path: Path | None = None) -> Path:
