@@ -21,7 +21,6 @@ from ggufdesk.core.mcp.host import McpHost, ServerStatus
 from ggufdesk.ui import theme
 
 KINDS = (("stdio", "Command (stdio)"), ("http", "URL (streamable HTTP)"), ("sse", "URL (SSE, older servers)"))
-DOTS = {"stopped": "#9e9e9e", "starting": "#f0a020", "ready": "#2e9d4f", "failed": "#d0342c"}
 STATE_WORDS = {"stopped": "not started (starts when a message needs it)", "starting": "starting…",
                "ready": "running", "failed": "failed"}
 
@@ -32,12 +31,18 @@ class McpSignals(QObject):
     changed = Signal(str)
 
 
+def dot_colour(state: str) -> QColor:
+    """The status dot: green running, amber starting, red failed, grey not started."""
+    hue = {"starting": theme.WARNING_HUE, "ready": theme.SUCCESS_HUE, "failed": theme.ERROR_HUE}.get(state)
+    return theme.muted() if hue is None else theme.tone(hue, strong=True)
+
+
 def _dot(state: str) -> QIcon:
     pix = QPixmap(12, 12)
     pix.fill(Qt.GlobalColor.transparent)
     p = QPainter(pix)
     p.setRenderHint(QPainter.RenderHint.Antialiasing)
-    p.setBrush(QColor(DOTS.get(state, DOTS["stopped"])))
+    p.setBrush(dot_colour(state))
     p.setPen(Qt.PenStyle.NoPen)
     p.drawEllipse(1, 1, 10, 10)
     p.end()
