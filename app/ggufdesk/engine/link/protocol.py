@@ -80,6 +80,8 @@ class Generate:
     # "low"|"medium"|"high"; an off switch the template lacks becomes a budget of 0
     think: bool | str | None = None
     reasoning_budget: int | None = None  # reasoning tokens before the engine closes the block (None: no limit)
+    # tools whose parameters the grammar cannot enforce: offered, their arguments only held to be an object
+    tools_without_grammar: list[str] | None = None
 
 
 @dataclass(kw_only=True)

@@ -94,7 +94,7 @@ def _object_args(call: dict[str, Any]) -> dict[str, Any]:
 
 def plan(*, json_schema: Any = None, grammar: str | None = None, tools: Any = None,
          tool_choice: Any = None, parallel_tool_calls: bool = False, template_source: str | None,
-         chat: bool, reasoning: bool = False) -> Structured:
+         chat: bool, tools_without_grammar: list[str] | None = None, reasoning: bool = False) -> Structured:
     """Resolve a request's structured-output fields; raises SchemaError on anything unsupported.
     reasoning: the model thinks first, so even a required call's grammar waits for its marker."""
     asked = [n for n, v in (("json_schema", json_schema), ("grammar", grammar), ("tools", tools))
@@ -114,11 +114,12 @@ def plan(*, json_schema: Any = None, grammar: str | None = None, tools: Any = No
         return Structured()
     if not chat:
         raise SchemaError("tools need a chat request (messages), not a plain prompt")
-    checked = T.check_tools(tools)
+    loose = frozenset(tools_without_grammar or ())
+    checked = T.check_tools(tools, loose)
     chosen, mode = T.pick_tools(checked, tool_choice)
     fmt = T.detect_format(template_source)
     if mode == "none":
         return Structured()
-    tg = tool_grammar(chosen, fmt, mode, parallel=parallel_tool_calls)
+    tg = tool_grammar(T.loosen(chosen, loose), fmt, mode, parallel=parallel_tool_calls)
     lazy = tg.lazy or reasoning
     return Structured(gbnf=tg.gbnf, marker=tg.marker if lazy else None, tools=chosen, fmt=fmt, mode=mode)
