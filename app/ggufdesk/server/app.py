@@ -58,10 +58,10 @@ class ApiKeys:
 
 
 async def health(request: Request) -> Response:
-    pool = request.app.state.service.pool
-    if pool.state == "ready":
+    state, error = request.app.state.service.pool.health()
+    if state == "ready":
         return JSONResponse({"status": "ok"})
-    body = {"status": "error", "error": pool.error} if pool.state == "failed" else {"status": "loading"}
+    body = {"status": "error", "error": error} if state == "failed" else {"status": "loading"}
     return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
 

@@ -60,6 +60,10 @@ def engine_error(ev: P.Error) -> ApiError:
         return ApiError(400, ev.message, reason="invalid")
     if ev.kind == "schema":
         return ApiError(400, ev.message, code="unsupported_schema", reason="invalid")
+    if ev.kind == "protocol":  # the request could not even be written to the engine (too deep, not JSON)
+        return ApiError(400, ev.message, reason="invalid")
+    if ev.kind == "timeout":
+        return ApiError(504, ev.message, code="timeout", reason="timeout")
     return ApiError(500, ev.message, code=ev.kind, reason="engine_error")
 
 
@@ -99,12 +103,14 @@ class Service:
 
     def snapshot(self) -> dict[str, Any]:
         """Live counts for the GUI (read from another thread: plain ints, no locking needed)."""
-        return {"state": self.pool.state, "clients": self.clients(), "running": self.admission.running,
-                "queued": self.admission.queued, "kv_usage": self.kv_usage(), "error": self.pool.error}
+        state, error = self.pool.health()
+        return {"state": state, "clients": self.clients(), "running": self.admission.running,
+                "queued": self.admission.queued, "kv_usage": self.kv_usage(), "error": error}
 
     def require_ready(self) -> None:
-        if self.pool.state != "ready":
-            why = self.pool.error if self.pool.state == "failed" else "the model is loading"
+        state, error = self.pool.health()
+        if state != "ready":
+            why = error if state == "failed" else "the model is loading"
             raise ApiError(503, why or "the model is not loaded", code="not_ready", retry_after=5,
                            reason="not_ready")
 

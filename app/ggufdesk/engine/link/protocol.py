@@ -289,8 +289,22 @@ def encode(msg: Message) -> str:
     Text that is not valid Unicode (lone surrogates, as Python decodes invalid UTF-8 or binary
     input with `surrogateescape`) is replaced by U+FFFD here, so the line can always be written.
     """
-    line = json.dumps({"type": msg.TYPE, **dataclasses.asdict(msg)}, ensure_ascii=False) + "\n"
+    # Not dataclasses.asdict: it copies every nested list and dict in Python recursion, and a 600-deep
+    # tool-call argument made it raise RecursionError where json's own encoder manages (issue 34).
+    # Raises ValueError (or TypeError) for what cannot be a JSON line; the client turns that into
+    # an error for the one request.
+    try:
+        line = json.dumps({"type": msg.TYPE, **fields_of(msg)}, ensure_ascii=False, default=_plain) + "\n"
+    except RecursionError:
+        raise ValueError(f"a {msg.TYPE} message is nested too deeply to be sent") from None
     return _SURROGATES.sub("\ufffd", line)
+
+
+def _plain(obj: Any) -> Any:
+    """json.dumps's fallback: a settings dataclass inside a message becomes its fields."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return fields_of(obj)
+    raise TypeError(f"{type(obj).__name__} cannot be sent to the engine")
 
 
 def decode_event(line: str | bytes) -> Event:
