@@ -115,7 +115,7 @@ def test_many_tools_each_under_the_limit_are_refused_as_a_whole(plain):
 # ---- finding 3: the grammar is bounded -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pattern", ["^((a?){0,30}){0,30}$", "^((a|b|ab)*)*c$", "^(a?){0,60}(a?){0,60}$"])
+@pytest.mark.parametrize("pattern", ["^((a?){0,30}){0,30}$", "^([ab]?[ab]?){0,40}$", "^(a?){0,60}(a?){0,60}$"])
 def test_a_pattern_whose_grammar_explodes_is_refused(plain, pattern):
     body = json.dumps(chat(response_format={"type": "json_schema", "json_schema": {
         "name": "p", "schema": {"type": "string", "pattern": pattern}}}))

@@ -34,6 +34,7 @@ class ServerConfig:
     max_body: int = 4 * 1024 * 1024  # bytes
     default_max_tokens: int = 1024
     sampling: SamplingSettings = field(default_factory=SamplingSettings)  # defaults for omitted fields
+    request_timeout: float = 600.0  # seconds one generation may take in the engine (0 = no limit): then a 504
 
 
 @dataclass(kw_only=True)
@@ -160,7 +161,8 @@ class Service:
         self._inflight[caller] = self._inflight.get(caller, 0) + 1
         try:
             await self.pool.generate(rid, prompt=spec.prompt, messages=spec.messages, sampling=spec.sampling,
-                                     logprobs=spec.logprobs, **spec.structured)
+                                     logprobs=spec.logprobs, deadline_s=self.config.request_timeout or None,
+                                     **spec.structured)
         except KnownError as e:
             job.finish(None)
             raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None

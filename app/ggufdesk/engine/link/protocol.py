@@ -25,6 +25,7 @@ ErrorKind = Literal[
     "schema",  # a JSON schema, grammar or tool list the engine cannot follow (server: 400)
     "crash",  # (client) the engine process died
     "hung",  # (client) the engine stopped answering, or did not stop when asked; it was killed
+    "timeout",  # the request ran past its Generate.deadline_s and was stopped (server: 504)
     "protocol",  # a line that is not a valid message
     "bug",  # an internal error of ours, with a trace in `detail`
 ]
@@ -76,6 +77,9 @@ class Generate:
     tools: list[dict[str, Any]] | None = None  # OpenAI-style function tools (chat requests)
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
     parallel_tool_calls: bool = False  # up to 4 calls in one answer (off: one, as llama-server)
+    # seconds the request may take in the engine, queueing included; past it the engine ends it with
+    # Error(kind="timeout") between two steps, so a request stuck in slow sampling frees its slot
+    deadline_s: float | None = None
 
 
 @dataclass(kw_only=True)

@@ -250,6 +250,9 @@ class Engine:
             sampling = SamplingSettings(**req.sampling)
             if isinstance(req.logprobs, bool) or not isinstance(req.logprobs, int) or not 0 <= req.logprobs <= 100:
                 raise KnownError(f"logprobs must be a whole number from 0 to 100, got {req.logprobs!r}")
+            limit = req.deadline_s
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0):
+                raise KnownError(f"deadline_s must be a positive number of seconds, got {limit!r}")
             spec = self.speculation if req.speculation is None else dataclasses.replace(
                 self.speculation, **req.speculation)
             cap = self.lm.n_outputs - 1  # logits rows reserved at load: [last] + K max
@@ -268,7 +271,8 @@ class Engine:
                 seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs,
                                drafter=drafter, max_gen=min(sampling.max_tokens, self.lm.n_ctx - len(prompt)),
                                stats=RunStats(n_prompt=len(prompt), t_start=t_start),
-                               constraint=constraint, structured=structured)
+                               constraint=constraint, structured=structured, limit_s=limit,
+                               deadline=None if limit is None else self.batch.clock() + limit)
                 self.batch.submit(seq)
             except (KnownError, TypeError):
                 if constraint is not None:
@@ -448,6 +452,9 @@ def llama_bos_text(gen: Any) -> str:
     return _piece(gen, str(llama_cpp.llama_vocab_bos(gen.lm.vocab)))
 
 
+_LINE_ID = re.compile(r'\{"type": "[a-z]+", "id": "([^"\\]{1,200})"')
+
+
 def _read_requests(stdin: TextIO, inbox: queue.Queue[P.Message], book: CancelBook, emit: Emitter) -> None:
     """The reader thread: Cancel and Ping are answered here, at once, even while the main thread is
     busy in a decode; everything else queues for the main loop. EOF means the client is gone."""
@@ -456,8 +463,9 @@ def _read_requests(stdin: TextIO, inbox: queue.Queue[P.Message], book: CancelBoo
             continue
         try:
             msg = P.decode(line)
-        except P.ProtocolError as e:
-            emit(P.Error(kind="protocol", message=str(e)))
+        except P.ProtocolError as e:  # answered under the request's id when one can be read, so it does not wait
+            m = _LINE_ID.match(line)
+            emit(P.Error(kind="protocol", id=m.group(1) if m else None, message=str(e)))
             continue
         if isinstance(msg, P.Ping):
             emit(P.Pong(id=msg.id))

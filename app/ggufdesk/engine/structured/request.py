@@ -11,7 +11,8 @@ from typing import Any, Callable
 
 from ggufdesk.core import tools as T
 from ggufdesk.core.schema import SchemaError, json_object_schema
-from ggufdesk.engine.structured.grammar import GrammarConstraint, _openings, schema_to_gbnf, tool_grammar
+from ggufdesk.engine.structured.grammar import (GrammarConstraint, _openings, check_bounded, schema_to_gbnf,
+                                                tool_grammar)
 
 
 @dataclass
@@ -86,10 +87,10 @@ def plan(*, json_schema: Any = None, grammar: str | None = None, tools: Any = No
     if grammar is not None:
         if not isinstance(grammar, str) or "root" not in grammar:
             raise SchemaError("a grammar must be GBNF text with a `root` rule")
-        return Structured(gbnf=grammar)
+        return Structured(gbnf=check_bounded(grammar))
     if json_schema is not None:
         schema = json_object_schema() if json_schema == "json_object" else json_schema
-        return Structured(gbnf=schema_to_gbnf(schema))
+        return Structured(gbnf=check_bounded(schema_to_gbnf(schema)))
     if tools is None:
         if tool_choice not in (None, "none", "auto"):
             raise SchemaError("tool_choice needs tools")
@@ -102,4 +103,4 @@ def plan(*, json_schema: Any = None, grammar: str | None = None, tools: Any = No
     if mode == "none":
         return Structured()
     tg = tool_grammar(chosen, fmt, mode, parallel=parallel_tool_calls)
-    return Structured(gbnf=tg.gbnf, marker=tg.marker if tg.lazy else None, tools=chosen, fmt=fmt, mode=mode)
+    return Structured(gbnf=check_bounded(tg.gbnf), marker=tg.marker if tg.lazy else None, tools=chosen, fmt=fmt, mode=mode)
