@@ -35,6 +35,9 @@ class ServerConfig:
     default_max_tokens: int = 1024
     sampling: SamplingSettings = field(default_factory=SamplingSettings)  # defaults for omitted fields
     request_timeout: float = 600.0  # seconds one generation may take in the engine (0 = no limit): then a 504
+    cors_origins: tuple[str, ...] = ()  # web pages allowed to call the API (CORS); none by default
+    read_timeout: float = 30.0  # seconds a request's head and body may take to arrive (server/connections.py)
+    max_connections: int = 0  # open connections at most (0: sized from the descriptor limit)
 
 
 @dataclass(kw_only=True)
