@@ -137,11 +137,21 @@ class Service:
         A client that goes away while queued leaves the queue.
         """
         self.require_ready()
-        wait = self.limiter.retry_after(caller)
+        reserved = estimate_prompt_tokens(spec) + spec.sampling.max_tokens
+        wait = self.limiter.reserve(caller, reserved)
         if wait is not None:
-            raise ApiError(429, f"rate limit of {int(self.limiter.capacity)} tokens per minute reached; "
-                                f"try again in {wait} s", code="rate_limit_exceeded", retry_after=wait,
-                           reason="rate_limited")
+            raise ApiError(429, f"rate limit of {int(self.limiter.capacity)} tokens per minute reached "
+                                f"(this request may use {reserved}); try again in {wait} s",
+                           code="rate_limit_exceeded", retry_after=wait, reason="rate_limited")
+        jobs: list[Job] = []  # once a Job holds the reservation, its end settles it
+        try:
+            return await self._admit(caller, spec, receive, reserved, jobs)
+        except BaseException:
+            if not jobs:
+                self.limiter.settle(caller, reserved, 0)  # refused or gone before it started: all of it back
+            raise
+
+    async def _admit(self, caller: str, spec: GenSpec, receive: Receive, reserved: int, jobs: list[Job]) -> Job:
         self._seen[caller] = time.monotonic()
         t0 = time.perf_counter()
         gone = asyncio.ensure_future(_until_disconnect(receive))
@@ -160,7 +170,8 @@ class Service:
             gone.cancel()
             admit.result()  # raises the 503 (or the cancellation)
         rid, q = self.pool.open()
-        job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone)
+        job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone, reserved=reserved)
+        jobs.append(job)
         self._inflight[caller] = self._inflight.get(caller, 0) + 1
         try:
             await self.pool.generate(rid, prompt=spec.prompt, messages=spec.messages, sampling=spec.sampling,
@@ -191,7 +202,18 @@ class Service:
         m.generated_tokens.inc(job.completion_tokens)
         if job.stats is not None:
             m.speculation(job.stats.drafted, job.stats.accepted)
-        self.limiter.charge(job.caller, job.prompt_tokens + job.completion_tokens)
+        self.limiter.settle(job.caller, job.reserved, job.prompt_tokens + job.completion_tokens)
+
+
+def estimate_prompt_tokens(spec: GenSpec) -> int:
+    """The prompt's tokens before the engine has counted them, for the rate limit's reservation: a third
+    of its UTF-8 bytes (tokenizers average 3-4 bytes a token on prose; settled with the real count)."""
+    if spec.prompt is not None:
+        text = spec.prompt
+    else:
+        text = "".join(str(m.get("content") or "") + str(m.get("tool_calls") or "") for m in spec.messages or [])
+    extra = len(str(spec.structured.get("tools") or ""))
+    return (len(text.encode("utf-8", "replace")) + extra) // 3 + 1
 
 
 class ClientGone(Exception):
@@ -213,8 +235,9 @@ class Job:
     """
 
     def __init__(self, svc: Service, *, rid: str, queue: asyncio.Queue, caller: str, spec: GenSpec,
-                 t0: float, gone: asyncio.Future) -> None:
+                 t0: float, gone: asyncio.Future, reserved: int = 0) -> None:
         self.svc, self.rid, self.caller, self.spec, self.t0 = svc, rid, caller, spec, t0
+        self.reserved = reserved  # rate-limit tokens taken at admission, settled when it ends
         self._q = queue
         self._first: Any = None
         self._gone = gone
@@ -309,6 +332,7 @@ class Job:
         else:  # never started in the engine
             self.svc.admission.release()
             self.svc.pool.close(self.rid)
+            self.svc.limiter.settle(self.caller, self.reserved, 0)
 
     def _on_gone(self, fut: asyncio.Future) -> None:
         if fut.cancelled() or self._ended:
