@@ -166,3 +166,15 @@ def test_bad_schemas_are_400_not_500(plain, schema):
 def test_absurd_bodies_are_400_not_500(plain, body):
     r = check_held(plain, "absurd body", lambda: raw_post(plain, URL, body))
     assert r.status_code == 400, r.text[:300]
+
+
+def test_a_gguf_claiming_a_2g_token_context_loads_and_answers(model_dir, tmp_path):
+    from tests.fixtures import ggufs
+
+    model = ggufs.write_tiny_llama(model_dir / "tiny-hugectx.gguf", ggufs.TinySpec(seed=0, n_ctx_train=2**31 - 1))
+    server = ServeProcess(model, "--ctx", "512", "--parallel", "1", "--temperature", "0", home=tmp_path / "home")
+    try:
+        r = httpx.post(server.url + URL, json={**chat(), "model": "tiny-hugectx"}, timeout=HANG_S * 2)
+        assert r.status_code == 200, r.text
+    finally:
+        server.stop()

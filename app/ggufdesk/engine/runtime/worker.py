@@ -161,6 +161,11 @@ class Engine:
             offload = _rpc_offload(req.model, settings)
             lm = load_model(req.model, settings, self.llama_log,
                             n_outputs=max(spec.k_max + 1, settings.n_parallel + 1), offload=offload)
+        except MemoryError:  # (the memory ceiling above turns a runaway allocation into this)
+            self.emit(P.Error(kind="load", id=req.id, out_of_memory=True, message=(
+                f"ran out of memory loading {os.path.basename(req.model)}; try a smaller context (--ctx) "
+                "or a smaller model")))
+            return
         except KnownError as e:
             self.emit(P.Error(kind="load", id=req.id, message=str(e), out_of_memory=out_of_memory(str(e)),
                               detail="\n".join(self.llama_log.since(0)[-30:])))
@@ -293,7 +298,7 @@ class Engine:
                 with getattr(self.emit, "held", contextlib.nullcontext)():
                     self.batch.step()
             except Exception as e:  # noqa: BLE001 - a bug of ours ends the requests, not the engine
-                self.batch.fail_all(f"internal error: {e}", traceback.format_exc())
+                self.batch.fail_all(f"internal error: {e or type(e).__name__}", traceback.format_exc())
         if self.batch is not None:
             self.batch.idle()
         while self._calibration is not None:  # one timed call at a time, so a request waits for one at most
@@ -520,7 +525,7 @@ def main() -> int:
             else:
                 emit(P.Error(kind="protocol", message=f"not a request: {msg.TYPE}"))
         except Exception as e:  # noqa: BLE001 - a bug of ours must not kill the engine
-            emit(P.Error(kind="bug", id=getattr(msg, "id", None), message=f"internal error: {e}",
+            emit(P.Error(kind="bug", id=getattr(msg, "id", None), message=f"internal error: {e or type(e).__name__}",
                          detail=traceback.format_exc()))
 
 
