@@ -66,7 +66,7 @@ class _Proc:
     ping_out: float = 0.0  # when the unanswered Ping was sent (0: none out)
 
 
-_Job = Literal["start", "exited", "close"]
+_Job = Literal["start", "exited", "close", "watch"]  # "watch": no job came, the watchdog runs
 
 
 class EngineClient:
@@ -205,7 +205,7 @@ class EngineClient:
                 elif job == "exited" and gen == self._gen:
                     self._exited()
                 self._watch()
-            except Exception as e:  # noqa: BLE001 - reported; the engine is then restarted or failed
+            except Exception as e:  # reported; the engine is then restarted or failed
                 log.exception("engine supervisor: %s failed", job)
                 self._supervisor_failed(job, e)
 
@@ -291,7 +291,7 @@ class EngineClient:
                     continue
                 try:
                     self._handle(event)
-                except Exception:  # noqa: BLE001 - one event we could not handle; the next ones still count
+                except Exception:  # one event we could not handle; the next ones still count
                     log.exception("could not handle the engine's %s event", event.TYPE)
         except (OSError, ValueError) as e:  # the pipe went away under us
             log.info("engine event pipe closed: %s", e)
@@ -468,7 +468,7 @@ class EngineClient:
                 return
             try:
                 self._write_one(msg)
-            except Exception as e:  # noqa: BLE001 - one request fails, the writer goes on
+            except Exception as e:  # one request fails, the writer goes on
                 log.exception("engine writer: could not send %s", msg.TYPE)
                 self._failed_request(msg, "bug", f"internal error sending the request to the engine: {e}")
 

@@ -103,4 +103,5 @@ def plan(*, json_schema: Any = None, grammar: str | None = None, tools: Any = No
     if mode == "none":
         return Structured()
     tg = tool_grammar(chosen, fmt, mode, parallel=parallel_tool_calls)
-    return Structured(gbnf=check_bounded(tg.gbnf), marker=tg.marker if tg.lazy else None, tools=chosen, fmt=fmt, mode=mode)
+    return Structured(gbnf=check_bounded(tg.gbnf), marker=tg.marker if tg.lazy else None, tools=chosen, fmt=fmt,
+                      mode=mode)
