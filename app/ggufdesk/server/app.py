@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ggufdesk.server import anthropic, openai
+from ggufdesk.server import anthropic, embeddings, openai
 from ggufdesk.server.errors import ApiError, error_response, is_anthropic
 from ggufdesk.server.guard import Guard, with_cors
 from ggufdesk.server.service import ClientGone, Service
@@ -92,7 +92,7 @@ def build_app(service: Service, *, host: str = "127.0.0.1") -> ASGIApp:
     content-type guard (server/guard.py), the API-key check."""
     app = Starlette(
         routes=[Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
-                *openai.ROUTES, *anthropic.ROUTES],
+                *openai.ROUTES, *anthropic.ROUTES, *embeddings.ROUTES],
         exception_handlers={ApiError: on_api_error, ClientGone: on_client_gone, ClientDisconnect: on_client_gone,
                             HTTPException: on_http_error, Exception: on_bug},
     )

@@ -133,7 +133,7 @@ def load_json(body: bytes) -> Any:
     except RecursionError:
         raise invalid(f"the request body is nested too deeply (more than {MAX_BODY_DEPTH} levels)") from None
     except (ValueError, UnicodeDecodeError) as e:
-        raise invalid(f"the request body is not valid JSON: {e}") from None
+        raise invalid(f"the request body is not valid JSON: {str(e)[:200]}") from None
     try:
         check_size(data, what="the request body", max_values=sys.maxsize, max_depth=MAX_BODY_DEPTH)
     except SchemaError:
