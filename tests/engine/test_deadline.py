@@ -7,12 +7,18 @@ from ggufdesk.engine.runtime.worker import CancelBook, Engine
 from tests.engine.helpers import greedy
 
 
-def test_a_request_past_its_deadline_ends_with_a_timeout_and_the_next_is_served(tiny_model):
+def on_a_fake_clock(model, now: list[float]) -> tuple[Engine, list]:
+    """An engine in this process, one request at a time, whose deadlines read now[0]."""
     events: list = []
     engine = Engine(events.append, CancelBook())  # type: ignore[arg-type]
-    engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 512, "n_parallel": 1}))
-    now = [1000.0]
+    engine.load(P.Load(id="l", model=str(model), settings={"n_ctx": 512, "n_parallel": 1}))
     engine.batch.clock = lambda: now[0]
+    return engine, events
+
+
+def test_a_request_past_its_deadline_ends_with_a_timeout_and_the_next_is_served(tiny_model):
+    now = [1000.0]
+    engine, events = on_a_fake_clock(tiny_model, now)
     engine.generate(P.Generate(id="slow", prompt="the cat", sampling=greedy(400), deadline_s=30))
     engine.generate(P.Generate(id="next", prompt="the dog", sampling=greedy(3), deadline_s=30))
     for _ in range(3):
@@ -33,11 +39,8 @@ def test_a_request_past_its_deadline_ends_with_a_timeout_and_the_next_is_served(
 
 
 def test_a_queued_request_is_served_once_the_stuck_one_times_out(tiny_model):
-    events: list = []
-    engine = Engine(events.append, CancelBook())  # type: ignore[arg-type]
-    engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 512, "n_parallel": 1}))
     now = [0.0]
-    engine.batch.clock = lambda: now[0]
+    engine, events = on_a_fake_clock(tiny_model, now)
     engine.generate(P.Generate(id="stuck", prompt="the cat", sampling=greedy(400), deadline_s=5))
     engine.generate(P.Generate(id="normal", prompt="the dog", sampling=greedy(3), deadline_s=100))
     engine.batch.step()

@@ -178,3 +178,22 @@ def test_a_gguf_claiming_a_2g_token_context_loads_and_answers(model_dir, tmp_pat
         assert r.status_code == 200, r.text
     finally:
         server.stop()
+
+
+def test_health_tells_the_truth_within_a_second_of_the_engine_dying(plain):
+    import os
+    import signal
+    import time
+
+    (pid,) = engine_pids(plain.proc.pid)
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    while httpx.get(plain.url + "/health", timeout=HANG_S).status_code == 200:
+        assert time.monotonic() - t0 < HANG_S
+        time.sleep(0.01)
+    noticed = time.monotonic() - t0
+    while httpx.get(plain.url + "/health", timeout=HANG_S).status_code != 200:
+        assert time.monotonic() - t0 < HANG_S * 2
+        time.sleep(0.05)
+    record("engine SIGKILLed", health_not_ok_after_s=round(noticed, 3), ok_again_after_s=round(time.monotonic() - t0, 3))
+    assert normal_request(plain.url)[0] == 200

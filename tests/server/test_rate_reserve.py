@@ -9,14 +9,7 @@ import pytest
 from ggufdesk.server.ratelimit import RateLimiter
 from tests.server.hostile_live import HANG_S, MODEL, record
 from tests.server.serving import ServeProcess
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.server.test_units import Clock
 
 
 def test_a_reservation_counts_at_once_and_is_refunded_at_the_end():
