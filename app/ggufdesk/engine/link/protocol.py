@@ -77,6 +77,8 @@ class Generate:
     tools: list[dict[str, Any]] | None = None  # OpenAI-style function tools (chat requests)
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
     parallel_tool_calls: bool = False  # up to 4 calls in one answer (off: one, as llama-server)
+    # tools whose parameters the grammar cannot enforce: offered, their arguments only held to be an object
+    tools_without_grammar: list[str] | None = None
     # seconds the request may take in the engine, queueing included; past it the engine ends it with
     # Error(kind="timeout") between two steps, so a request stuck in slow sampling frees its slot
     deadline_s: float | None = None
