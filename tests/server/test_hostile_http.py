@@ -59,12 +59,23 @@ def test_loopback_host_names_are_answered(guarded, host):
 
 @pytest.mark.parametrize("kind", ["text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
                                   "multipart/form-data; boundary=x"])
-def test_the_posts_a_web_page_may_send_unasked_are_refused(guarded, kind):
+@pytest.mark.parametrize("browser", [{"Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Site": "cross-site"},
+                                     {"Referer": "http://attacker.example/page"}])
+def test_the_posts_a_web_page_may_send_unasked_are_refused(guarded, kind, browser):
     import json
 
-    r = httpx.post(guarded.url + "/v1/chat/completions", content=json.dumps(NORMAL), headers={"Content-Type": kind},
-                   timeout=HANG_S)
+    r = httpx.post(guarded.url + "/v1/chat/completions", content=json.dumps(NORMAL),
+                   headers={"Content-Type": kind, **browser}, timeout=HANG_S)
     assert r.status_code == 415 and "application/json" in r.json()["error"]["message"]
+
+
+def test_curl_d_with_json_in_a_form_type_is_served(guarded):
+    """`curl URL -d '{...}'` (Ollama's docs) sends application/x-www-form-urlencoded and no browser header."""
+    import json
+
+    r = httpx.post(guarded.url + "/v1/chat/completions", content=json.dumps(NORMAL),
+                   headers={"Content-Type": "application/x-www-form-urlencoded"}, timeout=HANG_S * 2)
+    assert r.status_code == 200, r.text
 
 
 def test_json_and_a_missing_content_type_are_served(guarded):

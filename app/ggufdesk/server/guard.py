@@ -30,6 +30,16 @@ from ggufdesk.server.errors import ApiError, error_response
 
 SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
 BODY_METHODS = ("POST", "PUT", "PATCH")
+# What a browser adds to a request a web page makes (fetch, a form): Origin on every cross-origin POST, the
+# Sec-Fetch-* metadata since 2019-2023 (Chrome 76, Firefox 90, Safari 16.4), Referer unless a policy hides it.
+BROWSER_HEADERS = ("origin", "sec-fetch-mode", "sec-fetch-site", "sec-fetch-dest", "referer")
+
+
+def from_a_browser(headers: Headers) -> bool:
+    """Whether a request shows a browser's marks. A body of a type a web page may send unasked (text/plain, a
+    form) is refused only then: `curl -d '{...}'`, as Ollama's own docs write it, sends a form type with JSON in it
+    and no browser header, and is served (Ollama parses any body as JSON too)."""
+    return any(h in headers for h in BROWSER_HEADERS)
 
 
 def is_loopback_host(host: str) -> bool:
@@ -97,7 +107,7 @@ class Guard:
             return ApiError(403, f"requests from the web page at {origin} are not allowed; start the server "
                                  f"with --cors-origin {origin} to allow them", code="forbidden_origin",
                             reason="forbidden")
-        if method in BODY_METHODS:
+        if method in BODY_METHODS and from_a_browser(headers):
             kind = headers.get("content-type", "").split(";")[0].strip().lower()
             if kind in SIMPLE_TYPES:
                 return ApiError(415, f"the body must be JSON, sent with 'Content-Type: application/json' "
