@@ -9,7 +9,7 @@ import io
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from ggufdesk.cli.run import add_model_arguments, resolve_model, settings_from_args
+from ggufdesk.cli.run import add_model_arguments, preset_for, resolve_model, settings_from_args
 from ggufdesk.cli.worker import describe_split
 from ggufdesk.core.errors import KnownError
 from ggufdesk.session import ChatSession, Refused, SessionView, Turn
@@ -65,8 +65,10 @@ def run(args: argparse.Namespace, *, stdin: TextIO | None = None, stdout: TextIO
 
     stdin = stdin or readable(sys.stdin)
     out = stdout or sys.stdout
-    load, sampling, spec = settings_from_args(args)
     model = resolve_model(args.model)
+    _, preset = preset_for(model)
+    load, sampling, spec = settings_from_args(args, preset)
+    system = args.system or (preset.system_prompt if preset and preset.system_prompt else "")
     with EngineClient() as client:
         loaded = client.load(model, settings=load, speculation=spec)
         assert loaded is not None
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace, *, stdin: TextIO | None = None, stdout: TextIO
             print(f"ggufdesk: {describe_split(loaded.rpc)}", file=out)
 
         def fresh() -> None:
-            session.new_conversation(system_prompt=args.system, sampling=sampling)
+            session.new_conversation(system_prompt=system, sampling=sampling)
             session.update_conversation(mode=mode)
 
         fresh()

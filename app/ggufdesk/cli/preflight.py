@@ -14,15 +14,9 @@ MiB = 1 << 20
 
 def memory_hardware() -> HardwareInfo:
     """GPUs and free RAM now, without the one-off bandwidth measurement (fit needs no speeds)."""
-    import psutil
-
     from ggufdesk.core import hardware
 
-    gpus, driver, notes = hardware.probe_nvidia()
-    vm = psutil.virtual_memory()
-    return HardwareInfo(gpus=tuple(gpus), cpu=hardware.cpu_info(), ram_total=int(vm.total),
-                        ram_available=int(vm.available), ram_bandwidth_gbs=20.0,
-                        ram_bandwidth_source="assumed", driver=driver, notes=tuple(notes))
+    return hardware.memory_now()
 
 
 def check(model: str, load: LoadSettings, spec: SpeculationSettings,

@@ -400,6 +400,22 @@ def find(name: str, models: list[LocalModel]) -> LocalModel | None:
     return min(same, key=lambda m: (m.quant or "").upper() != "Q4_K_M", default=None)
 
 
+def id_for(path: str | Path, models: list[LocalModel] | None = None) -> str:
+    """The library id of a model file; a file outside the library gets its stem as an id, the same way."""
+    try:
+        real = os.path.realpath(path)
+    except (OSError, ValueError):
+        real = str(path)
+    for m in entries() if models is None else models:
+        try:
+            if os.path.realpath(m.path) == real:
+                return m.id
+        except (OSError, ValueError):
+            continue
+    p = Path(path)
+    return _base_id(LocalModel(p, p.name, 0, "user", None))
+
+
 def file_for(m: LocalModel) -> Path:
     """The file to load for a library entry (a starter is assembled or verified the first time)."""
     if m.source == "starter":

@@ -22,8 +22,8 @@ from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
-def sampling_for(svc: Service, req: MessagesRequest) -> SamplingSettings:
-    d = svc.config.sampling
+def sampling_for(svc: Service, req: MessagesRequest, model: str) -> SamplingSettings:
+    d = svc.sampling_defaults(model)
     stop = [s for s in (req.stop_sequences or []) if s]
     if len(stop) > 16:
         raise invalid("stop_sequences: at most 16", param="stop_sequences")
@@ -87,13 +87,14 @@ async def messages(request: Request) -> Response:
     extra = structured.anthropic_tools(req.tools, req.tool_choice)
     if req.thinking and req.thinking.get("type") != "disabled":
         raise not_supported("thinking")
-    svc.check_model(req.model)
-    spec = GenSpec(endpoint="messages", messages=messages_of(req), sampling=sampling_for(svc, req), structured=extra)
+    model = svc.check_model(req.model)
+    spec = GenSpec(endpoint="messages", messages=messages_of(req), sampling=sampling_for(svc, req, model),
+                   structured=extra, model=model)
     job = await svc.start(caller(request), spec, request.receive)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if req.stream:
-        calls = CallStream(svc.pool.tool_format or GENERIC) if extra else None
-        return event_stream(_stream(job, mid, svc.model_id, calls))
+        calls = CallStream(svc.pool_for(model).tool_format or GENERIC) if extra else None
+        return event_stream(_stream(job, mid, model, calls))
     try:
         await job.collect()
     finally:
@@ -105,7 +106,7 @@ async def messages(request: Request) -> Response:
         content = ([{"type": "text", "text": job.done.content}] if job.done.content else []) + [
             structured.anthropic_tool_use(c) for c in job.done.tool_calls]
     return JSONResponse({
-        "id": mid, "type": "message", "role": "assistant", "model": svc.model_id,
+        "id": mid, "type": "message", "role": "assistant", "model": model,
         "content": content,
         "stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job),
         "usage": {"input_tokens": job.prompt_tokens, "output_tokens": job.completion_tokens},

@@ -58,11 +58,8 @@ class ApiKeys:
 
 
 async def health(request: Request) -> Response:
-    pool = request.app.state.service.pool
-    if pool.state == "ready":
-        return JSONResponse({"status": "ok"})
-    body = {"status": "error", "error": pool.error} if pool.state == "failed" else {"status": "loading"}
-    return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+    status, body = request.app.state.service.health()
+    return JSONResponse(body, status_code=status, headers={} if status == 200 else {"Retry-After": "5"})
 
 
 async def metrics(request: Request) -> Response:
@@ -101,6 +98,18 @@ def build_app(service: Service) -> ASGIApp:
                             Exception: on_bug},
     )
     app.state.service = service
-    return ApiKeys(app, service=service)
+    return ApiKeys(Background(app, service=service), service=service)
+
+
+class Background:
+    """ASGI wrapper: the service's background work (the router's idle reaper) runs in the serving loop."""
+
+    def __init__(self, app: ASGIApp, *, service: Service) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.service.ensure_background()
+        await self.app(scope, receive, send)
 
 

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping, TypeVar
 
+from ggufdesk.core import library
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
@@ -14,12 +17,15 @@ from ggufdesk.server.admission import Admission, MemoryGuard
 from ggufdesk.server.errors import ApiError
 from ggufdesk.server.metrics import Metrics
 from ggufdesk.server.pool import EnginePool
+from ggufdesk.server.budget import Need
 from ggufdesk.server.ratelimit import RateLimiter
+from ggufdesk.server.router import Router, Slot
 
 log = logging.getLogger("ggufdesk.server")
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 CLIENT_WINDOW_S = 60.0  # a caller counts as a client for this long after its last request
+T = TypeVar("T")
 DRAIN_TIMEOUT_S = 30.0  # how long a cancelled request may take to confirm before its slot is freed anyway
 
 
@@ -46,6 +52,8 @@ class GenSpec:
     messages: list[dict[str, Any]] | None = None
     logprobs: int = 0
     structured: dict[str, Any] = field(default_factory=dict)  # json_schema or tools/tool_choice/...
+    model: str = ""  # the model id (svc.check_model's answer) that start() routes on; "" = the default
+    keep_alive: float | None = None  # seconds the model stays loaded after this (Ollama); None = the server's
 
 
 def engine_error(ev: P.Error) -> ApiError:
@@ -64,69 +72,137 @@ def engine_error(ev: P.Error) -> ApiError:
 
 
 class Service:
-    """Everything a route needs; one per server. Runs in one event loop."""
+    """Everything a route needs; one per server. Runs in one event loop.
 
-    def __init__(self, *, pool: EnginePool, config: ServerConfig, admission: Admission | None = None,
-                 limiter: RateLimiter | None = None, metrics: Metrics | None = None) -> None:
-        self.pool = pool
+    Models come from a Router (many, loaded when asked) or, for the window's server, one EnginePool
+    that someone else starts (`pool=`). Routes reach them only through check_model (name -> id),
+    pool_for (what a model's engine offers), models() (the listing) and start() (which loads)."""
+
+    def __init__(self, *, pool: EnginePool | None = None, router: Router | None = None, config: ServerConfig,
+                 admission: Admission | None = None, limiter: RateLimiter | None = None,
+                 metrics: Metrics | None = None) -> None:
+        if router is None:
+            if pool is None:
+                raise ValueError("a Service needs a router or a pool")
+            router = Router.single(pool)
+        self.router = router
         self.config = config
+        gpu = any(s.entry.load.n_gpu_layers != 0 for s in router.slots.values())
         self.admission = admission or Admission(
-            slots=config.parallel, max_queue=config.max_queue,
-            memory_check=MemoryGuard(gpu=pool.load_settings.n_gpu_layers != 0))
+            slots=config.parallel, max_queue=config.max_queue, memory_check=MemoryGuard(gpu=gpu))
         self.limiter = limiter or RateLimiter(config.rate_limit)
         self.metrics = metrics or Metrics()
         self.metrics.bind(running=lambda: self.admission.running, queued=lambda: self.admission.queued,
                           kv_usage=self.kv_usage)
+        self.metrics.bind_models(self._model_metrics)
+        router.on_load = lambda model_id: self.metrics.model_loads.labels(model_id).inc()
+        router.on_unload = lambda model_id, why: self.metrics.model_unloads.labels(model_id, why).inc()
         self.created = int(time.time())  # the model's "created" in /v1/models
         self._seen: dict[str, float] = {}
         self._inflight: dict[str, int] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._reaper: asyncio.Task | None = None
 
     # ---- facts ----------------------------------------------------------------------------------
 
     @property
+    def pool(self) -> EnginePool | None:
+        """The default model's engine (the only one of a single-model server), if loaded."""
+        return self.router.slots[self.router.default_id].pool
+
+    @property
     def model_id(self) -> str:
-        return self.pool.model_id
+        return self.router.default_id
 
     def kv_usage(self) -> float:
-        st = self.pool.status
-        total = st.get("kv_cells_total") or 0
-        return st.get("kv_cells_used", 0) / total if total else 0.0
+        used = total = 0
+        for slot in self.router.held():
+            used += slot.status.get("kv_cells_used", 0)
+            total += slot.status.get("kv_cells_total") or 0
+        return used / total if total else 0.0
 
     def clients(self) -> int:
         now = time.monotonic()
         return sum(1 for k, t in self._seen.items() if self._inflight.get(k) or now - t < CLIENT_WINDOW_S)
 
     def snapshot(self) -> dict[str, Any]:
-        """Live counts for the GUI (read from another thread: plain ints, no locking needed)."""
-        return {"state": self.pool.state, "clients": self.clients(), "running": self.admission.running,
-                "queued": self.admission.queued, "kv_usage": self.kv_usage(), "error": self.pool.error}
+        """Live counts for the GUI (read from another thread: plain values, no locking needed)."""
+        slot = self.router.slots[self.router.default_id]
+        loaded = [{"id": s.id, "state": s.state, "active": s.active, "ram_bytes": (s.need or Need()).ram,
+                   "vram_bytes": (s.need or Need()).vram} for s in list(self.router.slots.values())
+                  if s.state != "unloaded"]
+        return {"state": slot.state, "clients": self.clients(), "running": self.admission.running,
+                "queued": self.admission.queued, "kv_usage": self.kv_usage(), "error": slot.error,
+                "models": loaded}
 
-    def require_ready(self) -> None:
-        if self.pool.state != "ready":
-            why = self.pool.error if self.pool.state == "failed" else "the model is loading"
-            raise ApiError(503, why or "the model is not loaded", code="not_ready", retry_after=5,
-                           reason="not_ready")
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """/health: a single-model server is ready when its model is (or unloaded: it loads when asked);
+        a router is ready when it runs."""
+        if len(self.router.slots) > 1:
+            return 200, {"status": "ok"}
+        slot = self.router.slots[self.router.default_id]
+        if slot.state in ("ready", "unloaded", "unloading"):
+            return 200, {"status": "ok"}
+        if slot.state == "failed":
+            return 503, {"status": "error", "error": slot.error}
+        return 503, {"status": "loading"}
 
-    def check_model(self, name: str) -> None:
-        if name != self.model_id:
-            raise ApiError(404, f"the model {name!r} does not exist; this server has {self.model_id!r}",
-                           code="model_not_found", param="model", reason="unknown_model")
+    def check_model(self, name: str) -> str:
+        """The id of the model a request names (ApiError 404 listing the ids, or 400 for a path)."""
+        return self.router.resolve(name)
+
+    def pool_for(self, model_id: str) -> Slot:
+        """What a model's engine offers the routes: tool_format, loaded, status, logprobs_supported, state."""
+        return self.router.slots[model_id]
+
+    def sampling_defaults(self, model_id: str) -> SamplingSettings:
+        """The server's sampling defaults (max_tokens: its default) with the model's preset over them."""
+        base = dataclasses.replace(self.config.sampling, max_tokens=self.config.default_max_tokens)
+        over = self.router.slots[model_id].entry.sampling if model_id in self.router.slots else {}
+        return dataclasses.replace(base, **over) if over else base
+
+    def models(self) -> list[dict[str, Any]]:
+        """Every servable model with what listings show (OpenAI, Ollama, `ggufdesk ps`)."""
+        return [model_facts(self.router, slot) for slot in self.router.slots.values()]
+
+    def _model_metrics(self) -> list[dict[str, Any]]:
+        return [{"id": s.id, "state": s.state, "waiting": s.waiting if s.state == "loading" else 0,
+                 "loading_s": self.router.loading_seconds(s), "need": s.need if s.pool is not None else None}
+                for s in self.router.slots.values()]
 
     def spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def ensure_background(self) -> None:
+        """Start the idle reaper in the running loop (once; again in a new loop)."""
+        if self._reaper is None or self._reaper.done() or self._reaper.get_loop() is not asyncio.get_running_loop():
+            self._reaper = asyncio.ensure_future(self.router.run())
+
+    def shutdown(self) -> None:
+        """Stop every engine (blocking)."""
+        self.router.shutdown()
+
+    async def load_model(self, model_id: str, keep_alive: float | None = None) -> None:
+        """Load a model without generating (Ollama: a request with no prompt)."""
+        await self.router.load(model_id, keep_alive)
+
+    async def unload_model(self, model_id: str) -> None:
+        """Unload now, or after its last request (Ollama: keep_alive 0 with no prompt)."""
+        await self.router.unload(model_id)
+
     # ---- one generation ---------------------------------------------------------------------------
 
     async def start(self, caller: str, spec: GenSpec, receive: Receive) -> Job:
-        """Admit and start a generation; returns once its first event is known.
+        """Load the model if needed (waiting for its one load), admit and start a generation; returns
+        once its first event is known.
 
-        Raises ApiError for refusals (429, 503) and for engine errors that come first (400 context).
-        A client that goes away while queued leaves the queue.
+        Raises ApiError for refusals (400 never fits, 404, 429, 500 load failed, 503) and for engine
+        errors that come first (400 context). A client that goes away while waiting leaves the queue.
         """
-        self.require_ready()
+        self.ensure_background()
+        model_id = spec.model if spec.model in self.router.slots else self.check_model(spec.model)
         wait = self.limiter.retry_after(caller)
         if wait is not None:
             raise ApiError(429, f"rate limit of {int(self.limiter.capacity)} tokens per minute reached; "
@@ -135,26 +211,25 @@ class Service:
         self._seen[caller] = time.monotonic()
         t0 = time.perf_counter()
         gone = asyncio.ensure_future(_until_disconnect(receive))
-        admit = asyncio.ensure_future(self.admission.acquire())
+        slot = await _unless_gone(gone, self.router.acquire(model_id), self.router.release)
         try:
-            await asyncio.wait({admit, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not admit.done():
-                admit.cancel()
-                await asyncio.gather(admit, return_exceptions=True)
-        if gone.done():
-            if not admit.cancelled() and admit.exception() is None:
-                self.admission.release()
-            raise ClientGone()
-        if admit.cancelled() or admit.exception() is not None:
+            await _unless_gone(gone, self.admission.acquire(), lambda _: self.admission.release())
+        except BaseException:
+            self.router.release(slot)
+            raise
+        pool = slot.pool
+        if pool is None or pool.state != "ready":  # its engine crashed meanwhile and is coming back
+            self.admission.release()
+            self.router.release(slot)
             gone.cancel()
-            admit.result()  # raises the 503 (or the cancellation)
-        rid, q = self.pool.open()
-        job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone)
+            raise ApiError(503, slot.error or "the model is loading", code="not_ready", retry_after=5,
+                           reason="not_ready")
+        rid, q = pool.open()
+        job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone, slot=slot)
         self._inflight[caller] = self._inflight.get(caller, 0) + 1
         try:
-            await self.pool.generate(rid, prompt=spec.prompt, messages=spec.messages, sampling=spec.sampling,
-                                     logprobs=spec.logprobs, **spec.structured)
+            await pool.generate(rid, prompt=spec.prompt, messages=with_system(spec.messages, slot),
+                                sampling=spec.sampling, logprobs=spec.logprobs, **spec.structured)
         except KnownError as e:
             job.finish(None)
             raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
@@ -165,7 +240,8 @@ class Service:
         m, spec = self.metrics, job.spec
         seconds = time.perf_counter() - job.t0
         self.admission.release(seconds)
-        self.pool.close(job.rid)
+        job.pool.close(job.rid)
+        self.router.release(job.slot, spec.keep_alive)
         n = self._inflight.get(job.caller, 1) - 1
         if n > 0:
             self._inflight[job.caller] = n
@@ -181,6 +257,60 @@ class Service:
         if job.stats is not None:
             m.speculation(job.stats.drafted, job.stats.accepted)
         self.limiter.charge(job.caller, job.prompt_tokens + job.completion_tokens)
+
+
+def with_system(messages: list[dict[str, Any]] | None, slot: Slot) -> list[dict[str, Any]] | None:
+    """The model's preset system prompt first, when the request brings none (as an Ollama Modelfile's)."""
+    prompt = slot.entry.system_prompt
+    if not prompt or messages is None or any(m.get("role") == "system" for m in messages):
+        return messages
+    return [{"role": "system", "content": prompt}, *messages]
+
+
+def parameter_size(n: int | None) -> str:
+    """Ollama's way: 135M, 1.2B."""
+    if not n:
+        return ""
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def model_facts(router: Router, slot: Slot) -> dict[str, Any]:
+    e = slot.entry
+    facts = library.facts(library.LocalModel(Path(e.path), e.name or Path(e.path).name, e.size, e.source, e.quant,
+                                             id=e.id))
+    need = slot.need if slot.pool is not None else None
+    loaded = slot.loaded
+    return {
+        "id": e.id, "name": e.name or Path(e.path).name, "path": e.path, "size_bytes": e.size, "source": e.source,
+        "quant": e.quant, "state": slot.state, "loaded": slot.state == "ready",
+        "architecture": facts["architecture"], "family": facts["family"], "parameters": facts["parameters"],
+        "parameter_size": parameter_size(facts["parameters"]), "context_length": facts["context_length"],
+        "capabilities": facts["capabilities"], "n_ctx": loaded.n_ctx if loaded else e.load.n_ctx,
+        "expires_at": router.expires_at_wall(slot), "ram_bytes": need.ram if need else 0,
+        "vram_bytes": need.vram if need else 0, "active": slot.active, "loads": slot.loads,
+        "load": ({"stage": slot.stage, "elapsed_s": round(router.loading_seconds(slot), 3),
+                  "waiting": slot.waiting} if slot.state == "loading" else None),
+        "error": slot.error, "aliases": sorted(a for a, t in router.aliases.items() if t == e.id),
+    }
+
+
+async def _unless_gone(gone: asyncio.Future, coro: Awaitable[T], undo: Callable[[T], Any]) -> T:
+    """`coro`'s result, unless the client leaves first: then ClientGone (and `undo` of a result that
+    arrived at the same moment). Its errors are raised as they are."""
+    task = asyncio.ensure_future(coro)
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if gone.done():
+        if not task.cancelled() and task.exception() is None:
+            undo(task.result())
+        raise ClientGone()
+    if task.cancelled() or task.exception() is not None:
+        gone.cancel()
+    return task.result()  # raises its error (or the cancellation)
 
 
 class ClientGone(Exception):
@@ -202,8 +332,10 @@ class Job:
     """
 
     def __init__(self, svc: Service, *, rid: str, queue: asyncio.Queue, caller: str, spec: GenSpec,
-                 t0: float, gone: asyncio.Future) -> None:
+                 t0: float, gone: asyncio.Future, slot: Slot) -> None:
         self.svc, self.rid, self.caller, self.spec, self.t0 = svc, rid, caller, spec, t0
+        self.slot = slot
+        self.pool: EnginePool = slot.pool  # type: ignore[assignment]  # start() checked it is loaded
         self._q = queue
         self._first: Any = None
         self._gone = gone
@@ -297,14 +429,15 @@ class Job:
             self.svc.finished(self, outcome)
         else:  # never started in the engine
             self.svc.admission.release()
-            self.svc.pool.close(self.rid)
+            self.pool.close(self.rid)
+            self.svc.router.release(self.slot)
 
     def _on_gone(self, fut: asyncio.Future) -> None:
         if fut.cancelled() or self._ended:
             return
         self.disconnected = True
         self._t_cancel = time.perf_counter()
-        self.svc.spawn(self.svc.pool.cancel(self.rid))
+        self.svc.spawn(self.pool.cancel(self.rid))
 
     def close(self) -> None:
         """The response is over (sent, or dropped by a disconnect): cancel what still runs."""
@@ -315,7 +448,7 @@ class Job:
         self.svc.spawn(self._drain())
 
     async def _drain(self) -> None:
-        await self.svc.pool.cancel(self.rid)
+        await self.pool.cancel(self.rid)
         try:
             await asyncio.wait_for(self.collect(), DRAIN_TIMEOUT_S)
         except asyncio.TimeoutError:
