@@ -74,6 +74,7 @@ class Slot:
         self.last_used = now
         self.expires_at: float | None = None  # on the router's clock; None: stays loaded
         self.keep_alive: float | None = None  # the last request's override
+        self.unload_when_idle = False  # asked to unload while busy: goes after its last request
         self.need: Need | None = None
         self.load_task: asyncio.Future[None] | None = None
         self.unload_task: asyncio.Future[None] | None = None
@@ -169,6 +170,8 @@ class Router:
             if e.id in self.slots:
                 raise KnownError(f"two models have the id {e.id!r}")
             self.slots[e.id] = Slot(e, now=clock())
+        self._library = [library.LocalModel(Path(e.path), e.name or Path(e.path).name, e.size, e.source, e.quant,
+                                            id=e.id) for e in entries]
         self.aliases: dict[str, str] = {}
         for name, target in (aliases or {}).items():
             self.aliases[name] = self._known(target)
@@ -177,8 +180,6 @@ class Router:
         self.max_loaded = max_loaded
         self.budget = budget or Budget()
         self._need = need or (lambda path, e: planner_need(path, e.load, e.speculation))
-        self._library = [library.LocalModel(Path(e.path), e.name or Path(e.path).name, e.size, e.source, e.quant,
-                                            id=e.id) for e in entries]
         self._lock: asyncio.Lock | None = None
         self._changed: asyncio.Event | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -276,7 +277,7 @@ class Router:
         idle time after it, as Ollama's does."""
         slot.active = max(0, slot.active - 1)
         slot.last_used = self.clock()
-        slot.keep_alive = keep_alive
+        slot.keep_alive = 0 if slot.unload_when_idle else keep_alive
         slot.expires_at = self._expiry(slot)
         if slot.idle:
             self._notify()
@@ -304,7 +305,7 @@ class Router:
         if slot.idle:
             await self._unload(slot, "requested")
         else:
-            slot.keep_alive, slot.expires_at = 0, slot.last_used
+            slot.unload_when_idle = True
 
     async def reap(self) -> list[str]:
         """Unload the idle models whose time is up; their ids."""
@@ -418,7 +419,7 @@ class Router:
                 await asyncio.to_thread(pool.shutdown)
             finally:
                 slot.pool = None
-                slot.expires_at = None
+                slot.expires_at, slot.unload_when_idle = None, False
                 log.info("unloaded %s (%s%s)", slot.id, why, f" {detail}" if detail else "")
                 self.on_unload(slot.id, why)
                 self._notify()
