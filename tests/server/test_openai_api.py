@@ -74,10 +74,10 @@ def test_completion_logprobs(client):
     assert lp.text_offset[0] == 0 and all(len(t) <= 2 for t in lp.top_logprobs)
 
 
-def test_with_one_model_served_any_name_answers_with_it(client):
-    """As llama-server and LM Studio do; a router with several models answers 404 (tests/server/test_router.py)."""
+def test_any_model_name_answers_with_the_one_served(client):
+    """As llama-server and LM Studio do: clients that hard-code a name (gpt-4o, claude-...) still work."""
     r = client.chat.completions.create(model="gpt-4o", messages=USER, max_tokens=2)
-    assert r.model == MODEL and r.usage.completion_tokens == 2
+    assert r.model == MODEL and r.choices[0].message.content is not None
 
 
 def test_invalid_values_are_400_naming_the_field(client):

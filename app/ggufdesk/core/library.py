@@ -315,10 +315,6 @@ def remember_verified(path: Path, size: int, mtime_ns: int, sha256: str) -> None
 
 ID_STRAY = re.compile(r"[^a-z0-9._:-]+")
 HF_NAME = re.compile(r"^(?:hf\.co/|huggingface\.co/)?(?P<repo>[\w.-]+/[\w.-]+)(?::(?P<quant>[\w.-]+))?$", re.IGNORECASE)
-# Architectures that only embed (llama.cpp's encoder-only models); others embed when their header
-# names a pooling type.
-EMBEDDING_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "neo-bert",
-                             "modern-bert", "t5encoder", "gemma-embedding"})
 
 
 def slug(text: str) -> str:
@@ -463,7 +459,7 @@ def facts(m: LocalModel) -> dict[str, Any]:
 
     Read from the header once per (path, size, mtime); an unreadable header gives the file facts only.
     """
-    from ggufdesk.core.gguf_meta import read_gguf
+    from ggufdesk.core.gguf_meta import embedding_only, read_gguf
     from ggufdesk.core.tools import detect_format
 
     try:
@@ -490,12 +486,11 @@ def facts(m: LocalModel) -> dict[str, Any]:
         log.info("cannot read the header of %s: %s", m.path, e)
         return out
     arch, md = info.architecture, info.metadata
-    pooling = md.get(f"{arch}.pooling_type")
     out.update(architecture=arch, family=str(md.get("general.basename") or arch), parameters=info.n_params,
                context_length=info.context_length,
                capabilities={"chat_template": info.chat_template is not None,
                              "tools": detect_format(info.chat_template).native,
-                             "embedding": arch in EMBEDDING_ARCHS or (isinstance(pooling, int) and pooling > 0)})
+                             "embedding": embedding_only(arch, md.get(f"{arch}.pooling_type"))})
     with _lock:
         _facts[key] = out
     return out

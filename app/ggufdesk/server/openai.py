@@ -96,13 +96,17 @@ def completion_logprobs(items: list[dict[str, Any]], top: int, offset: int) -> d
 # ---- routes -----------------------------------------------------------------------------------
 
 
+LISTING_SKIPS = ("id", "metadata", "chat_template")  # /api/show's business: kilobytes per model
+
+
 async def models(request: Request) -> Response:
     """Every servable model; beside OpenAI's fields, llama-server's router `status` and ours (loaded,
     memory, expiry: what `ggufdesk ps` shows)."""
     svc = service(request)
     return JSONResponse({"object": "list", "data": [
         {"id": m["id"], "object": "model", "created": svc.created, "owned_by": "ggufdesk",
-         "status": {"value": m["state"]}, **{k: v for k, v in m.items() if k != "id"}} for m in svc.models()]})
+         "status": {"value": m["state"]}, **{k: v for k, v in m.items() if k not in LISTING_SKIPS}}
+        for m in svc.models()]})
 
 
 async def chat_completions(request: Request) -> Response:

@@ -212,14 +212,17 @@ class Router:
             raise KnownError(f"--alias: {target!r} is not one of the served models ({', '.join(self.slots)})")
         return hit.id
 
-    def resolve(self, name: str) -> str:
+    def resolve(self, name: str, *, exact: bool = False) -> str:
         """The id a request's model name means. With one model served, any name means it (as
-        llama-server and LM Studio do); otherwise an id, alias, file stem or hf.co/owner/repo:QUANT."""
+        llama-server and LM Studio do) unless `exact`; otherwise an id, alias, file stem or
+        hf.co/owner/repo:QUANT (`exact` also takes Ollama's ":latest" after an id or alias)."""
+        if exact and name.endswith(":latest") and name[:-7] in (*self.slots, *self.aliases):
+            name = name[:-7]
         if name in self.slots:
             return name
         if name in self.aliases:
             return self.aliases[name]
-        if len(self.slots) == 1:
+        if len(self.slots) == 1 and not exact:
             return self.default_id
         hit = library.find(name, self._library) if name and not looks_like_path(name) else None
         if hit is not None:

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping, TypeVar
 
-from ggufdesk.core import library
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
@@ -147,9 +146,12 @@ class Service:
             return 503, {"status": "error", "error": slot.error}
         return 503, {"status": "loading"}
 
-    def check_model(self, name: str) -> str:
-        """The id of the model a request names (ApiError 404 listing the ids, or 400 for a path)."""
-        return self.router.resolve(name)
+    def check_model(self, name: str | None, *, exact: bool = False) -> str:
+        """The id of the served model a request's `model` names: an id, alias, file stem or
+        hf.co/owner/repo:QUANT. With one model served, any name (or none) answers with it, as
+        llama-server and LM Studio do; `exact` (Ollama's model-management routes) wants a real name,
+        with or without Ollama's ":latest" tag. Raises ApiError: 404 listing the ids, 400 for a path."""
+        return self.router.resolve(name or "", exact=exact)
 
     def pool_for(self, model_id: str) -> Slot:
         """What a model's engine offers the routes: tool_format, loaded, status, logprobs_supported, state."""
@@ -162,7 +164,8 @@ class Service:
         return dataclasses.replace(base, **over) if over else base
 
     def models(self) -> list[dict[str, Any]]:
-        """Every servable model with what listings show (OpenAI, Ollama, `ggufdesk ps`)."""
+        """Every servable model with what the listings show (OpenAI, Ollama, `ggufdesk ps`): the header
+        facts of server/models.py, then its state here (loaded, n_ctx, memory, expiry, a load's progress)."""
         return [model_facts(self.router, slot) for slot in self.router.slots.values()]
 
     def _model_metrics(self) -> list[dict[str, Any]]:
@@ -201,8 +204,27 @@ class Service:
         Raises ApiError for refusals (400 never fits, 404, 429, 500 load failed, 503) and for engine
         errors that come first (400 context). A client that goes away while waiting leaves the queue.
         """
+        t0, gone, slot = await self._admit(caller, receive, spec.model)
+        pool = slot.pool
+        assert pool is not None  # _admit checked it is ready
+        rid, q = pool.open()
+        job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone, slot=slot)
+        self._inflight[caller] = self._inflight.get(caller, 0) + 1
+        try:
+            await pool.generate(rid, prompt=spec.prompt, messages=with_system(spec.messages, slot),
+                                sampling=spec.sampling, logprobs=spec.logprobs, **spec.structured)
+        except KnownError as e:
+            job.finish(None)
+            raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
+        await job.peek()
+        return job
+
+    async def _admit(self, caller: str, receive: Receive, model: str) -> tuple[float, asyncio.Future, Slot]:
+        """The rate limit, the model (loaded if needed, waiting for its one load) and a slot (waiting
+        in the queue); returns the start time, a future that completes when the client disconnects,
+        and the model in use (released by the caller). A client that goes away while waiting leaves."""
         self.ensure_background()
-        model_id = spec.model if spec.model in self.router.slots else self.check_model(spec.model)
+        model_id = model if model in self.router.slots else self.check_model(model)
         wait = self.limiter.retry_after(caller)
         if wait is not None:
             raise ApiError(429, f"rate limit of {int(self.limiter.capacity)} tokens per minute reached; "
@@ -224,17 +246,59 @@ class Service:
             gone.cancel()
             raise ApiError(503, slot.error or "the model is loading", code="not_ready", retry_after=5,
                            reason="not_ready")
+        return t0, gone, slot
+
+    async def embed(self, caller: str, model: str, inputs: list[str | list[int]], *, truncate: bool,
+                    receive: Receive, endpoint: str = "embeddings") -> P.Embeddings:
+        """Embeddings of `inputs` by the served model `model` (loaded if needed), admitted like a
+        generation (a slot, the rate limit). Raises ApiError (engine refusals: 400; a crash: 503) or ClientGone."""
+        t0, gone, slot = await self._admit(caller, receive, model)
+        pool = slot.pool
+        assert pool is not None
         rid, q = pool.open()
-        job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone, slot=slot)
         self._inflight[caller] = self._inflight.get(caller, 0) + 1
+        outcome, n_tokens = "error", 0
         try:
-            await pool.generate(rid, prompt=spec.prompt, messages=with_system(spec.messages, slot),
-                                sampling=spec.sampling, logprobs=spec.logprobs, **spec.structured)
-        except KnownError as e:
-            job.finish(None)
-            raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
-        await job.peek()
-        return job
+            try:
+                await pool.embed(rid, inputs, truncate=truncate)
+            except KnownError as e:
+                raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
+            got = asyncio.ensure_future(q.get())
+            await asyncio.wait({got, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not got.done():
+                got.cancel()
+                outcome = "disconnected"
+                await pool.cancel(rid)
+                raise ClientGone()
+            ev = got.result()
+            if isinstance(ev, P.Error):
+                err = engine_error(ev)
+                outcome = err.reason
+                raise err
+            if not isinstance(ev, P.Embeddings):  # a Done: the engine cancelled it (it is shutting down)
+                raise ApiError(503, "the embedding request was cancelled by the server", code="engine_unavailable",
+                               retry_after=5, reason="engine_crash")
+            outcome, n_tokens = "ok", sum(ev.n_tokens)
+            return ev
+        finally:
+            gone.cancel()
+            pool.close(rid)
+            seconds = time.perf_counter() - t0
+            self.admission.release(seconds)
+            self.router.release(slot)
+            self._done_with(caller)
+            self.metrics.latency.labels(endpoint).observe(seconds)
+            self.metrics.requests.labels(endpoint, outcome).inc()
+            self.metrics.prompt_tokens.inc(n_tokens)
+            self.limiter.charge(caller, n_tokens)
+
+    def _done_with(self, caller: str) -> None:
+        n = self._inflight.get(caller, 1) - 1
+        if n > 0:
+            self._inflight[caller] = n
+        else:
+            self._inflight.pop(caller, None)
+        self._seen[caller] = time.monotonic()
 
     def finished(self, job: Job, outcome: str) -> None:
         m, spec = self.metrics, job.spec
@@ -242,12 +306,7 @@ class Service:
         self.admission.release(seconds)
         job.pool.close(job.rid)
         self.router.release(job.slot, spec.keep_alive)
-        n = self._inflight.get(job.caller, 1) - 1
-        if n > 0:
-            self._inflight[job.caller] = n
-        else:
-            self._inflight.pop(job.caller, None)
-        self._seen[job.caller] = time.monotonic()
+        self._done_with(job.caller)
         m.latency.labels(spec.endpoint).observe(seconds)
         m.requests.labels(spec.endpoint, outcome).inc()
         if outcome not in ("stop", "length", "tool_calls"):
@@ -267,31 +326,25 @@ def with_system(messages: list[dict[str, Any]] | None, slot: Slot) -> list[dict[
     return [{"role": "system", "content": prompt}, *messages]
 
 
-def parameter_size(n: int | None) -> str:
-    """Ollama's way: 135M, 1.2B."""
-    if not n:
-        return ""
-    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
-
-
 def model_facts(router: Router, slot: Slot) -> dict[str, Any]:
+    from ggufdesk.server.models import describe
+
     e = slot.entry
-    facts = library.facts(library.LocalModel(Path(e.path), e.name or Path(e.path).name, e.size, e.source, e.quant,
-                                             id=e.id))
+    facts = describe(e.path, e.id)
     need = slot.need if slot.pool is not None else None
     loaded = slot.loaded
-    return {
-        "id": e.id, "name": e.name or Path(e.path).name, "path": e.path, "size_bytes": e.size, "source": e.source,
-        "quant": e.quant, "state": slot.state, "loaded": slot.state == "ready",
-        "architecture": facts["architecture"], "family": facts["family"], "parameters": facts["parameters"],
-        "parameter_size": parameter_size(facts["parameters"]), "context_length": facts["context_length"],
-        "capabilities": facts["capabilities"], "n_ctx": loaded.n_ctx if loaded else e.load.n_ctx,
-        "expires_at": router.expires_at_wall(slot), "ram_bytes": need.ram if need else 0,
-        "vram_bytes": need.vram if need else 0, "active": slot.active, "loads": slot.loads,
-        "load": ({"stage": slot.stage, "elapsed_s": round(router.loading_seconds(slot), 3),
-                  "waiting": slot.waiting} if slot.state == "loading" else None),
-        "error": slot.error, "aliases": sorted(a for a, t in router.aliases.items() if t == e.id),
-    }
+    facts.update(
+        name=e.name or Path(e.path).name, source=e.source, size_bytes=facts["size_bytes"] or e.size,
+        state=slot.state, loaded=slot.state == "ready" and loaded is not None,
+        n_ctx=loaded.n_ctx if loaded else 0, memory=dict(loaded.memory) if loaded else {},
+        expires_at=router.expires_at_wall(slot), ram_bytes=need.ram if need else 0,
+        vram_bytes=need.vram if need else 0, active=slot.active, loads=slot.loads, error=slot.error,
+        load=({"stage": slot.stage, "elapsed_s": round(router.loading_seconds(slot), 3), "waiting": slot.waiting}
+              if slot.state == "loading" else None),
+        aliases=sorted(a for a, t in router.aliases.items() if t == e.id))
+    if loaded is not None and getattr(loaded, "embedding_only", False):
+        facts.update(embedding_only=True, capabilities=["embedding"])
+    return facts
 
 
 async def _unless_gone(gone: asyncio.Future, coro: Awaitable[T], undo: Callable[[T], Any]) -> T:
