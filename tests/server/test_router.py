@@ -305,3 +305,11 @@ def test_ggufdesk_ps_without_a_server_says_so(capsys):
     assert "no server answers" in json.loads(capsys.readouterr().out)["error"]
     assert main(["ps", "--url", "file:///etc/passwd"]) == 1
     assert "http://" in capsys.readouterr().err
+
+
+def test_embeddings_load_the_named_model_like_a_generation(make):
+    s = make()
+    r = httpx.post(s.url + "/v1/embeddings", json={"model": "c", "input": ["one", "two"]}, timeout=60)
+    assert r.status_code == 200 and r.json()["model"] == "c" and len(r.json()["data"]) == 2
+    assert s.router.slots["c"].state == "ready" and s.router.slots["c"].active == 0
+    assert httpx.post(s.url + "/v1/embeddings", json={"model": "nope", "input": "x"}).status_code == 404
