@@ -50,7 +50,7 @@ def _candidates(models: list[str], library_models: list[LocalModel]) -> list[tup
 
     if not models:
         return [(m.id, m.path, m) for m in library_models]
-    out = []
+    out: list[tuple[str, Path, LocalModel | None]] = []
     for name in models:
         hit = library.find(name, library_models)
         if hit is None:

@@ -409,7 +409,10 @@ def id_for(path: str | Path, models: list[LocalModel] | None = None) -> str:
         except (OSError, ValueError):
             continue
     p = Path(path)
-    return _base_id(LocalModel(p, p.name, 0, "user", None))
+    from ggufdesk.core import starter
+
+    known = starter.by_filename(p.name)  # a starter's file, wherever it is: its fixed id
+    return known.id if known is not None else _base_id(LocalModel(p, p.name, 0, "user", None))
 
 
 def file_for(m: LocalModel) -> Path:

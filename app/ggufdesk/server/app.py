@@ -98,18 +98,6 @@ def build_app(service: Service) -> ASGIApp:
                             Exception: on_bug},
     )
     app.state.service = service
-    return ApiKeys(Background(app, service=service), service=service)
-
-
-class Background:
-    """ASGI wrapper: the service's background work (the router's idle reaper) runs in the serving loop."""
-
-    def __init__(self, app: ASGIApp, *, service: Service) -> None:
-        self.app = app
-        self.service = service
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.service.ensure_background()
-        await self.app(scope, receive, send)
+    return ApiKeys(app, service=service)
 
 

@@ -352,7 +352,7 @@ class Router:
         async with lock:  # one load at a time
             try:
                 path = await asyncio.to_thread(slot.entry.resolve_file)
-                need = slot.need or await asyncio.to_thread(self._need, path, slot.entry)
+                need = slot.need if slot.need is not None else await asyncio.to_thread(self._need, path, slot.entry)
             except KnownError as e:
                 raise self._fail(slot, str(e)) from None
             slot.need = need

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +103,8 @@ class Service:
         self._inflight: dict[str, int] = {}
         self._tasks: set[asyncio.Task] = set()
         self._reaper: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._serving = threading.Event()
 
     # ---- facts ----------------------------------------------------------------------------------
 
@@ -127,7 +131,8 @@ class Service:
     def snapshot(self) -> dict[str, Any]:
         """Live counts for the GUI (read from another thread: plain values, no locking needed)."""
         slot = self.router.slots[self.router.default_id]
-        loaded = [{"id": s.id, "state": s.state, "active": s.active, "ram_bytes": (s.need or Need()).ram,
+        loaded = [{"id": s.id, "path": s.entry.path, "state": s.state, "active": s.active,
+                   "ram_bytes": (s.need or Need()).ram,
                    "vram_bytes": (s.need or Need()).vram} for s in list(self.router.slots.values())
                   if s.state != "unloaded"]
         return {"state": slot.state, "clients": self.clients(), "running": self.admission.running,
@@ -179,9 +184,27 @@ class Service:
         task.add_done_callback(self._tasks.discard)
 
     def ensure_background(self) -> None:
-        """Start the idle reaper in the running loop (once; again in a new loop)."""
-        if self._reaper is None or self._reaper.done() or self._reaper.get_loop() is not asyncio.get_running_loop():
+        """Start the idle reaper in the running loop (once; again in a new loop), and remember the loop
+        for request_load()."""
+        loop = asyncio.get_running_loop()
+        if self._reaper is None or self._reaper.done() or self._reaper.get_loop() is not loop:
             self._reaper = asyncio.ensure_future(self.router.run())
+        self._loop = loop
+        self._serving.set()
+
+    def request_load(self, model_id: str, timeout: float = 10.0) -> concurrent.futures.Future[None]:
+        """Load a model from another thread (the window's server dock): a future of the load, whose
+        refusal is a KnownError (the API's words). Waits up to `timeout` s for the server's loop."""
+        if not self._serving.wait(timeout) or self._loop is None:
+            raise KnownError("the server is not running")
+
+        async def load() -> None:
+            try:
+                await self.load_model(model_id)
+            except ApiError as e:
+                raise KnownError(e.message) from None
+
+        return asyncio.run_coroutine_threadsafe(load(), self._loop)
 
     def shutdown(self) -> None:
         """Stop every engine (blocking)."""
