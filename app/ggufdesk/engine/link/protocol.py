@@ -76,6 +76,8 @@ class Generate:
     tools: list[dict[str, Any]] | None = None  # OpenAI-style function tools (chat requests)
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
     parallel_tool_calls: bool = False  # up to 4 calls in one answer (off: one, as llama-server)
+    # tools whose parameters the grammar cannot enforce: offered, their arguments only held to be an object
+    tools_without_grammar: list[str] | None = None
 
 
 @dataclass(kw_only=True)

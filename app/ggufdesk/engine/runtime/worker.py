@@ -438,6 +438,7 @@ class Engine:
             if not any(v is not None for v in fields.values()) and sampling.structured:
                 fields.update(request_fields(sampling.structured))
             return structured.plan(**fields, parallel_tool_calls=req.parallel_tool_calls,
+                                   tools_without_grammar=req.tools_without_grammar,
                                    template_source=self.template.source,
                                    chat=req.messages is not None)
         except KnownError as e:
