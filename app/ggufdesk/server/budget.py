@@ -34,19 +34,10 @@ def planner_need(path: str, load: LoadSettings, speculation: SpeculationSettings
     """The planner's memory for this load (weights, KV cache, compute buffers, a draft), fit or not.
 
     Raises KnownError for a file whose header cannot be read: that load would fail anyway."""
-    from ggufdesk.core import hardware, planner
-    from ggufdesk.core.gguf_meta import read_gguf
+    from ggufdesk.core import hardware
+    from ggufdesk.core.load_plan import plan_load
 
-    info = read_gguf(path)
-    draft = None
-    if speculation.mode == "draft" and speculation.draft_model:
-        try:
-            draft = read_gguf(speculation.draft_model)
-        except KnownError as e:
-            raise KnownError(f"the draft model cannot be used: {e}") from None
-    p = planner.plan(info, hardware.memory_now(), n_ctx=load.n_ctx, draft=draft, type_k=load.type_k,
-                     type_v=load.type_v, n_gpu_layers=load.n_gpu_layers, n_ubatch=load.n_ubatch,
-                     flash_attn=load.flash_attn)
+    _, p = plan_load(path, load, speculation, hardware.memory_now())
     return Need(p.ram_bytes, p.vram_bytes)
 
 

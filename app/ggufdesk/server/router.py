@@ -123,9 +123,9 @@ class Slot:
         if self.pool is not None and self.pool.tool_format is not None:
             return self.pool.tool_format
         if self._tool_format is None:
-            from ggufdesk.server.structured import tool_format
+            from ggufdesk.core.tools import model_format
 
-            self._tool_format = tool_format(self.entry.path)
+            self._tool_format = model_format(self.entry.path)
         return self._tool_format
 
     @property
