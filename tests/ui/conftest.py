@@ -15,6 +15,16 @@ def _no_mcp_imports_from_home(monkeypatch):
     monkeypatch.setattr("ggufdesk.core.mcp.config.import_sources", lambda *a, **k: [])
 
 
+@pytest.fixture(autouse=True)
+def _fresh_qsettings():
+    """QSettings keeps the file of the first test that used it (Qt reads XDG_CONFIG_HOME once), so what
+    one test toggles (press-everything flips "Enter sends") would reach the next: cleared after each."""
+    yield
+    from PySide6.QtCore import QSettings
+
+    QSettings().clear()
+
+
 @pytest.fixture
 def fake_command() -> list[str]:
     return [sys.executable, str(FAKE_ENGINE)]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QAction
+from PySide6.QtGui import QAction, QHideEvent
 from PySide6.QtWidgets import QMenu, QToolButton, QWidget
 
 from ggufdesk.core.library import LocalModel
@@ -73,6 +73,10 @@ class ModelSwitcher(QToolButton):
 
     def open_menu(self) -> None:
         self.menu_.popup(self.mapToGlobal(self.rect().bottomLeft()))
+
+    def hideEvent(self, event: QHideEvent) -> None:  # noqa: N802 - Qt API
+        self.menu_.close()  # a popup left open would take every key press of the application
+        super().hideEvent(event)
 
     def refresh(self) -> None:
         """Read the library again in the background; the menu is rebuilt when it arrives."""
