@@ -23,6 +23,8 @@ PRESET_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "top_k": ("sampling", ("top_k",)), "top_p": ("sampling", ("top_p",)), "min_p": ("sampling", ("min_p",)),
     "repeat_penalty": ("sampling", ("repeat_penalty",)), "seed": ("sampling", ("seed",)),
     "max_tokens": ("sampling", ("max_tokens",)), "draft_max": ("speculation", ("k_max",)),
+    "n_cpu_moe": ("load", ("n_cpu_moe",)), "reasoning_budget": ("sampling", ("reasoning_budget",)),
+    "think": ("sampling", ("think",)),
 }
 
 
@@ -41,6 +43,8 @@ def add_model_arguments(p: argparse.ArgumentParser, *, many: bool = False) -> No
     p.add_argument("--batch", type=int, help="n_batch: prompt tokens per decode call [512]")
     p.add_argument("--ubatch", type=int, help="n_ubatch: physical micro-batch [512, at most --batch]")
     p.add_argument("--gpu-layers", type=int, help="layers to offload (-1 = all) [0]")
+    p.add_argument("--n-cpu-moe", type=int, metavar="N",
+                   help="mixture of experts: keep the experts of the first N layers in RAM (`plan` proposes N) [0]")
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), help="[auto]")
     p.add_argument("--kv-type", help="KV cache type (f16, q8_0, q4_0, ...) [f16]")
     p.add_argument("--no-mmap", action="store_true", help="read the whole model into RAM")
@@ -53,6 +57,10 @@ def add_model_arguments(p: argparse.ArgumentParser, *, many: bool = False) -> No
     p.add_argument("--repeat-penalty", type=float, help="[1.0]")
     p.add_argument("--seed", type=int, help="[-1: a new one each time]")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--reasoning-budget", type=int, metavar="N",
+                   help="reasoning models: tokens of thinking before the answer is forced (-1 = no limit) [-1]")
+    p.add_argument("--think", choices=("auto", "on", "off", "low", "medium", "high"),
+                   help="reasoning models: thinking on or off, or its effort (auto = the template's default) [auto]")
     spec = p.add_mutually_exclusive_group()
     spec.add_argument("--draft", help="draft model (.gguf path or library id) for speculative decoding")
     spec.add_argument("--lookup", action="store_true", help="prompt-lookup speculative decoding")
@@ -249,6 +257,8 @@ def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sa
         "llama_perf": stats.get("llama_perf", {}),
         "finish_reason": done.finish_reason if done else None,
         "tool_calls": done.tool_calls if done else [],
+        **({"reasoning": (done.reasoning if done else None) or "",
+            "reasoning_tokens": (done.usage if done else {}).get("reasoning_tokens", 0)} if loaded.reasoning else {}),
         "chat_format": loaded.chat_format, "load_s": loaded.load_s, "memory": loaded.memory,
         **({"rpc": loaded.rpc} if loaded.rpc else {}),
         **({"tool_rounds": rounds} if rounds is not None else {}),
@@ -282,10 +292,12 @@ def _generate(client: Any, args: argparse.Namespace, prompt: str, sampling: Samp
     done = None
     for ev in client.stream(rid):
         if isinstance(ev, P.Token):
-            text.append(ev.text)
-            if not args.json:
-                sys.stdout.write(ev.text)
-                sys.stdout.flush()
+            if not ev.reasoning:
+                text.append(ev.text)
+            if not args.json:  # a reasoning model's thinking on stderr, the answer on stdout
+                out = sys.stderr if ev.reasoning else sys.stdout
+                out.write(ev.text)
+                out.flush()
         elif isinstance(ev, P.Stats):
             stats = dataclasses.asdict(ev)
         elif isinstance(ev, P.Done):

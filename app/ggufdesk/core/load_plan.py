@@ -19,4 +19,5 @@ def plan_load(model: str, load: LoadSettings, speculation: SpeculationSettings,
         except KnownError as e:
             raise KnownError(f"the draft model cannot be used: {e}") from None
     return info, planner.plan(info, hw, n_ctx=load.n_ctx, draft=draft, type_k=load.type_k, type_v=load.type_v,
-                              n_gpu_layers=load.n_gpu_layers, n_ubatch=load.n_ubatch, flash_attn=load.flash_attn)
+                              n_gpu_layers=load.n_gpu_layers, n_ubatch=load.n_ubatch, flash_attn=load.flash_attn,
+                              n_cpu_moe=load.n_cpu_moe)
