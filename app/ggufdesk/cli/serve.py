@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-limit", type=int, default=0,
                    help="prompt + generated tokens per minute per API key or client address (0 = off)")
     p.add_argument("--max-body", type=int, default=4 * 1024 * 1024, help="largest request body in bytes")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web page origin allowed to call the API from a browser, e.g. http://localhost:3000 "
+                        "(repeatable; none by default)")
+    p.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds one generation may take before it is stopped with a 504 (0 = no limit)")
+    p.add_argument("--read-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a request's headers and body may take to arrive")
+    p.add_argument("--max-connections", type=int, default=0, metavar="N",
+                   help="open connections at most (0 = sized from the process's file descriptor limit)")
     p.add_argument("--idle-unload", type=float, default=600.0, metavar="S",
                    help="unload a model idle this many seconds (0 = never; a request's keep_alive overrides)")
     p.add_argument("--max-loaded", type=int, default=0, metavar="N",
@@ -118,12 +128,21 @@ def build(args: argparse.Namespace) -> tuple[Service, ServerRunner]:
         raise KnownError("--queue, --rate-limit and --prefill-chunk cannot be negative, --max-body must be positive")
     if args.idle_unload < 0 or args.max_loaded < 0:
         raise KnownError("--idle-unload and --max-loaded cannot be negative")
+    if not args.request_timeout >= 0 or not args.read_timeout > 0 or args.max_connections < 0:
+        raise KnownError("--request-timeout cannot be negative, --read-timeout must be positive and "
+                         "--max-connections cannot be negative")
+    origins = tuple(o.rstrip("/") for o in args.cors_origin if o)
+    bad = [o for o in origins if not re.match(r"^https?://[^/\s]+$", o)]
+    if bad:
+        raise KnownError(f"--cors-origin takes an origin such as http://localhost:3000 (scheme and host, no path), "
+                         f"not {bad[0]!r}")
     keys = tuple(k for k in args.api_key if k)
     check_exposure(args.host, keys)
     _, sampling, _ = settings_from_args(args)
     config = ServerConfig(api_keys=keys, rate_limit=args.rate_limit, parallel=args.parallel,
                           max_queue=args.queue, max_body=args.max_body, default_max_tokens=sampling.max_tokens,
-                          sampling=sampling)
+                          sampling=sampling, request_timeout=args.request_timeout, cors_origins=origins,
+                          read_timeout=args.read_timeout, max_connections=args.max_connections)
     router = Router(entries=entries_for(args, _presets()), idle_unload_s=args.idle_unload,
                     max_loaded=args.max_loaded, aliases=_aliases(args.alias),
                     pool_factory=lambda e, path: EnginePool(model=path, load=e.load, speculation=e.speculation,

@@ -96,12 +96,18 @@ class Slot:
         if self.load_task is not None and not self.load_task.done():
             return "loading"
         if self.pool is not None:
-            return {"ready": "ready", "failed": "failed"}.get(self.pool.state, "loading")
+            return {"ready": "ready", "failed": "failed"}.get(self._health()[0], "loading")
         return "failed" if self.failure else "unloaded"
 
     @property
     def error(self) -> str | None:
-        return self.pool.error if self.pool is not None else self.failure
+        return self._health()[1] if self.pool is not None else self.failure
+
+    def _health(self) -> tuple[str, str | None]:
+        """The engine's (state, error), counting a client that lost a thread as failed (EnginePool.health)."""
+        pool = self.pool
+        health = getattr(pool, "health", None)
+        return health() if callable(health) else (getattr(pool, "state", ""), getattr(pool, "error", None))
 
     @property
     def idle(self) -> bool:

@@ -41,6 +41,10 @@ class ServerConfig:
     max_body: int = 4 * 1024 * 1024  # bytes
     default_max_tokens: int = 1024
     sampling: SamplingSettings = field(default_factory=SamplingSettings)  # defaults for omitted fields
+    request_timeout: float = 600.0  # seconds one generation may take in the engine (0 = no limit): then a 504
+    cors_origins: tuple[str, ...] = ()  # web pages allowed to call the API (CORS); none by default
+    read_timeout: float = 30.0  # seconds a request's head and body may take to arrive (server/connections.py)
+    max_connections: int = 0  # open connections at most (0: sized from the descriptor limit)
 
 
 @dataclass(kw_only=True)
@@ -70,6 +74,10 @@ def engine_error(ev: P.Error) -> ApiError:
         return ApiError(400, ev.message, reason="invalid")
     if ev.kind == "schema":
         return ApiError(400, ev.message, code="unsupported_schema", reason="invalid")
+    if ev.kind == "protocol":  # the request could not even be written to the engine (too deep, not JSON)
+        return ApiError(400, ev.message, reason="invalid")
+    if ev.kind == "timeout":
+        return ApiError(504, ev.message, code="timeout", reason="timeout")
     return ApiError(500, ev.message, code=ev.kind, reason="engine_error")
 
 
@@ -228,32 +236,45 @@ class Service:
         Raises ApiError for refusals (400 never fits, 404, 429, 500 load failed, 503) and for engine
         errors that come first (400 context). A client that goes away while waiting leaves the queue.
         """
-        t0, gone, slot = await self._admit(caller, receive, spec.model)
+        reserved = estimate_prompt_tokens(spec) + spec.sampling.max_tokens
+        t0, gone, slot = await self._admit(caller, receive, spec.model, reserve=reserved)
         pool = slot.pool
         assert pool is not None  # _admit checked it is ready
         rid, q = pool.open()
-        job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone, slot=slot)
+        job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone, slot=slot, reserved=reserved)
         self._inflight[caller] = self._inflight.get(caller, 0) + 1
         try:
             await pool.generate(rid, prompt=spec.prompt, messages=with_system(spec.messages, slot),
-                                sampling=spec.sampling, logprobs=spec.logprobs, **spec.structured, **spec.reasoning)
+                                sampling=spec.sampling, logprobs=spec.logprobs,
+                                deadline_s=self.config.request_timeout or None, **spec.structured, **spec.reasoning)
         except KnownError as e:
             job.finish(None)
             raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
         await job.peek()
         return job
 
-    async def _admit(self, caller: str, receive: Receive, model: str) -> tuple[float, asyncio.Future, Slot]:
+    async def _admit(self, caller: str, receive: Receive, model: str, *,
+                     reserve: int) -> tuple[float, asyncio.Future, Slot]:
         """The rate limit, the model (loaded if needed, waiting for its one load) and a slot (waiting
         in the queue); returns the start time, a future that completes when the client disconnects,
-        and the model in use (released by the caller). A client that goes away while waiting leaves."""
+        and the model in use (released by the caller). A client that goes away while waiting leaves.
+
+        `reserve` tokens are taken from the caller's rate-limit bucket now (server/ratelimit.py) and
+        given back if the request is refused here; once admitted, the caller settles them at its end."""
         self.ensure_background()
         model_id = model if model in self.router.slots else self.check_model(model)
-        wait = self.limiter.retry_after(caller)
+        wait = self.limiter.reserve(caller, reserve)
         if wait is not None:
-            raise ApiError(429, f"rate limit of {int(self.limiter.capacity)} tokens per minute reached; "
-                                f"try again in {wait} s", code="rate_limit_exceeded", retry_after=wait,
-                           reason="rate_limited")
+            raise ApiError(429, f"rate limit of {int(self.limiter.capacity)} tokens per minute reached "
+                                f"(this request may use {reserve}); try again in {wait} s",
+                           code="rate_limit_exceeded", retry_after=wait, reason="rate_limited")
+        try:
+            return await self._take_slot(caller, receive, model_id)
+        except BaseException:
+            self.limiter.settle(caller, reserve, 0)  # refused or gone before it started: all of it back
+            raise
+
+    async def _take_slot(self, caller: str, receive: Receive, model_id: str) -> tuple[float, asyncio.Future, Slot]:
         self._seen[caller] = time.monotonic()
         t0 = time.perf_counter()
         gone = asyncio.ensure_future(_until_disconnect(receive))
@@ -264,7 +285,7 @@ class Service:
             self.router.release(slot)
             raise
         pool = slot.pool
-        if pool is None or pool.state != "ready":  # its engine crashed meanwhile and is coming back
+        if pool is None or slot.state != "ready":  # its engine crashed meanwhile and is coming back
             self.admission.release()
             self.router.release(slot)
             gone.cancel()
@@ -276,7 +297,8 @@ class Service:
                     receive: Receive, endpoint: str = "embeddings") -> P.Embeddings:
         """Embeddings of `inputs` by the served model `model` (loaded if needed), admitted like a
         generation (a slot, the rate limit). Raises ApiError (engine refusals: 400; a crash: 503) or ClientGone."""
-        t0, gone, slot = await self._admit(caller, receive, model)
+        reserved = sum(len(x) if isinstance(x, list) else len(x.encode("utf-8", "replace")) // 3 + 1 for x in inputs)
+        t0, gone, slot = await self._admit(caller, receive, model, reserve=reserved)
         pool = slot.pool
         assert pool is not None
         rid, q = pool.open()
@@ -314,7 +336,7 @@ class Service:
             self.metrics.latency.labels(endpoint).observe(seconds)
             self.metrics.requests.labels(endpoint, outcome).inc()
             self.metrics.prompt_tokens.inc(n_tokens)
-            self.limiter.charge(caller, n_tokens)
+            self.limiter.settle(caller, reserved, n_tokens)
 
     def _done_with(self, caller: str) -> None:
         n = self._inflight.get(caller, 1) - 1
@@ -339,7 +361,18 @@ class Service:
         m.generated_tokens.inc(job.completion_tokens)
         if job.stats is not None:
             m.speculation(job.stats.drafted, job.stats.accepted)
-        self.limiter.charge(job.caller, job.prompt_tokens + job.completion_tokens)
+        self.limiter.settle(job.caller, job.reserved, job.prompt_tokens + job.completion_tokens)
+
+
+def estimate_prompt_tokens(spec: GenSpec) -> int:
+    """The prompt's tokens before the engine has counted them, for the rate limit's reservation: a third
+    of its UTF-8 bytes (tokenizers average 3-4 bytes a token on prose; settled with the real count)."""
+    if spec.prompt is not None:
+        text = spec.prompt
+    else:
+        text = "".join(str(m.get("content") or "") + str(m.get("tool_calls") or "") for m in spec.messages or [])
+    extra = len(str(spec.structured.get("tools") or ""))
+    return (len(text.encode("utf-8", "replace")) + extra) // 3 + 1
 
 
 def with_system(messages: list[dict[str, Any]] | None, slot: Slot) -> list[dict[str, Any]] | None:
@@ -409,8 +442,9 @@ class Job:
     """
 
     def __init__(self, svc: Service, *, rid: str, queue: asyncio.Queue, caller: str, spec: GenSpec,
-                 t0: float, gone: asyncio.Future, slot: Slot) -> None:
+                 t0: float, gone: asyncio.Future, slot: Slot, reserved: int = 0) -> None:
         self.svc, self.rid, self.caller, self.spec, self.t0 = svc, rid, caller, spec, t0
+        self.reserved = reserved  # rate-limit tokens taken at admission, settled when it ends
         self.slot = slot
         self.pool: EnginePool = slot.pool  # type: ignore[assignment]  # start() checked it is loaded
         self._q = queue
@@ -517,6 +551,7 @@ class Job:
             self.svc.admission.release()
             self.pool.close(self.rid)
             self.svc.router.release(self.slot)
+            self.svc.limiter.settle(self.caller, self.reserved, 0)
 
     def _on_gone(self, fut: asyncio.Future) -> None:
         if fut.cancelled() or self._ended:
