@@ -243,6 +243,8 @@ class PromptLookup:
         self.reached = self.crossed = 0  # drafts that reached a sentence end / got past it
         self._end_at = -1  # index of the first sentence end in the draft in flight
 
+    setup_s = 0.0  # (engine/speculation/drafter.py) nothing of a proposal is one-time setup
+
     @property
     def k(self) -> int:
         return self.control.k
@@ -250,6 +252,9 @@ class PromptLookup:
     @property
     def status(self) -> str:
         return self.control.status
+
+    def close(self) -> None:
+        pass
 
     def propose(self, history: list[int], last: int, k: int) -> list[int]:
         own = self.cache
@@ -379,7 +384,7 @@ class PromptLookup:
             return 1
         return m
 
-    def feedback(self, n_drafted: int, n_accepted: int, seconds: float) -> None:
+    def feedback(self, n_drafted: int, n_accepted: int, seconds: float, drafting: float = 0.0) -> None:
         if self._end_at >= 0 and n_drafted and n_accepted >= self._end_at:  # the draft got to the sentence end
             self.reached += 1
             self.crossed += n_accepted >= self._end_at + 2  # ... and the model went on past it
