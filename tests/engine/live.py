@@ -130,6 +130,23 @@ class Live:
     def plain(self, prompt: list[int] | str, max_tokens: int, **kw: Any) -> Result:
         return self.run(self.sequence(prompt, max_tokens, **kw))[0]
 
+    def near_tie_at_divergence(self, prompt: list[int], plain: list[int], other: list[int], tol: float) -> float | None:
+        """Where greedy outputs first differ, plain decoding's top-2 logit margin (None if identical).
+
+        On a quantized model llama.cpp's CPU kernels for multi-row batches (verification, other
+        streams' rows) are not bit-identical to its one-row kernels (~1 logit on the Q4_K starter
+        after hundreds of tokens), so greedy output may legitimately flip at a near-tie; a flip at
+        a clear margin would be a bug."""
+        i = next((i for i, (a, b) in enumerate(zip(plain, other)) if a != b), None)
+        if i is None:
+            return None
+        self.forget()
+        self.run(self.sequence(prompt + plain[:i], 1, logprobs=2))
+        entry = next(e for ev in self.events if isinstance(ev, P.Token) for e in ev.logprobs or [])
+        margin = float(entry["top"][0]["logprob"] - entry["top"][1]["logprob"])
+        assert margin < tol, f"divergence at token {i} with a clear margin {margin:.3f}: not numerics"
+        return margin
+
     # ---- the KV cache -------------------------------------------------------------------------
 
     def positions(self, seq_id: int) -> tuple[int, int]:

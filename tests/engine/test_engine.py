@@ -234,7 +234,7 @@ def test_a_dropped_log_capture_does_not_crash_the_next_model(tiny_model):
         print("ok")
     """)
     gc.collect()
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-2000:]
 
 

@@ -72,7 +72,7 @@ SCRIPT = textwrap.dedent('''
 
 def test_lazy_grammar_token_by_token(tiny_model):
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model)], capture_output=True, text=True,
-                       timeout=120)
+                       timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["all_allowed"] and out["triggered"] and out["eos_allowed_at_end"]

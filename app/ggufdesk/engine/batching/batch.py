@@ -129,7 +129,7 @@ class BatchEngine:
     def step(self) -> None:
         """One engine step: schedule -> run -> update."""
         plan = self.schedule()
-        if plan.empty:
+        if not plan.decode and plan.prefill is None:
             self._status(force=True)
             return
         try:
@@ -152,17 +152,18 @@ class BatchEngine:
         if len(self.sched.running) > 1:
             for s in self.sched.running:
                 s.alone = False
-        room = self.sched.n_batch - plan.decode_rows - plan.chunk
-        for r in plan.decode:
-            if r.seq.forced and room > 0:  # (Sequence.force) written before anything is drafted
-                r.forced, r.seq.forced = r.seq.forced[:room], r.seq.forced[room:]
+        forcing = [r for r in plan.decode if r.seq.forced]
+        if forcing:  # (Sequence.force) written before anything is drafted, within the batch
+            room = self.sched.n_batch - plan.decode_rows - plan.chunk
+            for r in forcing:
+                r.forced, r.seq.forced = r.seq.forced[:max(room, 0)], r.seq.forced[max(room, 0):]
                 room -= len(r.forced)
         self.drafts.plan(plan)
         return plan
 
     def _reap(self) -> None:
         """Requests that end between steps: cancelled (a per-request deadline would end here too)."""
-        for seq in self._all():
+        for seq in [*self.sched.running, *self.sched.waiting]:
             if self.cancelled(seq.rid):
                 self.update.finish(seq, SequenceStatus.FINISHED_CANCELLED)
 

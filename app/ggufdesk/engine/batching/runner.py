@@ -101,11 +101,13 @@ class ModelRunner:
         for r in plan.decode:
             bases.append(len(rows))
             rows += self._decode_rows(r)
-        part = self._prefill_part(plan)
-        if plan.prefill is not None:
-            rows += self._prefill_rows(plan.prefill, part)
+        multi = len(rows) > len(plan.decode)  # drafts or forced tokens: a multi-row part
+        p, part = plan.prefill, []
+        if p is not None:
+            part = p.prompt[p.n_done:p.n_done + plan.chunk]
+            rows += self._prefill_rows(p, part)
         seqs = plan.sequences()
-        abortable = len(part) > 1 or any(r.draft for r in plan.decode)
+        abortable = len(part) > 1 or multi
         t0 = self.clock()
         if not self._decode(rows, seqs, abortable=abortable):
             return None
@@ -125,11 +127,6 @@ class ModelRunner:
         n0, first = len(slot.tokens), len(r.forced)
         toks = [s.last, *r.forced, *r.draft]
         return [(t, n0 + i, slot.seq, i >= first) for i, t in enumerate(toks)]
-
-    @staticmethod
-    def _prefill_part(plan: Plan[Sequence]) -> list[int]:
-        s = plan.prefill
-        return [] if s is None else s.prompt[s.n_done:s.n_done + plan.chunk]
 
     @staticmethod
     def _prefill_rows(s: Sequence, part: list[int]) -> list[Row]:
@@ -188,7 +185,8 @@ class ModelRunner:
                 out.accepted += 1
         except KnownError as e:
             out.error = e
-        self.slots.truncate(slot, n0 + 1 + len(r.forced) + out.accepted)
+        if out.accepted < len(r.draft):  # rejected draft rows leave the cache
+            self.slots.truncate(slot, n0 + 1 + len(r.forced) + out.accepted)
         return out
 
     def _prefilled(self, s: Sequence, part: list[int], last_row: int) -> SeqOutput:

@@ -22,8 +22,10 @@ MIN_QUEUE = 16
 
 
 class Schedulable(Protocol):
-    reserve: int  # KV cells it may need in all: prompt + tokens it may still generate
     status: SequenceStatus  # set to PREFILLING here at admission; the loop moves it on from there
+
+    @property
+    def reserve(self) -> int: ...  # KV cells it may need in all: prompt + tokens it may still generate
 
 
 S = TypeVar("S", bound=Schedulable)
@@ -115,7 +117,8 @@ class Scheduler(Generic[S]):
 
     def plan(self) -> Plan[S]:
         """The next step: a row for every running sequence, plus one prefill chunk under the token budget."""
-        decode = [DecodeRow(s) for s in self.running if s.status.running]
+        decode = [DecodeRow(s) for s in self.running
+                  if s.status is SequenceStatus.DECODING or s.status is SequenceStatus.VERIFYING]
         prefill = next((s for s in self.running if s.status is SequenceStatus.PREFILLING), None)
         chunk = 0
         if prefill is not None:

@@ -51,12 +51,11 @@ class Update:
             elif self.cancelled(s.rid):  # a cancel that came during the step: nothing more of it is shown
                 self.finish(s, SequenceStatus.FINISHED_CANCELLED)
             else:
-                self._progress(s, out)
+                if out.prompt_done:
+                    self._progress(s, out)
                 self._take_all(s, out)
 
     def _progress(self, s: Sequence, out: SeqOutput) -> None:
-        if not out.prompt_done:
-            return
         base = s.stats.n_reused
         self.emit(P.Progress(id=s.rid, phase="prefill", done=s.n_done - base, total=len(s.prompt) - base))
         if out.tokens:

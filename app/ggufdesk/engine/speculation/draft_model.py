@@ -22,6 +22,7 @@ from ggufdesk.engine.batching.prefix_cache import common_prefix
 from ggufdesk.engine.batching.runner import fill_batch
 from ggufdesk.engine.runtime.native import LlamaLog, LoadedModel, load_model
 from ggufdesk.engine.speculation.adaptive import DraftLength
+from ggufdesk.engine.speculation.drafter import Controlled
 
 log = logging.getLogger("ggufdesk.engine.speculation.speculative")
 
@@ -189,7 +190,7 @@ class DraftModel:
         self.kv[i].extend(tokens)
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Controlled):
     """Drafter over a DraftModel: lazy sync at the first proposal, so time to first token is untouched."""
 
     def __init__(self, dm: DraftModel, spec: SpeculationSettings, *, prompt: list[int], max_tokens: int,
@@ -221,14 +222,6 @@ class DraftModelDrafter:
         if cost > gain:
             self.control.disable(f"long prompt: syncing {todo} tokens into the draft (~{cost:.1f} s) "
                                  f"costs more than it can gain (~{gain:.1f} s)")
-
-    @property
-    def k(self) -> int:
-        return self.control.k
-
-    @property
-    def status(self) -> str:
-        return self.control.status
 
     def propose(self, history: list[int], last: int, k: int) -> list[int]:
         seq = history + [last]

@@ -31,3 +31,22 @@ class Drafter(Protocol):
     def feedback(self, n_drafted: int, n_accepted: int, cost: float, drafting: float = 0.0) -> None: ...
 
     def close(self) -> None: ...  # the request ended
+
+
+class Controlled:
+    """What drafters share: the controller decides k and tells the status (prompt lookup and the
+    draft model's drafter build on it)."""
+
+    control: DraftLength
+    setup_s = 0.0
+
+    @property
+    def k(self) -> int:
+        return self.control.k
+
+    @property
+    def status(self) -> str:
+        return self.control.status
+
+    def close(self) -> None:
+        pass

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ggufdesk.engine.speculation.adaptive import DraftLength
+from ggufdesk.engine.speculation.drafter import Controlled
 from ggufdesk.engine.speculation.evidence import Evidence
 
 SEP = -1  # between documents in the arena: never equal to a token, so no match crosses it
@@ -179,7 +180,7 @@ class NgramCache:
         return out
 
 
-class PromptLookup:
+class PromptLookup(Controlled):
     """Drafter: the continuation of the last n-gram's latest earlier occurrence, in this request or
     (`history`, shared by the worker and only read here, so that concurrent requests do not
     disturb each other) in an earlier one.
@@ -242,19 +243,6 @@ class PromptLookup:
         self.numbers = numbers
         self.reached = self.crossed = 0  # drafts that reached a sentence end / got past it
         self._end_at = -1  # index of the first sentence end in the draft in flight
-
-    setup_s = 0.0  # (engine/speculation/drafter.py) nothing of a proposal is one-time setup
-
-    @property
-    def k(self) -> int:
-        return self.control.k
-
-    @property
-    def status(self) -> str:
-        return self.control.status
-
-    def close(self) -> None:
-        pass
 
     def propose(self, history: list[int], last: int, k: int) -> list[int]:
         own = self.cache

@@ -69,34 +69,47 @@ class DraftPlanner:
             total += used
 
     def _draft(self, r: DecodeRow[Sequence], budget: int, total: int, share: float | None) -> int:
-        s = r.seq
-        d = s.drafter
-        assert d is not None and s.slot is not None
-        room = min(budget, s.max_gen - s.stats.n_gen - 1, self.n_ctx - len(s.slot.tokens) - 2)
+        """Price r's draft rows beside the `total` rows planned so far, let its drafter choose, propose."""
+        s, d = r.seq, r.seq.drafter
+        assert d is not None
+        room = self._room(r, budget)
         base = self.costs.predict(total) if share else None
-        if r.forced or share is None or base is None or room < 1:
-            self._bills[id(r)] = _Bill(share or 1.0, 0.0, 0.0)
-            return 0
-        ks = [k for k in self.costs.lengths(d.control.k_max) if k <= room] or [1]
-        d.control.price({k: 1.0 + (self._predict(total + k) - base) / share for k in ks}, share)
-        k = min(d.k, room)
         draft: list[int] = []
         spent = 0.0
-        if k > 0:
-            t = self.clock()
-            if self.set_batch is not None:
-                self.set_batch([s.rid])  # a cancel of this request stops a draft model's catching up
-            try:
-                draft = d.propose(s.slot.tokens, s.last, k)[:k]
-            finally:
-                if self.set_batch is not None:
-                    self.set_batch([])
-            spent = max(self.clock() - t - d.setup_s, 0.0)
+        extra = 0.0
+        if share and base is not None and room >= 1:
+            # k drafts cost what they add to the step, in units of the sequence's share of it
+            ks = [k for k in self.costs.lengths(d.control.k_max) if k <= room] or [1]
+            d.control.price({k: 1.0 + (self._predict(total + k) - base) / share for k in ks}, share)
+            k = min(d.k, room)
+            if k > 0:
+                draft, spent = self._propose(s, k)
+                extra = self._predict(total + len(draft)) - base
         r.draft = draft
         s.status = SequenceStatus.VERIFYING if draft else SequenceStatus.DECODING
-        extra = self._predict(total + len(draft)) - base if draft else 0.0
-        self._bills[id(r)] = _Bill(share, extra, spent)
+        self._bills[id(r)] = _Bill(share or 1.0, extra, spent)
         return len(draft)
+
+    def _room(self, r: DecodeRow[Sequence], budget: int) -> int:
+        """Draft rows r may have: within the step's budget, max_tokens and the context."""
+        s = r.seq
+        if r.forced or s.slot is None:
+            return 0
+        return min(budget, s.max_gen - s.stats.n_gen - 1, self.n_ctx - len(s.slot.tokens) - 2)
+
+    def _propose(self, s: Sequence, k: int) -> tuple[list[int], float]:
+        """s's drafter's proposal of at most k tokens, and the seconds it took (its setup left out)."""
+        d = s.drafter
+        assert d is not None and s.slot is not None
+        t = self.clock()
+        if self.set_batch is not None:
+            self.set_batch([s.rid])  # a cancel of this request stops a draft model's catching up
+        try:
+            draft = d.propose(s.slot.tokens, s.last, k)[:k]
+        finally:
+            if self.set_batch is not None:
+                self.set_batch([])
+        return draft, max(self.clock() - t - d.setup_s, 0.0)
 
     def _predict(self, rows: int) -> float:
         t = self.costs.predict(rows)
@@ -104,7 +117,10 @@ class DraftPlanner:
         return t
 
     def settle(self, plan: Plan[Sequence], result: StepResult) -> None:
-        """The step ran: learn its cost and tell each drafter what it got and what it paid."""
+        """The step ran: learn its cost and tell each drafter what it got and what it paid. (Steps
+        without a drafter in them are not learnt from: a drafter's first step is a plain one.)"""
+        if not self._bills:
+            return
         scale = 1.0
         if result.n_prompt == 0:
             predicted = self.costs.predict(result.rows)
