@@ -169,5 +169,4 @@ class Update:
         self.release(s)
         if slot is not None:
             self.slots.clear(slot)
-        kind = e.kind if isinstance(e, P.EngineRequestError) else "generate"
-        self.emit(P.Error(kind=kind, id=s.rid, message=str(e)))
+        self.emit(P.Error(kind=P.error_kind(e), id=s.rid, message=str(e)))
