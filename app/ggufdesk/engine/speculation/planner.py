@@ -5,9 +5,10 @@ Every running sequence with a drafter may add draft rows to its decode row, in t
 n_batch). A draft pays when the tokens it is expected to add outweigh what its rows add to the step:
 beside N decode rows, a sequence's own plain token costs its share of the step, T(N) / N, and k
 draft rows add T(R + k) - T(R) (R: the rows already planned), both from engine/speculation/step_cost.py.
-Alone (N = 1) that is the verification table itself; beside others a draft row costs less than a
-decode row's share (bench/batch.py part 1 measured 0.54-0.59x on the 2-core CPU), so drafting pays
-more there, and the controller sees it.
+Alone (N = 1) that is the verification table itself; beside others a draft row costs about half a
+decode row's share (bench/batch.py part 1 measured 0.54-0.59x on the 2-core CPU), so a short draft is
+cheaper there than alone (where the first row turns a one-row step into a two-row one, +0.8), and
+the controller sees the difference.
 
 Each drafter's controller (engine/speculation/adaptive.py) gets those prices as its cost table in
 units of its plain share (`DraftLength.price`) and decides its length, or to draft nothing; after
