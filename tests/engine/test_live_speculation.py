@@ -218,6 +218,6 @@ def test_a_cancel_during_a_step_with_an_accepted_draft(live, self_draft):
         live.cancels.clear()
     assert steps[1:] == [9, 9] and r.done.finish_reason == "cancelled"
     assert r.tokens == live.answers[1][:10]  # the prefill's token and the first step's 9
-    assert seq.status is SequenceStatus.FINISHED_CANCELLED
+    assert seq.status is SequenceStatus.FINISHED_CANCELLED and seq.status.finished
     assert last_slot(live).tokens == prompt + r.tokens  # all it showed (it had been decoded); not the second draft
     live.check_kv()

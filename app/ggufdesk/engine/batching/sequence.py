@@ -43,11 +43,6 @@ class SequenceStatus(enum.Enum):
     def finished(self) -> bool:
         return self in _FINISHED
 
-    @property
-    def running(self) -> bool:
-        """Decoding or verifying: has a token sampled and not yet in the KV cache (`last`)."""
-        return self is SequenceStatus.DECODING or self is SequenceStatus.VERIFYING
-
 
 _FINISHED = frozenset({SequenceStatus.FINISHED_STOP, SequenceStatus.FINISHED_LENGTH,
                        SequenceStatus.FINISHED_CONTEXT, SequenceStatus.FINISHED_CANCELLED, SequenceStatus.FAILED})
@@ -121,11 +116,6 @@ class Sequence:
     def reserve(self) -> int:
         """KV cells it may need in all: prompt + tokens it may still generate."""
         return len(self.prompt) + self.max_gen
-
-    @property
-    def generated(self) -> int:
-        """Tokens taken so far (emitted or ending it), the next one's index after the prompt."""
-        return self.stats.n_gen
 
     def force(self, tokens: list[int]) -> None:
         """Write `tokens` next, as if sampled, then sample on (a hook: a reasoning budget closing a
