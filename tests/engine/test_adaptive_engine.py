@@ -291,22 +291,24 @@ GERMAN = ("Der Nachtzug von Wien nach Venedig fährt um neun Uhr abends ab und k
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a hang guard: on a loaded 2-core machine the starter takes minutes here
 def test_starter_copies_a_german_text_with_lookup_alone_and_beside_others(starter_model):
     """A copy task in another language (German quote marks „…“, umlauts), on the live loop with the
     modelled CPU's costs: adaptive lookup drafts most of the copy, alone and beside three plain
     streams (measured: 73 and 68 of 100 tokens accepted), and the answer is plain decoding's (but
-    for a flip at a near-tie: the Q4_K kernels differ between batch shapes)."""
-    live = Live(starter_model, LoadSettings(n_ctx=2048, n_threads=2, n_threads_batch=2, n_parallel=4),
+    for a flip at a near-tie: the Q4_K kernels differ between batch shapes). One thread: the
+    decisions do not depend on it (modelled costs), and one thread suffers least from a busy machine."""
+    live = Live(starter_model, LoadSettings(n_ctx=2048, n_threads=1, n_threads_batch=1, n_parallel=4),
                 costs=COSTS, clock=ModelClock())
     try:
         prompt = live.tokens(f"Text: „{GERMAN}“\n\nDerselbe Text, genau abgeschrieben:\n„{GERMAN[:40]}")
-        plain = live.plain(prompt, 100).tokens
+        plain = live.plain(prompt, 80).tokens
         for others in (0, 3):
             live.forget()
             d = live.lookup(prompt, k_max=16, adaptive=True, costs=COSTS)
-            beside = [live.sequence(p, 100) for p in ("Once upon a time", "The weather today", "def main():")]
-            r = live.run(live.sequence(prompt, 100, drafter=d), *beside[:others])[0]
-            assert r.stats.accepted >= 50 and r.stats.speculation == "lookup", (others, r.stats)
+            beside = [live.sequence(p, 40) for p in ("Once upon a time", "The weather today", "def main():")]
+            r = live.run(live.sequence(prompt, 80, drafter=d), *beside[:others])[0]
+            assert r.stats.accepted >= 40 and r.stats.speculation == "lookup", (others, r.stats)
             live.near_tie_at_divergence(prompt, plain, r.tokens, tol=0.5)
     finally:
         live.close()

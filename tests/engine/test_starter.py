@@ -1,7 +1,6 @@
 """The real starter model (Gemma 3 270M Q4_K_M): parity with llama-cpp-python, long-prefill cancel, chat."""
 from __future__ import annotations
 
-
 import pytest
 
 from ggufdesk.core.settings import LoadSettings
@@ -9,7 +8,7 @@ from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.link.client import EngineClient
 from tests.engine.helpers import collect, greedy
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # (a hang guard: the starter on a loaded 2-core machine takes minutes)
 
 PROMPT = "The three largest cities in France are"
 SETTINGS = LoadSettings(n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=2, n_threads_batch=2)
