@@ -71,7 +71,7 @@ class Live:
         self.events: list[Any] = []
         self.cancels: set[str] = set()
         self.clock = clock
-        kw: dict[str, Any] = {} if clock is None else {"decode": clock.decode, "clock": clock}
+        kw: dict[str, Any] = {} if clock is None else {"decode": clock.decode, "timer": clock}
         self.engine = BatchEngine(self.lm, self.vocab, emit=self.events.append, cancelled=self.cancels.__contains__,
                                   set_batch=lambda rids: None, verify_costs=costs, **kw)
         self._n = 0

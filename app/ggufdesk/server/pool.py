@@ -54,9 +54,9 @@ class EnginePool:
     def start(self) -> None:
         """Spawn the engine and load the model (blocking: run it on a thread). Raises KnownError."""
         self._set_state("loading")
-        from ggufdesk.server.structured import tool_format
+        from ggufdesk.core.tools import model_format
 
-        self.tool_format = tool_format(self.model)
+        self.tool_format = model_format(self.model)
         try:
             self._client.start()
             self._client.load(self.model, settings=self.load_settings, speculation=self.speculation)
@@ -83,6 +83,15 @@ class EnginePool:
                 self.on_state(state)
             except Exception:
                 log.exception("state listener failed")
+
+    def health(self) -> tuple[str, str | None]:
+        """(state, error) as /health tells them: a client that lost a thread is failed even before
+        any event says so (issue 34: /health said ok while every request got 503)."""
+        problem = getattr(self._client, "problem", None)
+        why = problem() if callable(problem) else None
+        if why:
+            return "failed", why
+        return self.state, self.error
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         return self._ready.wait(timeout)

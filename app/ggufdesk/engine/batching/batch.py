@@ -11,13 +11,15 @@ A sequence's state is its `status` (engine/batching/sequence.py). Requests join 
 steps; speculation runs inside batched steps, each sequence with its own drafter and controller.
 
 Hooks for what comes next (keep them in these places):
-- a per-request deadline or any other end decided between steps: `_reap`;
+- a per-request deadline (done: `Sequence.deadline`, read on `clock`) or any other end decided
+  between steps: `_reap`;
 - a persistent prompt cache restored before prefill: `_admit`, after the slot is acquired (extend the
   slot with the restored tokens and set `n_done`);
 - image chunks as prefill: the prefill chunk is planned in engine/batching/scheduler.py and filled in
   engine/batching/runner.py (`_prefill_rows`); an image is a prefill item of its own;
 - context shift: `Update.take` ends a sequence at the context's edge (FINISHED_CONTEXT);
-- a reasoning budget: `Update.token_hooks` see every token taken; `Sequence.force` writes tokens.
+- a reasoning model: its split in `Update._text_out`, its budget's closing tokens in `Sampling.sample`;
+  `Update.token_hooks` see every token taken and `Sequence.force` writes tokens in the next row.
 """
 from __future__ import annotations
 
@@ -55,16 +57,19 @@ class BatchEngine:
     on_plain_done(stats): a request that ran alone without speculation ended (its final Stats).
     flush(): sends the events emitted so far in this step (called before each decode call, so what the
     step decided before computing, such as a cancel's Done, does not wait for the computation).
-    decode, clock: llama.cpp's decode call and the step timer (tests pass modelled ones).
+    clock: the time request deadlines are read on. decode, timer: llama.cpp's decode call and the
+    timer of steps and drafting, whose costs speculation decides on (tests pass modelled ones).
     """
 
     def __init__(self, lm: LoadedModel, vocab: Vocab, *, emit: Callable[[Any], None],
                  cancelled: Callable[[str], bool], set_batch: Callable[[list[str]], None],
                  on_plain_done: Callable[[P.Stats], None] | None = None,
                  flush: Callable[[], None] | None = None, verify_costs: dict[int, float] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
                  decode: Callable[[Any, Any], int] = llama_cpp.llama_decode,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 timer: Callable[[], float] = time.perf_counter) -> None:
         s = lm.settings
+        self.clock = clock  # for request deadlines
         self.lm, self.vocab, self.emit, self.cancelled = lm, vocab, emit, cancelled
         self.n_ctx = lm.n_ctx  # each sequence may grow to the whole context (unified KV cache)
         self.n_parallel = s.n_parallel
@@ -73,9 +78,9 @@ class BatchEngine:
         self.sched: Scheduler[Sequence] = Scheduler(n_slots=s.n_parallel, n_cells=lm.n_ctx, n_batch=s.n_batch,
                                                     prefill_chunk=s.prefill_chunk)
         self.runner = ModelRunner(lm, self.slots, Sampling(lm, vocab), set_batch=set_batch, flush=flush,
-                                  decode=decode, clock=clock)
+                                  decode=decode, clock=timer)
         self.drafts = DraftPlanner(StepCosts(verify_costs), n_outputs=lm.n_outputs, n_batch=s.n_batch,
-                                   n_ctx=lm.n_ctx, set_batch=set_batch, clock=clock)
+                                   n_ctx=lm.n_ctx, set_batch=set_batch, clock=timer)
         self.update = Update(lm, vocab, self.sched, self.slots, emit=emit, cancelled=cancelled,
                              on_plain_done=on_plain_done)
         self._status_sent: tuple[int, int, int, str] | None = None
@@ -162,10 +167,13 @@ class BatchEngine:
         return plan
 
     def _reap(self) -> None:
-        """Requests that end between steps: cancelled (a per-request deadline would end here too)."""
+        """Requests that end between steps: cancelled, or past their deadline."""
+        now = self.clock()
         for seq in [*self.sched.running, *self.sched.waiting]:
             if self.cancelled(seq.rid):
                 self.update.finish(seq, SequenceStatus.FINISHED_CANCELLED)
+            elif seq.deadline is not None and now >= seq.deadline:
+                self.update.expire(seq)
 
     def _admit(self, seq: Sequence) -> None:
         """Admitted: take a slot holding the longest cached prefix, make the sampler."""

@@ -3,7 +3,7 @@
 A sequence's state is one field, `status` (vLLM v1's `RequestStatus`, llama.cpp server's
 `slot_state`), never inferred from which list holds it or whether it has a slot:
 
-    WAITING -> PREFILLING -> DECODING <-> VERIFYING -> FINISHED_* (or FAILED)
+    WAITING -> PREFILLING -> DECODING <-> VERIFYING -> FINISHED_* (or FAILED, EXPIRED)
 
 VERIFYING is a step in which the sequence's row carries draft rows (engine/speculation/planner.py);
 the update after the step puts it back to DECODING or finishes it. Every finished status maps to
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ggufdesk.engine.batching.text import TextStream
     from ggufdesk.engine.speculation.drafter import Drafter
     from ggufdesk.engine.structured.grammar import GrammarConstraint
+    from ggufdesk.engine.structured.reasoning import ReasoningControl
     from ggufdesk.engine.structured.request import Structured
 
 
@@ -38,6 +39,7 @@ class SequenceStatus(enum.Enum):
     FINISHED_CONTEXT = "context"  # the context has no room for another token
     FINISHED_CANCELLED = "cancelled"
     FAILED = "failed"  # an Error ended it, not a Done
+    EXPIRED = "expired"  # past its deadline: an Error of kind "timeout" ended it
 
     @property
     def finished(self) -> bool:
@@ -45,7 +47,8 @@ class SequenceStatus(enum.Enum):
 
 
 _FINISHED = frozenset({SequenceStatus.FINISHED_STOP, SequenceStatus.FINISHED_LENGTH,
-                       SequenceStatus.FINISHED_CONTEXT, SequenceStatus.FINISHED_CANCELLED, SequenceStatus.FAILED})
+                       SequenceStatus.FINISHED_CONTEXT, SequenceStatus.FINISHED_CANCELLED, SequenceStatus.FAILED,
+                       SequenceStatus.EXPIRED})
 FINISH_REASONS: dict[SequenceStatus, P.FinishReason] = {
     SequenceStatus.FINISHED_STOP: "stop", SequenceStatus.FINISHED_LENGTH: "length",
     SequenceStatus.FINISHED_CONTEXT: "context", SequenceStatus.FINISHED_CANCELLED: "cancelled",
@@ -98,6 +101,9 @@ class Sequence:
     drafter: Drafter | None = None
     constraint: GrammarConstraint | None = None  # structured output: every token must fit its grammar
     structured: Structured | None = None  # what the request asked for (tool calls are parsed at the end)
+    reasoning: ReasoningControl | None = None  # a reasoning model: its split and budget
+    deadline: float | None = None  # BatchEngine.clock() time past which the request is ended (Generate.deadline_s)
+    limit_s: float | None = None  # the deadline_s it came with (for the message)
     stats: RunStats = field(default_factory=RunStats)
     # its state in the loop
     status: SequenceStatus = SequenceStatus.WAITING
@@ -107,7 +113,8 @@ class Sequence:
     n_done: int = 0  # prompt tokens in the KV cache
     last: int = -1  # the sampled token not yet in the KV cache (DECODING, VERIFYING)
     forced: list[int] = field(default_factory=list)  # tokens to write next instead of sampling (`force`)
-    pieces: list[str] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)  # the answer's text
+    thoughts: list[str] = field(default_factory=list)  # a reasoning model's thinking
     pending_lp: list[dict[str, Any]] = field(default_factory=list)
     next_stats: float = 0.0
     alone: bool = True  # never shared a step with another request (then llama_perf is its own)

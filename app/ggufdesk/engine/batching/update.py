@@ -99,11 +99,18 @@ class Update:
             s.next_stats = now + STATS_EVERY_S
         return None
 
-    def _text_out(self, s: Sequence, text: str) -> None:
-        if text:
-            s.pieces.append(text)
-            lp, s.pending_lp = (s.pending_lp or None), []
-            self.emit(P.Token(id=s.rid, text=text, logprobs=lp if s.logprobs else None))
+    def _text_out(self, s: Sequence, text: str, *, final: bool = False) -> None:
+        if s.reasoning is not None:  # a reasoning model: its thinking and its answer apart
+            parts = s.reasoning.take(text) if text else []
+            for is_reasoning, piece in parts + (s.reasoning.finish() if final else []):
+                self._emit_text(s, piece, is_reasoning)
+        elif text:
+            self._emit_text(s, text, False)
+
+    def _emit_text(self, s: Sequence, text: str, reasoning: bool) -> None:
+        (s.thoughts if reasoning else s.pieces).append(text)
+        lp, s.pending_lp = (s.pending_lp or None), []
+        self.emit(P.Token(id=s.rid, text=text, logprobs=lp if s.logprobs else None, reasoning=reasoning))
 
     def stats(self, s: Sequence, *, final: bool) -> P.Stats:
         st = s.stats
@@ -145,22 +152,39 @@ class Update:
         reason = FINISH_REASONS[end]
         st = s.stats
         usage = {"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen}
+        thoughts = "".join(s.thoughts) if s.reasoning is not None else None
         if end is SequenceStatus.FINISHED_CANCELLED:
-            self.emit(P.Done(id=s.rid, finish_reason=reason, text="".join(s.pieces), tokens=st.tokens, usage=usage))
+            self.emit(P.Done(id=s.rid, finish_reason=reason, text="".join(s.pieces), tokens=st.tokens, usage=usage,
+                             reasoning=thoughts))
             return
         if s.stream is not None:
-            self._text_out(s, s.stream.flush())
+            self._text_out(s, s.stream.flush(), final=True)
+            thoughts = "".join(s.thoughts) if s.reasoning is not None else None
         final = self.stats(s, final=True)
         self.emit(final)
         text = "".join(s.pieces)
-        content, calls = s.structured.parse(text) if s.structured is not None else (text, [])
+        parsed = s.structured.parse(text) if s.structured is not None else None
+        calls = parsed.calls if parsed is not None else []
         if calls and reason == "stop":
             reason = "tool_calls"
+        if s.reasoning is not None:
+            usage["reasoning_tokens"] = s.reasoning.tokens
         self.emit(P.Done(id=s.rid, finish_reason=reason, text=text, tokens=st.tokens, usage=usage,
-                         tool_calls=calls, content=content if calls else None,
-                         stop=s.stream.matched if s.stream is not None and reason == "stop" else None))
+                         tool_calls=calls, content=parsed.content if calls and parsed is not None else None,
+                         stop=s.stream.matched if s.stream is not None and reason == "stop" else None,
+                         reasoning=thoughts, warnings=parsed.warnings if parsed is not None else []))
         if started and s.alone and s.drafter is None and self.on_plain_done is not None:
             self.on_plain_done(final)  # the figures the user saw
+
+    def expire(self, s: Sequence) -> None:
+        """Past its deadline: end s with a timeout error (what it produced so far has been streamed)."""
+        if s.stream is not None:
+            self._text_out(s, s.stream.flush())
+        s.status = SequenceStatus.EXPIRED
+        self.release(s, len(s.prompt) + s.stats.n_gen)
+        self.emit(P.Error(kind="timeout", id=s.rid, message=(
+            f"the request was stopped after {s.limit_s:g} s ({s.stats.n_gen} tokens generated): it took "
+            "longer than the engine allows it (ggufdesk serve --request-timeout)")))
 
     def fail(self, s: Sequence, e: KnownError) -> None:
         """End s with an Error; what its KV sequence holds is not to be trusted."""
