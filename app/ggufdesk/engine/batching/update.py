@@ -149,32 +149,40 @@ class Update:
         started = s.status is not SequenceStatus.WAITING
         s.status = end
         self.release(s, len(s.prompt) + s.stats.n_gen if keep is None else keep)
-        reason = FINISH_REASONS[end]
-        st = s.stats
-        usage = {"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen}
-        thoughts = "".join(s.thoughts) if s.reasoning is not None else None
         if end is SequenceStatus.FINISHED_CANCELLED:
-            self.emit(P.Done(id=s.rid, finish_reason=reason, text="".join(s.pieces), tokens=st.tokens, usage=usage,
-                             reasoning=thoughts))
+            self.emit(P.Done(id=s.rid, finish_reason="cancelled", text="".join(s.pieces), tokens=s.stats.tokens,
+                             usage=self._usage(s), reasoning=self._thoughts(s)))
             return
         if s.stream is not None:
             self._text_out(s, s.stream.flush(), final=True)
-            thoughts = "".join(s.thoughts) if s.reasoning is not None else None
         final = self.stats(s, final=True)
         self.emit(final)
+        self.emit(self._done(s, FINISH_REASONS[end]))
+        if started and s.alone and s.drafter is None and self.on_plain_done is not None:
+            self.on_plain_done(final)  # the figures the user saw
+
+    def _done(self, s: Sequence, reason: P.FinishReason) -> P.Done:
+        """The Done of a sequence that ended by itself: its text, tool calls, stop string, reasoning."""
         text = "".join(s.pieces)
         parsed = s.structured.parse(text) if s.structured is not None else None
         calls = parsed.calls if parsed is not None else []
         if calls and reason == "stop":
             reason = "tool_calls"
+        usage = self._usage(s)
         if s.reasoning is not None:
             usage["reasoning_tokens"] = s.reasoning.tokens
-        self.emit(P.Done(id=s.rid, finish_reason=reason, text=text, tokens=st.tokens, usage=usage,
-                         tool_calls=calls, content=parsed.content if calls and parsed is not None else None,
-                         stop=s.stream.matched if s.stream is not None and reason == "stop" else None,
-                         reasoning=thoughts, warnings=parsed.warnings if parsed is not None else []))
-        if started and s.alone and s.drafter is None and self.on_plain_done is not None:
-            self.on_plain_done(final)  # the figures the user saw
+        return P.Done(id=s.rid, finish_reason=reason, text=text, tokens=s.stats.tokens, usage=usage,
+                      tool_calls=calls, content=parsed.content if calls and parsed is not None else None,
+                      stop=s.stream.matched if s.stream is not None and reason == "stop" else None,
+                      reasoning=self._thoughts(s), warnings=parsed.warnings if parsed is not None else [])
+
+    @staticmethod
+    def _usage(s: Sequence) -> dict[str, int]:
+        return {"prompt_tokens": s.stats.n_prompt, "completion_tokens": s.stats.n_gen}
+
+    @staticmethod
+    def _thoughts(s: Sequence) -> str | None:
+        return "".join(s.thoughts) if s.reasoning is not None else None
 
     def expire(self, s: Sequence) -> None:
         """Past its deadline: end s with a timeout error (what it produced so far has been streamed)."""
