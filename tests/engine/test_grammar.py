@@ -41,8 +41,11 @@ def test_unbounded_integers_are_bounded_in_length():
 
 
 def test_converter_errors_are_schema_errors():
-    for pattern in ("(?<=a)b", "^(?:ab)+$"):
+    for pattern in ("ab", "^a$b"):  # not anchored: the converter refuses
         with pytest.raises(SchemaError, match="cannot be turned into a grammar"):
+            schema_to_gbnf({"type": "string", "pattern": pattern})
+    for pattern, word in (("(?<=a)b", "lookarounds"), ("^(?:ab)+$", "groups"), ("^(a)\\1$", "backreferences")):
+        with pytest.raises(SchemaError, match=word):  # refused by name before the converter
             schema_to_gbnf({"type": "string", "pattern": pattern})
     assert "root ::=" in schema_to_gbnf({"type": "integer", "minimum": 3, "maximum": 5})
 
@@ -55,3 +58,18 @@ def test_tool_grammar_wraps_calls_in_the_format():
     assert g.gbnf.startswith("root ::= tc") and '"<tool_call>"' in g.gbnf and not g.lazy
     assert "call ::=" in g.gbnf and "\nroot ::=" not in g.gbnf.split("\n", 1)[1]
     assert tool_grammar(tools, T.MISTRAL, "auto").lazy
+
+
+def test_a_tool_whose_schema_cannot_be_enforced_is_offered_without_a_grammar_for_its_arguments():
+    from ggufdesk.engine.structured.request import plan
+
+    strict = {"type": "function", "function": {"name": "tags", "parameters": {
+        "type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}}}}
+    plain = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}
+    with pytest.raises(SchemaError, match="uniqueItems"):
+        plan(tools=[strict, plain], template_source=None, chat=True)
+    st = plan(tools=[strict, plain], tools_without_grammar=["tags"], template_source=None, chat=True)
+    assert st.tools[0]["function"]["parameters"]["properties"]["t"]["uniqueItems"] is True  # shown as it is
+    assert "uniqueItems" not in st.gbnf and '"\\"x\\""' in st.gbnf  # f's arguments are still enforced
+    assert st.marker == "<tool_call>"

@@ -9,32 +9,33 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ggufdesk.core.settings import SamplingSettings
-from ggufdesk.core.tools import GENERIC, CallStream
+from ggufdesk.core.toolcalls import CallStream
+from ggufdesk.core.tools import GENERIC
 from ggufdesk.engine.link import protocol as P
-from ggufdesk.server import structured
+from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import invalid, not_supported
-from ggufdesk.server.http import caller, event_stream, read_body, service, sse
+from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
 from ggufdesk.server.sampling import sampling_from
-from ggufdesk.server.schemas import (AnthropicBlock, AnthropicMessage, CountTokensRequest, MessagesRequest, parse,
-                                    system_first, text_of)
+from ggufdesk.server.schemas import (AnthropicBlock, AnthropicMessage, CountTokensRequest, MessagesRequest,
+                                     system_first, text_of)
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
-def sampling_for(svc: Service, req: MessagesRequest) -> SamplingSettings:
+def sampling_for(svc: Service, req: MessagesRequest, model: str) -> SamplingSettings:
     stop = [s for s in (req.stop_sequences or []) if s]
     if len(stop) > 16:
         raise invalid("stop_sequences: at most 16", param="stop_sequences")
-    return sampling_from(svc, max_tokens=req.max_tokens, stop=stop, temperature=req.temperature, top_p=req.top_p,
-                         top_k=req.top_k)
+    return sampling_from(svc, model, max_tokens=req.max_tokens, stop=stop, temperature=req.temperature,
+                         top_p=req.top_p, top_k=req.top_k)
 
 
 # Content blocks a model's earlier turn may hold that are not for the model to read again: its own
@@ -71,6 +72,7 @@ class _Parts:
 def _turn(i: int, m: AnthropicMessage) -> list[dict[str, Any]]:
     """One user or assistant turn of blocks: its tool results first (as tool messages), then the turn."""
     parts = _Parts()
+    assert not isinstance(m.content, str)  # (messages_of takes a plain string turn as it is)
     for j, b in enumerate(m.content):
         _read_block(parts, b, m.role, i, j)
     out = parts.results
@@ -143,24 +145,32 @@ def request_structured(req: MessagesRequest) -> dict[str, Any]:
     return {"json_schema": schema}
 
 
+async def messages_spec(svc: Service, req: MessagesRequest) -> GenSpec:
+    """The generation a Messages request asks for, checked (400s)."""
+    extra = await off_loop(request_structured, req)
+    model = svc.check_model(req.model)
+    return GenSpec(endpoint="messages", messages=messages_of(req), sampling=sampling_for(svc, req, model),
+                   structured=extra, reasoning=reasoning.anthropic_fields(req.thinking), model=model)
+
+
 async def messages(request: Request) -> Response:
     svc = service(request)
-    req: MessagesRequest = parse(MessagesRequest, await read_body(request, svc.config.max_body))
-    extra = request_structured(req)
-    model = svc.check_model(req.model)
-    spec = GenSpec(endpoint="messages", messages=messages_of(req), sampling=sampling_for(svc, req), structured=extra,
-                   model=model)
+    req = await parse_body(request, MessagesRequest)
+    spec = await messages_spec(svc, req)
     job = await svc.start(caller(request), spec, request.receive)
-    mid = f"msg_{uuid.uuid4().hex[:24]}"
+    mid, model = f"msg_{uuid.uuid4().hex[:24]}", spec.model
     if req.stream:
-        calls = CallStream(svc.pool_for(model).tool_format or GENERIC) if "tools" in extra else None
-        open_block: list[bool] = []  # the text block is open: a silent stream may send an empty delta
-        return event_stream(_stream(job, mid, model, calls, open_block), beat=lambda: BEAT if open_block else None)
+        calls = CallStream(job.pool.tool_format or GENERIC) if "tools" in spec.structured else None
+        reasons = bool(getattr(job.pool.loaded, "reasoning", None))
+        blocks = _Blocks()
+        return event_stream(_stream(job, mid, model, calls, reasons, blocks), beat=blocks.beat)
     await job.complete()
-    content = [{"type": "text", "text": "".join(job.text)}]
+    content: list[dict[str, Any]] = [{"type": "text", "text": "".join(job.text)}]
     if job.done is not None and job.done.tool_calls:
         content = ([{"type": "text", "text": job.done.content}] if job.done.content else []) + [
             structured.anthropic_tool_use(c) for c in job.done.tool_calls]
+    if job.reasoning:  # a thinking block first, as Anthropic's extended thinking
+        content.insert(0, {"type": "thinking", "thinking": "".join(job.reasoning), "signature": ""})
     return JSONResponse({
         "id": mid, "type": "message", "role": "assistant", "model": model,
         "content": content,
@@ -169,64 +179,115 @@ async def messages(request: Request) -> Response:
     })
 
 
-# What a silent stream sends (a long prompt being read): Claude Code gives up after 300 s without an
-# event its SDK passes on, and the SDK drops `ping`; an empty text delta is an event that adds nothing.
-BEAT = sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": ""}},
-           "content_block_delta")
+class _Blocks:
+    """Anthropic's content blocks as a stream opens them: thinking (if the model reasons), text, tool uses."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.kind: str | None = None  # the open block's type
+        self.texts = 0  # text blocks opened
+
+    def beat(self) -> str | None:
+        """What a silent stream sends (a long prompt being read): Claude Code gives up after 300 s without
+        an event its SDK passes on, and the SDK drops `ping`; an empty delta of the open block adds nothing.
+        None (an SSE comment) while no block is open."""
+        if self.kind == "text":
+            return self.delta({"type": "text_delta", "text": ""})
+        if self.kind == "thinking":
+            return self.delta({"type": "thinking_delta", "thinking": ""})
+        return None
+
+    def open(self, kind: str) -> Iterator[str]:
+        if self.kind == kind:
+            return
+        yield from self.close()
+        self.index += 1
+        self.kind = kind
+        self.texts += kind == "text"
+        block = ({"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking"
+                 else {"type": "text", "text": ""})
+        yield sse({"type": "content_block_start", "index": self.index, "content_block": block}, "content_block_start")
+
+    def close(self) -> Iterator[str]:
+        if self.kind is None:
+            return
+        if self.kind == "thinking":
+            yield self.delta({"type": "signature_delta", "signature": ""})
+        yield sse({"type": "content_block_stop", "index": self.index}, "content_block_stop")
+        self.kind = None
+
+    def delta(self, delta: dict[str, Any]) -> str:
+        return sse({"type": "content_block_delta", "index": self.index, "delta": delta}, "content_block_delta")
+
+    def token(self, ev: P.Token, calls: CallStream | None) -> Iterator[str]:
+        if ev.reasoning:
+            yield from self.open("thinking")
+            yield self.delta({"type": "thinking_delta", "thinking": ev.text})
+            return
+        text = calls.push(ev.text) if calls is not None else ev.text
+        if text:
+            yield from self.open("text")
+            yield self.delta({"type": "text_delta", "text": text})
+
+    def ending(self, job: Job, ev: P.Done, calls: CallStream | None) -> Iterator[str]:
+        """The rest of the text (what the answer returned whole says), the tool uses, the message's end."""
+        rest = calls.finish(ev.content or "" if ev.tool_calls else None) if calls is not None else ""
+        if rest or (not self.texts and not ev.tool_calls):  # an answer, if only an empty one
+            yield from self.open("text")
+        if rest:
+            yield self.delta({"type": "text_delta", "text": rest})
+        yield from self.close()
+        for call in ev.tool_calls:
+            use = structured.anthropic_tool_use(call)
+            self.index += 1
+            k = self.index
+            yield sse({"type": "content_block_start", "index": k, "content_block": {**use, "input": {}}},
+                      "content_block_start")
+            yield sse({"type": "content_block_delta", "index": k,
+                       "delta": {"type": "input_json_delta", "partial_json": json.dumps(use["input"])}},
+                      "content_block_delta")
+            yield sse({"type": "content_block_stop", "index": k}, "content_block_stop")
+        yield sse({"type": "message_delta",
+                   "delta": {"stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job)},
+                   "usage": usage(job.prompt_tokens, job.completion_tokens)},
+                  "message_delta")
+        yield sse({"type": "message_stop"}, "message_stop")
 
 
-async def _stream(job: Job, mid: str, model: str, calls: CallStream | None,
-                  open_block: list[bool] | None = None) -> AsyncIterator[str]:
-    """Anthropic's event sequence; with tools, call text is held back and each call becomes a
-    tool_use block (content_block_start + one input_json_delta + content_block_stop) at the end."""
+async def _stream(job: Job, mid: str, model: str, calls: CallStream | None, reasons: bool,
+                  blocks: _Blocks) -> AsyncIterator[str]:
+    """Anthropic's event sequence: a thinking block while the model reasons (`reasons`: it may), a text
+    block for the answer; with tools, call text is held back and each call becomes a tool_use block
+    (content_block_start + one input_json_delta + content_block_stop) at the end."""
     def message(usage_in: int) -> dict[str, Any]:
         return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
                 "stop_reason": None, "stop_sequence": None,
                 "usage": usage(usage_in, 0)}
 
     started = False
+    blocks = _Blocks()
     try:
         async for ev in job.events():
             if job.disconnected:
                 return  # nobody is reading: close() drains the rest
+            lines: Iterator[str] = iter(())
             if not started and not isinstance(ev, P.Error):
                 started = True
                 known = ev.n_prompt if isinstance(ev, P.Progress) and ev.n_prompt else job.prompt_tokens
                 yield sse({"type": "message_start", "message": message(known)}, "message_start")
-                yield sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-                          "content_block_start")
+                if not reasons:  # the text block at once, as Anthropic sends it
+                    for line in blocks.open("text"):
+                        yield line
                 yield sse({"type": "ping"}, "ping")
-                if open_block is not None:
-                    open_block.append(True)
             if isinstance(ev, P.Token) and ev.text:
-                text = calls.push(ev.text) if calls is not None else ev.text
-                if text:
-                    yield sse({"type": "content_block_delta", "index": 0,
-                               "delta": {"type": "text_delta", "text": text}}, "content_block_delta")
+                lines = blocks.token(ev, calls)
             elif isinstance(ev, P.Done):
-                if open_block is not None:
-                    open_block.clear()
-                rest = calls.finish()[0] if calls is not None and not ev.tool_calls else ""
-                if rest:
-                    yield sse({"type": "content_block_delta", "index": 0,
-                               "delta": {"type": "text_delta", "text": rest}}, "content_block_delta")
-                yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
-                for k, call in enumerate(ev.tool_calls, start=1):
-                    use = structured.anthropic_tool_use(call)
-                    yield sse({"type": "content_block_start", "index": k,
-                               "content_block": {**use, "input": {}}}, "content_block_start")
-                    yield sse({"type": "content_block_delta", "index": k,
-                               "delta": {"type": "input_json_delta", "partial_json": json.dumps(use["input"])}},
-                              "content_block_delta")
-                    yield sse({"type": "content_block_stop", "index": k}, "content_block_stop")
-                yield sse({"type": "message_delta",
-                           "delta": {"stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job)},
-                           "usage": usage(job.prompt_tokens, job.completion_tokens)},
-                          "message_delta")
-                yield sse({"type": "message_stop"}, "message_stop")
+                lines = blocks.ending(job, ev, calls)
             elif isinstance(ev, P.Error):
                 yield sse(engine_error(ev).anthropic(), "error")
                 return
+            for line in lines:
+                yield line
     finally:
         job.close()
 
@@ -234,8 +295,8 @@ async def _stream(job: Job, mid: str, model: str, calls: CallStream | None,
 async def count_tokens(request: Request) -> Response:
     """The prompt's tokens as a generation would see them: template, system text and tools included."""
     svc = service(request)
-    req: CountTokensRequest = parse(CountTokensRequest, await read_body(request, svc.config.max_body))
-    extra = structured.anthropic_tools(req.tools, req.tool_choice)
+    req = await parse_body(request, CountTokensRequest)
+    extra = await off_loop(structured.anthropic_tools, req.tools, req.tool_choice)
     model = svc.check_model(req.model)
     out = await svc.tokenize(model, messages=messages_of(req), tools=extra.get("tools"),
                              tool_choice=extra.get("tool_choice"))

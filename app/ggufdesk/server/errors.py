@@ -3,18 +3,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from starlette.responses import JSONResponse
+
 # Our error kinds -> (OpenAI type, Anthropic type).
 _TYPES = {
     400: ("invalid_request_error", "invalid_request_error"),
     401: ("invalid_request_error", "authentication_error"),
+    403: ("invalid_request_error", "permission_error"),
     404: ("invalid_request_error", "not_found_error"),
+    408: ("invalid_request_error", "invalid_request_error"),
     413: ("invalid_request_error", "request_too_large"),
+    415: ("invalid_request_error", "invalid_request_error"),
     429: ("rate_limit_error", "rate_limit_error"),
     500: ("server_error", "api_error"),
     501: ("not_supported_error", "api_error"),
     502: ("server_error", "api_error"),
-    403: ("invalid_request_error", "permission_error"),
     503: ("server_error", "overloaded_error"),
+    504: ("server_error", "timeout_error"),
 }
 
 
@@ -47,6 +52,40 @@ class ApiError(Exception):
     def anthropic(self) -> dict[str, Any]:
         kind = _TYPES.get(self.status, _TYPES[500])[1]
         return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+
+def is_anthropic(path: str) -> bool:
+    return path.startswith("/v1/messages")
+
+
+NATIVE_PATHS = ("/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots")
+
+
+def is_native(path: str) -> bool:
+    """A path of llama-server's own API (its native endpoints, and the OpenAI ones without /v1)."""
+    return path in NATIVE_PATHS or not path.startswith(("/v1/", "/api/"))
+
+
+def native_error(err: ApiError) -> dict[str, Any]:
+    """llama-server's error object (a prompt too long for the context: exceed_context_size_error, with sizes)."""
+    kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+             404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error"}
+    kind = "exceed_context_size_error" if err.code == "context_length_exceeded" else kinds.get(err.status,
+                                                                                              "server_error")
+    return {"error": {"code": err.status, "message": err.message, "type": kind, **err.extra}}
+
+
+def error_response(path: str, err: ApiError) -> JSONResponse:
+    """The error in the shape of the API the path belongs to."""
+    if is_anthropic(path):
+        body = err.anthropic()
+    elif path.startswith("/api/"):
+        body = err.ollama()
+    elif is_native(path):
+        body = native_error(err)
+    else:
+        body = err.openai()
+    return JSONResponse(body, status_code=err.status, headers=err.headers())
 
 
 def invalid(message: str, *, param: str | None = None, code: str | None = None) -> ApiError:

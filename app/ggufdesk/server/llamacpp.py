@@ -22,13 +22,12 @@ from starlette.routing import Route
 
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.server import structured
-from ggufdesk.server.errors import ApiError, invalid, not_supported
-from ggufdesk.server.http import caller, event_stream, read_body, service, sse
+from ggufdesk.server.errors import ApiError, invalid, native_error, not_supported
+from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
 from ggufdesk.server.sampling import sampling_from
-from ggufdesk.server.schemas import LlamaFields, SamplingFields, Strict, parse, stops, validate
+from ggufdesk.server.schemas import LlamaFields, SamplingFields, Strict, stops, validate
 from ggufdesk.server.service import GenSpec, Job, Service, complete_all, engine_error
 
-NATIVE_PATHS = ("/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots")
 # llama.cpp sampling options ggufdesk does not have, with the value that means "off"
 NEUTRAL: dict[str, Any] = {"mirostat": 0, "typical_p": 1.0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
                            "dynatemp_range": 0.0, "top_n_sigma": -1.0, "n_indent": 0, "t_max_predict_ms": 0,
@@ -36,20 +35,6 @@ NEUTRAL: dict[str, Any] = {"mirostat": 0, "typical_p": 1.0, "dry_multiplier": 0.
                            "presence_penalty": 0.0, "frequency_penalty": 0.0}
 MAX_PROMPTS = 64  # prompts in one /completion request (each is a request of its own)
 REFUSED = ("lora", "image_data", "multimodal_data", "samplers")
-
-
-def is_native(path: str) -> bool:
-    """A path of llama-server's own API (its native endpoints, and the OpenAI ones without /v1)."""
-    return path in NATIVE_PATHS or not path.startswith(("/v1/", "/api/"))
-
-
-def native_error(err: ApiError) -> dict[str, Any]:
-    """llama-server's error object (a prompt too long for the context: exceed_context_size_error, with sizes)."""
-    kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-             404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error"}
-    kind = "exceed_context_size_error" if err.code == "context_length_exceeded" else kinds.get(err.status,
-                                                                                              "server_error")
-    return {"error": {"code": err.status, "message": err.message, "type": kind, **err.extra}}
 
 
 def refuse_extensions(req: Any) -> None:
@@ -168,11 +153,11 @@ def prompts_of(prompt: str | list[Any]) -> list[str | list[int]]:
     return list(prompt)
 
 
-def settings_of(svc: Service, req: CompletionRequest) -> Any:
+def settings_of(svc: Service, req: CompletionRequest, model: str) -> Any:
     n = req.n_predict
     max_tokens = None if n is None else (1 << 20) if n < 0 else max(1, n)
     seed = None if req.seed is None else req.seed if 0 <= req.seed < 2**32 else -1
-    return sampling_from(svc, max_tokens=max_tokens, stop=stops(req.stop), temperature=req.temperature,
+    return sampling_from(svc, model, max_tokens=max_tokens, stop=stops(req.stop), temperature=req.temperature,
                          top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, repeat_penalty=req.repeat_penalty,
                          repeat_last_n=req.repeat_last_n, seed=seed)
 
@@ -225,17 +210,17 @@ def pick(body: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
 
 async def completion(request: Request) -> Response:
     svc = service(request)
-    req: CompletionRequest = parse(CompletionRequest, await read_body(request, svc.config.max_body))
+    req = await parse_body(request, CompletionRequest)
     refuse_extensions(req)
     model = svc.check_model(req.model)
     prompts = prompts_of(req.prompt)
     if len(prompts) > 1 and req.stream:
         raise not_supported("streaming several prompts at once")
-    extra = extension_structured(req)
+    extra = await off_loop(extension_structured, req)
     jobs = []
     try:
         for p in prompts:
-            spec = GenSpec(endpoint="completion", sampling=settings_of(svc, req), model=model, structured=extra,
+            spec = GenSpec(endpoint="completion", sampling=settings_of(svc, req, model), model=model, structured=extra,
                            logprobs=max(1, req.n_probs) if req.n_probs else 0,
                            **({"prompt": p} if isinstance(p, str) else {"prompt_tokens": p}))
             jobs.append(await svc.start(caller(request), spec, request.receive))
@@ -303,7 +288,7 @@ class TemplateRequest(Strict):
 
 async def tokenize(request: Request) -> Response:
     svc = service(request)
-    req: TokenizeRequest = parse(TokenizeRequest, await read_body(request, svc.config.max_body))
+    req = await parse_body(request, TokenizeRequest)
     out = await svc.tokenize(svc.model_id, text=req.content, add_special=req.add_special,
                              parse_special=req.parse_special, with_pieces=req.with_pieces)
     if req.with_pieces:
@@ -313,7 +298,7 @@ async def tokenize(request: Request) -> Response:
 
 async def detokenize(request: Request) -> Response:
     svc = service(request)
-    req: DetokenizeRequest = parse(DetokenizeRequest, await read_body(request, svc.config.max_body))
+    req = await parse_body(request, DetokenizeRequest)
     out = await svc.tokenize(svc.model_id, tokens=req.tokens)
     return JSONResponse({"content": out.text})
 
@@ -323,7 +308,7 @@ async def apply_template(request: Request) -> Response:
     from ggufdesk.server.schemas import ChatRequest
 
     svc = service(request)
-    req: TemplateRequest = parse(TemplateRequest, await read_body(request, svc.config.max_body))
+    req = await parse_body(request, TemplateRequest)
     msgs = chat_messages(validate(ChatRequest, {"model": "", "messages": req.messages}))
     tools = structured.openai_tools(req.tools, req.tool_choice, True) if req.tools else {}
     out = await svc.tokenize(svc.model_id, messages=msgs, tools=tools.get("tools"),

@@ -9,6 +9,7 @@ are accepted and ignored, as the server's own settings rule the loaded model.
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import datetime, timezone
 from typing import Any, AsyncIterator
@@ -19,14 +20,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ggufdesk.core.settings import SamplingSettings
-from ggufdesk.core.tools import GENERIC, CallStream
+from ggufdesk.core.toolcalls import CallStream
+from ggufdesk.core.tools import GENERIC
 from ggufdesk.engine.link import protocol as P
-from ggufdesk.server import structured
+from ggufdesk.server import reasoning, structured
 from ggufdesk.server.embeddings import MAX_INPUTS
 from ggufdesk.server.errors import ApiError, invalid, not_supported
-from ggufdesk.server.http import caller, read_body, service
+from ggufdesk.server.http import caller, off_loop, parse_body, service
 from ggufdesk.server.sampling import sampling_from
-from ggufdesk.server.schemas import Strict, parse
+from ggufdesk.server.schemas import Strict
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
 API_VERSION = "0.13.5"  # the Ollama API these routes follow (clients check a minimum version)
@@ -77,7 +79,7 @@ class Message(Strict):
     tool_calls: list[ToolCall] | None = None
     tool_name: str | None = None
     tool_call_id: str | None = None
-    thinking: str | None = None  # (accepted; the model's earlier reasoning is not read back)
+    thinking: str | None = None  # an assistant's earlier reasoning (templates that know it render it)
 
 
 class Base(Strict):
@@ -86,7 +88,7 @@ class Base(Strict):
     options: Options | None = None
     format: str | dict[str, Any] | None = None
     keep_alive: str | int | float | None = None
-    think: bool | str | None = None  # accepted; reasoning comes with the models that reason
+    think: bool | str | None = None  # a reasoning model: think or not, or how hard ("low"|"medium"|"high")
 
 
 class ChatRequest(Base):
@@ -141,7 +143,7 @@ def ollama_name(model_id: str) -> str:
     return model_id if ":" in model_id else f"{model_id}:latest"
 
 
-def sampling_for(svc: Service, opts: Options | None) -> SamplingSettings:
+def sampling_for(svc: Service, opts: Options | None, model: str) -> SamplingSettings:
     o = opts or Options()
     for name, neutral in UNSUPPORTED_OPTIONS.items():
         value = getattr(o, name, None)
@@ -154,9 +156,38 @@ def sampling_for(svc: Service, opts: Options | None) -> SamplingSettings:
     n = o.num_predict
     max_tokens = None if n is None else (1 << 20) if n < 0 else max(1, n)  # -1: until done, -2: fill the context
     seed = None if o.seed is None else o.seed if 0 <= o.seed < 2**32 else -1  # Ollama: a negative seed is random
-    return sampling_from(svc, max_tokens=max_tokens, stop=stop, temperature=o.temperature, top_p=o.top_p,
+    return sampling_from(svc, model, max_tokens=max_tokens, stop=stop, temperature=o.temperature, top_p=o.top_p,
                          top_k=o.top_k, min_p=o.min_p, repeat_penalty=o.repeat_penalty,
                          repeat_last_n=o.repeat_last_n, seed=seed)
+
+
+DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)?$")
+UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_seconds(value: str | int | float | None) -> float | None:
+    """Ollama's keep_alive: a number of seconds or a duration ("5m", "1h30m" is not taken: one unit),
+    0 = unload now, negative = keep loaded; None = the server's --idle-unload."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    m = DURATION.match(str(value).strip())
+    if m is None:
+        raise invalid(f"keep_alive must be a number of seconds or a duration such as \"5m\", not {str(value)[:20]!r}",
+                      param="keep_alive")
+    return float(m[1]) * UNITS[m[2] or "s"]
+
+
+async def load_or_unload(svc: Service, model: str, keep_alive: str | int | float | None) -> str:
+    """A request with nothing to answer: load the model (keep_alive: how long it stays), or unload it
+    (keep_alive 0). Returns Ollama's done_reason."""
+    seconds = keep_alive_seconds(keep_alive)
+    if seconds == 0:
+        await svc.unload_model(model)
+        return "unload"
+    await svc.load_model(model, seconds)
+    return "load"
 
 
 def format_fields(fmt: str | dict[str, Any] | None) -> dict[str, Any]:
@@ -181,6 +212,8 @@ def chat_messages(msgs: list[Message]) -> list[dict[str, Any]]:
         if m.role not in ("system", "user", "assistant", "tool"):
             raise invalid(f"messages[{i}].role must be system, user, assistant or tool", param="messages")
         msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        if m.role == "assistant" and m.thinking:
+            msg["reasoning_content"] = m.thinking
         if m.role == "assistant" and m.tool_calls:
             msg["tool_calls"] = _calls(i, m.tool_calls)
             pending += [(c["id"], c["function"]["name"]) for c in msg["tool_calls"]]
@@ -246,43 +279,55 @@ def check_model(svc: Service, name: str) -> str:
 # ---- chat and generate ----------------------------------------------------------------------------
 
 
-async def chat(request: Request) -> Response:
-    svc = service(request)
-    req: ChatRequest = parse(ChatRequest, await read_body(request, svc.config.max_body))
-    model = check_model(svc, req.model)
-    if not req.messages:  # Ollama's "load the model" request
-        return JSONResponse({"model": req.model, "created_at": now_rfc3339(),
-                             "message": {"role": "assistant", "content": ""}, "done_reason": "load", "done": True})
+def chat_spec(svc: Service, req: ChatRequest, model: str) -> GenSpec:
+    """The generation an /api/chat request asks for, checked (400s)."""
     extra = format_fields(req.format)
     tools = structured.openai_tools(req.tools, None, True) if req.tools else {}
     if extra and tools:
         raise invalid("use format or tools, not both", param="format")
-    spec = GenSpec(endpoint="ollama_chat", messages=chat_messages(req.messages),
-                   sampling=sampling_for(svc, req.options), structured=extra or tools, model=model)
-    return await _answer(request, svc, req, spec, chat=True)
+    return GenSpec(endpoint="ollama_chat", messages=chat_messages(req.messages),
+                   sampling=sampling_for(svc, req.options, model), structured=extra or tools,
+                   reasoning=reasoning.openai_fields(think=req.think), model=model)
 
 
-async def generate(request: Request) -> Response:
-    svc = service(request)
-    req: GenerateRequest = parse(GenerateRequest, await read_body(request, svc.config.max_body))
-    model = check_model(svc, req.model)
+def generate_spec(svc: Service, req: GenerateRequest, model: str) -> GenSpec:
+    """The generation an /api/generate request asks for, checked (400s)."""
     for name, value in (("images", req.images), ("suffix", req.suffix), ("template", req.template),
                         ("context", req.context)):
         if value:
             raise not_supported(f"{name} (send the conversation to /api/chat)" if name == "context" else name)
-    if not req.prompt and not req.system:  # "load the model"
-        return JSONResponse({"model": req.model, "created_at": now_rfc3339(), "response": "", "done": True,
-                             "done_reason": "load"})
-    sampling = sampling_for(svc, req.options)
+    sampling = sampling_for(svc, req.options, model)
     extra = format_fields(req.format)
+    think = reasoning.openai_fields(think=req.think)
     if req.raw:
-        spec = GenSpec(endpoint="ollama_generate", prompt=(req.system or "") + req.prompt, sampling=sampling,
+        return GenSpec(endpoint="ollama_generate", prompt=(req.system or "") + req.prompt, sampling=sampling,
                        structured=extra, model=model)
-    else:
-        msgs = ([{"role": "system", "content": req.system}] if req.system else []) + [
-            {"role": "user", "content": req.prompt}]
-        spec = GenSpec(endpoint="ollama_generate", messages=msgs, sampling=sampling, structured=extra, model=model)
-    return await _answer(request, svc, req, spec, chat=False)
+    msgs = ([{"role": "system", "content": req.system}] if req.system else []) + [
+        {"role": "user", "content": req.prompt}]
+    return GenSpec(endpoint="ollama_generate", messages=msgs, sampling=sampling, structured=extra,
+                   reasoning=think, model=model)
+
+
+async def chat(request: Request) -> Response:
+    svc = service(request)
+    req = await parse_body(request, ChatRequest)
+    model = check_model(svc, req.model)
+    if not req.messages:  # Ollama's "load the model" (or, with keep_alive 0, "unload it") request
+        why = await load_or_unload(svc, model, req.keep_alive)
+        return JSONResponse({"model": req.model, "created_at": now_rfc3339(),
+                             "message": {"role": "assistant", "content": ""}, "done_reason": why, "done": True})
+    return await _answer(request, svc, req, await off_loop(chat_spec, svc, req, model), chat=True)
+
+
+async def generate(request: Request) -> Response:
+    svc = service(request)
+    req = await parse_body(request, GenerateRequest)
+    model = check_model(svc, req.model)
+    if not req.prompt and not req.system:  # "load the model" (keep_alive 0: "unload it")
+        why = await load_or_unload(svc, model, req.keep_alive)
+        return JSONResponse({"model": req.model, "created_at": now_rfc3339(), "response": "", "done": True,
+                             "done_reason": why})
+    return await _answer(request, svc, req, await off_loop(generate_spec, svc, req, model), chat=False)
 
 
 async def _answer(request: Request, svc: Service, req: ChatRequest | GenerateRequest, spec: GenSpec, *,
@@ -300,24 +345,29 @@ async def _answer(request: Request, svc: Service, req: ChatRequest | GenerateReq
         if job.done is not None and job.done.tool_calls:
             message = {"role": "assistant", "content": job.done.content or "",
                        "tool_calls": ollama_calls(job.done.tool_calls)}
+        if job.reasoning:
+            message["thinking"] = "".join(job.reasoning)
         body = {**head, "message": message}
     else:
-        body = {**head, "response": text}
+        body = {**head, "response": text, **({"thinking": "".join(job.reasoning)} if job.reasoning else {})}
     return JSONResponse({**body, "done_reason": done_reason(job), "done": True, **durations(job, t0)})
 
 
 async def _stream(job: Job, name: str, t0: float, *, chat: bool, calls: CallStream | None) -> AsyncIterator[dict]:
-    def piece(text: str) -> dict[str, Any]:
+    def piece(text: str, thinking: str = "") -> dict[str, Any]:
         head = {"model": name, "created_at": now_rfc3339()}
+        more = {"thinking": thinking} if thinking else {}
         if chat:
-            return {**head, "message": {"role": "assistant", "content": text}, "done": False}
-        return {**head, "response": text, "done": False}
+            return {**head, "message": {"role": "assistant", "content": text, **more}, "done": False}
+        return {**head, "response": text, **more, "done": False}
 
     try:
         async for ev in job.events():
             if job.disconnected:
                 return
-            if isinstance(ev, P.Token):
+            if isinstance(ev, P.Token) and ev.reasoning:
+                yield piece("", ev.text)
+            elif isinstance(ev, P.Token):
                 text = calls.push(ev.text) if calls is not None else ev.text
                 if text:
                     yield piece(text)
@@ -325,7 +375,7 @@ async def _stream(job: Job, name: str, t0: float, *, chat: bool, calls: CallStre
                 if ev.tool_calls:
                     yield {**piece(""), "message": {"role": "assistant", "content": "",
                                                      "tool_calls": ollama_calls(ev.tool_calls)}}
-                elif calls is not None and (rest := calls.finish()[0]):
+                elif calls is not None and (rest := calls.finish()):
                     yield piece(rest)
                 yield {**piece(""), "done_reason": done_reason(job), "done": True, **durations(job, t0)}
             elif isinstance(ev, P.Error):
@@ -340,7 +390,7 @@ async def _stream(job: Job, name: str, t0: float, *, chat: bool, calls: CallStre
 
 async def embed(request: Request) -> Response:
     svc = service(request)
-    req: EmbedRequest = parse(EmbedRequest, await read_body(request, svc.config.max_body))
+    req = await parse_body(request, EmbedRequest)
     model = check_model(svc, req.model)
     inputs: list[str | list[int]] = [req.input] if isinstance(req.input, str) else list(req.input)
     if not inputs or len(inputs) > MAX_INPUTS or not all(inputs):
@@ -359,7 +409,7 @@ async def embed(request: Request) -> Response:
 async def embeddings(request: Request) -> Response:
     """The older /api/embeddings: one prompt, one `embedding`."""
     svc = service(request)
-    req: LegacyEmbedRequest = parse(LegacyEmbedRequest, await read_body(request, svc.config.max_body))
+    req = await parse_body(request, LegacyEmbedRequest)
     model = check_model(svc, req.model)
     if not req.prompt:
         return JSONResponse({"embedding": []})  # what Ollama answers for an empty prompt
@@ -381,6 +431,14 @@ def modified_at(m: dict[str, Any]) -> str:
     return datetime.fromtimestamp(m["modified"], timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def expires_at(m: dict[str, Any]) -> str:
+    """When a loaded model will be unloaded if left idle (Ollama's FOREVER when never)."""
+    when = m.get("expires_at")
+    if not when:
+        return FOREVER
+    return datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 async def version(request: Request) -> Response:
     return JSONResponse({"version": API_VERSION})
 
@@ -400,14 +458,14 @@ async def ps(request: Request) -> Response:
         mem = m.get("memory") or {}
         size = sum(v for k, v in mem.items() if k != "gpu") or m["size_bytes"]
         models.append({"name": ollama_name(m["id"]), "model": ollama_name(m["id"]), "size": size,
-                       "digest": m["digest"], "details": details(m), "expires_at": FOREVER,
+                       "digest": m["digest"], "details": details(m), "expires_at": expires_at(m),
                        "size_vram": int(mem.get("gpu", 0)), "context_length": m.get("n_ctx", 0)})
     return JSONResponse({"models": models})
 
 
 async def show(request: Request) -> Response:
     svc = service(request)
-    req: ModelRequest = parse(ModelRequest, await read_body(request, svc.config.max_body))
+    req = await parse_body(request, ModelRequest)
     model = check_model(svc, req.which)
     m = next(x for x in svc.models() if x["id"] == model)
     s = svc.config.sampling

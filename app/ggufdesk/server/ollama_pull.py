@@ -23,9 +23,9 @@ from starlette.routing import Route
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.server.errors import ApiError, invalid
-from ggufdesk.server.http import read_body, service
+from ggufdesk.server.http import parse_body, service
 from ggufdesk.server.ollama import ModelRequest
-from ggufdesk.server.schemas import Strict, parse
+from ggufdesk.server.schemas import Strict
 
 log = logging.getLogger("ggufdesk.server")
 HF_NAME = re.compile(r"^(?:https?://)?(?:hf\.co|huggingface\.co)/([\w.-]+/[\w.-]+)(?::([\w.-]+))?$", re.I)
@@ -67,8 +67,7 @@ def choose(repo: str, quant: str) -> Any:
 
 
 async def pull(request: Request) -> Response:
-    svc = service(request)
-    req: PullRequest = parse(PullRequest, await read_body(request, svc.config.max_body))
+    req = await parse_body(request, PullRequest)
     repo, quant = parse_name(req.model or req.name or "")
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
@@ -134,7 +133,7 @@ async def delete(request: Request) -> Response:
     from ggufdesk.core import library
 
     svc = service(request)
-    req: ModelRequest = parse(ModelRequest, await read_body(request, svc.config.max_body))
+    req = await parse_body(request, ModelRequest)
     name = req.which.removesuffix(":latest")
     hit = library.find(name, await asyncio.to_thread(library.entries)) if name else None
     if hit is None:

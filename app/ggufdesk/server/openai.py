@@ -17,27 +17,28 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ggufdesk import __version__
-from ggufdesk.core.tools import GENERIC, CallStream
+from ggufdesk.core.toolcalls import CallStream
+from ggufdesk.core.tools import GENERIC
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
-from ggufdesk.server import structured
+from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import ApiError, invalid, not_supported
-from ggufdesk.server.http import caller, event_stream, read_body, service, sse
+from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
 from ggufdesk.server.llamacpp import extension_structured, progress, refuse_extensions, timings
 from ggufdesk.server.sampling import sampling_from
-from ggufdesk.server.schemas import (ChatRequest, CompletionRequest, SamplingFields, parse, refuse_unsupported,
-                                     stops, text_of)
+from ggufdesk.server.schemas import ChatRequest, CompletionRequest, SamplingFields, refuse_unsupported, stops, text_of
 from ggufdesk.server.service import GenSpec, Job, Service, complete_all, engine_error
 
-def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None) -> SamplingSettings:
-    return sampling_from(svc, max_tokens=max_tokens, stop=stops(req.stop), temperature=req.temperature,
+
+def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None, model: str) -> SamplingSettings:
+    return sampling_from(svc, model, max_tokens=max_tokens, stop=stops(req.stop), temperature=req.temperature,
                          top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, repeat_penalty=req.repeat_penalty,
                          seed=req.seed)
 
 
-def want_logprobs(svc: Service, n: int) -> int:
+def want_logprobs(svc: Service, model: str, n: int) -> int:
     """top-N for the engine (N >= 1 so the chosen token's own logprob comes back)."""
-    if not svc.pool.logprobs_supported:
+    if not svc.pool_for(model).logprobs_supported:
         raise not_supported("logprobs (needs the batched engine)")
     return max(1, n)
 
@@ -110,13 +111,20 @@ def completion_logprobs(items: list[dict[str, Any]], top: int, offset: int) -> d
 # ---- routes -----------------------------------------------------------------------------------
 
 
+LISTING_SKIPS = ("id", "metadata", "chat_template")  # /api/show's business: kilobytes per model
+
+
 async def models(request: Request) -> Response:
+    """Every servable model; beside OpenAI's fields, llama-server's router `status` and ours (loaded,
+    memory, expiry: what `ggufdesk ps` shows)."""
     svc = service(request)
     return JSONResponse({"object": "list", "data": [
-        {"id": m["id"], "object": "model", "created": svc.created, "owned_by": "ggufdesk"} for m in svc.models()]})
+        {"id": m["id"], "object": "model", "created": svc.created, "owned_by": "ggufdesk",
+         "status": {"value": m["state"]}, **{k: v for k, v in m.items() if k not in LISTING_SKIPS}}
+        for m in svc.models()]})
 
 
-def chat_spec(svc: Service, req: ChatRequest) -> tuple[GenSpec, int]:
+async def chat_spec(svc: Service, req: ChatRequest) -> tuple[GenSpec, int]:
     """The generation a chat request asks for, checked (400s), and its top-N logprobs (0: none)."""
     refuse_unsupported(req)
     refuse_extensions(req)
@@ -125,28 +133,30 @@ def chat_spec(svc: Service, req: ChatRequest) -> tuple[GenSpec, int]:
                       param="continue_final_message")
     if req.n > 1 and req.stream:
         raise not_supported("n other than 1 when streaming")
-    extra = chat_structured(req)
+    extra = await off_loop(chat_structured, req)
     model = svc.check_model(req.model)
     top = req.top_logprobs or req.n_probs or 0
-    lp = want_logprobs(svc, top) if req.logprobs or req.n_probs else 0
-    sampling = sampling_for(svc, req, req.max_completion_tokens or req.max_tokens or positive(req.n_predict))
+    lp = want_logprobs(svc, model, top) if req.logprobs or req.n_probs else 0
+    sampling = sampling_for(svc, req, req.max_completion_tokens or req.max_tokens or positive(req.n_predict), model)
+    think = reasoning.openai_fields(effort=req.reasoning_effort, template_kwargs=req.chat_template_kwargs,
+                                    budget=req.reasoning_budget, think=req.think)
     return GenSpec(endpoint="chat", messages=chat_messages(req), sampling=sampling, logprobs=lp, structured=extra,
-                   model=model), top
+                   reasoning=think, model=model), top
 
 
 async def chat_completions(request: Request) -> Response:
     svc = service(request)
-    req: ChatRequest = parse(ChatRequest, await read_body(request, svc.config.max_body))
-    spec, top = chat_spec(svc, req)
+    req = await parse_body(request, ChatRequest)
+    spec, top = await chat_spec(svc, req)
     model, extra, lp = spec.model, spec.structured, spec.logprobs
     verbose = await verbose_prompt(svc, spec) if req.verbose else {}
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     head = _chunk_head(cid, "chat.completion.chunk", created, model, fingerprint(svc))
     if req.stream:
         job = await svc.start(caller(request), spec, request.receive)
-        usage = bool(req.stream_options and req.stream_options.include_usage)
-        calls = CallStream(svc.pool_for(model).tool_format or GENERIC) if "tools" in extra else None
-        return event_stream(_chat_stream(job, head, top if lp else None, usage, calls, Extras.of(req)))
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        calls = CallStream(job.pool.tool_format or GENERIC) if "tools" in extra else None
+        return event_stream(_chat_stream(job, head, top if lp else None, include_usage, calls, Extras.of(req)))
     jobs = await _collect_n(svc, request, spec, req.n)
     choices = [_chat_choice(i, job, top if lp else None) for i, job in enumerate(jobs)]
     usage = jobs[0].usage()
@@ -176,6 +186,8 @@ def _chat_choice(index: int, job: Job, top: int | None) -> dict[str, Any]:
     if job.done is not None and job.done.tool_calls:
         message = {"role": "assistant", "content": job.done.content or None,
                    "tool_calls": openai_calls(job.done.tool_calls)}
+    if job.reasoning:  # as llama-server and DeepSeek: the thinking beside the answer
+        message["reasoning_content"] = "".join(job.reasoning)
     return {"index": index, "message": message, "logprobs": chat_logprobs(job.logprobs, top) if top is not None
             else None, "finish_reason": job.finish_reason}
 
@@ -207,18 +219,21 @@ def _chat_stream(job: Job, head: dict[str, Any], top: int | None, include_usage:
     def lines(ev: P.Event) -> Iterator[str]:
         if isinstance(ev, P.Token):
             lps = getattr(ev, "logprobs", None)
+            lp = chat_logprobs(lps, top) if top is not None and lps else None
+            if ev.reasoning:
+                yield chunk({"reasoning_content": ev.text}, logprobs=lp)
+                return
             text = calls.push(ev.text) if calls is not None else ev.text
             if text or lps:
-                yield chunk({"content": text},
-                            logprobs=chat_logprobs(lps, top) if top is not None and lps else None)
+                yield chunk({"content": text}, logprobs=lp)
         elif isinstance(ev, P.Done):
+            if calls is not None:  # the rest of what the answer returned whole says (issue 34, finding 8)
+                rest = calls.finish(ev.content or "" if ev.tool_calls else None)
+                if rest:
+                    yield chunk({"content": rest})
             if ev.tool_calls:
                 deltas = [{"index": i, **c} for i, c in enumerate(openai_calls(ev.tool_calls))]
                 yield chunk({"tool_calls": deltas})
-            elif calls is not None:
-                rest = calls.finish()[0]
-                if rest:
-                    yield chunk({"content": rest})
             yield chunk({}, job.finish_reason)
 
     return _framed(job, head, include_usage, chunk({"role": "assistant", "content": ""}), lines, extras)
@@ -226,7 +241,7 @@ def _chat_stream(job: Job, head: dict[str, Any], top: int | None, include_usage:
 
 async def completions(request: Request) -> Response:
     svc = service(request)
-    req: CompletionRequest = parse(CompletionRequest, await read_body(request, svc.config.max_body))
+    req = await parse_body(request, CompletionRequest)
     refuse_unsupported(req)
     refuse_extensions(req)
     if req.n != 1:
@@ -244,11 +259,11 @@ async def completions(request: Request) -> Response:
         prompt = prompt[0]
     model = svc.check_model(req.model)
     top = req.logprobs if req.logprobs is not None else req.n_probs
-    lp = want_logprobs(svc, top) if top is not None else 0
+    lp = want_logprobs(svc, model, top) if top is not None else 0
     max_tokens = positive(req.n_predict) if req.n_predict is not None and "max_tokens" not in req.model_fields_set \
         else req.max_tokens
-    spec = GenSpec(endpoint="completions", prompt=prompt, sampling=sampling_for(svc, req, max_tokens),
-                   logprobs=lp, structured=extension_structured(req), model=model)
+    spec = GenSpec(endpoint="completions", prompt=prompt, sampling=sampling_for(svc, req, max_tokens, model),
+                   logprobs=lp, structured=await off_loop(extension_structured, req), model=model)
     job = await svc.start(caller(request), spec, request.receive)
     cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     head = _chunk_head(cid, "text_completion", created, model, fingerprint(svc))
@@ -331,7 +346,7 @@ def _stream_end(head: dict[str, Any], job: Job, include_usage: bool) -> Iterator
 async def input_tokens(request: Request) -> Response:
     """llama-server's /chat/completions/input_tokens: the prompt's tokens for these messages and tools."""
     svc = service(request)
-    req: ChatRequest = parse(ChatRequest, await read_body(request, svc.config.max_body))
+    req = await parse_body(request, ChatRequest)
     tools = structured.openai_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
     model = svc.check_model(req.model)
     out = await svc.tokenize(model, messages=chat_messages(req), tools=tools.get("tools"),

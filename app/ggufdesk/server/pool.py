@@ -31,15 +31,16 @@ class EnginePool:
     """
 
     def __init__(self, *, model: str, load: LoadSettings, speculation: SpeculationSettings | None = None,
-                 client_factory: Callable[..., Any] = default_client) -> None:
+                 client_factory: Callable[..., Any] = default_client, model_id: str | None = None) -> None:
         self.model = model
-        self.model_id = os.path.splitext(os.path.basename(model))[0]
+        self.model_id = model_id or os.path.splitext(os.path.basename(model))[0]
         self.load_settings = load
         self.speculation = speculation or SpeculationSettings()
         self.state = "starting"
         self.error: str | None = None
         self.loaded: P.Loaded | None = None
         self.status: dict[str, Any] = {}  # the engine's latest Status event, when it sends them
+        self.stage = ""  # while loading: "starting" (the process), then the engine's Loading stage
         self.tool_format: Any = None  # core.tools.ToolFormat the engine uses for this model's calls
         self._client = client_factory(on_event=self._on_event)
         self._routes: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -53,10 +54,11 @@ class EnginePool:
 
     def start(self) -> None:
         """Spawn the engine and load the model (blocking: run it on a thread). Raises KnownError."""
+        self.stage = "starting"
         self._set_state("loading")
-        from ggufdesk.server.structured import tool_format
+        from ggufdesk.core.tools import model_format
 
-        self.tool_format = tool_format(self.model, self.load_settings.chat_template)
+        self.tool_format = model_format(self.model, self.load_settings.chat_template)
         try:
             self._client.start()
             self._client.load(self.model, settings=self.load_settings, speculation=self.speculation)
@@ -83,6 +85,15 @@ class EnginePool:
                 self.on_state(state)
             except Exception:
                 log.exception("state listener failed")
+
+    def health(self) -> tuple[str, str | None]:
+        """(state, error) as /health tells them: a client that lost a thread is failed even before
+        any event says so (issue 34: /health said ok while every request got 503)."""
+        problem = getattr(self._client, "problem", None)
+        why = problem() if callable(problem) else None
+        if why:
+            return "failed", why
+        return self.state, self.error
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         return self._ready.wait(timeout)
@@ -133,7 +144,10 @@ class EnginePool:
     def _on_event(self, event: Any) -> None:
         if isinstance(event, P.Loaded):
             self.loaded = event
+            self.stage = ""
             self._set_state("ready")
+        elif isinstance(event, P.Loading):
+            self.stage = event.stage
         elif isinstance(event, P.Status):
             self.status = P.fields_of(event)
         elif isinstance(event, P.Lifecycle):

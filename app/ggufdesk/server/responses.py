@@ -2,7 +2,9 @@
 
 What Codex and the openai SDK send: `instructions`, string or item `input` (messages, function_call,
 function_call_output; reasoning items are skipped), function tools with tool_choice, text.format
-(json_object, json_schema), max_output_tokens, `reasoning` (accepted). Built-in tool types we do not
+(json_object, json_schema), max_output_tokens, `reasoning.effort` (a reasoning model's thinking comes
+back as a reasoning item with reasoning_text content, streamed as response.reasoning_text.delta, as
+gpt-oss on OpenAI's own servers answers). Built-in tool types we do not
 have (web_search, file_search, namespace, custom...) are ignored and named in the response header
 `X-Ggufdesk-Ignored-Tools`. previous_response_id continues a stored response: responses are kept in
 memory, per server run, newest RESPONSE_STORE of them (`store: false` keeps none).
@@ -21,14 +23,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ggufdesk.core.tools import GENERIC, CallStream
+from ggufdesk.core.toolcalls import CallStream
+from ggufdesk.core.tools import GENERIC
 from ggufdesk.engine.link import protocol as P
-from ggufdesk.server import structured
+from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import ApiError, invalid, not_supported
-from ggufdesk.server.http import caller, event_stream, read_body, service, sse
+from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
 from ggufdesk.server.sampling import sampling_from
-from ggufdesk.server.schemas import Strict, parse, system_first
-from ggufdesk.server.service import GenSpec, Job, engine_error
+from ggufdesk.server.schemas import Strict, system_first
+from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
 log = logging.getLogger("ggufdesk.server")
 RESPONSE_STORE = 256  # responses kept for previous_response_id and GET, oldest forgotten first
@@ -49,7 +52,7 @@ class ResponsesRequest(Strict):
     temperature: float | int | None = Field(None, ge=0, le=2)
     top_p: float | int | None = Field(None, ge=0, le=1)
     text: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None  # accepted; reasoning comes with the models that reason
+    reasoning: dict[str, Any] | None = None  # {"effort": none|minimal|low|medium|high, "summary": ...}
     metadata: dict[str, str] | None = None
     user: str | None = None
     truncation: Literal["auto", "disabled"] | None = None
@@ -188,6 +191,11 @@ def _ids() -> tuple[str, str]:
     return f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
 
 
+def reasoning_item(rsid: str, text: str, status: str = "completed") -> dict[str, Any]:
+    return {"type": "reasoning", "id": rsid, "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
 def message_item(mid: str, text: str, status: str = "completed") -> dict[str, Any]:
     return {"type": "message", "id": mid, "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
@@ -213,8 +221,9 @@ class Draft:
         usage = None
         if job is not None and status != "in_progress":
             p, c = job.prompt_tokens, job.completion_tokens
-            usage = {"input_tokens": p, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": c,
-                     "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": p + c}
+            cached = job.stats.n_reused if job.stats is not None else 0
+            usage = {"input_tokens": p, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": c,
+                     "output_tokens_details": {"reasoning_tokens": job.reasoning_tokens or 0}, "total_tokens": p + c}
         return {
             "id": self.rid, "object": "response", "created_at": self.created, "status": status,
             "error": error, "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
@@ -231,10 +240,11 @@ class Draft:
 
 def final_output(job: Job, mid: str) -> list[dict[str, Any]]:
     done = job.done
+    thought = [reasoning_item("rs_" + mid.removeprefix("msg_"), "".join(job.reasoning))] if job.reasoning else []
     if done is not None and done.tool_calls:
         head = [message_item(mid, done.content)] if done.content else []
-        return head + [call_item(c) for c in done.tool_calls]
-    return [message_item(mid, "".join(job.text))]
+        return thought + head + [call_item(c) for c in done.tool_calls]
+    return thought + [message_item(mid, "".join(job.text))]
 
 
 def status_of(job: Job) -> str:
@@ -255,9 +265,29 @@ def remember(store: ResponseStore, draft: Draft, body: dict[str, Any], history: 
 # ---- routes -------------------------------------------------------------------------------------------
 
 
+def responses_spec(svc: Service, req: ResponsesRequest, model: str,
+                   history: list[dict[str, Any]]) -> tuple[GenSpec, dict[str, Any], list[str]]:
+    """The generation a Responses request asks for, checked (400s), given the stored conversation it
+    continues; with its tool fields and the built-in tool types left out."""
+    history += input_messages(req.input)
+    if not any(m["role"] in ("user", "tool", "assistant") for m in history):
+        raise invalid("input must hold at least one message", param="input")
+    tools, ignored = tool_fields(req.tools, req.tool_choice, req.parallel_tool_calls)
+    fmt = text_format(req.text)
+    if tools and fmt:
+        raise invalid("use text.format or tools, not both", param="text")
+    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    sampling = sampling_from(svc, model, max_tokens=req.max_output_tokens, temperature=req.temperature,
+                             top_p=req.top_p)
+    think = reasoning.openai_fields(effort=(req.reasoning or {}).get("effort"))
+    spec = GenSpec(endpoint="responses", messages=system_first(system + history), sampling=sampling,
+                   structured=tools or fmt, reasoning=think, model=model)
+    return spec, tools, ignored
+
+
 async def create(request: Request) -> Response:
     svc = service(request)
-    req: ResponsesRequest = parse(ResponsesRequest, await read_body(request, svc.config.max_body))
+    req = await parse_body(request, ResponsesRequest)
     model = svc.check_model(req.model)
     history: list[dict[str, Any]] = []
     if req.previous_response_id:
@@ -267,24 +297,14 @@ async def create(request: Request) -> Response:
                                 f"in memory, the newest {RESPONSE_STORE}, until the server stops)",
                            code="previous_response_not_found", param="previous_response_id", reason="invalid")
         history = list(prev.history)
-    history += input_messages(req.input)
-    if not any(m["role"] in ("user", "tool", "assistant") for m in history):
-        raise invalid("input must hold at least one message", param="input")
-    tools, ignored = tool_fields(req.tools, req.tool_choice, req.parallel_tool_calls)
-    fmt = text_format(req.text)
-    if tools and fmt:
-        raise invalid("use text.format or tools, not both", param="text")
+    spec, tools, ignored = await off_loop(responses_spec, svc, req, model, history)
     if ignored:
         log.info("responses: ignoring tools of types %s (not available here)", ", ".join(sorted(set(ignored))))
-    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    sampling = sampling_from(svc, max_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p)
-    spec = GenSpec(endpoint="responses", messages=system_first(system + history), sampling=sampling,
-                   structured=tools or fmt, model=model)
     job = await svc.start(caller(request), spec, request.receive)
     rid, mid = _ids()
     draft = Draft(rid=rid, model=model, req=req)
     headers = {"X-Ggufdesk-Ignored-Tools": ", ".join(sorted(set(ignored)))} if ignored else {}
-    calls = CallStream(svc.pool_for(model).tool_format or GENERIC) if "tools" in tools else None
+    calls = CallStream(job.pool.tool_format or GENERIC) if "tools" in tools else None
     if req.stream:
         # a silent stream (a long prompt being read) repeats response.in_progress: Codex, like Claude Code,
         # gives up on a stream after 300 s without an event
@@ -311,14 +331,29 @@ class Sequencer:
 
 
 class Output:
-    """The output items of one streamed response as its events say them: a message item opened at
-    its first text, closed before the calls; a function_call item per call."""
+    """The output items of one streamed response as its events say them: a reasoning item while a
+    reasoning model thinks, a message item opened at its first text, closed before the calls; a
+    function_call item per call."""
 
     def __init__(self, ev: Any, mid: str) -> None:
         self.ev, self.mid = ev, mid
+        self.rsid = "rs_" + mid.removeprefix("msg_")
         self.text: list[str] = []
-        self.opened = False
+        self.thought: list[str] = []
+        self.opened = False  # the message item
+        self.thinking = False  # the reasoning item is open
+        self.index = 0  # output_index of the item open now
         self.items: list[dict[str, Any]] = []
+
+    def think(self, piece: str) -> list[str]:
+        """Reasoning text for the reasoning item (opening it first)."""
+        if not piece or self.opened:
+            return []
+        lines = [] if self.thinking else self._open_reasoning()
+        self.thinking = True
+        self.thought.append(piece)
+        return lines + [self.ev("response.reasoning_text.delta", item_id=self.rsid, output_index=self.index,
+                                content_index=0, delta=piece)]
 
     def say(self, piece: str) -> list[str]:
         """Text for the message item (opening it first)."""
@@ -327,12 +362,12 @@ class Output:
         lines = [] if self.opened else self._open()
         self.opened = True
         self.text.append(piece)
-        return lines + [self.ev("response.output_text.delta", item_id=self.mid, output_index=0, content_index=0,
-                                delta=piece, logprobs=[])]
+        return lines + [self.ev("response.output_text.delta", item_id=self.mid, output_index=self.index,
+                                content_index=0, delta=piece, logprobs=[])]
 
     def end(self, calls: list[dict[str, Any]]) -> list[str]:
         """The message item closed (an empty one when there is nothing else), then one item per call."""
-        lines = []
+        lines = self._close_reasoning()
         if self.opened or not calls:
             lines += [] if self.opened else self._open()
             lines += self._close()
@@ -341,22 +376,44 @@ class Output:
             self.items.append(call_item(call))
         return lines
 
+    def _open_reasoning(self) -> list[str]:
+        ev, self.index = self.ev, len(self.items)
+        return [ev("response.output_item.added", output_index=self.index,
+                   item={**reasoning_item(self.rsid, "", "in_progress"), "content": []}),
+                ev("response.content_part.added", item_id=self.rsid, output_index=self.index, content_index=0,
+                   part={"type": "reasoning_text", "text": ""})]
+
+    def _close_reasoning(self) -> list[str]:
+        if not self.thinking:
+            return []
+        self.thinking = False
+        ev, whole = self.ev, "".join(self.thought)
+        item = reasoning_item(self.rsid, whole)
+        self.items.append(item)
+        return [ev("response.reasoning_text.done", item_id=self.rsid, output_index=self.index, content_index=0,
+                   text=whole),
+                ev("response.content_part.done", item_id=self.rsid, output_index=self.index, content_index=0,
+                   part=item["content"][0]),
+                ev("response.output_item.done", output_index=self.index, item=item)]
+
     def _open(self) -> list[str]:
-        ev, mid = self.ev, self.mid
-        return [ev("response.output_item.added", output_index=0, item={**message_item(mid, "", "in_progress"),
-                                                                       "content": []}),
-                ev("response.content_part.added", item_id=mid, output_index=0, content_index=0,
-                   part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
+        lines = self._close_reasoning()
+        ev, mid, self.index = self.ev, self.mid, len(self.items)
+        return lines + [
+            ev("response.output_item.added", output_index=self.index,
+               item={**message_item(mid, "", "in_progress"), "content": []}),
+            ev("response.content_part.added", item_id=mid, output_index=self.index, content_index=0,
+               part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
 
     def _close(self) -> list[str]:
-        ev, mid = self.ev, self.mid
+        ev, mid, k = self.ev, self.mid, self.index
         whole = "".join(self.text)
         item = message_item(mid, whole)
         self.items.append(item)
-        return [ev("response.output_text.done", item_id=mid, output_index=0, content_index=0, text=whole, logprobs=[]),
-                ev("response.content_part.done", item_id=mid, output_index=0, content_index=0,
+        return [ev("response.output_text.done", item_id=mid, output_index=k, content_index=0, text=whole, logprobs=[]),
+                ev("response.content_part.done", item_id=mid, output_index=k, content_index=0,
                    part=item["content"][0]),
-                ev("response.output_item.done", output_index=0, item=item)]
+                ev("response.output_item.done", output_index=k, item=item)]
 
 
 async def _stream(store: ResponseStore, job: Job, draft: Draft, mid: str, history: list[dict[str, Any]],
@@ -373,10 +430,12 @@ async def _stream(store: ResponseStore, job: Job, draft: Draft, mid: str, histor
             if job.disconnected:
                 return
             lines: list[str] = []
-            if isinstance(e, P.Token):
+            if isinstance(e, P.Token) and e.reasoning:
+                lines = out.think(e.text)
+            elif isinstance(e, P.Token):
                 lines = out.say(calls.push(e.text) if calls is not None else e.text)
             elif isinstance(e, P.Done):
-                held = calls.finish()[0] if calls is not None and not e.tool_calls else ""
+                held = calls.finish() if calls is not None and not e.tool_calls else ""
                 lines = out.say(held) + out.say((e.content or "") if e.tool_calls and not out.opened else "")
                 lines += out.end(e.tool_calls)
             elif isinstance(e, P.Error):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 import socket
@@ -11,6 +12,8 @@ import uvicorn
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.server.app import build_app
+from ggufdesk.server.connections import BACKLOG, ConnectionLimits, GuardedH11Protocol, default_max_connections
+from ggufdesk.server.logs import limit_server_logs
 from ggufdesk.server.service import Service
 
 log = logging.getLogger("ggufdesk.server")
@@ -78,7 +81,7 @@ class ServerRunner:
         except OSError as e:
             sock.close()
             raise KnownError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-        sock.listen(128)
+        sock.listen(BACKLOG)
         sock.setblocking(False)
         return sock
 
@@ -88,8 +91,21 @@ class ServerRunner:
         return f"http://{host}:{self.port}"
 
     def _make_server(self) -> uvicorn.Server:
-        config = uvicorn.Config(build_app(self.service), log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2, timeout_keep_alive=30)
+        cfg = self.service.config
+        limits = ConnectionLimits(read_timeout=cfg.read_timeout,
+                                  max_connections=cfg.max_connections or default_max_connections())
+        config = uvicorn.Config(
+            build_app(self.service, host=self.host), log_level="warning", access_log=False, lifespan="off",
+            timeout_graceful_shutdown=2, timeout_keep_alive=30,
+            # uvicorn's own limits: a request head over 16 KiB is refused (h11's); requests in progress are
+            # capped by limit_concurrency (a 503 past it), set above the connection cap plus one accept burst
+            # since it counts connections too, which our protocol caps (server/connections.py: uvicorn
+            # lacks that); backlog bounds how many connections asyncio accepts in one go
+            h11_max_incomplete_event_size=16 * 1024, backlog=BACKLOG,
+            limit_concurrency=limits.max_connections + BACKLOG,
+            http=functools.partial(GuardedH11Protocol, limits=limits),  # type: ignore[arg-type]
+        )
+        limit_server_logs()  # after uvicorn's dictConfig, which replaces its handlers
         self._server = uvicorn.Server(config)
         return self._server
 
@@ -99,6 +115,7 @@ class ServerRunner:
             self.bind()
         assert self._sock is not None
         try:
+            self.service.ensure_background()  # the router's idle reaper, in this loop
             await self._make_server().serve(sockets=[self._sock, *self._extra])
         finally:
             self._close_socket()
@@ -106,10 +123,14 @@ class ServerRunner:
     def start_thread(self) -> str:
         """Serve on a daemon thread with its own event loop (the GUI); returns the URL."""
         url = self.bind() if self._sock is None else self.url
-        server, socks = self._make_server(), [self._sock, *self._extra]
         assert self._sock is not None
-        self._thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=socks)),
-                                        name="ggufdesk-server", daemon=True)
+        server, socks = self._make_server(), [self._sock, *self._extra]
+
+        async def serve() -> None:
+            self.service.ensure_background()  # the router's idle reaper, in this loop
+            await server.serve(sockets=socks)
+
+        self._thread = threading.Thread(target=lambda: asyncio.run(serve()), name="ggufdesk-server", daemon=True)
         self._thread.start()
         return url
 

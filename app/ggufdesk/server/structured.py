@@ -5,7 +5,7 @@ import json
 from typing import Any
 
 from ggufdesk.core import tools as T
-from ggufdesk.core.schema import SchemaError, check_schema
+from ggufdesk.core.schema import MAX_TOOL_VALUES, SchemaError, check_schema, check_size
 from ggufdesk.server.errors import invalid
 
 
@@ -37,6 +37,8 @@ def openai_tools(tools: list[Any] | None, choice: Any, parallel: bool | None) ->
             raise invalid("tool_choice needs tools", param="tool_choice")
         return {}
     try:
+        # all tools together first: each tool's own limit would let 128 of them cost 128 times as much
+        check_size(tools, what="the tool list", max_values=MAX_TOOL_VALUES)
         checked = T.check_tools(tools)
         T.pick_tools(checked, choice)
     except SchemaError as e:
@@ -65,19 +67,6 @@ def anthropic_tools(tools: list[Any] | None, choice: dict[str, Any] | None) -> d
         raise invalid("tool_choice.type must be auto, any, tool or none", param="tool_choice")
     out = openai_tools(converted, mapped, not choice.get("disable_parallel_tool_use", False))
     return out
-
-
-def tool_format(model_path: str, template: str | None = None) -> T.ToolFormat:
-    """The tool format the engine will use for this model (from its chat template, or `template` that
-    replaces it; generic if unknown)."""
-    from ggufdesk.core.gguf_meta import read_gguf
-
-    if template is not None:
-        return T.detect_format(template)
-    try:
-        return T.detect_format(read_gguf(model_path).chat_template)
-    except Exception:  # noqa: BLE001 - an unreadable header: the engine falls back the same way
-        return T.GENERIC
 
 
 def anthropic_tool_use(call: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal, get_args
 
+from ggufdesk.core.errors import KnownError
+
 # ---- the kinds a receiver branches on --------------------------------------------------------
 
 ErrorKind = Literal[
@@ -25,6 +27,7 @@ ErrorKind = Literal[
     "schema",  # a JSON schema, grammar or tool list the engine cannot follow (server: 400)
     "crash",  # (client) the engine process died
     "hung",  # (client) the engine stopped answering, or did not stop when asked; it was killed
+    "timeout",  # the request ran past its Generate.deadline_s and was stopped (server: 504)
     "protocol",  # a line that is not a valid message
     "bug",  # an internal error of ours, with a trace in `detail`
 ]
@@ -79,6 +82,15 @@ class Generate:
     parallel_tool_calls: bool = False  # up to 4 calls in one answer (off: one, as llama-server)
     logit_bias: dict[str, float | None] | None = None  # token id -> added to its logit (None: never sampled)
     ignore_eos: bool = False  # end-of-generation tokens are never sampled: it runs to max_tokens
+    # reasoning models (core/reasoning.py): None = the template's default; True/False; or an effort
+    # "low"|"medium"|"high"; an off switch the template lacks becomes a budget of 0
+    think: bool | str | None = None
+    reasoning_budget: int | None = None  # reasoning tokens before the engine closes the block (None: no limit)
+    # tools whose parameters the grammar cannot enforce: offered, their arguments only held to be an object
+    tools_without_grammar: list[str] | None = None
+    # seconds the request may take in the engine, queueing included; past it the engine ends it with
+    # Error(kind="timeout") between two steps, so a request stuck in slow sampling frees its slot
+    deadline_s: float | None = None
 
 
 @dataclass(kw_only=True)
@@ -159,6 +171,8 @@ class Loaded:
     n_layer: int = 0
     n_gpu_layers: int = 0
     chat_format: str = "completion"  # "template" | "builtin:<name>" | "completion"
+    reasoning: str | None = None  # the template's reasoning format (core/reasoning.py), None: none
+    tool_format: str = "generic"  # the template's tool-call format (core/tools.py)
     memory: dict[str, int] = field(default_factory=dict)  # weights/kv/compute/draft bytes
     load_s: float = 0.0
     draft: str | None = None
@@ -202,6 +216,7 @@ class Token:
     # with Generate.logprobs: one entry per token behind `text`:
     # {"token": str, "logprob": float, "id": int, "top": [{"token": str, "logprob": float, "id": int}, ...]}
     logprobs: list[dict[str, Any]] | None = None
+    reasoning: bool = False  # a reasoning model's thinking, not its answer
 
 
 @dataclass(kw_only=True)
@@ -233,6 +248,8 @@ class Done:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style, parsed from text
     content: str | None = None  # with tool calls: the text that is not a call
     stop: str | None = None  # finish_reason "stop" because of this stop string (None: end of generation)
+    reasoning: str | None = None  # a reasoning model's thinking (`text` is then the answer alone)
+    warnings: list[str] = field(default_factory=list)  # e.g. a tool call that could not be read
 
 
 @dataclass(kw_only=True)
@@ -279,7 +296,7 @@ class Status:
     kv_cells_used: int = 0
     kv_cells_total: int = 0
     n_parallel: int = 1
-    spec: str = "off"  # speculation now: "off" | "lookup" | "draft" | "paused" (several running)
+    spec: str = "off"  # speculation now: "off" | "lookup" | "draft" | "paused" (every drafter paused or disabled)
 
 
 @dataclass(kw_only=True)
@@ -343,14 +360,45 @@ class ProtocolError(ValueError):
     """A line that is not a valid message."""
 
 
+class EngineRequestError(KnownError):
+    """A request the engine refuses or cannot finish, and the kind of Error it answers with (the
+    receivers branch on `kind`: a 'context' error is the server's 400, 'overloaded' its 503)."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind: ErrorKind = kind
+
+    def event(self, rid: str | None) -> Error:
+        return Error(kind=self.kind, id=rid, message=str(self))
+
+
+def error_kind(e: BaseException, default: ErrorKind = "generate") -> ErrorKind:
+    """The kind of Error an exception answers a request with."""
+    return e.kind if isinstance(e, EngineRequestError) else default
+
+
 def encode(msg: Message) -> str:
     """One JSON line (ending in a newline) for a request or an event.
 
     Text that is not valid Unicode (lone surrogates, as Python decodes invalid UTF-8 or binary
     input with `surrogateescape`) is replaced by U+FFFD here, so the line can always be written.
     """
-    line = json.dumps({"type": msg.TYPE, **dataclasses.asdict(msg)}, ensure_ascii=False) + "\n"
+    # Not dataclasses.asdict: it copies every nested list and dict in Python recursion, and a 600-deep
+    # tool-call argument made it raise RecursionError where json's own encoder manages (issue 34).
+    # Raises ValueError (or TypeError) for what cannot be a JSON line; the client turns that into
+    # an error for the one request.
+    try:
+        line = json.dumps({"type": msg.TYPE, **fields_of(msg)}, ensure_ascii=False, default=_plain) + "\n"
+    except RecursionError:
+        raise ValueError(f"a {msg.TYPE} message is nested too deeply to be sent") from None
     return _SURROGATES.sub("\ufffd", line)
+
+
+def _plain(obj: Any) -> Any:
+    """json.dumps's fallback: a settings dataclass inside a message becomes its fields."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return fields_of(obj)
+    raise TypeError(f"{type(obj).__name__} cannot be sent to the engine")
 
 
 def decode_event(line: str | bytes) -> Event:

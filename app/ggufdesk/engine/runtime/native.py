@@ -200,6 +200,15 @@ def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog, *,
                          (False, True): llama_cpp.LLAMA_LOAD_MODE_MLOCK,
                          (False, False): llama_cpp.LLAMA_LOAD_MODE_NONE}[(settings.use_mmap, settings.use_mlock)]
     _keep = apply_offload(mparams, offload) if offload is not None else []  # arrays llama.cpp reads
+    if settings.n_cpu_moe:  # routed experts of the first N layers in RAM, the rest of them on the GPU
+        from ggufdesk.engine.runtime.devices import experts_on_cpu
+
+        try:
+            patterns, overrides = experts_on_cpu(settings.n_cpu_moe)
+        except (OSError, AttributeError) as e:
+            raise KnownError(f"cannot keep the experts on the CPU with this llama.cpp build: {e}") from None
+        mparams.tensor_buft_overrides = ctypes.addressof(overrides)
+        _keep += [patterns, overrides]
     try:
         model = internals.LlamaModel(path_model=path, params=mparams, verbose=True)
     except ValueError:
@@ -207,7 +216,11 @@ def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog, *,
         raise KnownError(f"llama.cpp could not load {os.path.basename(path)}: {why}") from None
     # An SPM vocab without its 256 byte tokens makes llama.cpp throw std::out_of_range (and
     # terminate) on the first character it cannot spell; find out now, while loading, not mid-chat.
-    model.tokenize("\x01\u0378\U000e0001 probe".encode(), add_bos=False, special=False)
+    # (Not LlamaModel.tokenize: it allocates n_ctx_train tokens, and a GGUF claiming a context of
+    # 2**31 - 1 made that a MemoryError with an empty message, issue 34.)
+    probe = "\x01\u0378\U000e0001 probe".encode()
+    out = (llama_cpp.llama_token * (len(probe) + 8))()
+    llama_cpp.llama_tokenize(model.vocab, probe, len(probe), out, len(out), False, False)
     n_ctx_train = model.n_ctx_train()
     ctx_mark = llama_log.mark()
     cparams = llama_cpp.llama_context_default_params()

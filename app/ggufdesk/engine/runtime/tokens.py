@@ -6,14 +6,13 @@ from typing import Any
 import llama_cpp
 
 from ggufdesk.core.errors import KnownError
+from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.runtime.native import LoadedModel
 
 
-def refusal(message: str, kind: str) -> KnownError:
-    """A KnownError with the protocol ErrorKind the engine reports it as ("settings": 400, "context": 400)."""
-    e = KnownError(message)
-    e.kind = kind  # type: ignore[attr-defined]
-    return e
+def refusal(message: str, kind: P.ErrorKind) -> P.EngineRequestError:
+    """A refusal with the protocol ErrorKind the engine reports it as ("settings": 400, "context": 400)."""
+    return P.EngineRequestError(kind, message)
 
 
 def tokenize(lm: LoadedModel, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
@@ -26,29 +25,29 @@ def tokenize(lm: LoadedModel, text: str, *, add_special: bool, parse_special: bo
     return list(buf[:n])
 
 
-def check_ids(gen: Any, tokens: Any) -> list[int]:
+def check_ids(vocab: Any, tokens: Any) -> list[int]:
     """Token ids the loaded model has (a settings error otherwise, or for none at all)."""
-    n_vocab = gen.lm.n_vocab
+    n_vocab = vocab.lm.n_vocab
     if not isinstance(tokens, list) or not tokens or any(
             isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab for t in tokens):
         raise refusal(f"token ids must be a non-empty list of whole numbers from 0 to {n_vocab - 1}", "settings")
     return tokens
 
 
-def detokenize(gen: Any, tokens: list[int]) -> str:
+def detokenize(vocab: Any, tokens: list[int]) -> str:
     """The text of token ids (their pieces joined, as llama-server's /detokenize gives it)."""
     if tokens:
-        check_ids(gen, tokens)
-    return b"".join(gen.piece(t) for t in tokens).decode("utf-8", "replace")
+        check_ids(vocab, tokens)
+    return b"".join(vocab.piece(t) for t in tokens).decode("utf-8", "replace")
 
 
-def pieces(gen: Any, tokens: list[int]) -> list[str | list[int]]:
+def pieces(vocab: Any, tokens: list[int]) -> list[str | list[int]]:
     """Each token's text; a piece that is not valid UTF-8 on its own is given as its bytes."""
     if tokens:
-        check_ids(gen, tokens)
+        check_ids(vocab, tokens)
     out: list[str | list[int]] = []
     for t in tokens:
-        raw = gen.piece(t)
+        raw = vocab.piece(t)
         try:
             out.append(raw.decode("utf-8"))
         except UnicodeDecodeError:

@@ -134,8 +134,11 @@ class Engine:
         self.book = book
         self.llama_log = LlamaLog()
         self.lm = None
-        self.gen = None
+        self.vocab = None  # batching.vocab.Vocab of the loaded model
         self.template = None
+        self.reasoning: Any = None  # core.reasoning.ReasoningFormat of the loaded model's template
+        self.tool_format: Any = None  # core.tools.ToolFormat of it
+        self._prompt_text = ""  # the last chat prompt rendered (where a reasoning block starts)
         self.speculation = SpeculationSettings()
         self.draft = None  # speculative.DraftModel
         self.batch = None  # batch.BatchEngine: runs the admitted requests step by step
@@ -154,8 +157,8 @@ class Engine:
 
     def load(self, req: P.Load) -> None:
         from ggufdesk.engine.batching.batch import BatchEngine
+        from ggufdesk.engine.batching.vocab import Vocab
         from ggufdesk.engine.runtime.chat import ChatTemplate
-        from ggufdesk.engine.batching.generate import Generator
         from ggufdesk.engine.runtime.native import load_model
 
         try:
@@ -173,10 +176,16 @@ class Engine:
         memlimit.apply(memlimit.limit_for(req.model, settings, spec.draft_model if spec.mode == "draft" else None))
         self.emit(P.Loading(id=req.id, stage="model", path=req.model))
         try:
-            # logits rows one decode may ask for: a verification batch [last] + K, or every sequence + a prefill
+            # logits rows one decode may ask for: a verification batch [last] + K, or every sequence + a
+            # prefill; beside others, the sequences' draft rows share what is left (engine/speculation/planner.py)
             offload = _rpc_offload(req.model, settings)
             lm = load_model(req.model, settings, self.llama_log,
                             n_outputs=max(spec.k_max + 1, settings.n_parallel + 1), offload=offload)
+        except MemoryError:  # (the memory ceiling above turns a runaway allocation into this)
+            self.emit(P.Error(kind="load", id=req.id, out_of_memory=True, message=(
+                f"ran out of memory loading {os.path.basename(req.model)}; try a smaller context (--ctx) "
+                "or a smaller model")))
+            return
         except KnownError as e:
             self.emit(P.Error(kind="load", id=req.id, message=str(e), out_of_memory=out_of_memory(str(e)),
                               detail="\n".join(self.llama_log.since(0)[-30:])))
@@ -193,7 +202,7 @@ class Engine:
                 lm.close()
                 self.emit(P.Error(kind="load", id=req.id, message=str(e)))
                 return
-        self.lm, self.gen, self.speculation = lm, Generator(lm), spec
+        self.lm, self.vocab, self.speculation = lm, Vocab(lm), spec
         from ggufdesk.engine.speculation.lookup import NgramCache
 
         self.ngrams = NgramCache(spec.ngram)
@@ -201,25 +210,26 @@ class Engine:
         self._bytes_per_token = None
         self.verify_costs = self._calibration = None
         meta = lm.metadata
-        bos = _piece(self.gen, meta.get("tokenizer.ggml.bos_token_id"))
-        eos = _piece(self.gen, meta.get("tokenizer.ggml.eos_token_id"))
+        bos = _piece(lm, meta.get("tokenizer.ggml.bos_token_id"))
+        eos = _piece(lm, meta.get("tokenizer.ggml.eos_token_id"))
         try:
             self.template = ChatTemplate(settings.chat_template or lm.chat_template, bos=bos, eos=eos)
         except KnownError as e:
             self.emit(P.Error(kind="template", id=req.id, message=str(e)))
             self.template = ChatTemplate(None, bos=bos, eos=eos)
+        self._formats()
         memory = dict(lm.memory)
         if spec.mode == "draft":
             self.emit(P.Loading(id=req.id, stage="draft", path=str(spec.draft_model)))
             try:
-                from ggufdesk.engine.speculation.speculative import DraftModel
+                from ggufdesk.engine.speculation.draft_model import DraftModel
 
                 self.draft = DraftModel.load(spec, target=lm, llama_log=self.llama_log)
                 memory["draft"] = self.draft.memory_bytes
             except KnownError as e:
                 self.emit(P.Error(kind="draft", id=req.id, message=str(e)))
                 self.speculation = dataclasses.replace(spec, mode="off", draft_model=None)
-        self.batch = BatchEngine(lm, self.gen, emit=self._emit, cancelled=self.book.is_cancelled,
+        self.batch = BatchEngine(lm, self.vocab, emit=self._emit, cancelled=self.book.is_cancelled,
                                  set_batch=self.book.set_batch, flush=getattr(self.emit, "flush", None),
                                  on_plain_done=lambda st: self._calibrate(st.n_gen, st.decode_tok_s))
         if self.speculation.mode != "off":  # measured before Loaded, so no first request waits for it
@@ -231,9 +241,39 @@ class Engine:
             id=req.id, model=req.model, arch=lm.arch, n_ctx=lm.n_ctx, n_ctx_train=lm.model.n_ctx_train(),
             n_vocab=lm.n_vocab, n_layer=lm.n_layer, n_gpu_layers=settings.n_gpu_layers,
             chat_format=chat_format, memory=memory, load_s=round(lm.load_s, 3),
+            reasoning=self.reasoning.name if self.reasoning else None, tool_format=self.tool_format.name,
             draft=self.draft.path if self.draft else None, settings=P.fields_of(settings),
             rpc=offload.plan if offload else {}, n_embd=_n_embd(lm), embedding_only=self.embedding_only,
         ))
+
+    def _formats(self) -> None:
+        """The template's reasoning and tool-call formats; their special tokens are shown as text."""
+        from ggufdesk.core import reasoning, tools
+
+        source = None if self.template.builtin else self.template.source
+        self.reasoning = reasoning.detect(source)
+        self.tool_format = tools.detect_format(source)
+        markers = self.tool_format.tokens + (self.reasoning.tokens if self.reasoning else ())
+        shown = self.vocab.show_as_text(markers)
+        if shown:
+            log.info("shown as text: %s", " ".join(shown))
+
+    def _reasoning(self, req: P.Generate, sampling: SamplingSettings, prompt_text: str) -> Any:
+        """The request's ReasoningControl (engine/structured/reasoning.py), None for a model that does not reason."""
+        from ggufdesk.core.reasoning import starts_inside, template_switches
+        from ggufdesk.engine.structured.reasoning import ReasoningControl
+
+        if self.reasoning is None or req.messages is None:
+            return None
+        budget = req.reasoning_budget if req.reasoning_budget is not None else sampling.reasoning_budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < -1:
+            raise KnownError(f"reasoning_budget must be a whole number of tokens (-1: no limit), got {budget!r}")
+        _, honoured = template_switches(self.template.source, _think(req, sampling))
+        if not honoured:
+            budget = 0  # the template has no off switch: end the reasoning at once
+        close = self.vocab.tokenize(self.reasoning.force_close, add_bos=False)
+        return ReasoningControl(self.reasoning, inside=starts_inside(self.reasoning, prompt_text),
+                                budget=None if budget in (None, -1) else budget, close_tokens=close)
 
     def unload(self, quiet: bool = False) -> None:
         if self.batch is not None:
@@ -252,7 +292,7 @@ class Engine:
         self.embedding_only = False
         self._eog = None
         if self.lm is not None:
-            self.gen = None
+            self.vocab = None
             self.ngrams = self._token_text = None
             self._lookup_prompts.clear()
             self.lm.close()
@@ -272,15 +312,14 @@ class Engine:
 
     def generate(self, req: P.Generate) -> None:
         """Check and queue a request; the step loop (next_request) runs it beside the others."""
-        from ggufdesk.engine.batching.batch import Sequence
-        from ggufdesk.engine.batching.generate import RunStats
+        from ggufdesk.engine.batching.sequence import RunStats, Sequence
 
         t_start = time.perf_counter()
         if self.book.is_cancelled(req.id):
             self._emit(P.Done(id=req.id, finish_reason="cancelled"))
             return
         try:
-            if self.gen is None or self.batch is None:
+            if self.vocab is None or self.batch is None:
                 raise KnownError("no model is loaded")
             if self.embedding_only:
                 from ggufdesk.engine.runtime.tokens import refusal
@@ -290,6 +329,9 @@ class Engine:
             sampling = SamplingSettings(**req.sampling)
             if isinstance(req.logprobs, bool) or not isinstance(req.logprobs, int) or not 0 <= req.logprobs <= 100:
                 raise KnownError(f"logprobs must be a whole number from 0 to 100, got {req.logprobs!r}")
+            limit = req.deadline_s
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0):
+                raise KnownError(f"deadline_s must be a positive number of seconds, got {limit!r}")
             spec = self.speculation if req.speculation is None else dataclasses.replace(
                 self.speculation, **req.speculation)
             cap = self.lm.n_outputs - 1  # logits rows reserved at load: [last] + K max
@@ -299,24 +341,27 @@ class Engine:
             prompt, stops = self._prompt(req, sampling, structured)
             if stops:
                 sampling = dataclasses.replace(sampling, stop=sampling.stop + stops)
-            constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=self.gen.piece,
-                                               tokenize=lambda t: self.gen.tokenize(t, add_bos=False))
+            vocab = self.vocab
+            constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=vocab.piece,
+                                               tokenize=lambda t: vocab.tokenize(t, add_bos=False))
+            thinking = self._reasoning(req, sampling, self._prompt_text)
             try:  # from here on the grammar's C sampler is ours to free if the request never runs
-                drafter = None if constraint else self._drafter(spec, prompt, sampling.max_tokens)
+                budgeted = thinking is not None and thinking.budget is not None
+                drafter = None if constraint or budgeted else self._drafter(spec, prompt, sampling.max_tokens)
                 if spec.lookup_history and self.ngrams is not None:
                     self._lookup_prompts[req.id] = prompt
                 seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs,
                                drafter=drafter, max_gen=min(sampling.max_tokens, self.lm.n_ctx - len(prompt)),
                                stats=RunStats(n_prompt=len(prompt), t_start=t_start),
-                               constraint=constraint, structured=structured, bias=self._bias(req))
+                               constraint=constraint, structured=structured, reasoning=thinking, limit_s=limit,
+                               deadline=None if limit is None else self.batch.clock() + limit, bias=self._bias(req))
                 self.batch.submit(seq)
             except (KnownError, TypeError):
                 if constraint is not None:
                     constraint.close()
                 raise
         except (KnownError, TypeError) as e:
-            kind = getattr(e, "kind", "generate")
-            self._emit(P.Error(kind=kind, id=req.id, message=str(e)))
+            self._emit(P.Error(kind=P.error_kind(e), id=req.id, message=str(e)))
 
     # ---- embeddings ------------------------------------------------------------------------------
 
@@ -334,7 +379,7 @@ class Engine:
             if self.embedder is None:
                 self.embedder = Embedder(self.lm, self.llama_log)
         except KnownError as e:
-            self._emit(P.Error(kind=getattr(e, "kind", "generate"), id=req.id, message=str(e)))
+            self._emit(P.Error(kind=P.error_kind(e), id=req.id, message=str(e)))
             return
         self._embeds.append(EmbedJob(req))
 
@@ -358,7 +403,7 @@ class Engine:
             return
         except KnownError as e:
             self._embeds.popleft()
-            self._emit(P.Error(kind=getattr(e, "kind", "generate"), id=rid, message=str(e)))
+            self._emit(P.Error(kind=P.error_kind(e), id=rid, message=str(e)))
             return
         finally:
             self.book.set_batch([])
@@ -398,13 +443,13 @@ class Engine:
                     with getattr(self.emit, "held", contextlib.nullcontext)():
                         self.batch.step()
                 except Exception as e:  # noqa: BLE001 - a bug of ours ends the requests, not the engine
-                    self.batch.fail_all(f"internal error: {e}", traceback.format_exc())
+                    self.batch.fail_all(f"internal error: {e or type(e).__name__}", traceback.format_exc())
             if self._embeds:
                 try:
                     self._embed_step()
                 except Exception as e:  # noqa: BLE001 - a bug of ours ends the request, not the engine
                     job = self._embeds.popleft()
-                    self._emit(P.Error(kind="bug", id=job.req.id, message=f"internal error: {e}",
+                    self._emit(P.Error(kind="bug", id=job.req.id, message=f"internal error: {e or type(e).__name__}",
                                        detail=traceback.format_exc()))
         if self.batch is not None:
             self.batch.idle()
@@ -437,6 +482,7 @@ class Engine:
             return
         if cal.done:
             self.verify_costs, self._calibration = cal.costs, None
+            self.batch.set_verify_costs(cal.costs)
             if cal.costs:
                 log.info("verification cost in plain steps: %s",
                          ", ".join(f"k={k}: {c:.2f}" for k, c in cal.costs.items()))
@@ -453,54 +499,60 @@ class Engine:
             if not any(v is not None for v in fields.values()) and sampling.structured:
                 fields.update(request_fields(sampling.structured))
             return structured.plan(**fields, parallel_tool_calls=req.parallel_tool_calls,
+                                   tools_without_grammar=req.tools_without_grammar,
                                    template_source=self.template.source,
-                                   chat=req.messages is not None)
+                                   chat=req.messages is not None, reasoning=self.reasoning is not None)
         except KnownError as e:
-            e.kind = "schema"  # type: ignore[attr-defined]
-            raise
+            raise P.EngineRequestError("schema", str(e)) from e
 
     def _prompt(self, req: P.Generate, sampling: SamplingSettings,
                 structured: Any = None) -> tuple[list[int], list[str]]:
+        from ggufdesk.core.reasoning import strip_reasoning, template_switches
         from ggufdesk.engine.batching.batch import context_error
         from ggufdesk.engine.runtime.chat import fit_messages
         from ggufdesk.engine.structured.request import prepare_messages
 
-        gen, n_ctx = self.gen, self.lm.n_ctx
+        vocab, n_ctx = self.vocab, self.lm.n_ctx
         reserve = min(sampling.max_tokens, n_ctx // 2)
         if req.messages is not None:
             tools = structured.tools if structured is not None and structured.fmt is not None \
                 and structured.fmt.native else None
             msgs = prepare_messages(req.messages, structured) if structured is not None else req.messages
+            msgs = strip_reasoning(msgs, self.reasoning)
+            switches, _ = template_switches(self.template.source, _think(req, sampling))
 
             def count(m: list[dict[str, Any]]) -> int:
-                return len(self._chat_tokens(m, tools))
+                return len(self._chat_tokens(m, tools, switches))
 
             if req.context_policy == "refuse":  # (the server) the prompt must fit; the answer gets what is left,
-                tokens = self._chat_tokens(msgs, tools)  # as llama-server does with a large max_tokens
+                tokens = self._chat_tokens(msgs, tools, switches)  # as llama-server does with a large max_tokens
                 if len(tokens) > n_ctx - 1:
                     raise context_error(len(tokens), n_ctx - 1)
                 return tokens, list(self.template.stops)
             messages = fit_messages(msgs, count, n_ctx - reserve)
-            return self._chat_tokens(messages, tools), list(self.template.stops)
+            return self._chat_tokens(messages, tools, switches), list(self.template.stops)
         if req.prompt_tokens is not None:
             from ggufdesk.engine.runtime.tokens import check_ids
 
-            tokens = check_ids(gen, req.prompt_tokens)
+            tokens = check_ids(vocab, req.prompt_tokens)
         elif req.prompt is None:
             raise KnownError("a generate request needs a prompt or messages")
         else:
-            tokens = gen.tokenize(req.prompt)
+            tokens = vocab.tokenize(req.prompt)
         if len(tokens) >= n_ctx:
             raise context_error(len(tokens), n_ctx - 1)
         return tokens, []
 
-    def _chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        return self._text_tokens(self.template.render(messages, tools=tools))
+    def _chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                     switches: dict[str, Any] | None = None) -> list[int]:
+        text = self.template.render(messages, tools=tools, **(switches or {}))
+        self._prompt_text = text
+        return self._text_tokens(text)
 
     def _text_tokens(self, text: str) -> list[int]:
         """A rendered chat prompt's tokens (a BOS only when the template did not write one)."""
-        bos = llama_bos_text(self.gen)
-        return self.gen.tokenize(text, add_bos=not (bos and text.startswith(bos)))
+        bos = llama_bos_text(self.lm)
+        return self.vocab.tokenize(text, add_bos=not (bos and text.startswith(bos)))
 
     # ---- tokenize ---------------------------------------------------------------------------------
 
@@ -510,10 +562,10 @@ class Engine:
         from ggufdesk.engine.runtime.tokens import detokenize, pieces, tokenize
 
         try:
-            if self.gen is None or self.lm is None:
+            if self.vocab is None or self.lm is None:
                 raise KnownError("no model is loaded")
             if req.tokens is not None:
-                out = P.Tokenized(id=req.id, tokens=list(req.tokens), text=detokenize(self.gen, req.tokens))
+                out = P.Tokenized(id=req.id, tokens=list(req.tokens), text=detokenize(self.vocab, req.tokens))
             elif req.messages is not None:
                 text = self._render(req)
                 out = P.Tokenized(id=req.id, tokens=self._text_tokens(text), text=text)
@@ -523,21 +575,23 @@ class Engine:
             else:
                 raise KnownError("tokenize needs a text, messages or tokens")
             if req.with_pieces:
-                out.pieces = pieces(self.gen, out.tokens)
+                out.pieces = pieces(self.vocab, out.tokens)
         except (KnownError, TypeError) as e:
-            self._emit(P.Error(kind=getattr(e, "kind", "settings"), id=req.id, message=str(e)))
+            self._emit(P.Error(kind=P.error_kind(e, "settings"), id=req.id, message=str(e)))
             return
         self._emit(out)
 
     def _render(self, req: P.Tokenize) -> str:
         """The chat prompt a Generate with these messages and tools would be given (before fitting)."""
+        from ggufdesk.core.reasoning import strip_reasoning
         from ggufdesk.engine.structured.request import prepare_messages
 
         as_generate = P.Generate(id=req.id, messages=req.messages, tools=req.tools, tool_choice=req.tool_choice)
         structured = self._structured(as_generate, SamplingSettings())
         tools = structured.tools if structured.fmt is not None and structured.fmt.native else None
         extra = {} if req.add_generation_prompt else {"add_generation_prompt": False}
-        return self.template.render(prepare_messages(req.messages or [], structured), tools=tools, **extra)
+        msgs = strip_reasoning(prepare_messages(req.messages or [], structured), self.reasoning)
+        return self.template.render(msgs, tools=tools, **extra)
 
     def _calibrate(self, n_gen: int, tok_s: float) -> None:
         """Feed a plain run's real decode speed back to the planner (hardware.record_decode_run),
@@ -585,6 +639,13 @@ def out_of_memory(reason: str) -> bool:
     return bool(_OOM.search(reason))
 
 
+def _think(req: P.Generate, sampling: SamplingSettings) -> bool | str | None:
+    """The request's `think`, else the conversation's setting."""
+    from ggufdesk.core.settings import think_value
+
+    return req.think if req.think is not None else think_value(sampling.think)
+
+
 def _n_embd(lm: Any) -> int:
     import llama_cpp
 
@@ -600,21 +661,24 @@ def _rpc_offload(model: str, settings: LoadSettings) -> Any:
     return prepare_offload(model, settings)
 
 
-def _piece(gen: Any, token_id: str | None) -> str:
+def _piece(lm: Any, token_id: str | None) -> str:
     if token_id in (None, ""):
         return ""
     import llama_cpp
 
     try:
-        return llama_cpp.llama_vocab_get_text(gen.lm.vocab, int(token_id)).decode("utf-8", "replace")
+        return llama_cpp.llama_vocab_get_text(lm.vocab, int(token_id)).decode("utf-8", "replace")
     except (ValueError, TypeError):
         return ""
 
 
-def llama_bos_text(gen: Any) -> str:
+def llama_bos_text(lm: Any) -> str:
     import llama_cpp
 
-    return _piece(gen, str(llama_cpp.llama_vocab_bos(gen.lm.vocab)))
+    return _piece(lm, str(llama_cpp.llama_vocab_bos(lm.vocab)))
+
+
+_LINE_ID = re.compile(r'\{"type": "[a-z]+", "id": "([^"\\]{1,200})"')
 
 
 def _read_requests(stdin: TextIO, inbox: queue.Queue[P.Message], book: CancelBook, emit: Emitter) -> None:
@@ -625,8 +689,9 @@ def _read_requests(stdin: TextIO, inbox: queue.Queue[P.Message], book: CancelBoo
             continue
         try:
             msg = P.decode(line)
-        except P.ProtocolError as e:
-            emit(P.Error(kind="protocol", message=str(e)))
+        except P.ProtocolError as e:  # answered under the request's id when one can be read, so it does not wait
+            m = _LINE_ID.match(line)
+            emit(P.Error(kind="protocol", id=m.group(1) if m else None, message=str(e)))
             continue
         if isinstance(msg, P.Ping):
             emit(P.Pong(id=msg.id))
@@ -685,7 +750,7 @@ def main() -> int:
             else:
                 emit(P.Error(kind="protocol", message=f"not a request: {msg.TYPE}"))
         except Exception as e:  # noqa: BLE001 - a bug of ours must not kill the engine
-            emit(P.Error(kind="bug", id=getattr(msg, "id", None), message=f"internal error: {e}",
+            emit(P.Error(kind="bug", id=getattr(msg, "id", None), message=f"internal error: {e or type(e).__name__}",
                          detail=traceback.format_exc()))
 
 

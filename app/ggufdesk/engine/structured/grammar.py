@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import functools
 import itertools
 import json
 import re
@@ -25,6 +26,7 @@ from ggufdesk.core import schema as S
 from ggufdesk.core import tools as T
 from ggufdesk.core.tools import ToolFormat
 from ggufdesk.core.errors import KnownError
+from ggufdesk.engine.link import protocol as P
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 assert _TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data)
@@ -121,40 +123,40 @@ class _Converter(llama_grammar.SchemaConverter):
         return super().visit(schema, name)
 
 
-BOUND_LIMIT = 256  # longest length/item-count bound a grammar holds: llama.cpp refuses ~1,000 and crashes far above
-BOUNDS = ("minLength", "maxLength", "minItems", "maxItems")
-
-
-def _bounded(node: Any, relax: bool) -> Any:
-    """The schema with length and item-count bounds above BOUND_LIMIT removed (relax: tool parameters,
-    where Claude Code's `maxLength: 524288` must not refuse the whole request) or refused."""
-    if isinstance(node, list):
-        return [_bounded(x, relax) for x in node]
-    if not isinstance(node, dict):
-        return node
-    out = {}
-    for key, value in node.items():
-        if key in BOUNDS and isinstance(value, int) and not isinstance(value, bool) and value > BOUND_LIMIT:
-            if not relax:
-                raise S.SchemaError(f"`{key}: {value}` cannot be enforced by a grammar (at most {BOUND_LIMIT})")
-            continue
-        out[key] = value if key in ("enum", "const") else _bounded(value, relax)
-    return out
-
-
-def schema_to_gbnf(schema: dict[str, Any], *, relax_bounds: bool = False) -> str:
-    """GBNF for a checked schema; SchemaError names what cannot be enforced. `relax_bounds`: length and
-    item-count bounds above BOUND_LIMIT are left unenforced instead (tool parameters)."""
-    S.check_schema(schema)
+def schema_to_gbnf(schema: dict[str, Any], *, meta: bool = True) -> str:
+    """GBNF for a checked schema; SchemaError names what cannot be enforced. meta: see S.check_schema."""
+    S.check_schema(schema, meta=meta)
     conv = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     try:
-        resolved = conv.resolve_refs(_bounded(json.loads(json.dumps(schema)), relax_bounds), "input")
+        resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "input")
         conv.visit(resolved, "")
     except S.SchemaError:
         raise
-    except (AssertionError, ValueError, KeyError, TypeError, RecursionError, NotImplementedError) as e:
+    except Exception as e:  # noqa: BLE001 - llama-cpp-python's converter on input a client wrote: any failure is "cannot"
         raise S.SchemaError(f"the schema cannot be turned into a grammar: {e or type(e).__name__}") from None
     return conv.format_grammar()
+
+
+def check_bounded(gbnf: str) -> str:
+    """The grammar, once its stack growth on a probe is under engine/structured/bounds.py's limits;
+    SchemaError (a 400) otherwise, before llama.cpp builds it."""
+    why = _probe(gbnf)
+    if why is not None:
+        raise S.SchemaError(f"{why}; simplify the schema (patterns with nested optional or repeated parts are "
+                            "the usual cause)")
+    return gbnf
+
+
+@functools.lru_cache(maxsize=32)
+def _probe(gbnf: str) -> str | None:
+    """Why the grammar is refused, or None (remembered: an agent sends the same tools every turn)."""
+    from ggufdesk.engine.structured.bounds import GrammarTooComplex, stack_peak
+
+    try:
+        stack_peak(gbnf)
+    except GrammarTooComplex as e:
+        return str(e)
+    return None
 
 
 # ---- tool calls -------------------------------------------------------------------------------
@@ -167,8 +169,12 @@ class ToolGrammar:
     lazy: bool  # auto: free text until the marker, then the grammar
 
 
-def _openings(fmt: ToolFormat) -> list[bytes]:
-    """Every way the grammar lets a call begin, up to the function name's opening quote."""
+def _openings(fmt: ToolFormat, tools: list[dict[str, Any]] | None = None) -> list[bytes]:
+    """Every way the grammar lets a call begin, as far as the triggering token may reach: up to the
+    function name's opening quote (JSON formats) or through the name (harmony's text trigger)."""
+    if fmt.name == "harmony":
+        tails = ("", " ", " <|constrain|>json", " json", "<|channel|>commentary")
+        return [(fmt.marker + t["function"]["name"] + tail).encode() for t in tools or [] for tail in tails]
     heads = [fmt.marker + w for w in ("", " ", "\n")] if fmt.name != "llama3" else [""]
     out = []
     for head in heads:
@@ -177,10 +183,96 @@ def _openings(fmt: ToolFormat) -> list[bytes]:
     return out
 
 
+def _lit(text: str) -> str:
+    """A GBNF string literal."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _schema_rules(schemas: dict[str, dict[str, Any]]) -> str:
+    """GBNF rules named after the keys of `schemas`, one grammar sharing the JSON primitives (no root)."""
+    conv = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    try:
+        for name, schema in schemas.items():
+            S.check_schema(schema)
+            ref = conv.visit(conv.resolve_refs(json.loads(json.dumps(schema)), "input"), name)
+            if ref != name:  # a primitive comes back under its own rule's name
+                conv._add_rule(name, ref)
+    except S.SchemaError:
+        raise
+    except (AssertionError, ValueError, KeyError, TypeError, RecursionError, NotImplementedError) as e:
+        raise S.SchemaError(f"the schema cannot be turned into a grammar: {e or type(e).__name__}") from None
+    return conv.format_grammar()
+
+
+def _params(tools: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(t["function"]["name"], t["function"].get("parameters") or {"type": "object"}) for t in tools]
+
+
+def _deepseek_grammar(tools: list[dict[str, Any]], fmt: ToolFormat, parallel: bool) -> str:
+    named = _params(tools)
+    rules = _schema_rules({f"args{i}": p for i, (_, p) in enumerate(named)})
+    if fmt.name == "deepseek_r1":
+        alts = [f'{_lit(n + chr(10) + "```json" + chr(10))} args{i} {_lit(chr(10) + "```")}'
+                for i, (n, _) in enumerate(named)]
+        tc = f'tc ::= {_lit(T.DS_CALL + "function" + T.DS_SEP)} ({" | ".join(alts)}) {_lit(T.DS_CALL_END)}'
+    else:
+        alts = [f"{_lit(n + T.DS_SEP)} args{i}" for i, (n, _) in enumerate(named)]
+        tc = f'tc ::= {_lit(T.DS_CALL)} ({" | ".join(alts)}) {_lit(T.DS_CALL_END)}'
+    more = ' ("\\n"? tc){0,3}' if parallel else ""
+    root = f'root ::= {_lit(T.DS_CALLS)} tc{more} {_lit(T.DS_CALLS_END)}'
+    return "\n".join([root, tc, rules])
+
+
+def _harmony_grammar(tools: list[dict[str, Any]]) -> str:
+    """`to=functions.NAME`, the rest of the header (either order harmony allows), the JSON arguments."""
+    named = _params(tools)
+    rules = _schema_rules({f"args{i}": p for i, (_, p) in enumerate(named)})
+    alts = [f"{_lit(n)} hdr {_lit('<|message|>')} args{i}" for i, (n, _) in enumerate(named)]
+    hdr = 'hdr ::= ([ ]? ("<|channel|>commentary" | "<|constrain|>" | "json"))*'
+    return "\n".join([f'root ::= "to=functions." ({" | ".join(alts)})', hdr, rules])
+
+
+def _xml_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
+    """Qwen3-Coder: <tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function></tool_call>;
+    a string value is raw text, any other value the JSON its schema says. The required parameters
+    come first, in the schema's order (as the template lists them), then any optional ones."""
+    schemas: dict[str, dict[str, Any]] = {}
+    funcs = []
+    for i, (name, params) in enumerate(_params(tools)):
+        props = params.get("properties") or {}
+        required = [k for k in props if k in (params.get("required") or [])]
+        ps, req = [], []
+        for k, (key, sub) in enumerate(props.items()):
+            plain = isinstance(sub, dict) and not ({"enum", "const", "pattern"} & sub.keys())
+            words = sub.get("enum", [sub.get("const")]) if isinstance(sub, dict) else None
+            if plain and sub.get("type") == "string":
+                value = "xml-text"
+            elif isinstance(words, list) and words and all(isinstance(w, str) for w in words):
+                value = "(" + " | ".join(_lit(w) for w in words) + ")"  # raw text, as XML values are
+            else:
+                value = f"v{i}-{k}"
+                schemas[value] = sub if isinstance(sub, dict) else {}
+            one = f'{_lit("<parameter=" + key + ">")} nl {value} nl "</parameter>" nl'
+            (req if key in required else ps).append(one)
+        body = " ".join(f"({r})" for r in req) + (f' ({" | ".join(ps)})*' if ps else "")
+        funcs.append(f'{_lit("<function=" + name + ">")} nl {body} "</function>"')
+    rules = _schema_rules(schemas) if schemas else ""
+    more = " (nl tc){0,3}" if parallel else ""
+    return "\n".join([f"root ::= tc{more}", f'tc ::= "<tool_call>" nl ({" | ".join(funcs)}) nl "</tool_call>"',
+                      'nl ::= "\\n"?', 'xml-text ::= ([^<] | "<" [^/])*', rules])
+
+
 def tool_grammar(tools: list[dict[str, Any]], fmt: ToolFormat, mode: str, *,
                  parallel: bool = False) -> ToolGrammar:
     """The grammar of one call (parallel: one to four) to `tools` in `fmt` (mode: "required" or "auto")."""
-    call = schema_to_gbnf(T.call_schema(tools, fmt), relax_bounds=True)
+    lazy = mode == "auto"
+    if fmt.name in ("deepseek_r1", "deepseek_v3"):
+        return ToolGrammar(gbnf=_deepseek_grammar(tools, fmt, parallel), marker=fmt.marker, lazy=lazy)
+    if fmt.name == "harmony":
+        return ToolGrammar(gbnf=_harmony_grammar(tools), marker=fmt.marker, lazy=True)
+    if fmt.name == "qwen3_coder":
+        return ToolGrammar(gbnf=_xml_grammar(tools, parallel), marker=fmt.marker, lazy=lazy)
+    call = schema_to_gbnf(T.call_schema(tools, fmt), meta=False)  # each tool passed the meta check in check_tools
     call = re.sub(r"^root ::=", "call ::=", call, flags=re.M)
     ws = '[ \\n]?'
     if fmt.name == "mistral":
@@ -192,7 +284,7 @@ def tool_grammar(tools: list[dict[str, Any]], fmt: ToolFormat, mode: str, *,
         more = f" ({ws} tc){{0,3}}" if parallel else ""
         root = (f'root ::= tc{more}\n'
                 f'tc ::= "<tool_call>" {ws} call {ws} "</tool_call>"')
-    return ToolGrammar(gbnf=root + "\n" + call, marker=fmt.marker, lazy=mode == "auto")
+    return ToolGrammar(gbnf=root + "\n" + call, marker=fmt.marker, lazy=lazy)
 
 
 # ---- the sampler ------------------------------------------------------------------------------
@@ -231,9 +323,8 @@ class GrammarConstraint:
         else:
             self._smp = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
         if not self._smp:
-            err = S.SchemaError("llama.cpp could not parse the grammar: it is not valid GBNF with a `root` rule")
-            err.kind = "schema"  # type: ignore[attr-defined]  # the request's fault: a 400
-            raise err
+            raise P.EngineRequestError("schema", "llama.cpp could not parse the grammar: it is not valid GBNF "
+                                       "with a `root` rule")
         self._one = np.zeros(1, dtype=_TOKEN_DATA)
         self._all = np.zeros(n_vocab, dtype=_TOKEN_DATA)
         self.rejections = 0  # how often the fast check failed and the full vocabulary was used
