@@ -165,3 +165,17 @@ def test_deep_nesting_and_garbage(server):
         node = node["a"]["properties"]
     r = httpx.post(server.url + "/api/chat", json=deep, timeout=60)
     assert r.status_code == 400 and "error" in r.json()
+
+
+def test_keep_alive_unloads_and_loads(client, server):
+    """Ollama clients' empty requests: keep_alive 0 unloads the model, a duration loads it for that long."""
+    r = httpx.post(server.url + "/api/generate", json={"model": NAME, "keep_alive": 0}, timeout=120)
+    assert r.status_code == 200 and r.json()["done_reason"] == "unload"
+    assert client.ps().models == []
+    r = httpx.post(server.url + "/api/chat", json={"model": NAME, "messages": [], "keep_alive": "5m"}, timeout=300)
+    assert r.status_code == 200 and r.json()["done_reason"] == "load"
+    running = client.ps().models
+    assert [m.model for m in running] == [f"{NAME}:latest"] and running[0].expires_at.year < 2100
+    bad = httpx.post(server.url + "/api/chat", json={"model": NAME, "messages": [], "keep_alive": "soon"})
+    assert bad.status_code == 400 and "keep_alive" in bad.json()["error"]
+    assert client.generate(NAME, "Hi", options={"num_predict": 2}).done

@@ -106,18 +106,26 @@ def entries_for(args: argparse.Namespace, presets: dict[str, Preset]) -> list[Mo
     return list(out.values())
 
 
-def _aliases(pairs: list[str], first: str) -> dict[str, str]:
-    """--alias NAME=ID pairs; a NAME alone (or comma-separated names) is another name of the first model."""
-    out = {}
+def _named(entries: list[ModelEntry], pairs: list[str]) -> tuple[list[ModelEntry], dict[str, str]]:
+    """The entries and --alias NAME=ID pairs. NAME alone (or comma-separated names) names the first model
+    as llama-server's --alias does: the first in sorted order becomes its id, the others and its own id
+    answer too."""
+    out: dict[str, str] = {}
+    bare: set[str] = set()
     for pair in pairs:
         name, sep, target = pair.partition("=")
         if not sep:
-            out.update({n.strip(): first for n in pair.split(",") if n.strip()})
-            continue
-        if not name.strip() or not target.strip():
+            bare.update(n.strip() for n in pair.split(",") if n.strip())
+        elif not name.strip() or not target.strip():
             raise KnownError(f"--alias {pair!r}: write it as NAME=ID")
-        out[name.strip()] = target.strip()
-    return out
+        else:
+            out[name.strip()] = target.strip()
+    if bare and entries:
+        first, *others = sorted(bare)
+        old = entries[0].id
+        entries = [dataclasses.replace(entries[0], id=first), *entries[1:]]
+        out = {**{n: first for n in [*others, old]}, **{n: first if t == old else t for n, t in out.items()}}
+    return entries, out
 
 
 def _presets() -> dict[str, Preset]:
@@ -164,9 +172,8 @@ def build(args: argparse.Namespace) -> tuple[Service, ServerRunner]:
                           read_timeout=args.read_timeout, max_connections=args.max_connections,
                           metrics=not args.no_metrics, slots=args.slots,
                           tags=tuple(t.strip() for t in args.tags.split(",") if t.strip()))
-    entries = entries_for(args, _presets())
-    router = Router(entries=entries, idle_unload_s=args.idle_unload,
-                    max_loaded=args.max_loaded, aliases=_aliases(args.alias, entries[0].id if entries else ""),
+    entries, aliases = _named(entries_for(args, _presets()), args.alias)
+    router = Router(entries=entries, idle_unload_s=args.idle_unload, max_loaded=args.max_loaded, aliases=aliases,
                     pool_factory=lambda e, path: EnginePool(model=path, load=e.load, speculation=e.speculation,
                                                             model_id=e.id))
     service = Service(router=router, config=config)

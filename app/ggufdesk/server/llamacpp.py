@@ -352,7 +352,7 @@ async def models(request: Request) -> Response:
     data, native = [], []
     for m in svc.models():
         data.append({"id": m["id"], "object": "model", "created": created, "owned_by": "ggufdesk",
-                     "aliases": m.get("aliases") or [m["id"]], "tags": list(svc.config.tags),
+                     "aliases": sorted({m["id"], *(m.get("aliases") or [])}), "tags": list(svc.config.tags),
                      "meta": {"n_ctx_train": m["context_length"], "n_params": m["n_params"], "size": m["size_bytes"]}})
         native.append({"name": m["id"], "model": m["id"], "size": m["size_bytes"], "digest": m["digest"],
                        "capabilities": m["capabilities"], "details": {"format": "gguf", "family": m["family"],

@@ -42,7 +42,7 @@ class PullRequest(Strict):
 def parse_name(name: str) -> tuple[str, str]:
     """(repo, quant) of `hf.co/owner/repo[:QUANT]`; a 400 for anything else."""
     m = HF_NAME.match(name.strip())
-    if m is None:
+    if m is None or any(part.strip(".") == "" for part in m[1].split("/")):  # no "." or ".." for a name
         raise invalid(f"cannot pull {name!r}: this server pulls Hugging Face GGUF repos, named "
                       "hf.co/owner/repo[:QUANT] (Ollama's registry is not available here)", param="model")
     quant = m[2] or DEFAULT_QUANT
