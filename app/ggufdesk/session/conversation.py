@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Literal, Protocol
 
@@ -101,7 +103,6 @@ class ChatSession:
         self.model: P.Loaded | None = None
         self.no_model_reason = ""
         self._saved_at = 0.0
-        self._pending_version: dict[str, int] | None = None
         if writer is not None:
             writer.on_state = lambda st: self.post(lambda: self.view.save_state_changed(st))
 
@@ -121,14 +122,26 @@ class ChatSession:
             self.view.phase_changed(phase)
 
     def _write(self, run: Callable[[History], Any], *, then: Callable[[Any], None] | None = None,
-               key: Any = None) -> None:
-        """Queue a write; `then(result)` comes back on the session's thread."""
+               key: Any = None, fills: Ref | None = None) -> None:
+        """Queue a write; `then(result)` comes back on the session's thread. `fills`: the row id
+        `run` notes, forgotten again if its transaction rolls back."""
         if self.writer is None:
             if then is not None:
                 then(None)
             return
         back = None if then is None else (lambda result: self.post(lambda: then(result)))
-        self.writer.submit(run, then=back, key=key)
+        undo = None if fills is None else (lambda: setattr(fills, "id", None))
+        self.writer.submit(run, then=back, key=key, undo=undo)
+
+    @contextmanager
+    def _action(self) -> Iterator[None]:
+        """The writes of one user action (send, edit, regenerate) go to the database in one
+        transaction: a crash or a full disk halfway leaves the history as it was before it."""
+        if self.writer is None:
+            yield
+            return
+        with self.writer.transaction():
+            yield
 
     # ---- conversations --------------------------------------------------------------------------
 
@@ -155,7 +168,7 @@ class ChatSession:
             row.id = saved.id
             return saved
 
-        self._write(create, then=lambda saved: self._conversation_saved(row, saved))
+        self._write(create, then=lambda saved: self._conversation_saved(row, saved), fills=row)
         return conv
 
     def open(self, conv: Conversation, messages: list[Message],
@@ -226,6 +239,10 @@ class ChatSession:
         if not text:
             raise Refused("nothing to send")
         self.check_can_send()
+        with self._action():
+            return self._send(text, system_prompt=system_prompt, sampling=sampling)
+
+    def _send(self, text: str, *, system_prompt: str, sampling: SamplingSettings | None) -> Turn:
         if self.conv is None:
             self.new_conversation(system_prompt=system_prompt, sampling=sampling)
         assert self.conv is not None
@@ -237,7 +254,8 @@ class ChatSession:
             first_user = next((t for t in self.turns if t.role == "user"), None)
             retitle = retitle or (edited is first_user
                                   and self.conv.title == title_from(edited.content))
-            self._replace_from(edited, user)
+            user.version = (edited.version[1] + 1, edited.version[1] + 1)
+            self._add(user, status="done", replaces=self._replace_from(edited))
         else:
             self.editing = None
             self._add(user, status="done")
@@ -257,8 +275,9 @@ class ChatSession:
             return
         if turn.role != "assistant":
             raise Refused("only an answer can be written again")
-        self._replace_from(turn, None)
-        self._start_answer(version=(turn.version[1] + 1, turn.version[1] + 1))
+        with self._action():
+            self._start_answer(version=(turn.version[1] + 1, turn.version[1] + 1),
+                               replaces=self._replace_from(turn))
 
     def step_version(self, key: int, step: int) -> None:
         """Show the previous (-1) or next (+1) version of turn `key`, with its own later turns."""
@@ -282,33 +301,13 @@ class ChatSession:
 
         self._write(switch, then=shown)
 
-    def _replace_from(self, turn: Turn, replacement: Turn | None) -> None:
-        """`turn` and what follows leave the screen and become an earlier version in the history;
-        `replacement` (an edited message) takes its place, numbered as the next version."""
+    def _replace_from(self, turn: Turn) -> Ref:
+        """`turn` and what follows leave the screen. In the history they become an earlier version
+        when the message that replaces them is written (replace_message: one write)."""
         self.editing = None
-        index = self.turns.index(turn)
-        self.turns = self.turns[:index]
-        conv_row, first = self.conv_row, turn.row
-        holder: dict[str, int] = {}
-
-        def keep(h: History) -> int:
-            holder["version"] = h.keep_as_version(conv_row.get(), first.get())
-            return holder["version"]
-
-        self._write(keep)
+        self.turns = self.turns[:self.turns.index(turn)]
         self.view.show_conversation(self.conv, list(self.turns))
-        self._pending_version = holder
-        if replacement is not None:
-            replacement.version = (turn.version[1] + 1, turn.version[1] + 1)
-            self._add(replacement, status="done")
-            self._number(replacement)
-
-    def _number(self, turn: Turn) -> None:
-        """Give the row that replaced an earlier version its version number (after it is written)."""
-        holder, row = self._pending_version, turn.row
-        self._pending_version = None
-        if holder is not None:
-            self._write(lambda h: h.set_version(row.get(), holder["version"]))
+        return turn.row
 
     def edit(self, key: int) -> str:
         """Start editing turn `key`: returns its text; the next send replaces it and what follows."""
@@ -323,18 +322,26 @@ class ChatSession:
     def _turn(self, key: int) -> Turn | None:
         return next((t for t in self.turns if t.key == key), None)
 
-    def _add(self, turn: Turn, *, status: str, then: Callable[[Any], None] | None = None) -> None:
+    def _add(self, turn: Turn, *, status: str, then: Callable[[Any], None] | None = None,
+             replaces: Ref | None = None) -> None:
+        """Show a new turn and write its row (in place of `replaces` and what followed it, which
+        become an earlier version)."""
         self.turns.append(turn)
         self.view.turn_added(turn)
         conv_row, row, role, content = self.conv_row, turn.row, turn.role, turn.content
 
         def insert(h: History) -> int:
-            row.id = h.add_message(conv_row.get(), role, content, status=status).id
+            if replaces is None:
+                row.id = h.add_message(conv_row.get(), role, content, status=status).id
+            else:
+                row.id = h.replace_message(conv_row.get(), replaces.get(), role, content,
+                                           status=status).id
             return row.id
 
-        self._write(insert, then=then)
+        self._write(insert, then=then, fills=row)
 
-    def _start_answer(self, version: tuple[int, int] | None = None) -> None:
+    def _start_answer(self, version: tuple[int, int] | None = None,
+                      replaces: Ref | None = None) -> None:
         """Commit the answer's (empty) row, then ask the engine: what the user wrote is on disk
         before generation for it starts."""
         assert self.conv is not None
@@ -346,9 +353,8 @@ class ChatSession:
             answer.version = version
         self.answer = answer
         self._set_phase("saving")
-        self._add(answer, status="streaming", then=lambda _: self._begin(answer, conv, request))
-        if version is not None:
-            self._number(answer)
+        self._add(answer, status="streaming", then=lambda _: self._begin(answer, conv, request),
+                  replaces=replaces)
 
     def _begin(self, answer: Turn, conv: Conversation, request: dict[str, Any]) -> None:
         if self.answer is not answer or self.phase != "saving":
