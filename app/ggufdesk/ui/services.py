@@ -278,8 +278,16 @@ class ModelServices:
         return out
 
     def choice_for_file(self, path: Path, hw: Any) -> ModelChoice:
+        """A file the user picked, planned; refused (KnownError, the reader's reason) when it is
+        not a GGUF model llama.cpp could load, rather than listed with a guess from its size."""
+        from ggufdesk.core.gguf_meta import read_gguf
+
         if not path.is_file():
             raise KnownError(f"{path} is not a file")
+        try:
+            self._infos[str(path)] = read_gguf(path)
+        except KnownError as e:
+            raise KnownError(f"{path.name} cannot be opened as a model: {e}") from e
         return self.plan(ModelChoice(label=path.name, source="file", path=path,
                                      size_bytes=path.stat().st_size), hw)
 
@@ -292,7 +300,7 @@ class ModelServices:
 
         target = str(choice.path) if choice.path else f"hf://{choice.repo}/{choice.filename}"
         try:
-            pl = planner.plan(read_gguf(target), hw, n_ctx=choice.n_ctx)
+            pl = planner.plan(self._infos.get(target) or read_gguf(target), hw, n_ctx=choice.n_ctx)
         except KnownError as e:
             log.info("planning %s failed: %s", choice.label, e)
             return replace(rough_plan(choice, hw), note=str(e))
