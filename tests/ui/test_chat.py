@@ -192,6 +192,20 @@ def test_completion_mode_for_a_base_model(qtbot, window, tmp_path):
     assert sent[0]["prompt"] == "Once upon a time" and sent[0]["messages"] is None
 
 
+def test_continue_with_an_empty_box_writes_on(qtbot, window, tmp_path):
+    w = window
+    with qtbot.waitSignal(w.engine.loaded, timeout=15000):
+        w.load_model(str(tmp_path / "gemma-base.gguf"))
+    w.new_conversation()
+    w.send_btn.click()  # nothing written yet: said, not silently ignored
+    assert "write the beginning of a text first" in w.banner.text
+    send_and_wait(qtbot, w, "Once upon a time")
+    assert w.input.toPlainText() == "" and w.send_btn.text() == "Continue"
+    with qtbot.waitSignal(w.answer_finished, timeout=15000):
+        w.send_btn.click()
+    assert [t.role for t in w.session.turns] == ["user", "assistant", "assistant"]
+
+
 def test_conversations_new_rename_search_delete_export(qtbot, loaded_window, tmp_path, monkeypatch):
     import json
 

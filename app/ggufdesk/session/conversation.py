@@ -266,6 +266,14 @@ class ChatSession:
         self._start_answer()
         return user
 
+    def continue_text(self) -> None:
+        """Completion mode, nothing typed: the model writes on from where the text ends."""
+        self.check_can_send()
+        if self.conv is None or self.conv.mode != "completion" or not any(t.content for t in self.turns):
+            raise Refused("write the beginning of a text first: the model continues it")
+        with self._action():
+            self._start_answer()
+
     def regenerate(self, key: int) -> None:
         """Answer turn `key` again. The current answer and every turn after it are kept as an
         earlier version (step back to it with step_version), never deleted."""

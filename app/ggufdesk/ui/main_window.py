@@ -455,12 +455,17 @@ class MainWindow(QMainWindow):
     # ---- sending (the session does the work) --------------------------------------------------
 
     def send(self, text: str | None = None) -> bool:
+        """Send what the box holds; in continue-text mode an empty box means "go on writing"."""
         text = (self.composer.text() if text is None else text).strip()
-        if not text:
+        completion = self.conv is not None and self.conv.mode == "completion"
+        if not text and not completion:
             return False
         try:
-            self.session.send(text, system_prompt=self.settings.system_prompt,
-                              sampling=self.settings.sampling)
+            if text:
+                self.session.send(text, system_prompt=self.settings.system_prompt,
+                                  sampling=self.settings.sampling)
+            else:
+                self.session.continue_text()
         except Refused as e:
             self.banner.notify(str(e), "warning")
             return False
