@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -341,6 +342,21 @@ class GaugePanel(QScrollArea):
             self.draft_len.setText("–")
         if recent is not None and not ev.final:
             self.graph.add(recent)
+
+    def on_ended(self, ev: p.Done | p.Error) -> None:
+        """A request ended without a final report (stopped, failed, the engine died): the decode
+        gauge shows what the answer averaged, not a "last 2 s" rate that is no longer true."""
+        last = self.last_stats
+        if last is None or last.final or ev.id is None or ev.id != last.id:
+            return
+        why = "stopped" if isinstance(ev, p.Done) else "failed"
+        if last.n_gen > 1 and last.decode_tok_s > 0:
+            self.decode.setText(f"{last.decode_tok_s:.1f} tok/s")
+            self.decode_note.setText(f"average of this answer ({last.n_gen} tokens, {why})")
+        else:
+            self.decode.setText("–")
+            self.decode_note.setText(why)
+        self.last_stats = dataclasses.replace(last, final=True)
 
     def on_sample(self, s: SystemSample) -> None:
         self.sample = s

@@ -246,6 +246,8 @@ class MainWindow(QMainWindow):
         e.unloaded.connect(self.gauges.on_unloaded)
         e.stats.connect(self.gauges.on_stats)
         e.progress.connect(self.gauges.on_progress)
+        for ended in (e.done, e.error, e.crashed):
+            ended.connect(self.gauges.on_ended)
         self.sampler.sampled.connect(self.gauges.on_sample)
         self._draft_timer = QTimer(self, singleShot=True, interval=500)
         self._draft_timer.timeout.connect(lambda: self.save_draft())
