@@ -77,6 +77,7 @@ def test_usable_at_800_by_600(qtbot, loaded_window):
         rect = QRect(top_left, widget.size())
         assert widget.isVisible() and area.contains(rect), (widget, rect)
     # the gauges are either fully inside the window or folded away by the user, never cut off
+    assert w.gauges.widget().width() <= w.gauges.viewport().width()  # nor their contents
     g = QRect(w.gauges.mapTo(w, w.gauges.rect().topLeft()), w.gauges.size())
     assert w.gauges.width() == 0 or area.contains(g)
 

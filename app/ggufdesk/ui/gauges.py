@@ -282,6 +282,8 @@ class GaugePanel(QScrollArea):
         lay.addWidget(self.graph)
         lay.addStretch(1)
         self.setWidget(self.box)
+        # Never narrower than the box (the splitter folds it away instead of cutting it off).
+        self.setMinimumWidth(self.box.minimumWidth() + self.verticalScrollBar().sizeHint().width())
         self.last_stats: p.Stats | None = None
         self._restyle()
         self._refresh_memory()

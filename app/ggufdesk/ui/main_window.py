@@ -12,10 +12,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable
 
-from PySide6.QtCore import QByteArray, QMimeData, QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import QByteArray, QEvent, QMimeData, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence, QShowEvent
 from PySide6.QtWidgets import (
-    QFileDialog, QInputDialog, QMainWindow, QMessageBox, QSplitter, QVBoxLayout, QWidget,
+    QApplication, QFileDialog, QInputDialog, QMainWindow, QMessageBox, QSplitter, QVBoxLayout, QWidget,
 )
 
 from ggufdesk.core.errors import KnownError
@@ -202,7 +202,9 @@ class MainWindow(QMainWindow):
         self._build_menus()
         from ggufdesk.ui import server_panel  # the "Local server" dock (off by default)
         self.server_panel = server_panel.attach(
-            self, tb, lambda: (self.model_path, self.settings.load) if self.model_path else None)
+            self, tb, lambda: (self.model_path, self.settings.load) if self.model_path else None,
+            make_room=self._make_room_for_the_server)
+        self._gauges_folded = False
         self.sampler = SystemSampler(lambda: self.engine.pid, parent=self)
         self.show_mode()
         self.resize(1180, 760)
@@ -268,6 +270,21 @@ class MainWindow(QMainWindow):
         self.model_action.triggered.connect(lambda: self._choose_model and self._choose_model())
         self.settings_action.triggered.connect(lambda: self.open_settings())
         self.conv_settings_action.triggered.connect(lambda: self.open_conversation_settings())
+
+    def _make_room_for_the_server(self, showing: bool) -> None:
+        """On a narrow window the Local server panel takes the gauges' place (they come back when
+        it closes) instead of widening the window past the screen and squeezing the gauges."""
+        if showing and self.gauges.isVisible():
+            need = sum(w.minimumWidth() for w in (self.sidebar, self.splitter.widget(1), self.gauges))
+            need += self.server_panel.minimumSizeHint().width() + 4 * self.splitter.handleWidth() + 16
+            if self.width() < need:
+                self.gauges.hide()
+                self._gauges_folded = True
+                # the splitter's smaller minimum must be known before the dock's layout asks
+                QApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)
+        elif not showing and self._gauges_folded:
+            self.gauges.show()
+            self._gauges_folded = False
 
     def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt API
         super().showEvent(event)
