@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -278,3 +279,25 @@ def test_dropping_a_gguf_adds_it_to_the_library_and_loads_it(qtbot, window, tiny
     _drop(window, bogus)  # refused with a message; nothing remembered
     assert "not a GGUF" in window.banner.text
     assert len(library.user_models()) == 1
+
+
+def test_export_starts_in_documents_then_where_the_last_export_went(qtbot, loaded_window, tmp_path,
+                                                                   monkeypatch):
+    from PySide6.QtWidgets import QFileDialog
+
+    w = loaded_window
+    send_and_wait(qtbot, w, "a/b: notes?")
+    asked = []
+    target = tmp_path / "exports" / "mine.md"
+    target.parent.mkdir()
+    monkeypatch.setattr(QFileDialog, "getSaveFileName",
+                        staticmethod(lambda _parent, _title, path, _filter: (asked.append(path),
+                                                                             (str(target), ""))[1]))
+    with qtbot.waitSignal(w.exported, timeout=10000):
+        w.export_current()
+    first = Path(asked[0])
+    assert first.parent != Path.cwd() and first.name == "a-b- notes.md"  # no folder from the title
+    assert target.read_text().startswith("# a/b: notes?") and "**You:**" in target.read_text()
+    with qtbot.waitSignal(w.exported, timeout=10000):
+        w.export_current()
+    assert Path(asked[1]).parent == target.parent

@@ -16,6 +16,7 @@ from typing import Any, Callable, TypeVar
 from ggufdesk.core.aside import move_aside
 from ggufdesk.core.errors import BugError, KnownError, SettingsError
 from ggufdesk.core.settings import SamplingSettings
+from ggufdesk.core.wording import role_name, state_note
 
 log = logging.getLogger("ggufdesk.history")
 _T = TypeVar("_T")
@@ -609,9 +610,10 @@ class History:
             lines += [f"_Model: {Path(conv.model).name}_", ""]
         if conv.system_prompt:
             lines += ["**System:**", "", conv.system_prompt, ""]
-        for m in self.messages(conversation_id):
-            note = "" if m.status == "done" else f" _({m.status})_"
-            lines += [f"**{m.role.capitalize()}:**{note}", "", m.content, ""]
+        for m in self.messages(conversation_id):  # in the window's words (core/wording.py)
+            note = state_note(m.status, str(m.stats.get("finish_reason") or ""))
+            note = f" _({note})_" if note else ""
+            lines += [f"**{role_name(m.role, conv.mode)}:**{note}", "", m.content, ""]
         return "\n".join(lines).rstrip() + "\n"
 
 

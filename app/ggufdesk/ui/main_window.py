@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable
 
-from PySide6.QtCore import QByteArray, QEvent, QMimeData, QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import (
+    QByteArray, QEvent, QMimeData, QSettings, QStandardPaths, Qt, QTimer, Signal,
+)
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence, QShowEvent
 from PySide6.QtWidgets import (
     QApplication, QFileDialog, QInputDialog, QMainWindow, QMessageBox, QSplitter, QVBoxLayout, QWidget,
@@ -41,7 +44,24 @@ log = logging.getLogger("ggufdesk.ui.chat")
 
 Recommended = Callable[[], tuple[LoadSettings, SpeculationSettings]]
 Estimate = Callable[[str, LoadSettings], ContextEstimate | None]
+EXPORT_DIR_KEY = "export/dir"
 _Read = tuple[Conversation, list[Message], dict[int, tuple[int, int]]]  # a conversation, read back
+
+
+def export_dir(settings: QSettings | None = None) -> Path:
+    """Where Export… starts: the folder of the last export, else the user's documents (never the
+    process's working directory)."""
+    last = str((settings or QSettings()).value(EXPORT_DIR_KEY, "", type=str) or "")
+    if last and Path(last).is_dir():
+        return Path(last)
+    docs = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+    return Path(docs) if docs and Path(docs).is_dir() else Path.home()
+
+
+def file_name(title: str) -> str:
+    """A conversation's title as a file name (no folder separators or characters Windows refuses)."""
+    name = re.sub(r'[\\/:*?"<>|\x00-\x1f]+', "-", title).strip(" .-")
+    return name[:80] or "conversation"
 
 
 def _as_message(turn: Turn) -> Message:
@@ -442,7 +462,8 @@ class MainWindow(QMainWindow):
             return
         if path is None:
             path, _ = QFileDialog.getSaveFileName(
-                self, "Export conversation", f"{conv.title}.md", "Markdown (*.md);;JSON (*.json)")
+                self, "Export conversation", str(export_dir() / f"{file_name(conv.title)}.md"),
+                "Markdown (*.md);;JSON (*.json)")
             if not path:
                 return
         out = Path(path)
@@ -467,6 +488,7 @@ class MainWindow(QMainWindow):
                 self.exported.emit(None)
                 return
             self.banner.notify(f"exported to {out}")
+            QSettings().setValue(EXPORT_DIR_KEY, str(out.parent))  # the next export starts there
             self.exported.emit(out)
 
         run_in_background(export, done)

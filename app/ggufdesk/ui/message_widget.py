@@ -12,25 +12,9 @@ from PySide6.QtWidgets import (
     QFrame, QHBoxLayout, QLabel, QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout, QWidget,
 )
 
+from ggufdesk.core.wording import COMPLETION_NAMES, FINISH_WORDS, ROLE_NAMES, STATUS_NOTES
 from ggufdesk.ui import theme
 
-ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
-# Completion mode is one text the model continues, not a conversation.
-COMPLETION_NAMES = {"user": "Your text", "assistant": "Continued by the model", "system": "System"}
-STATUS_NOTES = {
-    "streaming": "writing…",
-    "partial": "partial: the engine stopped",
-    "cancelled": "stopped",
-    "error": "failed",
-}
-# Why an answer ended (Done.finish_reason), in words.
-FINISH_WORDS = {
-    "stop": "finished",
-    "length": "stopped at the token limit",
-    "cancelled": "stopped by you",
-    "context": "stopped: the context is full",
-    "tool_calls": "called a tool",
-}
 RENDER_INTERVAL_MS = 50  # a streaming body re-renders at most 20 times a second
 
 
