@@ -196,7 +196,7 @@ class MainWindow(QMainWindow):
         self.input = self.composer.box
         self.send_btn, self.stop_btn = self.composer.send_btn, self.composer.stop_btn
 
-        center = QWidget()
+        self.center = center = QWidget()  # header, banner, chat, composer
         center.setMinimumWidth(300)
         cl = QVBoxLayout(center)
         cl.addWidget(self.header)
@@ -295,7 +295,7 @@ class MainWindow(QMainWindow):
         """On a narrow window the Local server panel takes the gauges' place (they come back when
         it closes) instead of widening the window past the screen and squeezing the gauges."""
         if showing and self.gauges.isVisible():
-            need = sum(w.minimumWidth() for w in (self.sidebar, self.splitter.widget(1), self.gauges))
+            need = sum(w.minimumWidth() for w in (self.sidebar, self.center, self.gauges))
             need += self.server_panel.minimumSizeHint().width() + 4 * self.splitter.handleWidth() + 16
             if self.width() < need:
                 self.gauges.hide()
