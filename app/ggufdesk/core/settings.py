@@ -130,6 +130,9 @@ class SamplingSettings:
     stop: list[str] = field(default_factory=list)
     # structured output: "" off, "json_object", a JSON schema or a JSON list of tools (core/tools.py)
     structured: str = ""
+    # with tools: "auto" (the model decides), "required" (it must call one), "none" (it may not),
+    # or a tool's name (it must call that one) — the API's tool_choice
+    tool_choice: str = "auto"
 
     def __post_init__(self) -> None:
         _float("temperature", self.temperature, 0.0, 5.0)
@@ -144,12 +147,14 @@ class SamplingSettings:
             raise SettingsError("stop must be a list of non-empty strings")
         if not isinstance(self.structured, str):
             raise SettingsError("structured output must be text")
+        if not isinstance(self.tool_choice, str) or not self.tool_choice.strip():
+            raise SettingsError("tool choice must be auto, required, none or a tool's name")
         if self.structured.strip():
             from ggufdesk.core.schema import SchemaError
             from ggufdesk.core.tools import request_fields
 
             try:
-                request_fields(self.structured)
+                request_fields(self.structured, self.tool_choice)
             except SchemaError as e:
                 raise SettingsError(str(e)) from None
 

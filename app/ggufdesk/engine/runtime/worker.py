@@ -335,7 +335,7 @@ class Engine:
             fields: dict[str, Any] = {"json_schema": req.json_schema, "grammar": req.grammar,
                                       "tools": req.tools, "tool_choice": req.tool_choice}
             if not any(v is not None for v in fields.values()) and sampling.structured:
-                fields.update(request_fields(sampling.structured))
+                fields.update(request_fields(sampling.structured, sampling.tool_choice))
             return structured.plan(**fields, parallel_tool_calls=req.parallel_tool_calls,
                                    template_source=self.template.source,
                                    chat=req.messages is not None)
