@@ -58,6 +58,7 @@ class Sequence:
     constraint: GrammarConstraint | None = None  # structured output: every token must fit its grammar
     structured: Structured | None = None  # what the request asked for (tool calls are parsed at the end)
     paused_steps: int = 0  # steps decoded in a batch while it had a drafter
+    chat: bool = False  # an answer in a chat (not a text continued): no whitespace at its ends
 
     @property
     def reserve(self) -> int:
@@ -187,7 +188,7 @@ class BatchEngine:
         if len(self.sched.running) == 1:
             llama_cpp.llama_perf_context_reset(self.lm.ctx.ctx)
         seq.sampler = make_sampler(self.lm, seq.sampling)
-        seq.stream = TextStream(seq.sampling.stop)
+        seq.stream = TextStream(seq.sampling.stop, trim=seq.chat)
         s = seq.sampling
         if seq.sampler is not None and s.repeat_penalty != 1.0 and s.repeat_last_n:
             for t in seq.prompt[-max(s.repeat_last_n, 0):]:

@@ -268,7 +268,8 @@ class Engine:
                 seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs,
                                drafter=drafter, max_gen=min(sampling.max_tokens, self.lm.n_ctx - len(prompt)),
                                stats=RunStats(n_prompt=len(prompt), t_start=t_start),
-                               constraint=constraint, structured=structured)
+                               constraint=constraint, structured=structured,
+                               chat=req.messages is not None)
                 self.batch.submit(seq)
             except (KnownError, TypeError):
                 if constraint is not None:
