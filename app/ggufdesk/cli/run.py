@@ -175,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
     else:
-        print(file=sys.stderr)
+        if not result["text"].endswith("\n"):
+            print()  # the text is a line of its own: the shell prompt (or the next line in a file) starts fresh
         print(f"[{result['tokens']} tokens, TTFT {result['ttft_s']:.3f} s, prefill "
               f"{result['prefill_tok_s']:.1f} tok/s, decode {result['decode_tok_s']:.1f} tok/s"
               + (f", accepted {result['accepted']}/{result['drafted']}" if result["drafted"] else "")
