@@ -230,3 +230,14 @@ def test_rough_plan_and_plain_words():
     assert gpu.fit == "full_gpu" and gpu.n_gpu_layers == -1
     words = " ".join(describe_hardware(hw))
     assert "No graphics card we can use" in words and "32.0 GB" in words
+
+
+def test_the_hardware_page_says_no_gpu_once():
+    from dataclasses import replace
+
+    hw = replace(fake_hw(vram=0), notes=("no NVIDIA driver in use (NVML Shared Library Not Found)",
+                                         "no usable GPU found: models run on the CPU"))
+    words = " ".join(describe_hardware(hw))
+    assert words.count("GPU") + words.count("graphics card") + words.count("NVIDIA") == 1, words
+    hw = replace(fake_hw(), notes=("GPU 1: NVML reports no memory information",))
+    assert "Note: GPU 1: NVML reports no memory information." in describe_hardware(hw)

@@ -105,6 +105,10 @@ class DownloadStopped(Exception):
     """Raised by download() when paused or cancelled."""
 
 
+# The probe's notes that only say why there is no GPU (core/hardware.py).
+NO_GPU_NOTES = ("no usable GPU found", "no NVIDIA driver in use", "nvidia-ml-py is not installed")
+
+
 def describe_hardware(hw: Any) -> list[str]:
     """The probe's findings as sentences a user understands."""
     gb = 1024**3
@@ -128,6 +132,8 @@ def describe_hardware(hw: Any) -> list[str]:
         lines.append(f"Memory speed: about {bw:.0f} GB/s. Writing each word reads the whole model "
                      f"once, so a 1 GB model writes roughly {bw:.0f} words per second here.")
     for note in getattr(hw, "notes", ()) or ():
+        if not gpus and note.startswith(NO_GPU_NOTES):
+            continue  # the first line said it (the probe's notes stay in `ggufdesk probe`)
         lines.append(f"Note: {note}.")
     return lines
 
