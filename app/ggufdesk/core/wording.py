@@ -17,6 +17,7 @@ FINISH_WORDS = {
     "cancelled": "stopped by you",
     "context": "stopped: the context is full",
     "tool_calls": "called a tool",
+    "repeat": "stopped: it began repeating itself",
 }
 
 

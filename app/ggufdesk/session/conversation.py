@@ -18,6 +18,7 @@ from ggufdesk.core.errors import KnownError
 from ggufdesk.core.history import Conversation, History, Message
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
+from ggufdesk.session.guard import repeat_cut
 from ggufdesk.session.prompt import build_request, title_from
 from ggufdesk.session.turns import Ref, Turn
 from ggufdesk.session.writer import HistoryWriter, SaveState
@@ -25,6 +26,7 @@ from ggufdesk.session.writer import HistoryWriter, SaveState
 log = logging.getLogger("ggufdesk.session")
 
 SAVE_PARTIAL_EVERY_S = 1.0
+BASE_MODEL_TURN_END = "\n\n"  # a base model's chat answer ends at a blank line
 Phase = Literal["idle", "saving", "streaming", "stopping"]
 Level = Literal["info", "warning", "error"]
 
@@ -103,6 +105,7 @@ class ChatSession:
         self.model: P.Loaded | None = None
         self.no_model_reason = ""
         self._saved_at = 0.0
+        self._loop_cut: int | None = None  # a base model's answer repeats itself: it ends here
         if writer is not None:
             writer.on_state = lambda st: self.post(lambda: self.view.save_state_changed(st))
 
@@ -355,6 +358,11 @@ class ChatSession:
         assert self.conv is not None
         conv = self.conv
         request = build_request(conv, self.turns)
+        self._loop_cut = None
+        if self.base_model and conv.mode == "chat":
+            # A base model does not know where a chat turn ends: a turn is one paragraph.
+            request["sampling"] = dataclasses.replace(
+                conv.sampling, stop=[*conv.sampling.stop, BASE_MODEL_TURN_END])
         answer = Turn(role="assistant", content="", status="streaming",
                       stats={"model": Path(self.model.model).name} if self.model else {})
         if version is not None:
@@ -368,13 +376,26 @@ class ChatSession:
         if self.answer is not answer or self.phase != "saving":
             return  # stopped (or replaced) before its row was on disk: the engine is never asked
         try:
-            self.rid = self.engine.generate(sampling=conv.sampling, **request)
+            self.rid = self.engine.generate(**{"sampling": conv.sampling, **request})
         except (KnownError, OSError) as e:
             self._finish("error")
             self.view.notice(f"could not start the answer: {e}", "error")
             return
         self._saved_at = self.clock()
         self._set_phase("streaming")
+
+    @property
+    def base_model(self) -> bool:
+        """The loaded model has no chat template (it continues text)."""
+        return self.model is not None and self.model.chat_format == "completion"
+
+    def _check_loop(self, answer: Turn) -> None:
+        """A base model that writes the same span a third time is stopped after the first."""
+        if self._loop_cut is None and self.base_model and self.rid is not None \
+                and (cut := repeat_cut(answer.content)) is not None:
+            self._loop_cut = cut
+            self._set_phase("stopping")
+            self.engine.cancel(self.rid)
 
     def stop(self) -> None:
         """Ask for the answer to stop (what was written is kept). The engine client kills and
@@ -418,6 +439,7 @@ class ChatSession:
         if isinstance(ev, P.Token) and mine and answer is not None:
             answer.content += ev.text
             self.view.turn_grew(answer, ev.text)
+            self._check_loop(answer)
             if self.clock() - self._saved_at >= self.save_every:
                 self._saved_at = self.clock()
                 self._save_answer(answer, final=False)
@@ -432,7 +454,12 @@ class ChatSession:
             if ev.tool_calls:  # shown as readable blocks under the answer (ui/message_widget.py)
                 answer.stats["tool_calls"] = ev.tool_calls
                 answer.stats["content"] = ev.content or ""
-            self._finish("cancelled" if ev.finish_reason == "cancelled" else "done", ev.finish_reason)
+            if self._loop_cut is not None:  # we stopped it: it was repeating itself
+                answer.content = answer.content[:self._loop_cut].rstrip()
+                self._finish("done", "repeat")
+            else:
+                self._finish("cancelled" if ev.finish_reason == "cancelled" else "done",
+                             ev.finish_reason)
         elif isinstance(ev, P.Error):
             self._on_error(ev, mine)
         elif isinstance(ev, P.Loaded):
