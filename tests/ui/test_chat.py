@@ -181,8 +181,10 @@ def test_completion_mode_for_a_base_model(qtbot, window, tmp_path):
     w = window
     with qtbot.waitSignal(w.engine.loaded, timeout=15000):
         w.load_model(str(tmp_path / "gemma-base.gguf"))
-    assert "is a base model: it continues the text you start" in w.banner.text
-    assert "Gemma 3 1B Instruct" in w.banner.text  # a chat-tuned download from the catalog
+    qtbot.waitUntil(lambda: "is a base model: it continues the text you start" in w.banner.text,
+                    timeout=15000)
+    # offline with no chat model on this computer: no model is named that could not be had
+    assert w.banner.text.endswith("choose a chat-tuned model (Model ▸ Choose model…).")
     conv = w.new_conversation()
     assert conv.mode == "completion" and w.mode_label.text() == "continue-text mode"
     assert w.send_btn.text() == "Continue" and "Write the beginning of a text" in w.input.placeholderText()
@@ -301,3 +303,14 @@ def test_export_starts_in_documents_then_where_the_last_export_went(qtbot, loade
     with qtbot.waitSignal(w.exported, timeout=10000):
         w.export_current()
     assert Path(asked[1]).parent == target.parent
+
+
+def test_the_base_model_banner_names_a_chat_model_on_this_computer(qtbot, window, tmp_path):
+    from ggufdesk.core import library
+    from tests.fixtures.ggufs import write_tiny_llama
+
+    library.add_path(write_tiny_llama(tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    with qtbot.waitSignal(window.engine.loaded, timeout=15000):
+        window.load_model(str(tmp_path / "gemma-base.gguf"))
+    qtbot.waitUntil(lambda: "is a base model" in window.banner.text, timeout=15000)
+    assert "e.g. SmolLM2-135M-Instruct.Q4_1.gguf, which is on this computer" in window.banner.text

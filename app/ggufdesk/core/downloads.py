@@ -147,6 +147,25 @@ def _hub_error(e: BaseException, repo_id: str, filename: str, revision: str | No
     return KnownError(f"could not reach the Hugging Face hub: {e}")
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """One quick look at the hub (its front page, `timeout` s): offline, say so at once rather than
+    let huggingface_hub retry each request for half a minute. HF_HUB_OFFLINE counts as offline."""
+    import urllib.error
+    import urllib.request
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    try:
+        urllib.request.urlopen(constants.ENDPOINT, timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    return True
+
+
 def check_filename(filename: str) -> str:
     """Refuse names that would land outside the repo's folder (absolute, ``..``, backslashes, drives)."""
     p = PurePosixPath(filename)

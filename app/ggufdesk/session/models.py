@@ -8,11 +8,17 @@ answers with events.
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal, Protocol
 
+from ggufdesk.core import catalog as catalog_module
+from ggufdesk.core import downloads, library, starter
+from ggufdesk.core.catalog import Catalog
 from ggufdesk.core.errors import KnownError
+from ggufdesk.core.library import LocalModel
 from ggufdesk.core.settings import LoadSettings, Settings, SpeculationSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.session.conversation import Level
@@ -209,15 +215,38 @@ class ModelSession:
         return f" (recommended here: {load.n_gpu_layers} GPU layers, context {load.n_ctx})"
 
 
-def base_model_advice(model: P.Loaded) -> str:
-    """What the window says when a base model loads: what it does, and a chat model to get."""
+# A file name that says the model is chat-tuned: "…-Instruct-…", "…-it-…", "…-Chat-…".
+CHAT_TUNED_NAME = re.compile(r"instruct|chat|(?:^|[-_. ])it(?:$|[-_. ])", re.IGNORECASE)
+
+
+def chat_models_here(models: Sequence[LocalModel]) -> list[LocalModel]:
+    """The local models whose names say they are chat-tuned, smallest (quickest to load) first."""
+    return sorted((m for m in models if CHAT_TUNED_NAME.search(m.name)), key=lambda m: m.size)
+
+
+def base_model_advice(model: P.Loaded, *, local: Sequence[LocalModel] = (),
+                      online: bool = False, catalog: Catalog | None = None) -> str:
+    """What the window says when a base model loads: what it does, and a chat model the user can
+    have now — one on this computer (the library), else, online, the catalog's suggestion, else
+    none by name (a name the offline model list does not have would send the user looking)."""
     text = (f"{Path(model.model).name} is a base model: it continues the text you start (no chat "
             "template). For a chat, choose a chat-tuned model")
-    try:
-        from ggufdesk.core import catalog, starter
+    here = [m for m in chat_models_here(local) if str(m.path) != model.model]
+    if here:
+        return text + f", e.g. {here[0].name}, which is on this computer (Model ▸ Choose model…)."
+    if online and catalog is not None and (entry := starter.chat_suggestion(catalog)) is not None:
+        return text + f", e.g. {entry.name} (Model ▸ Choose model… downloads it)."
+    return text + " (Model ▸ Choose model…)."
 
-        if (entry := starter.chat_suggestion(catalog.load())) is not None:
-            text += f", e.g. {entry.name} (Model ▸ Choose model…)"
+
+def find_base_model_advice(model: P.Loaded) -> str:
+    """base_model_advice with what this machine has: it reads the library's folders and may ask
+    the hub (a few seconds): call it off the GUI thread."""
+    local = library.list_models()
+    if chat_models_here(local):
+        return base_model_advice(model, local=local)
+    try:
+        cat: Catalog | None = catalog_module.load()
     except KnownError:
-        pass
-    return text + "."
+        cat = None
+    return base_model_advice(model, local=local, online=downloads.hub_reachable(), catalog=cat)

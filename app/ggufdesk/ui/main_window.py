@@ -27,7 +27,7 @@ from ggufdesk.core.settings import LoadSettings, Settings, SpeculationSettings, 
 from ggufdesk.engine.link import protocol as p
 from ggufdesk.session import ChatSession, HistoryWriter, Refused, SaveState, SessionView, Turn
 from ggufdesk.session.conversation import Level, Phase
-from ggufdesk.session.models import ModelSession, ModelState, ModelView, base_model_advice
+from ggufdesk.session.models import ModelSession, ModelState, ModelView, find_base_model_advice
 from ggufdesk.ui.chat_view import ChatView
 from ggufdesk.ui.composer import ENTER_SENDS_KEY, Composer, enter_sends
 from ggufdesk.ui.conversation_dialog import ConversationDialog
@@ -120,8 +120,13 @@ class _WindowView(SessionView, ModelView):
         self.win.banner.notify(text, level)
 
     def base_model_loaded(self, model: p.Loaded) -> None:
-        # Said once per model (not on every launch), with what to get for chatting.
-        self.win.banner.notify_once(f"base-model:{model.model}", base_model_advice(model))
+        # Said once per model (not on every launch), with a chat model the user can have now (the
+        # library's folders and the hub are looked at off the GUI thread).
+        def done(fut: Future[str]) -> None:
+            if describe_failure(fut) is None:
+                self.win.banner.notify_once(f"base-model:{model.model}", fut.result())
+
+        run_in_background(lambda: find_base_model_advice(model), done, owner=self.win)
 
     def model_state_changed(self, state: ModelState) -> None:
         self.win.header.set_model_state(state)

@@ -191,20 +191,9 @@ class ModelServices:
         return describe_hardware(hw)
 
     def hub_reachable(self, timeout: float = 3.0) -> bool:
-        import urllib.error
-        import urllib.request
+        from ggufdesk.core import downloads
 
-        from huggingface_hub import constants
-
-        if constants.HF_HUB_OFFLINE:
-            return False
-        try:
-            urllib.request.urlopen(constants.ENDPOINT, timeout=timeout).close()
-        except urllib.error.HTTPError:
-            return True  # it answered
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
-        return True
+        return downloads.hub_reachable(timeout)
 
     def recommendations(self, hw: Any) -> list[ModelChoice]:
         """The biggest catalog models that should fit here, each with its best quant for this machine."""
