@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 import asyncio
 import sys
+import signal
 import threading
 
 from ggufdesk.cli.run import add_model_arguments, resolve_model, settings_from_args
@@ -71,10 +72,16 @@ def run(args: argparse.Namespace) -> int:
               f"{service.config.parallel} at once; OpenAI base URL {url}/v1", flush=True)
 
     threading.Thread(target=load, name="serve-load", daemon=True).start()
+    # SIGTERM (a service manager, `kill`) is a normal stop: uvicorn stops on it and then raises it
+    # again for the default action, which would end this process before the engine is shut down.
+    quiet = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: None) if quiet else None
     try:
         asyncio.run(runner.serve())
     finally:
         pool.shutdown()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if failure:
         raise KnownError(f"the model did not load: {failure[0]}")
     print("ggufdesk serve: stopped", file=sys.stderr)
