@@ -9,6 +9,18 @@ import pytest
 FAKE_ENGINE = Path(__file__).resolve().parents[1] / "fixtures" / "fake_engine.py"
 
 
+@pytest.fixture(autouse=True)
+def _theme_choice_forgotten():
+    """A test that presses View ▸ Theme ▸ Dark must not leave later tests dark (Qt keeps one
+    settings file per process)."""
+    yield
+    from PySide6.QtCore import QSettings
+
+    from ggufdesk.ui import theme
+
+    QSettings().remove(theme.THEME_KEY)
+
+
 @pytest.fixture
 def fake_command() -> list[str]:
     return [sys.executable, str(FAKE_ENGINE)]

@@ -289,13 +289,13 @@ class GaugePanel(QScrollArea):
         self._refresh_memory()
 
     def _restyle(self) -> None:
-        self.mem_title.setStyleSheet("font-weight: 600;")
-        self.decode.setStyleSheet("font-size: 20px; font-weight: 600;")
-        self.decode_note.setStyleSheet(f"color: {theme.css(theme.muted())};")
+        theme.restyle(self.mem_title, "font-weight: 600;")
+        theme.restyle(self.decode, "font-size: 20px; font-weight: 600;")
+        theme.restyle(self.decode_note, f"color: {theme.css(theme.muted())};")
 
     def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt API
         super().changeEvent(event)
-        if event.type() == QEvent.Type.ApplicationPaletteChange:
+        if event.type() in theme.PALETTE_EVENTS:  # a child gets PaletteChange, a window the other
             self._restyle()
             self._refresh_memory()
 

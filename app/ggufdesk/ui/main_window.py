@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from concurrent.futures import Future
 from pathlib import Path
@@ -16,9 +17,12 @@ from typing import Callable
 from PySide6.QtCore import (
     QByteArray, QEvent, QMimeData, QSettings, QStandardPaths, Qt, QTimer, Signal,
 )
-from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence, QShowEvent
+from PySide6.QtGui import (
+    QAction, QActionGroup, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence, QShowEvent,
+)
 from PySide6.QtWidgets import (
-    QApplication, QFileDialog, QInputDialog, QMainWindow, QMessageBox, QSplitter, QVBoxLayout, QWidget,
+    QApplication, QFileDialog, QInputDialog, QMainWindow, QMenu, QMessageBox, QSplitter, QVBoxLayout,
+    QWidget,
 )
 
 from ggufdesk.core.errors import KnownError
@@ -28,6 +32,7 @@ from ggufdesk.engine.link import protocol as p
 from ggufdesk.session import ChatSession, HistoryWriter, Refused, SaveState, SessionView, Turn
 from ggufdesk.session.conversation import Level, Phase
 from ggufdesk.session.models import ModelSession, ModelState, ModelView, find_base_model_advice
+from ggufdesk.ui import theme
 from ggufdesk.ui.chat_view import ChatView
 from ggufdesk.ui.composer import ENTER_SENDS_KEY, Composer, enter_sends
 from ggufdesk.ui.conversation_dialog import ConversationDialog
@@ -264,6 +269,22 @@ class MainWindow(QMainWindow):
         model = self.menuBar().addMenu("&Model")
         for a in (self.model_action, self.settings_action, self.conv_settings_action):
             model.addAction(a)
+        self._build_theme_menu(self.menuBar().addMenu("&View").addMenu("Theme"))
+
+    def _build_theme_menu(self, menu: QMenu) -> None:
+        """System / Light / Dark, applied at once and remembered (ui/theme.py)."""
+        group = QActionGroup(self)
+        forced = bool(os.environ.get("GGUFDESK_THEME"))
+        self.theme_actions: dict[str, QAction] = {}
+        for choice, text in (("system", "System"), ("light", "Light"), ("dark", "Dark")):
+            a = QAction(text, self, checkable=True)
+            a.setChecked(theme.preference() == choice)
+            a.setEnabled(not forced)
+            a.setToolTip("set by GGUFDESK_THEME" if forced else f"{text} theme")
+            a.triggered.connect(lambda _checked=False, c=choice: theme.choose(c))
+            group.addAction(a)
+            menu.addAction(a)
+            self.theme_actions[choice] = a
 
     def _wire(self) -> None:
         e = self.engine
