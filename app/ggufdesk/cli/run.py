@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from ggufdesk.cli.worker import add_rpc_argument, describe_split, rpc_from_args
 from ggufdesk.core.errors import KnownError
@@ -14,7 +15,8 @@ HELP = "generate once from a prompt (through the engine process) and print text 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """Load and sampling flags shared by `run` and `chat`."""
-    p.add_argument("model", nargs="?", help="path to a .gguf file (default: the offline starter model)")
+    p.add_argument("model", nargs="?", help="a .gguf path or a library id (`ggufdesk library`; default: the "
+                                            "offline chat starter, smollm2-135m-instruct)")
     p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
     p.add_argument("--threads", type=int, default=0, help="decode threads (0 = physical cores)")
     p.add_argument("--threads-batch", type=int, default=0, help="prefill threads (0 = physical cores)")
@@ -52,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     shape.add_argument("--tools", metavar="FILE", help="OpenAI-style tools (JSON list) the model may call")
     p.add_argument("--tool-choice", default="auto",
                    help="auto | required | none | the name of one tool (with --tools)")
+    from ggufdesk.cli import mcp_tools
+
+    mcp_tools.add_arguments(p, interactive=False)
 
 
 def structured_from_args(args: argparse.Namespace) -> dict:
@@ -98,24 +103,41 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LoadSettings, Sampling
         repeat_penalty=args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
     )
     mode = "draft" if args.draft else "lookup" if args.lookup else "off"
-    spec = SpeculationSettings(mode=mode, draft_model=args.draft, k_max=args.draft_max,
+    spec = SpeculationSettings(mode=mode, draft_model=library_file(args.draft), k_max=args.draft_max,
                                k_min=min(1, args.draft_max), adaptive=not args.no_adaptive)
     return load, sampling, spec
 
 
-def resolve_model(model: str | None) -> str:
-    if model:
-        return model
-    from ggufdesk.core.starter import starter_model_path
+def library_file(name: str | None) -> str | None:
+    """A library id as its file; anything else (a path, even a missing one) unchanged, for the engine to judge."""
+    if not name or "/" in name or name.lower().endswith(".gguf"):
+        return name
+    from ggufdesk.core import library
 
-    return str(starter_model_path())
+    hit = library.find(name, library.entries())
+    return str(library.file_for(hit)) if hit is not None else name
+
+
+def resolve_model(model: str | None) -> str:
+    """A path or library id as the file to load; nothing means the default (chat) starter."""
+    from ggufdesk.core import library
+
+    return library.resolve(model)
+
+
+def mcp_host(args: argparse.Namespace, structured: dict) -> Any:
+    """The MCP host when this run offers MCP tools (--mcp-config or --allow-tools), else None."""
+    if not (args.mcp_config or args.allow_tools):
+        return None
+    if structured:
+        raise KnownError("MCP tools (--mcp-config, --allow-tools) cannot be combined with --tools, --json-schema "
+                         "or --json-object")
+    from ggufdesk.cli import mcp_tools
+
+    return mcp_tools.open_host(args, err=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ggufdesk.cli import print_json
-    from ggufdesk.engine.link import protocol as P
-    from ggufdesk.engine.link.client import EngineClient
-
     from ggufdesk.cli import preflight
 
     load, sampling, spec = settings_from_args(args)
@@ -123,10 +145,25 @@ def run(args: argparse.Namespace) -> int:
     structured = structured_from_args(args)
     if structured.get("tools") and not args.chat:
         args.chat = True  # tools are offered through the chat template
+    host = mcp_host(args, structured)
+    if host is not None:
+        args.chat = True
     model = resolve_model(args.model)
     info = preflight.check(model, load, spec)  # before the engine: broken files, a plan that cannot fit
-    text: list[str] = []
-    stats = done = None
+    try:
+        return _run(args, model, info, load, sampling, spec, prompt, structured, host)
+    finally:
+        if host is not None:
+            host.close()
+
+
+def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sampling: SamplingSettings,
+         spec: SpeculationSettings, prompt: str, structured: dict, host: Any) -> int:
+    from ggufdesk.cli import print_json
+    from ggufdesk.engine.link import protocol as P
+    from ggufdesk.engine.link.client import EngineClient
+
+    rounds: list[dict[str, Any]] | None = None
     with EngineClient(auto_restart=False) as client:
         loaded = client.load(model, settings=load, speculation=spec)
         notices = {e.kind: e.message for e in client.events(timeout=0)
@@ -139,46 +176,64 @@ def run(args: argparse.Namespace) -> int:
                              "(without --chat the prompt is sent as plain text)")
         if loaded.rpc and not args.json:
             print(f"[{describe_split(loaded.rpc)}]", file=sys.stderr)
-        if args.chat:
-            msgs = ([{"role": "system", "content": args.system}] if args.system else [])
-            rid = client.generate(messages=msgs + [{"role": "user", "content": prompt}], sampling=sampling,
-                                  **structured)
+        if host is not None:
+            from ggufdesk.cli import mcp_tools
+
+            text, stats, done, rounds = mcp_tools.run_once(client, loaded, host, args, prompt, sampling)
         else:
-            rid = client.generate(prompt=prompt, sampling=sampling, **structured)
-        for ev in client.stream(rid):
-            if isinstance(ev, P.Token):
-                text.append(ev.text)
-                if not args.json:
-                    sys.stdout.write(ev.text)
-                    sys.stdout.flush()
-            elif isinstance(ev, P.Stats):
-                stats = ev
-            elif isinstance(ev, P.Done):
-                done = ev
-            elif isinstance(ev, P.Error):
-                raise KnownError(ev.message)
+            text, stats, done = _generate(client, args, prompt, sampling, structured)
     result = {
-        "model": model, "text": "".join(text), "tokens": stats.n_gen if stats else 0,
-        "prompt_tokens": stats.n_prompt if stats else 0,
-        "ttft_s": stats.ttft_s if stats else None,
-        "prefill_tok_s": stats.prefill_tok_s if stats else None,
-        "decode_tok_s": stats.decode_tok_s if stats else None,
-        "drafted": stats.drafted if stats else 0, "accepted": stats.accepted if stats else 0,
-        "draft_len": stats.draft_len if stats else 0,
-        "speculation": stats.speculation if stats else "off",
-        "llama_perf": stats.llama_perf if stats else {},
+        "model": model, "text": text, "tokens": stats.get("n_gen", 0),
+        "prompt_tokens": stats.get("n_prompt", 0),
+        "ttft_s": stats.get("ttft_s"), "prefill_tok_s": stats.get("prefill_tok_s"),
+        "decode_tok_s": stats.get("decode_tok_s"),
+        "drafted": stats.get("drafted", 0), "accepted": stats.get("accepted", 0),
+        "draft_len": stats.get("draft_len", 0), "speculation": stats.get("speculation", "off"),
+        "llama_perf": stats.get("llama_perf", {}),
         "finish_reason": done.finish_reason if done else None,
         "tool_calls": done.tool_calls if done else [],
         "chat_format": loaded.chat_format, "load_s": loaded.load_s, "memory": loaded.memory,
         **({"rpc": loaded.rpc} if loaded.rpc else {}),
+        **({"tool_rounds": rounds} if rounds is not None else {}),
     }
     if args.json:
         print_json(result)
     else:
         if not result["text"].endswith("\n"):
             print()  # the text is a line of its own: the shell prompt (or the next line in a file) starts fresh
-        print(f"[{result['tokens']} tokens, TTFT {result['ttft_s']:.3f} s, prefill "
-              f"{result['prefill_tok_s']:.1f} tok/s, decode {result['decode_tok_s']:.1f} tok/s"
+        print(f"[{result['tokens']} tokens, TTFT {result['ttft_s'] or 0:.3f} s, prefill "
+              f"{result['prefill_tok_s'] or 0:.1f} tok/s, decode {result['decode_tok_s'] or 0:.1f} tok/s"
               + (f", accepted {result['accepted']}/{result['drafted']}" if result["drafted"] else "")
               + f", {result['finish_reason']}]", file=sys.stderr)
     return 0
+
+
+def _generate(client: Any, args: argparse.Namespace, prompt: str, sampling: SamplingSettings,
+              structured: dict) -> tuple[str, dict[str, Any], Any]:
+    """One generation, streamed to stdout unless --json: (text, the final stats, the Done event)."""
+    import dataclasses
+
+    from ggufdesk.engine.link import protocol as P
+
+    if args.chat:
+        msgs = ([{"role": "system", "content": args.system}] if args.system else [])
+        rid = client.generate(messages=msgs + [{"role": "user", "content": prompt}], sampling=sampling,
+                              **structured)
+    else:
+        rid = client.generate(prompt=prompt, sampling=sampling, **structured)
+    text: list[str] = []
+    stats: dict[str, Any] = {}
+    done = None
+    for ev in client.stream(rid):
+        if isinstance(ev, P.Token):
+            text.append(ev.text)
+            if not args.json:
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+        elif isinstance(ev, P.Stats):
+            stats = dataclasses.asdict(ev)
+        elif isinstance(ev, P.Done):
+            done = ev
+        elif isinstance(ev, P.Error):
+            raise KnownError(ev.message)
+    return "".join(text), stats, done

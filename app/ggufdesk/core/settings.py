@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ggufdesk.core.aside import move_aside
+from ggufdesk.core.aside import try_move_aside
 from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.rpc_wire import parse_workers
 
@@ -294,7 +294,7 @@ def open_settings(path: Path | None = None) -> SettingsReport:
     except SettingsError as e:
         problem = str(e)
     salvaged, reset = _salvage(path)
-    kept = _move_aside(path)
+    kept = try_move_aside(path)
     where = f"it was kept as {kept}" if kept else "it could not be moved aside either"
     what = f"{', '.join(reset)} reset to defaults" if salvaged and reset else "defaults are used"
     return SettingsReport(salvaged or Settings(), f"Your settings file could not be used ({problem}); "
@@ -326,13 +326,6 @@ def _salvage(path: Path) -> tuple[Settings | None, list[str]]:
             reset.append(key)
     out.unknown.update({k: v for k, v in data.items() if k not in SECTIONS and k not in ("model", "system_prompt")})
     return out, reset
-
-
-def _move_aside(path: Path) -> Path | None:
-    try:
-        return move_aside(path)
-    except OSError:
-        return None
 
 
 def save_settings(settings: Settings, path: Path | None = None) -> Path:

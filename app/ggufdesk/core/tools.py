@@ -51,8 +51,20 @@ def detect_format(template: str | None) -> ToolFormat:
     return GENERIC
 
 
-def check_tools(tools: Any) -> list[dict[str, Any]]:
-    """Validate OpenAI-style tools; returns them normalised ({"type": "function", "function": {...}})."""
+def model_format(model_path: str) -> ToolFormat:
+    """The tool format the engine will use for this model (from its chat template; generic if unknown)."""
+    from ggufdesk.core.gguf_meta import read_gguf
+
+    try:
+        return detect_format(read_gguf(model_path).chat_template)
+    except Exception:  # noqa: BLE001 - an unreadable header: the engine falls back the same way
+        return GENERIC
+
+
+def check_tools(tools: Any, loose: frozenset[str] | set[str] = frozenset()) -> list[dict[str, Any]]:
+    """Validate OpenAI-style tools; returns them normalised ({"type": "function", "function": {...}}).
+    Tools named in `loose` may have parameters the grammar cannot enforce (only an object is
+    required of their arguments: see loosen)."""
     if not isinstance(tools, list) or not tools:
         raise SchemaError("`tools` must be a non-empty list of {\"type\": \"function\", \"function\": {...}}")
     if len(tools) > MAX_TOOLS:
@@ -69,10 +81,14 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
             raise SchemaError(f"tools[{i}]: the function name {name!r} is used twice")
         seen.add(name)
         params = fn.get("parameters") or {"type": "object", "properties": {}}
-        try:
-            check_schema(params)
-        except SchemaError as e:
-            raise SchemaError(f"tools[{i}] ({name}) parameters: {e}") from None
+        if name in loose:
+            if not isinstance(params, dict):
+                raise SchemaError(f"tools[{i}] ({name}) parameters must be a JSON schema object")
+        else:
+            try:
+                check_schema(params)
+            except SchemaError as e:
+                raise SchemaError(f"tools[{i}] ({name}) parameters: {e}") from None
         norm = {"name": name, "parameters": params}
         if isinstance(fn.get("description"), str):
             norm["description"] = fn["description"]
@@ -127,6 +143,15 @@ def pick_tools(tools: list[dict[str, Any]], choice: Any) -> tuple[list[dict[str,
         return chosen, "required"
     raise SchemaError("tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
                       "\"function\": {\"name\": ...}}")
+
+
+def loosen(tools: list[dict[str, Any]], names: frozenset[str] | set[str]) -> list[dict[str, Any]]:
+    """The tools as the grammar sees them: those in `names` take any JSON object as arguments
+    (their own schema is still shown to the model, and the tool's server checks it)."""
+    if not names:
+        return tools
+    return [{"type": "function", "function": {**t["function"], "parameters": {"type": "object"}}}
+            if t["function"]["name"] in names else t for t in tools]
 
 
 def call_schema(tools: list[dict[str, Any]], fmt: ToolFormat) -> dict[str, Any]:

@@ -54,9 +54,9 @@ class EnginePool:
     def start(self) -> None:
         """Spawn the engine and load the model (blocking: run it on a thread). Raises KnownError."""
         self._set_state("loading")
-        from ggufdesk.server.structured import tool_format
+        from ggufdesk.core.tools import model_format
 
-        self.tool_format = tool_format(self.model)
+        self.tool_format = model_format(self.model)
         try:
             self._client.start()
             self._client.load(self.model, settings=self.load_settings, speculation=self.speculation)
@@ -112,6 +112,10 @@ class EnginePool:
             kwargs["logprobs"] = logprobs
         await asyncio.to_thread(self._client.generate, prompt=prompt, messages=messages, sampling=sampling,
                                 context_policy="refuse", request_id=rid, **kwargs)
+
+    async def embed(self, rid: str, inputs: list[str | list[int]], *, truncate: bool = False) -> None:
+        """Ask for embeddings under `rid` (opened with open()): its Embeddings or Error event follows."""
+        await asyncio.to_thread(self._client.start_embed, inputs, truncate=truncate, request_id=rid)
 
     async def cancel(self, rid: str) -> None:
         try:

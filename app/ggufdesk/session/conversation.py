@@ -20,6 +20,8 @@ from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.session.guard import repeat_cut
 from ggufdesk.session.prompt import build_request, title_from
+from ggufdesk.session.tool_loop import ToolCall, ToolLoop
+from ggufdesk.session.tool_turns import ToolTurns
 from ggufdesk.session.turns import Ref, Turn
 from ggufdesk.session.writer import HistoryWriter, SaveState
 
@@ -27,7 +29,7 @@ log = logging.getLogger("ggufdesk.session")
 
 SAVE_PARTIAL_EVERY_S = 1.0
 BASE_MODEL_TURN_END = "\n\n"  # a base model's chat answer ends at a blank line
-Phase = Literal["idle", "saving", "streaming", "stopping"]
+Phase = Literal["idle", "saving", "streaming", "stopping", "tool"]  # tool: calls being decided or run
 Level = Literal["info", "warning", "error"]
 
 
@@ -38,8 +40,8 @@ class Refused(KnownError):
 class Engine(Protocol):
     """What the session needs of the engine: EngineClient and the GUI's EngineBridge both fit."""
 
-    def generate(self, *, prompt: str | None = None, messages: list[dict[str, str]] | None = None,
-                 sampling: SamplingSettings | None = None) -> str: ...
+    def generate(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
+                 sampling: SamplingSettings | None = None, **extra: Any) -> str: ...
 
     def cancel(self, rid: str) -> None: ...
 
@@ -53,6 +55,13 @@ class SessionView:
     def turn_added(self, turn: Turn) -> None: ...
 
     def turn_grew(self, turn: Turn, piece: str) -> None: ...
+
+    def turn_changed(self, turn: Turn) -> None:
+        """A turn's text was replaced (an answer's tool call taken out of it when it ended)."""
+
+    def tool_call_changed(self, call: ToolCall) -> None:
+        """A tool call appeared or moved on: pending, asking (show Allow once / Always / Deny and
+        call ChatSession.decide), running, done, error, denied or stopped."""
 
     def turn_finished(self, turn: Turn) -> None:
         """An answer ended; turn.status is done | cancelled | partial | error."""
@@ -78,16 +87,17 @@ def _now(fn: Callable[[], None]) -> None:
     fn()
 
 
-class ChatSession:
+class ChatSession(ToolTurns):
     """The open conversation, its turns (the truth the view shows, saved or not), and the answer
     being written. `on_event` takes every engine event; `post` runs a callable on the session's
     thread (the GUI passes its run_on_main; single-threaded callers keep the default).
-    Without a writer nothing is saved (terminal chat, server)."""
+    Without a writer nothing is saved (terminal chat, server). With `tools` the conversation's
+    MCP tools are offered and run (session/tool_turns.py)."""
 
     def __init__(self, *, engine: Engine, writer: HistoryWriter | None = None,
                  view: SessionView | None = None, post: Callable[[Callable[[], None]], None] = _now,
                  save_every: float = SAVE_PARTIAL_EVERY_S, clock: Callable[[], float] = time.monotonic,
-                 context_policy: Literal["truncate", "refuse"] = "truncate") -> None:
+                 context_policy: Literal["truncate", "refuse"] = "truncate", tools: ToolLoop | None = None) -> None:
         self.engine = engine
         self.writer = writer
         self.view = view or SessionView()
@@ -106,6 +116,7 @@ class ChatSession:
         self.no_model_reason = ""
         self._saved_at = 0.0
         self._loop_cut: int | None = None  # a base model's answer repeats itself: it ends here
+        self._init_tools(tools)
         if writer is not None:
             writer.on_state = lambda st: self.post(lambda: self.view.save_state_changed(st))
 
@@ -149,7 +160,7 @@ class ChatSession:
     # ---- conversations --------------------------------------------------------------------------
 
     def new_conversation(self, *, title: str = "New chat", system_prompt: str = "",
-                         sampling: SamplingSettings | None = None) -> Conversation:
+                         sampling: SamplingSettings | None = None, mcp_off: tuple[str, ...] = ()) -> Conversation:
         """Open a new, empty conversation at once; its row is written in the background."""
         if self.busy:
             raise Refused("an answer is still being written; stop it first")
@@ -157,7 +168,7 @@ class ChatSession:
             else "chat"
         now = time.time()
         conv = Conversation(id=0, title=title, created=now, updated=now, system_prompt=system_prompt,
-                            sampling=sampling or SamplingSettings(), mode=mode)
+                            sampling=sampling or SamplingSettings(), mode=mode, mcp_off=mcp_off)
         row = Ref()
         self._show(conv, [], row)
 
@@ -167,7 +178,7 @@ class ChatSession:
 
         def create(h: History) -> Conversation:
             saved = h.new_conversation(title, system_prompt=system_prompt, sampling=conv.sampling,
-                                       mode=mode, model=model)
+                                       mode=mode, model=model, mcp_off=mcp_off)
             row.id = saved.id
             return saved
 
@@ -198,19 +209,20 @@ class ChatSession:
         if self.conv_row is row and self.conv is not None:
             self.conv = dataclasses.replace(saved, title=self.conv.title, mode=self.conv.mode,
                                             system_prompt=self.conv.system_prompt,
-                                            sampling=self.conv.sampling, model=self.conv.model)
+                                            sampling=self.conv.sampling, model=self.conv.model,
+                                            mcp_off=self.conv.mcp_off)
             saved = self.conv
         self.view.conversation_saved(saved)
 
     def update_conversation(self, *, title: str | None = None, system_prompt: str | None = None,
                             sampling: SamplingSettings | None = None, mode: str | None = None,
-                            model: str | None = None) -> None:
+                            model: str | None = None, mcp_off: tuple[str, ...] | None = None) -> None:
         """Change the open conversation now; the row follows in the background."""
         if self.conv is None:
             return
         changes: dict[str, Any] = {k: v for k, v in (("title", title), ("system_prompt", system_prompt),
                                                      ("sampling", sampling), ("mode", mode),
-                                                     ("model", model)) if v is not None}
+                                                     ("model", model), ("mcp_off", mcp_off)) if v is not None}
         if "title" in changes:
             changes["title"] = changes["title"].strip() or "Untitled"
         self.conv = dataclasses.replace(self.conv, **changes)
@@ -228,6 +240,8 @@ class ChatSession:
     # ---- sending --------------------------------------------------------------------------------
 
     def check_can_send(self) -> None:
+        if self.phase == "tool":
+            raise Refused("a tool call is waiting: allow or deny it, or stop")
         if self.busy:
             raise Refused("an answer is still being written; stop it first")
         if self.model is None:
@@ -266,6 +280,7 @@ class ChatSession:
             self.update_conversation(title=title_from(text))
         if self.model is not None and self.conv.model != self.model.model:
             self.update_conversation(model=self.model.model)  # the conversation remembers its model
+        self.rounds = 0
         self._start_answer()
         return user
 
@@ -274,6 +289,7 @@ class ChatSession:
         self.check_can_send()
         if self.conv is None or self.conv.mode != "completion" or not any(t.content for t in self.turns):
             raise Refused("write the beginning of a text first: the model continues it")
+        self.rounds = 0
         with self._action():
             self._start_answer()
 
@@ -286,6 +302,7 @@ class ChatSession:
             return
         if turn.role != "assistant":
             raise Refused("only an answer can be written again")
+        self.rounds = 0
         with self._action():
             self._start_answer(version=(turn.version[1] + 1, turn.version[1] + 1),
                                replaces=self._replace_from(turn))
@@ -340,13 +357,14 @@ class ChatSession:
         self.turns.append(turn)
         self.view.turn_added(turn)
         conv_row, row, role, content = self.conv_row, turn.row, turn.role, turn.content
+        stats = dict(turn.stats) if turn.stats else None
 
         def insert(h: History) -> int:
             if replaces is None:
-                row.id = h.add_message(conv_row.get(), role, content, status=status).id
+                row.id = h.add_message(conv_row.get(), role, content, status=status, stats=stats).id
             else:
                 row.id = h.replace_message(conv_row.get(), replaces.get(), role, content,
-                                           status=status).id
+                                           status=status, stats=stats).id
             return row.id
 
         self._write(insert, then=then, fills=row)
@@ -369,14 +387,15 @@ class ChatSession:
             answer.version = version
         self.answer = answer
         self._set_phase("saving")
-        self._add(answer, status="streaming", then=lambda _: self._begin(answer, conv, request),
+        self.offer, self._stream = None, None
+        self._add(answer, status="streaming", then=lambda _: self._offer_tools(answer, conv, request),
                   replaces=replaces)
 
-    def _begin(self, answer: Turn, conv: Conversation, request: dict[str, Any]) -> None:
+    def _begin(self, answer: Turn, conv: Conversation, request: dict[str, Any], extra: dict[str, Any]) -> None:
         if self.answer is not answer or self.phase != "saving":
             return  # stopped (or replaced) before its row was on disk: the engine is never asked
         try:
-            self.rid = self.engine.generate(**{"sampling": conv.sampling, **request})
+            self.rid = self.engine.generate(**{"sampling": conv.sampling, **request, **extra})
         except (KnownError, OSError) as e:
             self._finish("error")
             self.view.notice(f"could not start the answer: {e}", "error")
@@ -399,22 +418,32 @@ class ChatSession:
 
     def stop(self) -> None:
         """Ask for the answer to stop (what was written is kept). The engine client kills and
-        restarts an engine that does not stop within its grace period, so this always ends."""
-        if self.phase == "saving":  # the engine has not been asked: end now, even if the disk waits
+        restarts an engine that does not stop within its grace period, so this always ends.
+        Between answers, a tool that runs is stopped and calls not yet allowed never run."""
+        if self.phase == "tool":
+            self._stop_calls()
+        elif self.phase == "saving":  # the engine has not been asked: end now, even if the disk waits
             self._finish("cancelled")
         elif self.phase == "streaming" and self.rid is not None:
             self._set_phase("stopping")
             self.engine.cancel(self.rid)
 
-    def _finish(self, status: str, finish_reason: str = "") -> None:
+    def _finish(self, status: str, finish_reason: str = "", *, calls: list[dict[str, Any]] | None = None) -> None:
+        """The answer ended; with `calls` (MCP tool calls) the tool loop goes on instead of idling."""
         answer = self.answer
         if answer is None:
             return
-        self.answer, self.rid = None, None
+        self.answer, self.rid, self._stream = None, None, None
         answer.status, answer.finish_reason = status, finish_reason
         if finish_reason:
             answer.stats["finish_reason"] = finish_reason  # shown under the answer, also later
+        if calls:
+            answer.stats["tool_loop"] = True  # its calls are run here: shown as cards, not as text
         self._save_answer(answer, final=True)
+        if calls:
+            self.view.turn_finished(answer)
+            self._start_calls(calls)
+            return
         self._set_phase("idle")
         self.view.turn_finished(answer)
 
@@ -426,6 +455,8 @@ class ChatSession:
 
     def close(self) -> None:
         """The front end is going away: an answer in progress is kept as a partial one."""
+        if self.phase == "tool":
+            self._stop_calls()
         if self.answer is not None:
             if self.rid is not None:
                 self.engine.cancel(self.rid)
@@ -437,9 +468,11 @@ class ChatSession:
         answer, rid = self.answer, self.rid
         mine = rid is not None and getattr(ev, "id", None) == rid
         if isinstance(ev, P.Token) and mine and answer is not None:
-            answer.content += ev.text
-            self.view.turn_grew(answer, ev.text)
-            self._check_loop(answer)
+            piece = self._shown_piece(ev.text)
+            if piece:
+                answer.content += piece
+                self.view.turn_grew(answer, piece)
+                self._check_loop(answer)
             if self.clock() - self._saved_at >= self.save_every:
                 self._saved_at = self.clock()
                 self._save_answer(answer, final=False)
@@ -449,7 +482,8 @@ class ChatSession:
             if model:
                 answer.stats["model"] = model
         elif isinstance(ev, P.Done) and mine and answer is not None:
-            if ev.text and not answer.content:
+            self._settle_text(answer, ev)
+            if ev.text and not answer.content and not (ev.tool_calls and self.offer is not None):
                 answer.content = ev.text
             if ev.tool_calls:  # shown as readable blocks under the answer (ui/message_widget.py)
                 answer.stats["tool_calls"] = ev.tool_calls
@@ -459,7 +493,7 @@ class ChatSession:
                 self._finish("done", "repeat")
             else:
                 self._finish("cancelled" if ev.finish_reason == "cancelled" else "done",
-                             ev.finish_reason)
+                             ev.finish_reason, calls=ev.tool_calls if self._wants_tools(ev) else None)
         elif isinstance(ev, P.Error):
             self._on_error(ev, mine)
         elif isinstance(ev, P.Loaded):

@@ -167,11 +167,12 @@ class EngineBridge(QObject):
         except Exception as e:  # noqa: BLE001 - a dead engine is reported like a load error
             self.error.emit(p.Error(kind="load", message=str(e)))
 
-    def generate(self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None,
-                 sampling: SamplingSettings | None = None) -> str:
-        """Queue a generation; raises KnownError when the engine is gone for good."""
+    def generate(self, *, messages: list[dict[str, Any]] | None = None, prompt: str | None = None,
+                 sampling: SamplingSettings | None = None, **extra: Any) -> str:
+        """Queue a generation; raises KnownError when the engine is gone for good. `extra` are
+        further Generate fields (the MCP tools offered)."""
         rid: str = self._client.generate(prompt=prompt, messages=messages,
-                                         sampling=sampling or SamplingSettings(), speculation=None)
+                                         sampling=sampling or SamplingSettings(), speculation=None, **extra)
         self.active_id = rid
         return rid
 

@@ -216,6 +216,8 @@ class MessageWidget(QFrame):
         self.footer.setText(text)
         self.footer.setVisible(bool(text))
         calls = self.stats.get("tool_calls") or [] if self.role == "assistant" else []
+        if self.stats.get("tool_loop"):
+            calls = []  # MCP calls: each has its own card below the answer (ui/tool_card.py)
         self.tools.setText(tool_calls_html(calls))
         self.tools.setVisible(bool(calls))
         if calls:

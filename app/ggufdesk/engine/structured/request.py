@@ -77,7 +77,7 @@ def prepare_messages(messages: list[dict[str, Any]], st: Structured) -> list[dic
 
 def plan(*, json_schema: Any = None, grammar: str | None = None, tools: Any = None,
          tool_choice: Any = None, parallel_tool_calls: bool = False, template_source: str | None,
-         chat: bool) -> Structured:
+         chat: bool, tools_without_grammar: list[str] | None = None) -> Structured:
     """Resolve a request's structured-output fields; raises SchemaError on anything unsupported."""
     asked = [n for n, v in (("json_schema", json_schema), ("grammar", grammar), ("tools", tools))
              if v is not None]
@@ -96,10 +96,11 @@ def plan(*, json_schema: Any = None, grammar: str | None = None, tools: Any = No
         return Structured()
     if not chat:
         raise SchemaError("tools need a chat request (messages), not a plain prompt")
-    checked = T.check_tools(tools)
+    loose = frozenset(tools_without_grammar or ())
+    checked = T.check_tools(tools, loose)
     chosen, mode = T.pick_tools(checked, tool_choice)
     fmt = T.detect_format(template_source)
     if mode == "none":
         return Structured()
-    tg = tool_grammar(chosen, fmt, mode, parallel=parallel_tool_calls)
+    tg = tool_grammar(T.loosen(chosen, loose), fmt, mode, parallel=parallel_tool_calls)
     return Structured(gbnf=tg.gbnf, marker=tg.marker if tg.lazy else None, tools=chosen, fmt=fmt, mode=mode)
