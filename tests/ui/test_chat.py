@@ -177,7 +177,10 @@ def test_generation_error_marks_the_answer(qtbot, loaded_window):
     assert "fake generation error" in w.banner.text
 
 
-def test_completion_mode_for_a_base_model(qtbot, window, tmp_path):
+def test_completion_mode_for_a_base_model(qtbot, window, tmp_path, monkeypatch):
+    from ggufdesk.core import library
+
+    monkeypatch.setattr(library, "entries", lambda **kw: [])  # no starter, nothing on disk
     w = window
     with qtbot.waitSignal(w.engine.loaded, timeout=15000):
         w.load_model(str(tmp_path / "gemma-base.gguf"))
@@ -305,12 +308,16 @@ def test_export_starts_in_documents_then_where_the_last_export_went(qtbot, loade
     assert Path(asked[1]).parent == target.parent
 
 
-def test_the_base_model_banner_names_a_chat_model_on_this_computer(qtbot, window, tmp_path):
+def test_the_base_model_banner_names_a_chat_model_on_this_computer(qtbot, window, tmp_path,
+                                                                   monkeypatch):
     from ggufdesk.core import library
-    from tests.fixtures.ggufs import write_tiny_llama
+    from tests.fixtures.ggufs import TinySpec, write_tiny_llama
 
-    library.add_path(write_tiny_llama(tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    monkeypatch.setattr(library, "starter_models", lambda: [])  # only what the user added
+    chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    library.add_path(write_tiny_llama(tmp_path / "Tiny-Instruct.gguf", TinySpec(chat_template=chatml)))
+    library.add_path(write_tiny_llama(tmp_path / "Fake-Instruct.gguf"))  # says it chats; has no template
     with qtbot.waitSignal(window.engine.loaded, timeout=15000):
         window.load_model(str(tmp_path / "gemma-base.gguf"))
     qtbot.waitUntil(lambda: "is a base model" in window.banner.text, timeout=15000)
-    assert "e.g. SmolLM2-135M-Instruct.Q4_1.gguf, which is on this computer" in window.banner.text
+    assert "e.g. Tiny-Instruct.gguf (tiny-instruct), which is on this computer" in window.banner.text

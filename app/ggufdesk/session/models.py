@@ -219,34 +219,50 @@ class ModelSession:
 CHAT_TUNED_NAME = re.compile(r"instruct|chat|(?:^|[-_. ])it(?:$|[-_. ])", re.IGNORECASE)
 
 
-def chat_models_here(models: Sequence[LocalModel]) -> list[LocalModel]:
-    """The local models whose names say they are chat-tuned, smallest (quickest to load) first."""
-    return sorted((m for m in models if CHAT_TUNED_NAME.search(m.name)), key=lambda m: m.size)
+def named_chat_tuned(m: LocalModel) -> bool:
+    """A starter says whether it chats; any other model's file name is taken at its word."""
+    s = starter.by_id(m.id) if m.source == "starter" else None
+    return s.chat if s is not None else bool(CHAT_TUNED_NAME.search(m.name))
+
+
+def chat_models_here(models: Sequence[LocalModel],
+                     is_chat: Callable[[LocalModel], bool] = named_chat_tuned) -> list[LocalModel]:
+    """The local models that chat, the starters first, then the smallest (quickest to load)."""
+    return sorted((m for m in models if is_chat(m)), key=lambda m: (m.source != "starter", m.size))
 
 
 def base_model_advice(model: P.Loaded, *, local: Sequence[LocalModel] = (),
                       online: bool = False, catalog: Catalog | None = None) -> str:
     """What the window says when a base model loads: what it does, and a chat model the user can
-    have now — one on this computer (the library), else, online, the catalog's suggestion, else
-    none by name (a name the offline model list does not have would send the user looking)."""
+    have now — one on this computer (the library, `local`: chat models only), else, online, the
+    catalog's suggestion, else none by name (a name the offline model list does not have would
+    send the user looking)."""
     text = (f"{Path(model.model).name} is a base model: it continues the text you start (no chat "
             "template). For a chat, choose a chat-tuned model")
-    here = [m for m in chat_models_here(local) if str(m.path) != model.model]
+    here = [m for m in local if str(m.path) != model.model]
     if here:
-        return text + f", e.g. {here[0].name}, which is on this computer (Model ▸ Choose model…)."
+        m = here[0]
+        name = f"{m.name} ({m.id})" if m.id and m.id != m.name else m.name
+        return text + f", e.g. {name}, which is on this computer (Model ▸ Choose model…)."
     if online and catalog is not None and (entry := starter.chat_suggestion(catalog)) is not None:
         return text + f", e.g. {entry.name} (Model ▸ Choose model… downloads it)."
     return text + " (Model ▸ Choose model…)."
 
 
 def find_base_model_advice(model: P.Loaded) -> str:
-    """base_model_advice with what this machine has: it reads the library's folders and may ask
-    the hub (a few seconds): call it off the GUI thread."""
-    local = library.list_models()
-    if chat_models_here(local):
+    """base_model_advice with what this machine has: the library (a name that says it chats is
+    checked against the file's header) and, if that has nothing, the hub. It reads folders and
+    headers and may ask the network (seconds): call it off the GUI thread."""
+    def chats(m: LocalModel) -> bool:
+        if not named_chat_tuned(m):
+            return False
+        return m.source == "starter" or bool(library.facts(m)["capabilities"]["chat_template"])
+
+    local = chat_models_here(library.entries(), chats)
+    if local:
         return base_model_advice(model, local=local)
     try:
         cat: Catalog | None = catalog_module.load()
     except KnownError:
         cat = None
-    return base_model_advice(model, local=local, online=downloads.hub_reachable(), catalog=cat)
+    return base_model_advice(model, online=downloads.hub_reachable(), catalog=cat)
