@@ -99,6 +99,10 @@ class _WindowView(SessionView, ModelView):
         if (widget := self.win.chat.widget_for(turn.key)) is not None:
             widget.append(piece)
 
+    def turn_thought(self, turn: Turn, piece: str) -> None:
+        if (widget := self.win.chat.widget_for(turn.key)) is not None:
+            widget.think(turn.stats)
+
     def turn_changed(self, turn: Turn) -> None:
         if (widget := self.win.chat.widget_for(turn.key)) is not None:
             widget.set_text(turn.content)
@@ -322,6 +326,7 @@ class MainWindow(QMainWindow):
         e.unloaded.connect(self.gauges.on_unloaded)
         e.stats.connect(self.gauges.on_stats)
         e.progress.connect(self.gauges.on_progress)
+        e.done.connect(self.gauges.on_done)  # (first: it reads a final report on_ended may make)
         for ended in (e.done, e.error, e.crashed):
             ended.connect(self.gauges.on_ended)
         self.sampler.sampled.connect(self.gauges.on_sample)
