@@ -14,6 +14,7 @@ from ggufdesk.cli import mcp_tools
 from ggufdesk.cli.run import add_model_arguments, preset_for, resolve_model, settings_from_args
 from ggufdesk.cli.worker import describe_split
 from ggufdesk.core.errors import KnownError
+from ggufdesk.core.wording import FINISH_WORDS
 from ggufdesk.session import ChatSession, Refused, Turn
 from ggufdesk.session.inbox import Inbox
 
@@ -70,6 +71,8 @@ class TerminalView(mcp_tools.ToolNotes):
                   file=self.out, end="")
         if turn.status == "cancelled":
             print("\n[stopped]", file=self.out, end="")
+        elif turn.finish_reason == "repeat":  # a base model's loop, cut (session/guard.py)
+            print(f"\n[{FINISH_WORDS['repeat']}]", file=self.out, end="")
 
     def notice(self, text: str, level: str = "info") -> None:
         if level == "error":
