@@ -5,6 +5,8 @@ It drives the same session layer as the GUI window (session/), without saving th
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import io
 import sys
 from typing import TYPE_CHECKING, TextIO
@@ -27,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default="", help="system prompt")
     p.add_argument("--completion", action="store_true",
                    help="plain text continuation instead of chat turns (for base models)")
+    p.add_argument("--docs", metavar="NAME",
+                   help="answer from a document collection (ggufdesk docs add NAME PATH...), citing [1], [2]")
 
 
 class TerminalView(SessionView):
@@ -41,6 +45,12 @@ class TerminalView(SessionView):
 
     def turn_finished(self, turn: Turn) -> None:
         st = turn.stats
+        if st.get("citations"):
+            print("\n\nSources:", file=self.out, end="")
+            for c in st["citations"]:
+                page = f", page {c['page']}" if c.get("page") else ""
+                a, b = c["lines"]
+                print(f"\n  [{c['index']}] {c['source']}{page}, lines {a}-{b}", file=self.out, end="")
         if st.get("final"):
             print(f"\n[{st['n_gen']} tokens, {st['decode_tok_s']:.1f} tok/s, TTFT {st['ttft_s']:.2f} s]",
                   file=self.out, end="")
@@ -50,6 +60,8 @@ class TerminalView(SessionView):
     def notice(self, text: str, level: str = "info") -> None:
         if level == "error":
             print(f"\n[error: {text}]", file=self.out, end="")
+        elif level == "warning":
+            print(f"\n[{text}]", file=self.out)
 
 
 def readable(stream: TextIO) -> TextIO:
@@ -66,12 +78,17 @@ def run(args: argparse.Namespace, *, stdin: TextIO | None = None, stdout: TextIO
     stdin = stdin or readable(sys.stdin)
     out = stdout or sys.stdout
     load, sampling, spec = settings_from_args(args)
+    if getattr(args, "docs", None) and spec.mode == "off":
+        spec = dataclasses.replace(spec, mode="lookup")  # answers quote their sources: lookup drafts pay
     model = resolve_model(args.model)
-    with EngineClient() as client:
+    docs = DocsChat(args.docs, out) if getattr(args, "docs", None) else None
+    with EngineClient() as client, docs or contextlib.nullcontext():
         loaded = client.load(model, settings=load, speculation=spec)
         assert loaded is not None
         session = ChatSession(engine=client, view=TerminalView(out))
         session.on_event(loaded)
+        if docs is not None:
+            session.attach_docs(docs.attached)
         mode = "completion" if args.completion else "chat"
         note = " (no chat template: built-in turn format; a base model may answer poorly)" \
             if loaded.chat_format == "completion" and mode == "chat" else ""
@@ -97,6 +114,8 @@ def run(args: argparse.Namespace, *, stdin: TextIO | None = None, stdout: TextIO
                 continue
             if not text.strip():
                 continue
+            if docs is not None:
+                docs.refresh()
             try:
                 session.send(text)
             except Refused as e:
@@ -104,6 +123,39 @@ def run(args: argparse.Namespace, *, stdin: TextIO | None = None, stdout: TextIO
                 continue
             follow(client, session)
     raise KnownError("unreachable")  # pragma: no cover
+
+
+class DocsChat:
+    """The collection a terminal chat answers from: opened (with its embedding engine) for the chat's
+    length, brought up to date at the start and, when files changed, before a question (polled)."""
+
+    def __init__(self, name: str, out: TextIO) -> None:
+        from ggufdesk.core.docs.store import collection_path
+        from ggufdesk.session.docs import Attached, open_retriever
+        from ggufdesk.session.docs_index import Watcher
+
+        if not collection_path(name).exists():
+            raise KnownError(f"there is no collection {name!r}; make one first: ggufdesk docs add {name} PATH...")
+        self.out = out
+        self.opened = open_retriever(name)
+        retriever = self.opened.retriever
+        self.attached = Attached(retriever)
+        self.watcher = Watcher(name, embed=retriever.embed, embed_model=retriever.coll.embed_model)
+        print(f"ggufdesk: answering from {name!r}: {retriever.note}", file=out)
+        self.refresh()
+
+    def refresh(self) -> None:
+        from ggufdesk.session.docs_index import summary
+
+        report = self.watcher.poll()
+        if report is not None and (report.added or report.updated or report.removed):
+            print(f"ggufdesk: {self.attached.name!r} re-indexed ({summary(report)})", file=self.out)
+
+    def __enter__(self) -> DocsChat:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.opened.__exit__(*exc)
 
 
 def follow(client: EngineClient, session: ChatSession) -> None:

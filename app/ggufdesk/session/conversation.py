@@ -16,6 +16,7 @@ from ggufdesk.core.errors import KnownError
 from ggufdesk.core.history import Conversation, History, Message
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
+from ggufdesk.session.docs import Attached
 from ggufdesk.session.prompt import build_request, title_from
 from ggufdesk.session.turns import Ref, Turn
 from ggufdesk.session.writer import HistoryWriter, SaveState
@@ -25,6 +26,7 @@ log = logging.getLogger("ggufdesk.session")
 SAVE_PARTIAL_EVERY_S = 1.0
 Phase = Literal["idle", "saving", "streaming", "stopping"]
 Level = Literal["info", "warning", "error"]
+KEPT_STATS = ("model", "citations", "sources_left_out")  # what the engine's stats do not replace
 
 
 class Refused(KnownError):
@@ -102,6 +104,7 @@ class ChatSession:
         self.no_model_reason = ""
         self._saved_at = 0.0
         self._pending_version: dict[str, int] | None = None
+        self.docs: Attached | None = None  # a document collection the answers come from (session/docs.py)
         if writer is not None:
             writer.on_state = lambda st: self.post(lambda: self.view.save_state_changed(st))
 
@@ -342,6 +345,7 @@ class ChatSession:
         request = build_request(conv, self.turns)
         answer = Turn(role="assistant", content="", status="streaming",
                       stats={"model": Path(self.model.model).name} if self.model else {})
+        self._ground(request, answer)
         if version is not None:
             answer.version = version
         self.answer = answer
@@ -349,6 +353,29 @@ class ChatSession:
         self._add(answer, status="streaming", then=lambda _: self._begin(answer, conv, request))
         if version is not None:
             self._number(answer)
+
+    def attach_docs(self, docs: Attached | None) -> None:
+        """Answer from a document collection from now on (None: no more)."""
+        self.docs = docs
+
+    def _ground(self, request: dict[str, Any], answer: Turn) -> None:
+        """With documents attached: the question's sources go into the request, their citations into
+        the answer's stats (saved with it); sources that do not fit are named in a notice."""
+        question = next((t.content for t in reversed(self.turns) if t.role == "user"), "")
+        if self.docs is None or not question or self.conv is None:
+            return
+        n_ctx = self.model.n_ctx if self.model is not None and self.model.n_ctx else 4096
+        try:
+            grounding = self.docs.apply(request, question, n_ctx=n_ctx, max_tokens=self.conv.sampling.max_tokens)
+        except (KnownError, OSError) as e:
+            self.view.notice(f"searching {self.docs.name!r} failed ({e}): this answer has no sources", "warning")
+            return
+        answer.stats.update(grounding.stats())
+        if not grounding.cited:
+            self.view.notice(f"nothing in {self.docs.name!r} matches the question, or no source fits the "
+                             "context: this answer has no sources", "warning")
+        elif grounding.left_out:
+            self.view.notice(grounding.notice(), "warning")
 
     def _begin(self, answer: Turn, conv: Conversation, request: dict[str, Any]) -> None:
         if self.answer is not answer or self.phase != "saving":
@@ -408,10 +435,8 @@ class ChatSession:
                 self._saved_at = self.clock()
                 self._save_answer(answer, final=False)
         elif isinstance(ev, P.Stats) and mine and answer is not None:
-            model = answer.stats.get("model")
-            answer.stats = dataclasses.asdict(ev)
-            if model:
-                answer.stats["model"] = model
+            kept = {k: answer.stats[k] for k in KEPT_STATS if k in answer.stats}
+            answer.stats = {**dataclasses.asdict(ev), **kept}
         elif isinstance(ev, P.Done) and mine and answer is not None:
             if ev.text and not answer.content:
                 answer.content = ev.text
