@@ -15,6 +15,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ggufdesk.server import anthropic, openai
+from ggufdesk.server.docs import DocsRetrieval
 from ggufdesk.server.errors import ApiError
 from ggufdesk.server.service import ClientGone, Service
 
@@ -101,6 +102,6 @@ def build_app(service: Service) -> ASGIApp:
                             Exception: on_bug},
     )
     app.state.service = service
-    return ApiKeys(app, service=service)
+    return ApiKeys(DocsRetrieval(app, service=service), service=service)
 
 

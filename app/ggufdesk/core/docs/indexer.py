@@ -25,6 +25,8 @@ log = logging.getLogger("ggufdesk.docs")
 
 EMBED_BATCH = 32  # passages per embedding request
 PROGRESS_EVERY_S = 0.2
+EMPTY = "no text in it (an empty file)"
+EMPTY_PDF = "no text in it (a scanned PDF without a text layer needs OCR, which ggufdesk does not do)"
 
 Embedder = Callable[[list[str]], Sequence[Sequence[float]]]
 
@@ -237,6 +239,8 @@ class Indexer:
                     self.report.chunks += len(batch)
                     self.progress.chunks += len(batch)
                     self._show()
+                if not w.count:
+                    note = w.note = EMPTY if item.kind != "pdf" else EMPTY_PDF
         except Skip as e:  # nothing of the file is kept: a PDF whose later page failed is not half-read
             note = str(e)
         except (OSError, KnownError):
@@ -244,7 +248,7 @@ class Indexer:
         except Exception as e:  # a document that crashes its reader must not stop the others
             log.warning("%s could not be read", item.path, exc_info=True)
             note = f"could not be read ({type(e).__name__}: {e})"
-        if note:
+        if note and note not in (EMPTY, EMPTY_PDF):
             self._note_only(item, digest, note)
         return note
 
