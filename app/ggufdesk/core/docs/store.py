@@ -301,21 +301,30 @@ class Collection:
                 out.append(Passage(cid, source, page, start, end, text, score))
         return out
 
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        try:
+            yield
+        except db.Error as e:  # locked for too long, damaged, closed: the user's to know, not a bug
+            raise CollectionError(f"the collection {self.name!r} cannot be searched ({e})") from None
+
     def search_text(self, match: str, k: int) -> list[Passage]:
         """BM25 over the passages for an FTS5 MATCH expression; score = -bm25 (higher is better)."""
         if not match:
             return []
-        rows = self.conn.execute("SELECT rowid, bm25(chunks_fts) FROM chunks_fts WHERE chunks_fts MATCH ? "
-                                 "ORDER BY bm25(chunks_fts) LIMIT ?", (match, k)).fetchall()
-        return self._passages([(r[0], -float(r[1])) for r in rows])
+        with self._reading():
+            rows = self.conn.execute("SELECT rowid, bm25(chunks_fts) FROM chunks_fts WHERE chunks_fts MATCH ? "
+                                     "ORDER BY bm25(chunks_fts) LIMIT ?", (match, k)).fetchall()
+            return self._passages([(r[0], -float(r[1])) for r in rows])
 
     def search_vector(self, vector: Sequence[float], k: int) -> list[Passage]:
         """Nearest passages by cosine distance; score = 1 - distance (higher is better)."""
-        if not self.has_vectors:
-            return []
-        rows = self.conn.execute("SELECT rowid, distance FROM chunks_vec WHERE embedding MATCH ? AND k = ? "
-                                 "ORDER BY distance", (pack(vector), k)).fetchall()
-        return self._passages([(r[0], 1.0 - float(r[1])) for r in rows])
+        with self._reading():
+            if not self.has_vectors:
+                return []
+            rows = self.conn.execute("SELECT rowid, distance FROM chunks_vec WHERE embedding MATCH ? AND k = ? "
+                                     "ORDER BY distance", (pack(vector), k)).fetchall()
+            return self._passages([(r[0], 1.0 - float(r[1])) for r in rows])
 
     def passage(self, chunk_id: int) -> Passage | None:
         found = self._passages([(chunk_id, 0.0)])
