@@ -2,7 +2,8 @@
 # Smoke test of what `make dist` built, run in a clean environment: no venv, no PYTHONPATH, a temp HOME,
 # PATH=/usr/bin:/bin (`env -i`). Used by `make dist-test`, .ci/run and .github/workflows/release.yml.
 #   installer/smoke.sh dist/ggufdesk-<version>-<platform>.tar.gz|.zip   extract; --version, probe --json,
-#                                                   run <tiny model> --json, the GUI offscreen for 8 s
+#                                                   library --json (both starters), run <tiny model> --json,
+#                                                   the GUI offscreen for 8 s
 #   installer/smoke.sh dist/ggufdesk_<version>_amd64.deb    dpkg -i; menu entry, icons, /usr/bin/ggufdesk
 #                                                   probe; user data survives dpkg -r (always removed, trap)
 # SMOKE_MODEL: a tiny GGUF for the run step (make dist-test writes one with tests/fixtures/ggufs.py).
@@ -63,6 +64,16 @@ check_run() {  # check_run EXE: one generation through the bundle's engine proce
   ok "run $(basename "$model") --json"
 }
 
+check_library() {  # check_library EXE: both offline starters are listed by id (unless a -nostarter build)
+  local exe=$1
+  clean "$exe" library --json > "$tmp/library.json" 2> "$tmp/library.err" || fail "library --json: $(tail -5 "$tmp/library.err")"
+  case "$(basename "$target")" in *nostarter*) ok "library --json (no starters in this build)"; return ;; esac
+  for id in smollm2-135m-instruct gemma-3-270m; do
+    grep -q "\"id\": \"$id\"" "$tmp/library.json" || fail "library --json does not list the starter $id: $(head -c 600 "$tmp/library.json")"
+  done
+  ok "library --json lists both starters"
+}
+
 check_gui() {  # check_gui EXE: the window comes up offscreen and is still running after 8 s
   local exe=$1
   local group=()
@@ -93,6 +104,7 @@ case "$target" in
     [ -x "$exe" ] || exe="$dir/ggufdesk.exe"
     [ -x "$exe" ] || fail "no ggufdesk executable in $(basename "$target")"
     check_cli "$exe"
+    check_library "$exe"
     check_run "$exe"
     gui="$dir/ggufdesk-gui"
     [ -x "$gui" ] || gui=$exe

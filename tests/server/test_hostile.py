@@ -78,7 +78,7 @@ def test_oversized_bodies_are_413(keyed):
 
 
 def test_unknown_paths_and_methods_answer_in_openais_shape(keyed):
-    r = post(keyed, "/v1/embeddings", json={})
+    r = post(keyed, "/v1/images/generations", json={})
     assert r.status_code == 404 and "no such endpoint" in r.json()["error"]["message"]
     r = httpx.get(keyed.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"})
     assert r.status_code == 405 and r.json()["error"]

@@ -96,7 +96,7 @@ def test_unpacking_is_said_only_the_first_time(qtbot, wizard, tmp_path, monkeypa
     wiz = wizard(FakeServices(tmp_path, online=False))
     to_model_page(qtbot, wiz)
     assert wiz.model_page.current().source == "starter"
-    monkeypatch.setattr(starter, "starter_ready", lambda: False)
+    monkeypatch.setattr(starter, "ready", lambda s=None: False)
     with qtbot.waitSignal(wiz.download_finished, timeout=5000):
         wiz.next()
     assert "Unpacking" in wiz.download_page.what.text()
@@ -104,7 +104,7 @@ def test_unpacking_is_said_only_the_first_time(qtbot, wizard, tmp_path, monkeypa
     wiz.back()
     wiz.back()
     assert wiz.currentId() == MODEL_PAGE
-    monkeypatch.setattr(starter, "starter_ready", lambda: True)
+    monkeypatch.setattr(starter, "ready", lambda s=None: True)
     wiz.download_page.state = "idle"
     with qtbot.waitSignal(wiz.download_finished, timeout=5000):
         wiz.next()

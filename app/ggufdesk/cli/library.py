@@ -1,4 +1,4 @@
-"""`ggufdesk library`: the models on this machine (HF cache, added files, LM Studio, Ollama)."""
+"""`ggufdesk library`: the models on this machine (starters, HF cache, added files, LM Studio, Ollama), by id."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ from ggufdesk.cli import print_json
 from ggufdesk.core import library
 
 NAME = "library"
-HELP = "list local models (Hugging Face cache, added files, LM Studio, Ollama); --add a GGUF by path"
+HELP = "list local models with their ids (starters, Hugging Face cache, added files, LM Studio, Ollama); --add a GGUF"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -16,18 +16,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def capabilities(caps: dict[str, bool]) -> str:
+    names = {"chat_template": "chat", "tools": "tools", "embedding": "embedding"}
+    return ",".join(word for key, word in names.items() if caps.get(key)) or "text"
+
+
 def run(args: argparse.Namespace) -> int:
     for path in args.add:
         library.add_path(path)
     for path in args.remove:
         library.remove_path(path)
-    models = library.list_models()
+    models = library.entries()
+    rows = [{**m.as_json(), **library.facts(m)} for m in models]
     if args.json:
-        print_json({"models": [m.as_json() for m in models]})
+        print_json({"models": rows})
         return 0
-    if not models:
-        print("no local models yet: `ggufdesk download REPO FILE` or `ggufdesk library --add PATH`")
-    for m in models:
-        parts = f" ({m.parts} parts)" if m.parts > 1 else ""
-        print(f"{m.source:>9}  {m.quant or '?':>8}  {m.size / 1e9:7.2f} GB  {m.name}{parts}\n{'':>31}{m.path}")
+    if not rows:
+        print("no local models yet: `ggufdesk download REPO FILE` or `ggufdesk library --add PATH`; "
+              "`pip install 'ggufdesk[starter]'` adds the offline starters")
+    for r in rows:
+        parts = f" ({r['parts']} parts)" if r["parts"] > 1 else ""
+        print(f"{r['id']:<32} {r['source']:>9}  {r['quant'] or '?':>8}  {r['size'] / 1e9:6.2f} GB  "
+              f"{capabilities(r['capabilities']):<14} {r['name']}{parts}\n{'':>33}{r['path']}")
     return 0

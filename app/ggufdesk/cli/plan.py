@@ -9,14 +9,15 @@ from ggufdesk.core.gguf_meta import read_gguf
 from ggufdesk.core.settings import KV_TYPES
 
 NAME = "plan"
-HELP = "predict memory, GPU layers and tok/s for a model (path or hf://repo/file.gguf)"
+HELP = "predict memory, GPU layers and tok/s for a model (path, library id or hf://repo/file.gguf)"
 MiB = 1 << 20
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a .gguf path or hf://owner/repo/file.gguf (reads the header only)")
+    p.add_argument("model", nargs="?", help="a .gguf path, a library id (`ggufdesk library`) or hf://owner/repo/"
+                                            "file.gguf (reads the header only); default: the chat starter")
     p.add_argument("--ctx", type=int, default=4096, help="context length (default 4096)")
-    p.add_argument("--draft", help="draft model for speculative decoding (path or hf://...)")
+    p.add_argument("--draft", help="draft model for speculative decoding (path, library id or hf://...)")
     p.add_argument("--kv-type", default="f16", choices=KV_TYPES, help="KV cache type for K and V")
     p.add_argument("--gpu-layers", type=int, default=None, help="force this many GPU layers (-1 = all)")
     p.add_argument("--ubatch", type=int, default=512, help="micro-batch size (default 512)")
@@ -24,8 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = read_gguf(args.model)
-    draft = read_gguf(args.draft) if args.draft else None
+    from ggufdesk.cli.run import library_file
+    from ggufdesk.core.library import resolve
+
+    info = read_gguf(resolve(args.model))
+    draft = read_gguf(library_file(args.draft)) if args.draft else None
     hw = hardware.probe()
     p = planner.plan(info, hw, n_ctx=args.ctx, draft=draft, type_k=args.kv_type, type_v=args.kv_type,
                      n_gpu_layers=args.gpu_layers, n_ubatch=args.ubatch)

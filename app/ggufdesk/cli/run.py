@@ -14,7 +14,8 @@ HELP = "generate once from a prompt (through the engine process) and print text 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """Load and sampling flags shared by `run` and `chat`."""
-    p.add_argument("model", nargs="?", help="path to a .gguf file (default: the offline starter model)")
+    p.add_argument("model", nargs="?", help="a .gguf path or a library id (`ggufdesk library`; default: the "
+                                            "offline chat starter, smollm2-135m-instruct)")
     p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
     p.add_argument("--threads", type=int, default=0, help="decode threads (0 = physical cores)")
     p.add_argument("--threads-batch", type=int, default=0, help="prefill threads (0 = physical cores)")
@@ -98,17 +99,26 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LoadSettings, Sampling
         repeat_penalty=args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
     )
     mode = "draft" if args.draft else "lookup" if args.lookup else "off"
-    spec = SpeculationSettings(mode=mode, draft_model=args.draft, k_max=args.draft_max,
+    spec = SpeculationSettings(mode=mode, draft_model=library_file(args.draft), k_max=args.draft_max,
                                k_min=min(1, args.draft_max), adaptive=not args.no_adaptive)
     return load, sampling, spec
 
 
-def resolve_model(model: str | None) -> str:
-    if model:
-        return model
-    from ggufdesk.core.starter import starter_model_path
+def library_file(name: str | None) -> str | None:
+    """A library id as its file; anything else (a path, even a missing one) unchanged, for the engine to judge."""
+    if not name or "/" in name or name.lower().endswith(".gguf"):
+        return name
+    from ggufdesk.core import library
 
-    return str(starter_model_path())
+    hit = library.find(name, library.entries())
+    return str(library.file_for(hit)) if hit is not None else name
+
+
+def resolve_model(model: str | None) -> str:
+    """A path or library id as the file to load; nothing means the default (chat) starter."""
+    from ggufdesk.core import library
+
+    return library.resolve(model)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -39,6 +39,14 @@ MAX_KEPT = 200_000  # array items kept in memory per header (real models: a few 
 MAX_TENSOR_BYTES = 1 << 50
 KEEP_ARRAY = 4096  # arrays longer than this (the vocabulary) keep only their length
 MAX_LAYERS = KEEP_ARRAY  # per-layer arrays are kept whole, so a model has at most this many layers
+# Architectures that only encode (no causal LM head): they compute embeddings and cannot generate.
+EMBEDDING_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "neo-bert",
+                             "modern-bert", "eurobert", "gemma-embedding", "t5encoder"})
+
+
+def embedding_only(arch: str, pooling: object) -> bool:
+    """A model that only computes embeddings: an encoder, or one whose `<arch>.pooling_type` is mean, CLS or last."""
+    return arch in EMBEDDING_ARCHS or (not isinstance(pooling, bool) and pooling in (1, 2, 3, "1", "2", "3"))
 
 SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 LAYER_RE = re.compile(r"^blk\.(\d+)\.")

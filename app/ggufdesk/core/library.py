@@ -13,7 +13,7 @@ import os
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,10 @@ class LocalModel:
     source: str  # "hf-cache" | "user" | "lmstudio" | "ollama"
     quant: str | None
     parts: int = 1
+    id: str = ""  # the stable library id (set by entries(); "" from a single source's listing)
 
     def as_json(self) -> dict[str, object]:
-        return {"path": str(self.path), "name": self.name, "size": self.size, "source": self.source,
+        return {"id": self.id, "path": str(self.path), "name": self.name, "size": self.size, "source": self.source,
                 "quant": self.quant, "parts": self.parts}
 
 
@@ -308,3 +309,177 @@ def remember_verified(path: Path, size: int, mtime_ns: int, sha256: str) -> None
             _write_json(f, data)
         except KnownError as e:  # only a cache of checks done: the file is checked again next time
             log.warning("%s", e)
+
+
+# ----------------------------------------------------------------------------------- ids and lookups
+
+ID_STRAY = re.compile(r"[^a-z0-9._:-]+")
+HF_NAME = re.compile(r"^(?:hf\.co/|huggingface\.co/)?(?P<repo>[\w.-]+/[\w.-]+)(?::(?P<quant>[\w.-]+))?$", re.IGNORECASE)
+# Architectures that only embed (llama.cpp's encoder-only models); others embed when their header
+# names a pooling type.
+EMBEDDING_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "neo-bert",
+                             "modern-bert", "t5encoder", "gemma-embedding"})
+
+
+def slug(text: str) -> str:
+    """Lower case; anything but letters, digits, '.', '_', ':' and '-' becomes '-' (never '/' or '..')."""
+    s = ID_STRAY.sub("-", text.lower()).strip("-.:")
+    s = re.sub(r"\.{2,}", ".", s)
+    return s or "model"
+
+
+def _base_id(m: LocalModel) -> str:
+    if m.source == "ollama":  # "llama3.2:1b" and "someone/phi:mini" are what Ollama's users type
+        return slug(m.name.replace("/", "-"))
+    name = m.name.rsplit("/", 1)[-1]
+    sp = split_parts(name)
+    return slug(sp[0] if sp else name[:-5] if name.lower().endswith(".gguf") else name)
+
+
+def starter_models() -> list[LocalModel]:
+    """The offline starters that are installed (a starter still to be assembled is listed at its target)."""
+    from ggufdesk.core import starter
+
+    return [LocalModel(path=starter.target(s), name=s.label, size=s.size_bytes, source="starter",
+                       quant=quant_from_name(s.filename), id=s.id) for s in starter.installed()]
+
+
+def entries(*, cache_dir: str | Path | None = None, home: Path | None = None) -> list[LocalModel]:
+    """Every model the app can use, each with a stable id: the starters first, then list_models().
+
+    An id is the file's stem in lower case (Ollama's name:tag), made unique with -2, -3... in the
+    order the sources are read; a starter's id is fixed (`smollm2-135m-instruct`, `gemma-3-270m`).
+    """
+    out = starter_models()
+    taken = {m.id for m in out}
+    starters = {os.path.realpath(m.path) for m in out}
+    for m in list_models(cache_dir=cache_dir, home=home):
+        if os.path.realpath(m.path) in starters:
+            continue
+        base = mid = _base_id(m)
+        n = 2
+        while mid in taken:
+            mid, n = f"{base}-{n}", n + 1
+        taken.add(mid)
+        out.append(replace(m, id=mid))
+    return out
+
+
+def _match_rank(m: LocalModel, key: str, low: str) -> int | None:
+    """How well `key` names `m`: 0 its id exactly ... 4 its id once made a slug; None not at all."""
+    files = (m.path.name.lower(), m.name.rsplit("/", 1)[-1].lower())
+    if m.id == key:
+        return 0
+    if m.id == low:
+        return 1
+    if m.source == "ollama" and m.name.lower() in (low, f"{low}:latest"):
+        return 2
+    if low in files or f"{low}.gguf" in files:
+        return 3
+    if key and slug(low) == m.id:
+        return 4
+    return None
+
+
+def find(name: str, models: list[LocalModel]) -> LocalModel | None:
+    """The model `name` means: an id, a file name or stem (any case), Ollama's name[:tag], or
+    hf.co/owner/repo[:QUANT] for a file in the Hugging Face cache. Never a path."""
+    key = name.strip()
+    low = key.lower()
+    ranked = [(r, i, m) for i, m in enumerate(models) if (r := _match_rank(m, key, low)) is not None]
+    if ranked:
+        return min(ranked, key=lambda t: (t[0], t[1]))[2]
+    hf = HF_NAME.match(key)
+    if hf is None:
+        return None
+    repo = hf["repo"].lower() + "/"
+    quant = (hf["quant"] or "").upper()
+    same = [m for m in models if m.source == "hf-cache" and m.name.lower().startswith(repo)]
+    if quant:
+        same = [m for m in same if (m.quant or "").upper() == quant]
+    return min(same, key=lambda m: (m.quant or "").upper() != "Q4_K_M", default=None)
+
+
+def file_for(m: LocalModel) -> Path:
+    """The file to load for a library entry (a starter is assembled or verified the first time)."""
+    if m.source == "starter":
+        from ggufdesk.core import starter
+
+        s = starter.by_id(m.id)
+        if s is not None:
+            return starter.model_path(s)
+    return m.path
+
+
+def resolve(model: str | None, models: list[LocalModel] | None = None) -> str:
+    """What a command's MODEL argument names, as a file to load: a path, hf://..., a library id or
+    name (see find()), or nothing (the default starter, the chat one when installed)."""
+    from ggufdesk.core import starter
+
+    if not model:
+        return str(starter.default_model_path())
+    if model.startswith("hf://"):
+        return model
+    path = Path(model).expanduser()
+    try:
+        if path.is_file():
+            return str(path)
+    except OSError:
+        pass
+    models = entries() if models is None else models
+    hit = find(model, models)
+    if hit is not None:
+        return str(file_for(hit))
+    if "/" in model or os.sep in model or model.lower().endswith(".gguf"):
+        raise KnownError(f"{model}: no such file")
+    ids = ", ".join(m.id for m in models) or "none yet"
+    raise KnownError(f"{model!r} is neither a file nor a model in the library (ids: {ids}); "
+                     "see `ggufdesk library`")
+
+
+# ----------------------------------------------------------------------------------- facts for listings
+
+_facts: dict[tuple[str, int, int], dict[str, Any]] = {}
+
+
+def facts(m: LocalModel) -> dict[str, Any]:
+    """What a listing shows beyond the file: architecture, parameters, context, capabilities.
+
+    Read from the header once per (path, size, mtime); an unreadable header gives the file facts only.
+    """
+    from ggufdesk.core.gguf_meta import read_gguf
+    from ggufdesk.core.tools import detect_format
+
+    try:
+        st = m.path.stat()
+    except OSError:
+        st = None
+    key = (str(m.path), st.st_size if st else -1, st.st_mtime_ns if st else -1)
+    with _lock:
+        cached = _facts.get(key)
+    if cached is not None:
+        return cached
+    out: dict[str, Any] = {"architecture": None, "family": None, "parameters": None, "context_length": None,
+                           "capabilities": {"chat_template": False, "tools": False, "embedding": False}}
+    if st is None:  # a starter still to be assembled
+        from ggufdesk.core import starter
+
+        s = starter.by_id(m.id) if m.source == "starter" else None
+        if s is not None:
+            out["capabilities"]["chat_template"] = s.chat
+        return out
+    try:
+        info = read_gguf(m.path)
+    except (KnownError, OSError) as e:
+        log.info("cannot read the header of %s: %s", m.path, e)
+        return out
+    arch, md = info.architecture, info.metadata
+    pooling = md.get(f"{arch}.pooling_type")
+    out.update(architecture=arch, family=str(md.get("general.basename") or arch), parameters=info.n_params,
+               context_length=info.context_length,
+               capabilities={"chat_template": info.chat_template is not None,
+                             "tools": detect_format(info.chat_template).native,
+                             "embedding": arch in EMBEDDING_ARCHS or (isinstance(pooling, int) and pooling > 0)})
+    with _lock:
+        _facts[key] = out
+    return out

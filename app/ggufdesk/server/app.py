@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ggufdesk.server import anthropic, openai
+from ggufdesk.server import anthropic, embeddings, openai
 from ggufdesk.server.docs import DocsRetrieval
 from ggufdesk.server.errors import ApiError
 from ggufdesk.server.service import ClientGone, Service
@@ -97,7 +97,7 @@ async def on_bug(request: Request, exc: Exception) -> Response:
 def build_app(service: Service) -> ASGIApp:
     app = Starlette(
         routes=[Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
-                *openai.ROUTES, *anthropic.ROUTES],
+                *openai.ROUTES, *anthropic.ROUTES, *embeddings.ROUTES],
         exception_handlers={ApiError: on_api_error, ClientGone: on_client_gone, HTTPException: on_http_error,
                             Exception: on_bug},
     )

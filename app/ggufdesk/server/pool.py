@@ -113,6 +113,10 @@ class EnginePool:
         await asyncio.to_thread(self._client.generate, prompt=prompt, messages=messages, sampling=sampling,
                                 context_policy="refuse", request_id=rid, **kwargs)
 
+    async def embed(self, rid: str, inputs: list[str | list[int]], *, truncate: bool = False) -> None:
+        """Ask for embeddings under `rid` (opened with open()): its Embeddings or Error event follows."""
+        await asyncio.to_thread(self._client.start_embed, inputs, truncate=truncate, request_id=rid)
+
     async def cancel(self, rid: str) -> None:
         try:
             await asyncio.to_thread(self._client.cancel, rid)

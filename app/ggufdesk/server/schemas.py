@@ -111,8 +111,8 @@ def parse(model: type[Strict], body: bytes) -> Any:
     """The body as `model`, or a 400 that names the first bad field."""
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise invalid(f"the request body is not valid JSON: {e}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise invalid(f"the request body is not valid JSON: {str(e)[:200]}") from None
     if not isinstance(data, dict):
         raise invalid("the request body must be a JSON object")
     try:

@@ -42,6 +42,7 @@ class GenSpec:
 
     endpoint: str  # "chat" | "completions" | "messages": the metrics label
     sampling: SamplingSettings
+    model: str = ""  # the served model's id (Service.check_model), "" = the only one
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     logprobs: int = 0
@@ -108,10 +109,32 @@ class Service:
             raise ApiError(503, why or "the model is not loaded", code="not_ready", retry_after=5,
                            reason="not_ready")
 
-    def check_model(self, name: str) -> None:
-        if name != self.model_id:
-            raise ApiError(404, f"the model {name!r} does not exist; this server has {self.model_id!r}",
-                           code="model_not_found", param="model", reason="unknown_model")
+    def check_model(self, name: str | None, *, exact: bool = False) -> str:
+        """The id of the served model a request's `model` names. With one model served, any name (or
+        none) answers with it, as llama-server and LM Studio do; `exact` (Ollama's model-management
+        routes) wants its id, with or without Ollama's ":latest" tag. Raises a 404 ApiError."""
+        if not exact or name in (self.model_id, f"{self.model_id}:latest"):
+            return self.model_id
+        raise ApiError(404, f"the model {name!r} does not exist; this server has {self.model_id!r}",
+                       code="model_not_found", param="model", reason="unknown_model")
+
+    def pool_for(self, model_id: str) -> EnginePool:
+        """The engine pool serving `model_id` (its tool format, Loaded event, state)."""
+        return self.pool
+
+    def models(self) -> list[dict[str, Any]]:
+        """Every model this server can answer with, for the listings (server/models.py's facts plus
+        `loaded`, `n_ctx` and, once loaded, `embedding_only` from the engine)."""
+        from ggufdesk.server.models import describe
+
+        pool = self.pool
+        facts = describe(pool.model, self.model_id)
+        loaded = pool.loaded
+        facts.update(loaded=pool.state == "ready" and loaded is not None, state=pool.state,
+                     n_ctx=loaded.n_ctx if loaded else 0, memory=dict(loaded.memory) if loaded else {})
+        if loaded is not None and loaded.embedding_only:
+            facts.update(embedding_only=True, capabilities=["embedding"])
+        return [facts]
 
     def spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -126,6 +149,24 @@ class Service:
         Raises ApiError for refusals (429, 503) and for engine errors that come first (400 context).
         A client that goes away while queued leaves the queue.
         """
+        t0, gone = await self._admit(caller, receive)
+        pool = self.pool_for(spec.model or self.model_id)
+        rid, q = pool.open()
+        job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone, pool=pool)
+        self._inflight[caller] = self._inflight.get(caller, 0) + 1
+        try:
+            await pool.generate(rid, prompt=spec.prompt, messages=spec.messages, sampling=spec.sampling,
+                                     logprobs=spec.logprobs, **spec.structured)
+        except KnownError as e:
+            job.finish(None)
+            raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
+        await job.peek()
+        return job
+
+    async def _admit(self, caller: str, receive: Receive) -> tuple[float, asyncio.Future]:
+        """Readiness, the rate limit and a slot (waiting in the queue); returns the start time and a
+        future that completes when the client disconnects. A client that goes away while queued
+        leaves the queue (ClientGone)."""
         self.require_ready()
         wait = self.limiter.retry_after(caller)
         if wait is not None:
@@ -149,29 +190,64 @@ class Service:
         if admit.cancelled() or admit.exception() is not None:
             gone.cancel()
             admit.result()  # raises the 503 (or the cancellation)
-        rid, q = self.pool.open()
-        job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone)
+        return t0, gone
+
+    async def embed(self, caller: str, model: str, inputs: list[str | list[int]], *, truncate: bool,
+                    receive: Receive, endpoint: str = "embeddings") -> P.Embeddings:
+        """Embeddings of `inputs` by the served model `model`, admitted like a generation (a slot, the
+        rate limit). Raises ApiError (engine refusals: 400; a crash: 503) or ClientGone."""
+        t0, gone = await self._admit(caller, receive)
+        pool = self.pool_for(model)
+        rid, q = pool.open()
         self._inflight[caller] = self._inflight.get(caller, 0) + 1
+        outcome, n_tokens = "error", 0
         try:
-            await self.pool.generate(rid, prompt=spec.prompt, messages=spec.messages, sampling=spec.sampling,
-                                     logprobs=spec.logprobs, **spec.structured)
-        except KnownError as e:
-            job.finish(None)
-            raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
-        await job.peek()
-        return job
+            try:
+                await pool.embed(rid, inputs, truncate=truncate)
+            except KnownError as e:
+                raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
+            got = asyncio.ensure_future(q.get())
+            await asyncio.wait({got, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not got.done():
+                got.cancel()
+                outcome = "disconnected"
+                await pool.cancel(rid)
+                raise ClientGone()
+            ev = got.result()
+            if isinstance(ev, P.Error):
+                err = engine_error(ev)
+                outcome = err.reason
+                raise err
+            if not isinstance(ev, P.Embeddings):  # a Done: the engine cancelled it (it is shutting down)
+                raise ApiError(503, "the embedding request was cancelled by the server", code="engine_unavailable",
+                               retry_after=5, reason="engine_crash")
+            outcome, n_tokens = "ok", sum(ev.n_tokens)
+            return ev
+        finally:
+            gone.cancel()
+            pool.close(rid)
+            seconds = time.perf_counter() - t0
+            self.admission.release(seconds)
+            self._done_with(caller)
+            self.metrics.latency.labels(endpoint).observe(seconds)
+            self.metrics.requests.labels(endpoint, outcome).inc()
+            self.metrics.prompt_tokens.inc(n_tokens)
+            self.limiter.charge(caller, n_tokens)
+
+    def _done_with(self, caller: str) -> None:
+        n = self._inflight.get(caller, 1) - 1
+        if n > 0:
+            self._inflight[caller] = n
+        else:
+            self._inflight.pop(caller, None)
+        self._seen[caller] = time.monotonic()
 
     def finished(self, job: Job, outcome: str) -> None:
         m, spec = self.metrics, job.spec
         seconds = time.perf_counter() - job.t0
         self.admission.release(seconds)
-        self.pool.close(job.rid)
-        n = self._inflight.get(job.caller, 1) - 1
-        if n > 0:
-            self._inflight[job.caller] = n
-        else:
-            self._inflight.pop(job.caller, None)
-        self._seen[job.caller] = time.monotonic()
+        job.pool.close(job.rid)
+        self._done_with(job.caller)
         m.latency.labels(spec.endpoint).observe(seconds)
         m.requests.labels(spec.endpoint, outcome).inc()
         if outcome not in ("stop", "length", "tool_calls"):
@@ -202,8 +278,9 @@ class Job:
     """
 
     def __init__(self, svc: Service, *, rid: str, queue: asyncio.Queue, caller: str, spec: GenSpec,
-                 t0: float, gone: asyncio.Future) -> None:
+                 t0: float, gone: asyncio.Future, pool: EnginePool | None = None) -> None:
         self.svc, self.rid, self.caller, self.spec, self.t0 = svc, rid, caller, spec, t0
+        self.pool = pool or svc.pool  # the engine pool running it
         self._q = queue
         self._first: Any = None
         self._gone = gone
@@ -297,14 +374,14 @@ class Job:
             self.svc.finished(self, outcome)
         else:  # never started in the engine
             self.svc.admission.release()
-            self.svc.pool.close(self.rid)
+            self.pool.close(self.rid)
 
     def _on_gone(self, fut: asyncio.Future) -> None:
         if fut.cancelled() or self._ended:
             return
         self.disconnected = True
         self._t_cancel = time.perf_counter()
-        self.svc.spawn(self.svc.pool.cancel(self.rid))
+        self.svc.spawn(self.pool.cancel(self.rid))
 
     def close(self) -> None:
         """The response is over (sent, or dropped by a disconnect): cancel what still runs."""
@@ -315,7 +392,7 @@ class Job:
         self.svc.spawn(self._drain())
 
     async def _drain(self) -> None:
-        await self.svc.pool.cancel(self.rid)
+        await self.pool.cancel(self.rid)
         try:
             await asyncio.wait_for(self.collect(), DRAIN_TIMEOUT_S)
         except asyncio.TimeoutError:

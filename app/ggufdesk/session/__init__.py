@@ -6,9 +6,10 @@ package (docs/architecture.md, "The session layer"); it uses core/ and the engin
 from __future__ import annotations
 
 from ggufdesk.session.conversation import ChatSession, Refused, SessionView
+from ggufdesk.session.models import ModelSession, ModelState, ModelView
 from ggufdesk.session.prompt import build_request, title_from
 from ggufdesk.session.turns import Turn
 from ggufdesk.session.writer import HistoryWriter, SaveState
 
-__all__ = ["ChatSession", "HistoryWriter", "Refused", "SaveState", "SessionView", "Turn",
-           "build_request", "title_from"]
+__all__ = ["ChatSession", "HistoryWriter", "ModelSession", "ModelState", "ModelView", "Refused",
+           "SaveState", "SessionView", "Turn", "build_request", "title_from"]

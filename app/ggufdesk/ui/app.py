@@ -126,11 +126,12 @@ def build_main_window(*, engine_command: list[str] | None = None, services=None)
 def load_starter(win) -> None:
     """Nothing chosen and nothing loaded: open the offline starter model, so the first run can chat.
 
-    Assembling it the first time reads and hashes 253 MB: off the GUI thread."""
-    from ggufdesk.core.starter import starter_available, starter_model_path
+    The chat starter when installed, else the base one. Checking or assembling it the first time
+    reads and hashes 98-253 MB: off the GUI thread."""
+    from ggufdesk.core.starter import default_model_path, default_starter
     from ggufdesk.ui.tasks import describe_failure, run_in_background
 
-    if not starter_available():
+    if default_starter() is None:
         return
 
     def done(fut) -> None:
@@ -140,7 +141,7 @@ def load_starter(win) -> None:
         if not win.model_path:
             win.load_model(str(fut.result()))
 
-    run_in_background(starter_model_path, done, owner=win)
+    run_in_background(default_model_path, done, owner=win)
 
 
 def main(argv: list[str] | None = None) -> int:

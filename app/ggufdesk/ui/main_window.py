@@ -1,37 +1,47 @@
-"""The chat window: conversations, streaming answers, gauges, one notification banner."""
+"""The chat window: sidebar, header, chat and composer widgets over a ChatSession and a ModelSession.
+
+The window shows what the sessions (session/) say and forwards what the user asks for; the answer
+lifecycle, the history writes and the model-loading policy (the last good model comes back after a
+failed load) live there, testable without Qt.
+"""
 from __future__ import annotations
 
 import json
 import logging
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from PySide6.QtCore import QByteArray, QEvent, QModelIndex, QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtCore import QByteArray, QMimeData, QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence, QShowEvent
 from PySide6.QtWidgets import (
-    QFileDialog, QGridLayout, QHBoxLayout, QInputDialog, QLabel, QLineEdit, QListView, QMainWindow,
-    QMessageBox, QPushButton, QSizePolicy, QSplitter, QVBoxLayout, QWidget,
+    QFileDialog, QInputDialog, QMainWindow, QMessageBox, QSplitter, QVBoxLayout, QWidget,
 )
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.history import Conversation, History, Message
 from ggufdesk.core.settings import LoadSettings, Settings, SpeculationSettings, save_settings
 from ggufdesk.engine.link import protocol as p
-from ggufdesk.ui import theme
+from ggufdesk.session import ChatSession, HistoryWriter, Refused, SaveState, SessionView, Turn
+from ggufdesk.session.conversation import Level, Phase
+from ggufdesk.session.models import ModelSession, ModelState, ModelView, base_model_advice
 from ggufdesk.ui.chat_view import ChatView
 from ggufdesk.ui.composer import ENTER_SENDS_KEY, Composer, enter_sends
 from ggufdesk.ui.conversation_dialog import ConversationDialog
-from ggufdesk.ui.conversation_model import ConversationListModel
 from ggufdesk.ui.engine_adapter import EngineBridge
 from ggufdesk.ui.gauges import GaugePanel, SystemSampler
+from ggufdesk.ui.header import Header
 from ggufdesk.ui.notify import Banner
+from ggufdesk.ui.services import ContextEstimate
 from ggufdesk.ui.settings_dialog import SettingsDialog
-from ggufdesk.session import ChatSession, HistoryWriter, Refused, SaveState, SessionView, Turn
-from ggufdesk.session.conversation import Level, Phase
+from ggufdesk.ui.sidebar import Sidebar
 from ggufdesk.ui.tasks import describe_failure, run_in_background, run_on_main
 
 log = logging.getLogger("ggufdesk.ui.chat")
+
+Recommended = Callable[[], tuple[LoadSettings, SpeculationSettings]]
+Estimate = Callable[[str, LoadSettings], ContextEstimate | None]
+_Read = tuple[Conversation, list[Message], dict[int, tuple[int, int]]]  # a conversation, read back
 
 
 def _as_message(turn: Turn) -> Message:
@@ -41,8 +51,8 @@ def _as_message(turn: Turn) -> Message:
                    created=turn.created, status=turn.status, stats=stats)
 
 
-class _WindowView(SessionView):
-    """What the session tells the window, shown with its widgets (all on the GUI thread)."""
+class _WindowView(SessionView, ModelView):
+    """What the sessions tell the window, shown with its widgets (all on the GUI thread)."""
 
     def __init__(self, win: MainWindow) -> None:
         self.win = win
@@ -51,8 +61,8 @@ class _WindowView(SessionView):
         w = self.win
         w.chat.set_messages([_as_message(t) for t in turns], {t.key: t.version for t in turns})
         w.chat.set_actions_enabled(not w.session.busy)
-        w._update_mode_label()
-        w._select_current()
+        w.show_mode()
+        w.sidebar.select(conv.id if conv is not None else None)
         if conv is not None:
             w.conversation_loaded.emit(conv.id)
 
@@ -73,31 +83,38 @@ class _WindowView(SessionView):
     def phase_changed(self, phase: Phase) -> None:
         w = self.win
         idle = phase == "idle"
-        w.stop_btn.setEnabled(not idle)
+        w.composer.set_busy(not idle)
         w.stop_action.setEnabled(not idle)  # Esc stops only while an answer is being written
-        w.send_btn.setEnabled(idle)
         w.chat.set_actions_enabled(idle)
 
     def save_state_changed(self, state: SaveState) -> None:
-        self.win.save_label.setText(state.text)
-        self.win.save_label.setVisible(bool(state.text))
+        self.win.header.set_save_state(state)
 
     def conversation_saved(self, conv: Conversation) -> None:
         w = self.win
-        w.conv_model.update(conv)
-        w._select_current()
-        w._update_mode_label()
+        w.sidebar.conversation_changed(conv)
+        w.sidebar.select(w.conv.id if w.conv is not None else None)
+        w.show_mode()
 
     def notice(self, text: str, level: Level = "info") -> None:
         self.win.banner.notify(text, level)
 
     def base_model_loaded(self, model: p.Loaded) -> None:
-        self.win._base_model_loaded(model)
+        # Said once per model (not on every launch), with what to get for chatting.
+        self.win.banner.notify_once(f"base-model:{model.model}", base_model_advice(model))
+
+    def model_state_changed(self, state: ModelState) -> None:
+        self.win.header.set_model_state(state)
+        if state.phase == "loaded":
+            self.win.show_mode()
+
+    def load_failed(self) -> None:
+        self.win.gauges.on_unloaded()  # the truth: the engine holds no model now
 
 
 class MainWindow(QMainWindow):
-    """A view over a ChatSession (session/): it shows the conversation and forwards clicks; the
-    answer lifecycle and the history writes live in the session."""
+    """A view over a ChatSession and a ModelSession (session/), composed of a Sidebar, a Header, a
+    ChatView, a Composer and the GaugePanel; it shows what the sessions say and forwards clicks."""
 
     answer_finished = Signal(str)  # final status of an answer: done | cancelled | partial | error
     conversation_loaded = Signal(int)
@@ -105,8 +122,7 @@ class MainWindow(QMainWindow):
 
     def __init__(self, *, engine: EngineBridge, history: History, settings: Settings | None = None,
                  choose_model: Callable[[], None] | None = None,
-                 recommended: Callable[[], tuple[LoadSettings, SpeculationSettings]] | None = None,
-                 estimate: Callable[[str, LoadSettings], Any] | None = None,
+                 recommended: Recommended | None = None, estimate: Estimate | None = None,
                  persist_settings: bool = True) -> None:
         """`estimate(model, load)` is the planner's ContextEstimate for the settings dialog."""
         super().__init__()
@@ -119,14 +135,12 @@ class MainWindow(QMainWindow):
         self._choose_model = choose_model
         self._recommended = recommended
         self._estimate_for = estimate
-        self.model_path: str | None = None
-        self._loading: tuple[str, LoadSettings, SpeculationSettings] | None = None
-        self._last_good: tuple[str, LoadSettings, SpeculationSettings] | None = None
-        self._recovering = False
         self._build()
+        view = _WindowView(self)
         self.writer = HistoryWriter(history)
-        self.session = ChatSession(engine=engine, writer=self.writer, view=_WindowView(self),
-                                   post=run_on_main)
+        self.session = ChatSession(engine=engine, writer=self.writer, view=view, post=run_on_main)
+        self.models = ModelSession(engine=engine, settings=self.settings, view=view,
+                                   recommended=recommended, save=self._save_settings)
         self._wire()
         self.refresh_conversations()
 
@@ -134,73 +148,44 @@ class MainWindow(QMainWindow):
     def conv(self) -> Conversation | None:
         return self.session.conv
 
+    @property
+    def model_path(self) -> str | None:
+        """The model loaded, being loaded, or whose load just failed (ModelSession.path)."""
+        return self.models.path
+
+    def _save_settings(self, settings: Settings) -> None:
+        if self._persist:
+            save_settings(settings)
+
     # ---- layout -------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        self.search = QLineEdit(placeholderText="Search conversations")
-        self.search.setClearButtonEnabled(True)
-        self.conv_model = ConversationListModel(self)
-        self.conv_list = QListView()
-        self.conv_list.setModel(self.conv_model)
-        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.conv_list.setTextElideMode(Qt.TextElideMode.ElideRight)  # long titles end in "…"
-        self.new_btn = QPushButton("New chat")
-        self.rename_btn = QPushButton("Rename")
-        self.delete_btn = QPushButton("Delete")
-        self.export_btn = QPushButton("Export…")
-        left = QWidget()
-        left.setMinimumWidth(150)
-        ll = QVBoxLayout(left)
-        ll.setContentsMargins(4, 4, 4, 4)
-        ll.addWidget(self.new_btn)
-        ll.addWidget(self.search)
-        ll.addWidget(self.conv_list, 1)
-        row = QGridLayout()  # two rows: the side panel stays narrow at 800 px
-        row.addWidget(self.rename_btn, 0, 0)
-        row.addWidget(self.delete_btn, 0, 1)
-        row.addWidget(self.export_btn, 1, 0, 1, 2)
-        ll.addLayout(row)
-        self.left_panel = left
-
+        self.sidebar = Sidebar()
+        self.header = Header()
         self.banner = Banner()
-        self.save_label = QLabel("")
-        self.save_label.hide()
-        self.model_label = QLabel("No model loaded")
-        self.model_label.setWordWrap(True)
-        self.model_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        self.mode_label = QLabel("")
-        self._restyle()
         self.chat = ChatView()
-        self.input = Composer(enter_sends=enter_sends())
-        self.input.setFixedHeight(84)
-        self._update_placeholder()
-        self.send_btn = QPushButton("Send")
-        self.send_btn.setDefault(True)
-        self.stop_btn = QPushButton("Stop")
-        self.stop_btn.setEnabled(False)
+        self.composer = Composer(enter_sends=enter_sends())
+        self.gauges = GaugePanel()  # scrolls when short; the splitter can fold it away
+        # Short names for the controls that tests, benches and screenshots reach for.
+        self.search, self.conv_list, self.conv_model = (self.sidebar.search, self.sidebar.list,
+                                                        self.sidebar.model)
+        self.new_btn, self.rename_btn = self.sidebar.new_btn, self.sidebar.rename_btn
+        self.delete_btn, self.export_btn = self.sidebar.delete_btn, self.sidebar.export_btn
+        self.model_label, self.save_label = self.header.model_label, self.header.save_label
+        self.mode_label = self.header.mode_label
+        self.input = self.composer.box
+        self.send_btn, self.stop_btn = self.composer.send_btn, self.composer.stop_btn
+
         center = QWidget()
+        center.setMinimumWidth(300)
         cl = QVBoxLayout(center)
-        top = QHBoxLayout()
-        top.addWidget(self.model_label, 1)
-        top.addWidget(self.save_label)
-        top.addWidget(self.mode_label)
-        cl.addLayout(top)
+        cl.addWidget(self.header)
         cl.addWidget(self.banner)
         cl.addWidget(self.chat, 1)
-        bottom = QHBoxLayout()
-        bottom.addWidget(self.input, 1)
-        buttons = QVBoxLayout()
-        buttons.addWidget(self.send_btn)
-        buttons.addWidget(self.stop_btn)
-        bottom.addLayout(buttons)
-        cl.addLayout(bottom)
-
-        self.gauges = GaugePanel()  # scrolls when short; the splitter can fold it away
-        center.setMinimumWidth(300)
+        cl.addWidget(self.composer)
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
-        self.splitter.addWidget(left)
-        self.splitter.addWidget(center)
-        self.splitter.addWidget(self.gauges)
+        for part in (self.sidebar, center, self.gauges):
+            self.splitter.addWidget(part)
         self.splitter.setStretchFactor(1, 1)
         self.splitter.setCollapsible(1, False)
         self.splitter.setSizes([190, 700, 230])  # at 800 px the conversation keeps most room
@@ -219,11 +204,12 @@ class MainWindow(QMainWindow):
         self.server_panel = server_panel.attach(
             self, tb, lambda: (self.model_path, self.settings.load) if self.model_path else None)
         self.sampler = SystemSampler(lambda: self.engine.pid, parent=self)
+        self.show_mode()
         self.resize(1180, 760)
 
     def _build_menus(self) -> None:
         """The chat apps' keyboard habits, each also a menu entry (so they can be found)."""
-        def action(text: str, keys: QKeySequence | str, slot: Callable[[], Any], *,
+        def action(text: str, keys: QKeySequence | str, slot: Callable[[], object], *,
                    tip: str = "") -> QAction:
             a = QAction(text, self)
             a.setShortcut(QKeySequence(keys))
@@ -252,17 +238,38 @@ class MainWindow(QMainWindow):
         for a in (self.model_action, self.settings_action, self.conv_settings_action):
             model.addAction(a)
 
-    def _restyle(self) -> None:
-        muted = theme.css(theme.muted())
-        self.model_label.setStyleSheet("font-weight: 600;")
-        self.mode_label.setStyleSheet(f"color: {muted};")
-        self.save_label.setStyleSheet(
-            f"color: {theme.css(theme.tone(theme.WARNING_HUE, strong=True))};")
+    def _wire(self) -> None:
+        e = self.engine
+        e.engine_event.connect(self.session.on_event)
+        e.engine_event.connect(self.models.on_event)
+        e.loaded.connect(self.gauges.on_loaded)
+        e.unloaded.connect(self.gauges.on_unloaded)
+        e.stats.connect(self.gauges.on_stats)
+        e.progress.connect(self.gauges.on_progress)
+        self.sampler.sampled.connect(self.gauges.on_sample)
+        self._draft_timer = QTimer(self, singleShot=True, interval=500)
+        self._draft_timer.timeout.connect(lambda: self.save_draft())
+        self.composer.send_requested.connect(lambda text: self.send(text))
+        self.composer.stop_requested.connect(lambda: self.stop())
+        self.composer.draft_changed.connect(lambda: self._draft_timer.start())
+        s = self.sidebar
+        s.new_requested.connect(lambda: self.new_conversation())
+        s.rename_requested.connect(lambda: self.rename_current())
+        s.delete_requested.connect(lambda: self.delete_current())
+        s.export_requested.connect(lambda: self.export_current())
+        s.conversation_chosen.connect(self._on_conversation_chosen)
+        s.search_changed.connect(lambda _text: self.refresh_conversations())
+        self.chat.edit_requested.connect(self.edit_message)
+        self.chat.regenerate_requested.connect(self.regenerate)
+        self.chat.version_requested.connect(self.step_version)
+        self.chat.copied.connect(lambda: self.banner.notify("copied to the clipboard"))
+        self.model_action.triggered.connect(lambda: self._choose_model and self._choose_model())
+        self.settings_action.triggered.connect(lambda: self.open_settings())
+        self.conv_settings_action.triggered.connect(lambda: self.open_conversation_settings())
 
-    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt API
-        super().changeEvent(event)
-        if event.type() == QEvent.Type.ApplicationPaletteChange:
-            self._restyle()
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt API
+        super().showEvent(event)
+        self.sampler.start()
 
     # ---- keyboard -----------------------------------------------------------------------------
 
@@ -276,54 +283,28 @@ class MainWindow(QMainWindow):
     def set_enter_sends(self, on: bool) -> None:
         self.input.enter_sends = bool(on)
         QSettings().setValue(ENTER_SENDS_KEY, bool(on))
-        self._update_placeholder()
+        self.show_mode()
 
-    def _update_placeholder(self) -> None:
-        completion = self.conv is not None and self.conv.mode == "completion" \
-            if hasattr(self, "session") else False
+    def show_mode(self) -> None:
+        """The conversation's mode in the header and on the Send button (chat or continue-text)."""
+        conv = self.conv if hasattr(self, "session") else None
+        completion = conv is not None and conv.mode == "completion"
         if completion:
             from ggufdesk.core.starter import EXAMPLE_PROMPT
 
-            self.input.setPlaceholderText(f"Write the beginning of a text, e.g. “{EXAMPLE_PROMPT}”"
-                                          f" ({self.input.hint()})")
+            self.composer.set_send_words("Continue", "The model continues your text",
+                                         f"Write the beginning of a text, e.g. “{EXAMPLE_PROMPT}”")
         else:
-            self.input.setPlaceholderText(f"Write a message… ({self.input.hint()})")
-
-    def _wire(self) -> None:
-        e = self.engine
-        e.engine_event.connect(self.session.on_event)
-        e.loaded.connect(self._on_loaded)
-        e.unloaded.connect(self.gauges.on_unloaded)
-        e.stats.connect(self.gauges.on_stats)
-        e.progress.connect(self.gauges.on_progress)
-        e.error.connect(self._on_error)
-        e.lifecycle.connect(self._on_lifecycle)
-        self.sampler.sampled.connect(self.gauges.on_sample)
-        self._draft_timer = QTimer(self, singleShot=True, interval=500)
-        self._draft_timer.timeout.connect(lambda: self.save_draft())
-        self.input.submitted.connect(lambda: self.send())
-        self.input.textChanged.connect(lambda: self._draft_timer.start())
-        self.send_btn.clicked.connect(lambda: self.send())
-        self.stop_btn.clicked.connect(lambda: self.stop())
-        self.new_btn.clicked.connect(lambda: self.new_conversation())
-        self.rename_btn.clicked.connect(lambda: self.rename_current())
-        self.delete_btn.clicked.connect(lambda: self.delete_current())
-        self.export_btn.clicked.connect(lambda: self.export_current())
-        self.conv_list.selectionModel().currentChanged.connect(self._on_conv_selected)
-        self._search_timer = QTimer(self, singleShot=True, interval=150)
-        self._search_timer.timeout.connect(lambda: self.refresh_conversations())
-        self.search.textChanged.connect(lambda _: self._search_timer.start())
-        self.chat.edit_requested.connect(self.edit_message)
-        self.chat.regenerate_requested.connect(self.regenerate)
-        self.chat.version_requested.connect(self.step_version)
-        self.chat.copied.connect(lambda: self.banner.notify("copied to the clipboard"))
-        self.model_action.triggered.connect(lambda: self._choose_model and self._choose_model())
-        self.settings_action.triggered.connect(lambda: self.open_settings())
-        self.conv_settings_action.triggered.connect(lambda: self.open_conversation_settings())
-
-    def showEvent(self, event) -> None:  # noqa: N802 - Qt API
-        super().showEvent(event)
-        self.sampler.start()
+            self.composer.set_send_words("Send", "Send the message", "Write a message…")
+        self.chat.set_mode(conv.mode if conv else "chat")
+        text = "" if conv is None else "continue-text mode" if completion else "chat mode"
+        loaded = self.session.model.model if conv is not None and self.session.model else ""
+        if conv is not None and conv.model and loaded and conv.model != loaded:
+            self.header.set_mode(f"{text} · written with {Path(conv.model).name}",
+                                 f"This conversation was written with {conv.model}; "
+                                 f"{Path(loaded).name} is loaded now (Model ▸ Choose model…)")
+        else:
+            self.header.set_mode(text)
 
     # ---- geometry -----------------------------------------------------------------------------
 
@@ -345,7 +326,7 @@ class MainWindow(QMainWindow):
 
     def save_draft(self, qs: QSettings | None = None) -> None:
         qs = qs or QSettings()
-        qs.setValue("chat/draft", self.input.toPlainText())
+        qs.setValue("chat/draft", self.composer.text())
         qs.setValue("chat/last_conversation", self.conv.id if self.conv and self.conv.id else 0)
 
     def restore_state(self, qs: QSettings | None = None) -> None:
@@ -354,8 +335,8 @@ class MainWindow(QMainWindow):
         draft = str(qs.value("chat/draft", "", type=str) or "")
         stored = qs.value("chat/last_conversation", 0, type=int)
         last = stored if isinstance(stored, int) else 0
-        if draft and not self.input.toPlainText():
-            self.input.setPlainText(draft)
+        if draft and not self.composer.text():
+            self.composer.set_text(draft)
         if last:
             def done(fut: Future[bool]) -> None:
                 if describe_failure(fut) is None and fut.result() and self.conv is None:
@@ -370,96 +351,23 @@ class MainWindow(QMainWindow):
 
             run_in_background(exists, done, owner=self)
 
-    # ---- model --------------------------------------------------------------------------------
+    # ---- model (ModelSession does the work) ---------------------------------------------------
 
     def load_model(self, path: str, load: LoadSettings | None = None,
                    speculation: SpeculationSettings | None = None) -> None:
-        if load is not None:
-            self.settings.load = load
-        if speculation is not None:
-            self.settings.speculation = speculation
-        self.model_path = path
-        self._loading = (path, self.settings.load, self.settings.speculation)
-        self.model_label.setText(f"Loading {Path(path).name}…")
-        self.engine.load(path, self.settings.load, self.settings.speculation)
-
-    def _on_loaded(self, ev: p.Loaded) -> None:
-        self.gauges.on_loaded(ev)
-        self.model_path = ev.model
-        if self._loading is not None and self._loading[0] == ev.model:
-            self._last_good = self._loading
-        elif self._last_good is None or self._last_good[0] != ev.model:
-            self._last_good = (ev.model, self.settings.load, self.settings.speculation)
-        self._loading = None
-        self._recovering = False
-        name = Path(ev.model).name
-        where = "GPU" if ev.n_gpu_layers else "CPU"
-        draft = f" + draft {Path(ev.draft).name}" if ev.draft else ""
-        self.model_label.setText(f"{name}{draft} · {ev.n_ctx} ctx · {where} · loaded in {ev.load_s:.1f} s")
-        self.settings.model = ev.model
-        if self._persist:
-            try:
-                save_settings(self.settings)
-            except OSError as e:
-                self.banner.notify(f"could not save settings: {e}", "error")
-        self._update_mode_label()
-
-    def _on_lifecycle(self, ev: p.Lifecycle) -> None:
-        if ev.state == "starting" and ev.restarted:
-            self.model_label.setText("Restarting the engine…")
-        elif ev.state == "loading" and ev.restarted and self.model_path:
-            self.model_label.setText(f"Restarting the engine: loading {Path(self.model_path).name} again…")
-        elif ev.state == "failed":
-            self.model_label.setText("The engine is not running")
-        elif ev.state == "ready" and ev.reason:
-            self.model_label.setText("No model loaded")
-
-    def _on_error(self, ev: p.Error) -> None:
-        if ev.kind not in ("load", "settings"):
-            return  # the session tells the user about everything else
-        self.gauges.on_unloaded()  # the truth: the engine holds no model now
-        self.model_label.setText("No model loaded")
-        msg = f"could not load the model: {ev.message}"
-        if ev.out_of_memory:
-            msg += f" — try fewer GPU layers or a smaller context in Engine settings{self._oom_hint()}"
-        failed, self._loading = self._loading, None
-        good = self._last_good
-        if good is not None and not self._recovering and (failed is None or failed != good):
-            # A failed load must not leave the user without the model that worked: load it again.
-            self._recovering = True
-            self.settings.load, self.settings.speculation = good[1], good[2]
-            self.model_path = good[0]
-            self.model_label.setText(f"Loading {Path(good[0]).name} again…")
-            self.engine.load(good[0], good[1], good[2])
-            msg += f"; {Path(good[0]).name} is loaded again"
-        elif self._recovering:
-            self._recovering = False
-            self._last_good = None
-            self.model_path = None
-        self.banner.notify(msg, "error")
-
-    def _oom_hint(self) -> str:
-        if not self._recommended:
-            return ""
-        try:
-            load, _ = self._recommended()
-        except Exception:  # noqa: BLE001 - the hint is optional; the message stands without it
-            return ""
-        return f" (recommended here: {load.n_gpu_layers} GPU layers, context {load.n_ctx})"
+        self.models.load(path, load, speculation)
 
     # ---- conversations ------------------------------------------------------------------------
 
     def refresh_conversations(self, select_id: int | None = None) -> None:
-        query = self.search.text()
+        query = self.sidebar.query()
 
         def done(fut: Future[list[Conversation]]) -> None:
             if (msg := describe_failure(fut)) is not None:
                 self.banner.notify(msg, "error")
                 return
-            keep = select_id or (self.conv.id if self.conv else None)
-            self.conv_model.set_conversations(fut.result())
-            if keep and (row := self.conv_model.row_of(keep)) >= 0:
-                self.conv_list.setCurrentIndex(self.conv_model.index(row))
+            self.sidebar.set_conversations(fut.result(),
+                                           select_id or (self.conv.id if self.conv else None))
 
         run_in_background(lambda: self.history.list_conversations(query), done)
 
@@ -471,66 +379,23 @@ class MainWindow(QMainWindow):
             self.banner.notify(str(e), "warning")
             return None
 
-    def _on_conv_selected(self, current: Any, _previous: Any) -> None:
-        if not current.isValid():
-            return
-        conv = self.conv_model.conversation(current.row())
-        if self.conv and conv.id == self.conv.id:
-            return
-        self.open_conversation(conv.id)
+    def _on_conversation_chosen(self, conversation_id: int) -> None:
+        if not (self.conv and conversation_id == self.conv.id):
+            self.open_conversation(conversation_id)
 
     def open_conversation(self, conversation_id: int) -> None:
-        def done(fut: Future[tuple[Conversation, list[Message], dict[int, tuple[int, int]]]]) -> None:
+        def done(fut: Future[_Read]) -> None:
             if (msg := describe_failure(fut)) is not None:
                 self.banner.notify(msg, "error")
                 return
-            conv, msgs, versions = fut.result()
-            self.session.open(conv, msgs, versions)
+            self.session.open(*fut.result())
 
-        def read() -> tuple[Conversation, list[Message], dict[int, tuple[int, int]]]:
+        def read() -> _Read:
             self.writer.flush(2.0)  # what this window wrote comes back with it
             return (self.history.get_conversation(conversation_id),
                     self.history.messages(conversation_id), self.history.versions(conversation_id))
 
         run_in_background(read, done)
-
-    def _select_current(self) -> None:
-        """The list shows the open conversation as selected (none while a new one is unsaved)."""
-        row = self.conv_model.row_of(self.conv.id) if self.conv and self.conv.id else -1
-        self.conv_list.setCurrentIndex(self.conv_model.index(row) if row >= 0 else QModelIndex())
-
-    def _update_mode_label(self) -> None:
-        conv = self.conv
-        completion = conv is not None and conv.mode == "completion"
-        self.mode_label.setText("" if conv is None else
-                                "continue-text mode" if completion else "chat mode")
-        self.send_btn.setText("Continue" if completion else "Send")
-        self.send_btn.setToolTip("The model continues your text" if completion else
-                                 "Send the message")
-        self.chat.set_mode(conv.mode if conv else "chat")
-        self._update_placeholder()
-        loaded = self.session.model.model if self.session.model else ""
-        if conv is not None and conv.model and loaded and conv.model != loaded:
-            self.mode_label.setText(self.mode_label.text() + f" · written with {Path(conv.model).name}")
-            self.mode_label.setToolTip(f"This conversation was written with {conv.model}; "
-                                       f"{Path(loaded).name} is loaded now (Model ▸ Choose model…)")
-        else:
-            self.mode_label.setToolTip("")
-
-    def _base_model_loaded(self, model: p.Loaded) -> None:
-        """A base model continues text: say so once per model (not on every launch), with what to
-        download for chatting."""
-        name = Path(model.model).name
-        text = (f"{name} is a base model: it continues the text you start (no chat template). "
-                "For a chat, choose a chat-tuned model")
-        try:
-            from ggufdesk.core import catalog, starter
-
-            if (entry := starter.chat_suggestion(catalog.load())) is not None:
-                text += f", e.g. {entry.name} (Model ▸ Choose model…)"
-        except KnownError:
-            pass
-        self.banner.notify_once(f"base-model:{model.model}", text + ".")
 
     def rename_current(self) -> None:
         if not self.conv:
@@ -548,7 +413,7 @@ class MainWindow(QMainWindow):
         ) != QMessageBox.StandardButton.Yes:
             return
         self.session.delete_conversation()
-        self.conv_model.remove(conv.id)
+        self.sidebar.remove(conv.id)
 
     def export_current(self, path: str | None = None) -> None:
         """Export the open conversation (after pending writes land, off the GUI thread); `exported`
@@ -590,7 +455,7 @@ class MainWindow(QMainWindow):
     # ---- sending (the session does the work) --------------------------------------------------
 
     def send(self, text: str | None = None) -> bool:
-        text = (self.input.toPlainText() if text is None else text).strip()
+        text = (self.composer.text() if text is None else text).strip()
         if not text:
             return False
         try:
@@ -599,7 +464,7 @@ class MainWindow(QMainWindow):
         except Refused as e:
             self.banner.notify(str(e), "warning")
             return False
-        self.input.clear()
+        self.composer.clear()
         return True
 
     def stop(self) -> None:
@@ -623,14 +488,14 @@ class MainWindow(QMainWindow):
         except Refused as e:
             self.banner.notify(str(e), "warning")
             return
-        self.input.setPlainText(text)
+        self.composer.set_text(text)
         self.input.setFocus()
         self.banner.notify("editing: sending replaces that message and what follows; the current "
                            "ones stay as an earlier version (‹ ›)")
 
     # ---- dialogs ------------------------------------------------------------------------------
 
-    def _estimate(self, load: LoadSettings) -> Any:
+    def _estimate(self, load: LoadSettings) -> ContextEstimate | None:
         if self._estimate_for is None or not self.model_path:
             return None
         return self._estimate_for(self.model_path, load)
@@ -659,22 +524,22 @@ class MainWindow(QMainWindow):
         if dlg.exec():
             self.session.update_conversation(system_prompt=dlg.system.toPlainText(),
                                              sampling=dlg.sampling(), mode=dlg.mode.currentText())
-            self._update_mode_label()
+            self.show_mode()
 
     # ---- drag and drop a .gguf onto the window: remember it in the library and load it ----------
 
     @staticmethod
-    def _dropped_gguf(mime: Any) -> str | None:
+    def _dropped_gguf(mime: QMimeData) -> str | None:
         for url in mime.urls() if mime.hasUrls() else []:
             if url.isLocalFile() and url.toLocalFile().lower().endswith(".gguf"):
                 return str(url.toLocalFile())
         return None
 
-    def dragEnterEvent(self, event: Any) -> None:  # noqa: N802 - Qt API
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 - Qt API
         if self._dropped_gguf(event.mimeData()):
             event.acceptProposedAction()
 
-    def dropEvent(self, event: Any) -> None:  # noqa: N802 - Qt API
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802 - Qt API
         path = self._dropped_gguf(event.mimeData())
         if path is None:
             return

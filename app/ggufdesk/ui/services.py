@@ -266,12 +266,9 @@ class ModelServices:
         """The starter model (works offline) and GGUF files already on this computer."""
         from ggufdesk.core import library, starter
 
-        out: list[ModelChoice] = []
-        if starter.starter_available():
-            out.append(rough_plan(ModelChoice(
-                label="Gemma 3 270M (starter, works offline)", source="starter",
-                filename=starter.STARTER_NAME, size_bytes=253 * 1024**2,
-                note="small and quick; a base model, so it continues your text"), hw))
+        out: list[ModelChoice] = [rough_plan(ModelChoice(
+            label=f"{s.label} (starter, works offline)", source="starter", filename=s.filename,
+            size_bytes=s.size_bytes, note=s.note), hw) for s in starter.installed()]
         for m in library.list_models():
             out.append(self.plan(ModelChoice(label=m.name, source="disk", path=m.path,
                                              size_bytes=m.size), hw))
@@ -307,7 +304,7 @@ class ModelServices:
             from ggufdesk.core import starter
 
             on_progress(0, choice.size_bytes)
-            path = starter.starter_model_path()
+            path = starter.model_path(starter.by_filename(choice.filename or "") or starter.GEMMA)
             on_progress(choice.size_bytes, choice.size_bytes)
             return path
         if not choice.needs_download:

@@ -358,10 +358,12 @@ class DownloadPage(QWizardPage):
     def _what(item: ModelChoice) -> str:
         if item.source != "starter":
             return f"Getting {item.label}"
-        from ggufdesk.core.starter import starter_ready
+        from ggufdesk.core import starter
 
-        return (f"Opening {item.label}" if starter_ready() else
-                f"Unpacking {item.label} (first time only)")
+        s = starter.by_filename(item.filename or "") or starter.GEMMA
+        if starter.ready(s):
+            return f"Opening {item.label}"
+        return f"{'Unpacking' if s.assembled else 'Checking'} {item.label} (first time only)"
 
     def _show_progress(self, done: int, total: int) -> None:
         if self.state != "running":

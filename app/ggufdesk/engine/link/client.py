@@ -117,8 +117,9 @@ class EngineClient:
         self._pending_load: P.Load | None = None
         self._load_stage: P.Loading | None = None
         self._good_load: P.Load | None = None
-        self._waiting: set[str] = set()  # load ids a caller waits for
-        self._results: dict[str, P.Loaded | P.Error] = {}  # load id -> how it ended
+        self._waiting: set[str] = set()  # load (and embed) ids a caller waits for
+        self._results: dict[str, P.Event] = {}  # load or embed id -> how it ended
+        self._private: set[str] = set()  # embed ids whose answer goes to the waiting caller only
         self._reload_id: str | None = None  # the load re-sent after a restart
         self._stop_reason = ""  # why the last engine stopped
         self._restarts: deque[float] = deque(maxlen=MAX_RESTARTS)
@@ -290,10 +291,15 @@ class EngineClient:
                     if event.id in self._waiting:
                         self._results[event.id] = event
                     ended_load = event.message
-            if isinstance(event, (P.Done, P.Error)) and event.id is not None:
+            if isinstance(event, (P.Done, P.Error, P.Embeddings)) and event.id is not None:
                 self._inflight.discard(event.id)
                 self._cancel_deadlines.pop(event.id, None)
+            private = getattr(event, "id", None) in self._private
+            if private and isinstance(event, (P.Done, P.Error, P.Embeddings)):
+                self._results[event.id] = event  # type: ignore[index]
             self._cond.notify_all()
+        if private:
+            return  # a blocking embed() takes it
         self._deliver(event)  # then the state it leads to (a Lifecycle tells the whole story)
         eid = getattr(event, "id", None)
         reloaded = eid is not None and eid == self._reload_id
@@ -451,7 +457,7 @@ class EngineClient:
     def _undeliverable(self, msg: P.Request) -> None:
         """The engine is down for good: a request that expects an answer gets one."""
         rid = getattr(msg, "id", None)
-        if isinstance(msg, (P.Generate, P.Load)) and rid is not None:
+        if isinstance(msg, (P.Generate, P.Load, P.Embed)) and rid is not None:
             kind: P.ErrorKind = "load" if isinstance(msg, P.Load) else "crash"
             self._handle(P.Error(kind=kind, id=rid, message=self._not_running()))
 
@@ -499,7 +505,7 @@ class EngineClient:
             self._waiting.discard(lid)
         if isinstance(result, P.Loaded):
             return result
-        raise EngineError(result or P.Error(kind="load", id=lid, message=(
+        raise EngineError(result if isinstance(result, P.Error) else P.Error(kind="load", id=lid, message=(
             f"the model did not load in {timeout:.0f} s")))
 
     def generate(
@@ -531,6 +537,51 @@ class EngineClient:
                 self._inflight.discard(rid)
             raise
         return rid
+
+    def start_embed(self, inputs: list[str | list[int]], *, truncate: bool = False,
+                    request_id: str | None = None) -> str:
+        """Ask for the embeddings of `inputs` (texts or token id lists); returns the request id. Its
+        Embeddings event (one unit-length vector per input, in order) or Error follows."""
+        rid = request_id or f"e{next(self._ids)}"
+        msg = P.Embed(id=rid, inputs=list(inputs), truncate=truncate)
+        with self._cond:
+            self._inflight.add(rid)
+        try:
+            self._send(msg)
+        except KnownError:
+            with self._cond:
+                self._inflight.discard(rid)
+            raise
+        return rid
+
+    def embeddings(self, inputs: list[str | list[int]], *, truncate: bool = False,
+                   timeout: float = 600.0) -> P.Embeddings:
+        """The Embeddings event for `inputs`, blocking (with or without on_event). Raises EngineError
+        when the engine refuses or fails them, KnownError when it is down, cancelled or too slow."""
+        rid = f"e{next(self._ids)}"
+        with self._cond:
+            self._private.add(rid)
+        try:
+            self.start_embed(inputs, truncate=truncate, request_id=rid)
+            with self._cond:
+                done = self._cond.wait_for(lambda: rid in self._results, timeout)
+                result = self._results.pop(rid, None)
+            if not done:
+                self.cancel(rid)
+                raise KnownError(f"no embeddings from the engine in {timeout:.0f} s")
+        finally:
+            with self._cond:
+                self._private.discard(rid)
+        if isinstance(result, P.Embeddings):
+            return result
+        if isinstance(result, P.Error):
+            raise EngineError(result)
+        raise KnownError("the embedding request was cancelled")
+
+    def embed(self, texts: list[str], *, truncate: bool = False, timeout: float = 600.0) -> list[list[float]]:
+        """One unit-length embedding vector per text, in order (the loaded model's pooling; mean for a
+        chat model). Deterministic, and a text's vector does not depend on the others in the call."""
+        return self.embeddings(list(texts), truncate=truncate, timeout=timeout).vectors
 
     def cancel(self, rid: str) -> None:
         """Ask the engine to stop rid; if it has not ended within `cancel_grace` seconds, the engine

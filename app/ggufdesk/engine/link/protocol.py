@@ -79,6 +79,17 @@ class Generate:
 
 
 @dataclass(kw_only=True)
+class Embed:
+    """Embeddings of `inputs` (texts, or token id lists), computed by the loaded model with its pooling
+    (mean for a chat model), L2-normalised; answered by Embeddings (or Error). Cancel stops it."""
+
+    TYPE: ClassVar[str] = "embed"
+    id: str
+    inputs: list[str | list[int]]
+    truncate: bool = False  # cut an input longer than the embedding context instead of refusing it
+
+
+@dataclass(kw_only=True)
 class Cancel:
     TYPE: ClassVar[str] = "cancel"
     id: str  # the request to cancel
@@ -132,6 +143,8 @@ class Loaded:
     draft: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     rpc: dict[str, Any] = field(default_factory=dict)  # RPC workers: split, devices, prediction
+    n_embd: int = 0  # the size of the model's embedding vectors
+    embedding_only: bool = False  # an embedding model (an encoder, or one that declares its pooling): no generation
 
 
 @dataclass(kw_only=True)
@@ -201,6 +214,19 @@ class Done:
 
 
 @dataclass(kw_only=True)
+class Embeddings:
+    """The answer to Embed: one unit-length vector per input, in order."""
+
+    TYPE: ClassVar[str] = "embeddings"
+    id: str
+    vectors: list[list[float]]
+    n_tokens: list[int] = field(default_factory=list)  # tokens each input was read as
+    truncated: list[bool] = field(default_factory=list)  # inputs cut to fit (Embed.truncate)
+    pooling: str = "mean"  # "mean" | "cls" | "last"
+    model: str = ""
+
+
+@dataclass(kw_only=True)
 class Error:
     TYPE: ClassVar[str] = "error"
     kind: ErrorKind
@@ -247,15 +273,16 @@ class Lifecycle:
     restarted: bool = False  # the state was reached by a restart after a crash or a hang
 
 
-Request = Load | Generate | Cancel | Unload | Shutdown | Ping
-Event = (Ready | Loaded | Unloaded | Loading | Progress | Token | Stats | Done | Error | Status | Log | Pong
-         | Lifecycle)
+Request = Load | Generate | Embed | Cancel | Unload | Shutdown | Ping
+Event = (Ready | Loaded | Unloaded | Loading | Progress | Token | Stats | Done | Embeddings | Error | Status | Log
+         | Pong | Lifecycle)
 Message = Request | Event
 
 REQUESTS: Final[dict[str, type[Any]]] = {
-    c.TYPE: c for c in (Load, Generate, Cancel, Unload, Shutdown, Ping)}
+    c.TYPE: c for c in (Load, Generate, Embed, Cancel, Unload, Shutdown, Ping)}
 EVENTS: Final[dict[str, type[Any]]] = {c.TYPE: c for c in (
-    Ready, Loaded, Unloaded, Loading, Progress, Token, Stats, Done, Error, Status, Log, Pong, Lifecycle)}
+    Ready, Loaded, Unloaded, Loading, Progress, Token, Stats, Done, Embeddings, Error, Status, Log, Pong,
+    Lifecycle)}
 _ALL: Final[dict[str, type[Any]]] = {**REQUESTS, **EVENTS}
 # The Literal-typed fields, checked on decode: a receiver can trust them when it branches.
 _CHOICES: Final[dict[tuple[str, str], frozenset[str]]] = {
@@ -296,7 +323,7 @@ def encode(msg: Message) -> str:
 def decode_event(line: str | bytes) -> Event:
     """decode() for the client side: a request coming back from the engine is a protocol error."""
     msg = decode(line)
-    if isinstance(msg, (Load, Generate, Cancel, Unload, Shutdown, Ping)):
+    if isinstance(msg, (Load, Generate, Embed, Cancel, Unload, Shutdown, Ping)):
         raise ProtocolError(f"not an event: {msg.TYPE}")
     return msg
 

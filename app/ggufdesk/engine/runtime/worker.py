@@ -17,7 +17,9 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from ggufdesk.core.errors import KnownError
@@ -26,6 +28,16 @@ from ggufdesk.engine.link import lifeline
 from ggufdesk.engine.link import protocol as P
 
 log = logging.getLogger("ggufdesk.engine")
+
+
+@dataclass
+class EmbedJob:
+    """An Embed request in progress: its inputs are computed one per turn of the main loop."""
+
+    req: P.Embed
+    vectors: list[list[float]] = field(default_factory=list)
+    n_tokens: list[int] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)
 
 
 class Emitter:
@@ -133,6 +145,9 @@ class Engine:
         self.verify_costs: dict[int, float] | None = None  # engine/speculation/verify_cost.py, once per loaded model
         self._calibration: Any = None  # verify_cost.Calibration still to run while idle
         self._token_text: Any = None  # speculative.TokenText of the loaded model, read as lookup asks
+        self.embedder: Any = None  # runtime.embed.Embedder, made at the first Embed (at load for an embedding model)
+        self.embedding_only = False  # the loaded model computes embeddings and cannot generate
+        self._embeds: deque[EmbedJob] = deque()
 
     # ---- load / unload --------------------------------------------------------------------------
 
@@ -166,6 +181,17 @@ class Engine:
                               detail="\n".join(self.llama_log.since(0)[-30:])))
             return
         lm.aborter.flag = self.book.flag
+        from ggufdesk.engine.runtime.embed import Embedder, is_embedding_model
+
+        self.embedding_only = is_embedding_model(lm)
+        if self.embedding_only:
+            spec = dataclasses.replace(spec, mode="off", draft_model=None)  # nothing to speculate on
+            try:
+                self.embedder = Embedder(lm, self.llama_log)
+            except KnownError as e:
+                lm.close()
+                self.emit(P.Error(kind="load", id=req.id, message=str(e)))
+                return
         self.lm, self.gen, self.speculation = lm, Generator(lm), spec
         from ggufdesk.engine.speculation.lookup import NgramCache
 
@@ -205,7 +231,7 @@ class Engine:
             n_vocab=lm.n_vocab, n_layer=lm.n_layer, n_gpu_layers=settings.n_gpu_layers,
             chat_format=chat_format, memory=memory, load_s=round(lm.load_s, 3),
             draft=self.draft.path if self.draft else None, settings=P.fields_of(settings),
-            rpc=offload.plan if offload else {},
+            rpc=offload.plan if offload else {}, n_embd=_n_embd(lm), embedding_only=self.embedding_only,
         ))
 
     def unload(self, quiet: bool = False) -> None:
@@ -216,6 +242,13 @@ class Engine:
             self.draft.close()
             self.draft = None
         self.verify_costs = self._calibration = None
+        while self._embeds:
+            job = self._embeds.popleft()
+            self._emit(P.Error(kind="generate", id=job.req.id, message="the model was unloaded"))
+        if self.embedder is not None:
+            self.embedder.close()
+            self.embedder = None
+        self.embedding_only = False
         if self.lm is not None:
             self.gen = None
             self.ngrams = self._token_text = None
@@ -229,7 +262,7 @@ class Engine:
 
     def _emit(self, event: Any) -> None:
         self.emit(event)
-        if isinstance(event, (P.Done, P.Error)) and event.id is not None:
+        if isinstance(event, (P.Done, P.Error, P.Embeddings)) and event.id is not None:
             self.book.finish(event.id)
             prompt = self._lookup_prompts.pop(event.id, None)
             if prompt is not None and isinstance(event, P.Done) and self.ngrams is not None:
@@ -247,6 +280,11 @@ class Engine:
         try:
             if self.gen is None or self.batch is None:
                 raise KnownError("no model is loaded")
+            if self.embedding_only:
+                from ggufdesk.engine.runtime.embed import refusal
+
+                raise refusal(f"{os.path.basename(self.lm.path)} is an embedding model: it computes "
+                              "embeddings and cannot generate text", "settings")
             sampling = SamplingSettings(**req.sampling)
             if isinstance(req.logprobs, bool) or not isinstance(req.logprobs, int) or not 0 <= req.logprobs <= 100:
                 raise KnownError(f"logprobs must be a whole number from 0 to 100, got {req.logprobs!r}")
@@ -278,18 +316,81 @@ class Engine:
             kind = getattr(e, "kind", "generate")
             self._emit(P.Error(kind=kind, id=req.id, message=str(e)))
 
+    # ---- embeddings ------------------------------------------------------------------------------
+
+    def embed(self, req: P.Embed) -> None:
+        """Check and queue an Embed request; the main loop computes one input per turn, between steps."""
+        if self.book.is_cancelled(req.id):
+            self._emit(P.Done(id=req.id, finish_reason="cancelled"))
+            return
+        try:
+            if self.lm is None:
+                raise KnownError("no model is loaded")
+            from ggufdesk.engine.runtime.embed import Embedder, check_inputs
+
+            check_inputs(req.inputs)
+            if self.embedder is None:
+                self.embedder = Embedder(self.lm, self.llama_log)
+        except KnownError as e:
+            self._emit(P.Error(kind=getattr(e, "kind", "generate"), id=req.id, message=str(e)))
+            return
+        self._embeds.append(EmbedJob(req))
+
+    def _embed_step(self) -> None:
+        """Compute the next input of the oldest Embed request (cancellable mid-decode)."""
+        from ggufdesk.engine.runtime.embed import EmbedCancelled
+
+        job = self._embeds[0]
+        rid = job.req.id
+        if self.book.is_cancelled(rid):
+            self._embeds.popleft()
+            self._emit(P.Done(id=rid, finish_reason="cancelled"))
+            return
+        self.book.set_batch([rid])
+        try:
+            v = self.embedder.embed(job.req.inputs[len(job.vectors)], truncate=job.req.truncate,
+                                    aborter=self.lm.aborter)
+        except EmbedCancelled:
+            self._embeds.popleft()
+            self._emit(P.Done(id=rid, finish_reason="cancelled"))
+            return
+        except KnownError as e:
+            self._embeds.popleft()
+            self._emit(P.Error(kind=getattr(e, "kind", "generate"), id=rid, message=str(e)))
+            return
+        finally:
+            self.book.set_batch([])
+        job.vectors.append(v.values)
+        job.n_tokens.append(v.n_tokens)
+        job.truncated.append(v.truncated)
+        if len(job.vectors) == len(job.req.inputs):
+            self._embeds.popleft()
+            self._emit(P.Embeddings(id=rid, vectors=job.vectors, n_tokens=job.n_tokens, truncated=job.truncated,
+                                    pooling=self.embedder.pooling_name, model=self.lm.path))
+
+    # ---- the main loop --------------------------------------------------------------------------
+
     def next_request(self, inbox: queue.Queue) -> Any:
-        """Run engine steps until a request arrives (requests are read between steps); block when idle."""
-        while self.batch is not None and self.batch.busy:
+        """Run engine steps (and embedding inputs) until a request arrives (requests are read between
+        steps); block when idle."""
+        while (self.batch is not None and self.batch.busy) or self._embeds:
             try:
                 return inbox.get_nowait()
             except queue.Empty:
                 pass
-            try:
-                with getattr(self.emit, "held", contextlib.nullcontext)():
-                    self.batch.step()
-            except Exception as e:  # noqa: BLE001 - a bug of ours ends the requests, not the engine
-                self.batch.fail_all(f"internal error: {e}", traceback.format_exc())
+            if self.batch is not None and self.batch.busy:
+                try:
+                    with getattr(self.emit, "held", contextlib.nullcontext)():
+                        self.batch.step()
+                except Exception as e:  # noqa: BLE001 - a bug of ours ends the requests, not the engine
+                    self.batch.fail_all(f"internal error: {e}", traceback.format_exc())
+            if self._embeds:
+                try:
+                    self._embed_step()
+                except Exception as e:  # noqa: BLE001 - a bug of ours ends the request, not the engine
+                    job = self._embeds.popleft()
+                    self._emit(P.Error(kind="bug", id=job.req.id, message=f"internal error: {e}",
+                                       detail=traceback.format_exc()))
         if self.batch is not None:
             self.batch.idle()
         while self._calibration is not None:  # one timed call at a time, so a request waits for one at most
@@ -422,6 +523,12 @@ def out_of_memory(reason: str) -> bool:
     return bool(_OOM.search(reason))
 
 
+def _n_embd(lm: Any) -> int:
+    import llama_cpp
+
+    return int(llama_cpp.llama_model_n_embd_out(lm.model.model) or llama_cpp.llama_model_n_embd(lm.model.model))
+
+
 def _rpc_offload(model: str, settings: LoadSettings) -> Any:
     """With RPC workers: check them, split the model, register their devices (engine/runtime/rpc.py)."""
     if not settings.rpc:
@@ -504,6 +611,8 @@ def main() -> int:
                 engine.load(msg)
             elif isinstance(msg, P.Generate):
                 engine.generate(msg)
+            elif isinstance(msg, P.Embed):
+                engine.embed(msg)
             elif isinstance(msg, P.Unload):
                 engine.unload(quiet=True)
                 emit(P.Unloaded(id=msg.id))
