@@ -64,7 +64,8 @@ def test_add_again_reads_only_changes_and_search_follows(capsys, docs):
     (["docs", "add", "fresh", "--json"], "name the files or folders"),
     (["docs", "add", "fresh", "/no/such/folder", "--json"], "not found: /no/such/folder"),
     (["docs", "remove", "nope", "--json"], "there is no collection 'nope'"),
-    (["docs", "add", "c", "/tmp", "--embed-model", "/no/model.gguf", "--json"], "neither a file nor a model"),
+    (["docs", "add", "c", "/tmp", "--embed-model", "/no/model.gguf", "--json"], "no such file"),
+    (["docs", "add", "c", "/tmp", "--embed-model", "nomodel", "--json"], "neither a file nor a model"),
 ])
 def test_bad_input_gets_one_clear_error(capsys, argv, message):
     rc = main(argv)
@@ -97,3 +98,21 @@ def test_chat_with_an_unknown_collection_says_how_to_make_one(tiny_model):
     args = build_parser().parse_args(["chat", str(tiny_model), "--docs", "nope"])
     with pytest.raises(KnownError, match="ggufdesk docs add nope PATH"):
         chat_cmd.run(args, stdin=io.StringIO(""), stdout=io.StringIO())
+
+
+def test_add_with_an_embedding_model_makes_a_hybrid_collection(capsys, tmp_path, tiny_model):
+    """The plumbing with the tiny synthetic model (its vectors mean nothing): our engine embeds the
+    passages into sqlite-vec, and the query with the same model; the search says it is hybrid."""
+    root = tmp_path / "few"
+    root.mkdir()
+    (root / "a.md").write_text("Otters eat fish.\n", encoding="utf-8")
+    (root / "b.md").write_text("Herons nest in trees.\n", encoding="utf-8")
+    rc, out = run_json(capsys, "docs", "add", "small", str(root), "--embed-model", str(tiny_model), "--json")
+    assert rc == 0 and out["vectors"] is True and out["embed_model"] == str(tiny_model.resolve())
+    assert out["run"]["vectors"] == "on" and out["chunks"] == 2
+    rc, out = run_json(capsys, "docs", "search", "small", "otters", "--json")
+    assert out["search"].startswith("hybrid search (BM25 + vectors from tiny-target.gguf)")
+    assert Path(out["results"][0]["source"]).name == "a.md" and len(out["results"]) == 2
+    (root / "c.md").write_text("Beavers build dams.\n", encoding="utf-8")
+    rc, out = run_json(capsys, "docs", "add", "small", "--json")  # the collection's own model again
+    assert out["run"]["added"] == 1 and out["vectors"] is True

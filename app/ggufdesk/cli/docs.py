@@ -39,16 +39,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def resolve_embed_model(model: str) -> str:
-    """A path, or a library id as `run` and `serve` take it."""
-    if Path(model).is_file():
-        return str(Path(model).resolve())
-    from ggufdesk.core.library import list_models
+    """A path or a library id, as `run` and `serve` take it; the absolute path a collection remembers."""
+    from ggufdesk.core import library
 
-    for m in list_models():
-        if model in (m.name, str(m.path)):
-            return str(m.path)
-    raise KnownError(f"the embedding model {model!r} is neither a file nor a model in the library "
-                     "(ggufdesk library)")
+    path = library.resolve(model)
+    if path.startswith("hf://"):
+        raise KnownError("download the embedding model first (ggufdesk download), then name the file or its id")
+    return str(Path(path).resolve())
 
 
 def add(args: argparse.Namespace) -> int:

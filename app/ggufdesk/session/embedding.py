@@ -28,8 +28,11 @@ class EmbeddingEngine:
         self._lock = threading.Lock()
 
     def start(self) -> EmbeddingEngine:
+        """Load the model now (not at the first texts); learns the vectors' size."""
         with self._lock:
-            self._start()
+            client = self._start()
+            if not self.dim:  # a model that does not say: measure one
+                self.dim = len(client.embed(["size"], truncate=True)[0])
         return self
 
     def _start(self) -> EngineClient:

@@ -204,6 +204,8 @@ class MainWindow(QMainWindow):
         self.server_panel = server_panel.attach(
             self, tb, lambda: (self.model_path, self.settings.load) if self.model_path else None)
         self.sampler = SystemSampler(lambda: self.engine.pid, parent=self)
+        from ggufdesk.ui import docs_attach  # attach files or folders to answer from (issue 32)
+        self.docs = docs_attach.attach(self)
         self.show_mode()
         self.resize(1180, 760)
 

@@ -260,3 +260,27 @@ def docx_lines(path: Path) -> Iterator[Line]:
             number += 1
             for piece in split_long(text):
                 yield Line(0, number, piece)
+
+
+def render_pdf_page(path: Path, page: int, *, width: int = 900) -> tuple[int, int, bytes]:
+    """One page of a PDF as an image (width, height, RGBA bytes), for showing a cited passage where it is."""
+    import pypdfium2 as pdfium
+
+    try:
+        doc = pdfium.PdfDocument(str(path))
+    except pdfium.PdfiumError as e:
+        raise Skip(f"not a readable PDF ({e})") from None
+    try:
+        if not 1 <= page <= len(doc):
+            raise Skip(f"the PDF has no page {page}")
+        pg = doc[page - 1]
+        scale = width / max(1.0, pg.get_width())
+        bitmap = pg.render(scale=scale, rev_byteorder=True, force_bitmap_format=pdfium.raw.FPDFBitmap_BGRA)
+        w, h = bitmap.width, bitmap.height
+        data = bytes(bitmap.buffer)[: w * h * 4] if bitmap.stride == w * 4 else b"".join(
+            bytes(bitmap.buffer)[row * bitmap.stride: row * bitmap.stride + w * 4] for row in range(h))
+        bitmap.close()
+        pg.close()
+        return w, h, data
+    finally:
+        doc.close()
