@@ -127,3 +127,22 @@ def test_a_broken_collection_answers_without_sources_and_says_so(rig, tmp_path):
     assert rig.engine.requests[0]["messages"][-1]["content"] == "What do otters eat?"
     assert "this answer has no sources" in rig.view.notices[-1][1]
     rig.answer(rid, "ok")
+
+
+def test_the_watcher_reindexes_when_due_and_only_what_changed(tmp_path):
+    from ggufdesk.session.docs_index import Watcher
+
+    coll = collection(tmp_path)
+    coll.close()
+    now = [0.0]
+    w = Watcher("wildlife", every_s=10, clock=lambda: now[0])
+    first = w.poll()
+    assert first is not None and first.touched == []  # nothing changed since docs add
+    (tmp_path / "docs" / "herons.md").write_text("Herons also eat frogs.\n", encoding="utf-8")
+    now[0] = 5.0
+    assert w.poll() is None  # not due yet
+    now[0] = 11.0
+    report = w.poll()
+    assert report is not None and [Path(p).name for p in report.touched] == ["herons.md"]
+    with open_retriever("wildlife") as r:
+        assert [Path(h.source).name for h in r.search("frogs", 5)] == ["herons.md"]

@@ -117,3 +117,15 @@ def test_detach_stops_answering_from_documents(qtbot, window, papers):
         window.docs.attach_paths([papers])
     window.docs.chip.detach_btn.click()
     assert window.session.docs is None and not window.docs.chip_shown
+
+
+def test_an_attached_folder_is_watched_and_a_changed_file_indexed_again(qtbot, window, papers):
+    window.docs._changed.setInterval(50)
+    with qtbot.waitSignal(window.docs.indexing_done, timeout=30000):
+        window.docs.attach_paths([papers])
+    assert str(papers) in window.docs.watcher.directories()
+    with qtbot.waitSignal(window.docs.indexing_done, timeout=30000) as again:
+        (papers / "new.md").write_text("Kingfishers dive for fish.\n", encoding="utf-8")
+    assert again.args[0].added == 1
+    hits = window.session.docs.retriever.search("kingfishers", 5)
+    assert Path(hits[0].source).name == "new.md"
