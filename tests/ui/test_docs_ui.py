@@ -129,3 +129,23 @@ def test_an_attached_folder_is_watched_and_a_changed_file_indexed_again(qtbot, w
     assert again.args[0].added == 1
     hits = window.session.docs.retriever.search("kingfishers", 5)
     assert Path(hits[0].source).name == "new.md"
+
+
+def test_a_bad_embedding_model_is_forgotten_and_search_stays_bm25(qtbot, window, papers, tmp_path, monkeypatch):
+    with qtbot.waitSignal(window.docs.indexing_done, timeout=30000):
+        window.docs.attach_paths([papers])
+    chip = window.docs.chip
+    assert chip.model_btn.isVisible()  # BM25 only: the chip offers an embedding model
+    bad = tmp_path / "not-a-model.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(bad), "")))
+    with qtbot.waitSignal(window.docs.indexing_done, timeout=120000) as done:
+        chip.model_btn.click()
+    assert done.args[0] is None
+    from PySide6.QtCore import QSettings
+
+    from ggufdesk.ui.docs_attach import EMBED_MODEL_KEY
+
+    assert not QSettings().value(EMBED_MODEL_KEY, "")
+    assert window.session.docs is not None and window.session.docs.retriever.mode == "bm25"
+    assert "BM25" in chip.label.text()

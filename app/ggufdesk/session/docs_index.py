@@ -62,7 +62,8 @@ class IndexJob:
         """Index in the calling thread (raises KnownError)."""
         with Collection.open(self.name, create=self.create, root=self.root_dir) as coll:
             if self.embed is not None and self.embed_model:
-                coll.set_embedding(self.embed_model, self.embed_dim)
+                dim = self.embed_dim or len(self.embed(["the size of a vector"])[0])  # loads the model
+                coll.set_embedding(self.embed_model, dim)
             return Indexer(coll, embed=self.embed, embed_model=self.embed_model, on_progress=self.on_progress,
                            cancel=self.cancelled).run(self.roots)
 

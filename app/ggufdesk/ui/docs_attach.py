@@ -35,6 +35,7 @@ class AttachChip(QFrame):
 
     cancel_requested = Signal()
     detach_requested = Signal()
+    model_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -43,12 +44,17 @@ class AttachChip(QFrame):
         self.label = QLabel()
         self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.bar = QProgressBar()
-        self.bar.setMinimumWidth(260)
+        self.bar.setMinimumWidth(380)
         self.bar.setVisible(False)
         self.cancel_btn = QToolButton()
         self.cancel_btn.setText("Cancel")
         self.cancel_btn.setToolTip("Stop indexing (what is indexed so far stays)")
         self.cancel_btn.setVisible(False)
+        self.model_btn = QToolButton()
+        self.model_btn.setText("Embedding model…")
+        self.model_btn.setToolTip("Choose an embedding GGUF for hybrid search (BM25 + vectors); the passages "
+                                  "get vectors without the files being read again")
+        self.model_btn.setVisible(False)
         self.detach_btn = QToolButton()
         self.detach_btn.setText("×")
         self.detach_btn.setToolTip("Stop answering from these documents")
@@ -57,9 +63,11 @@ class AttachChip(QFrame):
         lay.addWidget(self.label, 1)
         lay.addWidget(self.bar)
         lay.addWidget(self.cancel_btn)
+        lay.addWidget(self.model_btn)
         lay.addWidget(self.detach_btn)
         self.cancel_btn.clicked.connect(lambda: self.cancel_requested.emit())
         self.detach_btn.clicked.connect(lambda: self.detach_requested.emit())
+        self.model_btn.clicked.connect(lambda: self.model_requested.emit())
 
     def show_progress(self, p: Progress) -> None:
         self.bar.setVisible(True)
@@ -71,10 +79,12 @@ class AttachChip(QFrame):
             self.bar.setRange(0, 1000)
             self.bar.setValue(int(1000 * p.bytes_done / p.bytes_total) if p.bytes_total else 1000)
             eta = "" if p.eta_s is None else f" · {eta_text(p.eta_s)}"
-            self.bar.setFormat(f"{p.files_done:,}/{p.files_total:,} files{eta}")
+            self.bar.setFormat(f"{p.files_done:,}/{p.files_total:,} files · {p.bytes_done / 1e6:,.0f} of "
+                               f"{p.bytes_total / 1e6:,.0f} MB{eta}")
         self.bar.setToolTip(describe(p))
 
-    def show_idle(self, text: str, tooltip: str = "") -> None:
+    def show_idle(self, text: str, tooltip: str = "", *, offer_model: bool = False) -> None:
+        self.model_btn.setVisible(offer_model)
         self.bar.setVisible(False)
         self.cancel_btn.setVisible(False)
         self.label.setText(text)
@@ -120,6 +130,20 @@ class DocsAttach(QObject):
         if files:
             self.attach_paths([Path(f) for f in files])
 
+    def choose_model(self) -> None:
+        """An embedding GGUF for hybrid search: remembered, and the attached collection gets its vectors."""
+        path, _ = QFileDialog.getOpenFileName(self.window, "Embedding model", str(Path.home()),
+                                              "GGUF models (*.gguf)")
+        if not path:
+            return
+        QSettings().setValue(EMBED_MODEL_KEY, path)
+        if self.name:
+            name = self.name
+            self.close_collection()  # reopened with its vectors when the pass ends
+            self.name = ""
+            self.window.session.attach_docs(None)
+            self._start(name, [], model=path)
+
     def choose_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self.window, "Attach a folder", str(Path.home()))
         if folder:
@@ -152,20 +176,20 @@ class DocsAttach(QObject):
         if self.name and (self.job is None or not self.job.running):
             self._start(self.name, [], quiet=True)
 
-    def _start(self, name: str, paths: list[Path], *, quiet: bool = False) -> None:
+    def _start(self, name: str, paths: list[Path], *, quiet: bool = False, model: str = "") -> None:
         self._show_chip()
         if not quiet:
             self.chip.label.setText(f"Indexing into {name}…")
-        engine, model = self._embedder(name)
+        engine, model = self._embedder(name, model)
         self.job = IndexJob(name, paths, embed=engine, embed_model=model, embed_dim=getattr(engine, "dim", 0),
                             on_progress=self._progress_from_thread,
                             on_done=lambda report, error: run_on_main(lambda: self._done(name, report, error)))
         self.job.start()
 
-    def _embedder(self, name: str) -> tuple[Any, str]:
-        """The embedding engine for this collection: its own model, else the user's chosen one, else none."""
-        model = ""
-        if collection_path(name).exists():
+    def _embedder(self, name: str, model: str = "") -> tuple[Any, str]:
+        """The embedding engine for this collection: the model just chosen, else its own model, else the
+        user's chosen one, else none."""
+        if not model and collection_path(name).exists():
             with Collection.open(name) as coll:
                 model = coll.embed_model
         model = model or str(QSettings().value(EMBED_MODEL_KEY, "", type=str) or "")
@@ -174,6 +198,8 @@ class DocsAttach(QObject):
         if self.engine is None or self.engine.model != model:
             from ggufdesk.session.embedding import EmbeddingEngine
 
+            if self.engine is not None:
+                self.engine.close()
             self.engine = EmbeddingEngine(model)
         return self.engine, model
 
@@ -192,9 +218,7 @@ class DocsAttach(QObject):
     def _done(self, name: str, report: Report | None, error: KnownError | None) -> None:
         self.job = None
         if error is not None:
-            self.chip.show_idle(f"Indexing {name} failed: {error}")
-            self.window.banner.notify(f"indexing failed: {error}", "error")
-            self.indexing_done.emit(None)
+            self._failed(name, error)
             return
         assert report is not None
         self._answer_from(name)
@@ -206,6 +230,25 @@ class DocsAttach(QObject):
             self.window.banner.notify(f"{name}: {summary(report)}")
         self._chip_text(skipped, notes)
         self.indexing_done.emit(report)
+
+    def _failed(self, name: str, error: KnownError) -> None:
+        if self.engine is not None:  # most likely the embedding model: forget it, go on with BM25
+            self.engine.close()
+            self.engine = None
+            QSettings().remove(EMBED_MODEL_KEY)
+            self.window.banner.notify(f"the embedding model cannot be used ({error}): search is BM25 only",
+                                      "error")
+        else:
+            self.window.banner.notify(f"indexing failed: {error}", "error")
+        if collection_path(name).exists():
+            try:
+                self._answer_from(name)
+                self._chip_text("", "")
+            except KnownError:
+                self.chip.show_idle(f"Indexing {name} failed: {error}")
+        else:
+            self.chip.show_idle(f"Indexing {name} failed: {error}")
+        self.indexing_done.emit(None)
 
     def _answer_from(self, name: str) -> None:
         if self.coll is not None and self.name == name:
@@ -223,8 +266,8 @@ class DocsAttach(QObject):
             return
         st = self.coll.stats()
         retriever = self.window.session.docs.retriever
-        self.chip.show_idle(f"📎 {self.name}: {st['files']:,} files, {st['chunks']:,} passages{skipped} — "
-                            f"{retriever.note}", notes)
+        self.chip.show_idle(f"Documents: {self.name}: {st['files']:,} files, {st['chunks']:,} passages{skipped} — "
+                            f"{retriever.note}", notes, offer_model=retriever.mode == "bm25")
 
     def _watch(self) -> None:
         if self.coll is None:
@@ -281,6 +324,7 @@ class DocsAttach(QObject):
         chip = AttachChip()
         chip.cancel_requested.connect(self.cancel)
         chip.detach_requested.connect(self.detach)
+        chip.model_requested.connect(self.choose_model)
         return chip
 
     # ---- drag and drop ---------------------------------------------------------------------------------
