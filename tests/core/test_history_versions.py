@@ -84,7 +84,7 @@ def test_schema_2_databases_migrate(tmp_path):
     db.close()
     h = History(path)
     try:
-        assert h.schema_version == hmod.SCHEMA_VERSION == 3
+        assert h.schema_version == hmod.SCHEMA_VERSION == 4
         assert contents(h, 1) == ["hi"] and h.versions(1) == {}
     finally:
         h.close()

@@ -55,3 +55,18 @@ def test_tool_grammar_wraps_calls_in_the_format():
     assert g.gbnf.startswith("root ::= tc") and '"<tool_call>"' in g.gbnf and not g.lazy
     assert "call ::=" in g.gbnf and "\nroot ::=" not in g.gbnf.split("\n", 1)[1]
     assert tool_grammar(tools, T.MISTRAL, "auto").lazy
+
+
+def test_a_tool_whose_schema_cannot_be_enforced_is_offered_without_a_grammar_for_its_arguments():
+    from ggufdesk.engine.structured.request import plan
+
+    strict = {"type": "function", "function": {"name": "tags", "parameters": {
+        "type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}}}}
+    plain = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}
+    with pytest.raises(SchemaError, match="uniqueItems"):
+        plan(tools=[strict, plain], template_source=None, chat=True)
+    st = plan(tools=[strict, plain], tools_without_grammar=["tags"], template_source=None, chat=True)
+    assert st.tools[0]["function"]["parameters"]["properties"]["t"]["uniqueItems"] is True  # shown as it is
+    assert "uniqueItems" not in st.gbnf and '"\\"x\\""' in st.gbnf  # f's arguments are still enforced
+    assert st.marker == "<tool_call>"

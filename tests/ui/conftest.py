@@ -9,6 +9,12 @@ import pytest
 FAKE_ENGINE = Path(__file__).resolve().parents[1] / "fixtures" / "fake_engine.py"
 
 
+@pytest.fixture(autouse=True)
+def _no_mcp_imports_from_home(monkeypatch):
+    """The MCP page offers to import other apps' servers found in the home folder: not the developer's."""
+    monkeypatch.setattr("ggufdesk.core.mcp.config.import_sources", lambda *a, **k: [])
+
+
 @pytest.fixture
 def fake_command() -> list[str]:
     return [sys.executable, str(FAKE_ENGINE)]

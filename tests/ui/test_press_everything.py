@@ -101,6 +101,48 @@ def test_main_window_with_a_model(qtbot, app_window, presser, tmp_path):
     assert pressed[-1].endswith("Quit") and not win.isVisible()
 
 
+def test_main_window_with_an_mcp_tool_call(qtbot, presser, fake_command, tmp_path):
+    """An MCP server in mcp.json, a call card waiting for permission: every button of the window,
+    the card (Allow once / Always / Deny) and the MCP servers page (Tools ▸ MCP servers…)."""
+    import json
+
+    from ggufdesk.core.mcp.config import mcp_config_path
+    from ggufdesk.ui.app import build_main_window
+    from tests.fixtures.mcp_servers import stdio_entry
+
+    mcp_config_path().parent.mkdir(parents=True, exist_ok=True)
+    mcp_config_path().write_text(json.dumps({"mcpServers": {"calc": stdio_entry("only=add,echo")}}))
+    win, engine, history, _ = build_main_window(engine_command=fake_command,
+                                                services=FakeServices(tmp_path, online=False))
+    win._persist = False
+    qtbot.addWidget(win)
+    win.resize(1000, 700)
+    win.show()
+    try:
+        with qtbot.waitSignal(win.engine.loaded, timeout=15000):
+            win.load_model(str(tmp_path / "model-instruct.gguf"))
+        win.send('add please __call__ add {"a": 2, "b": 3}')
+        qtbot.waitUntil(lambda: any(c.state == "asking" for c in win.chat.cards), timeout=60000)
+
+        def settle() -> None:  # the tool runs on its own thread: wait for the loop to finish
+            qtbot.waitUntil(lambda: win.session.phase in ("idle", "tool") and not any(
+                c.state == "running" for c in win.chat.cards), timeout=60000)
+            window_settle(win, qtbot)() if win.session.phase == "idle" else None
+
+        p = presser(settle=settle)
+        pressed = p.press_all(win, rounds=2)
+        p.assert_clean()
+    finally:
+        if win.isVisible():
+            win.close()
+        engine.shutdown(timeout=3)
+        history.close()
+    names = " ".join(pressed)
+    for expected in ("Allow once", "Always for this tool", "MCP servers", "Add", "Remove", "Start / restart"):
+        assert expected in names, (expected, pressed)
+    assert "McpServersDialog" in p.dialogs
+
+
 def test_every_wizard_page(qtbot, presser, tmp_path):
     from ggufdesk.ui.wizard import ModelWizard
 

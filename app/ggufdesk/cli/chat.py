@@ -1,6 +1,7 @@
 """`ggufdesk chat`: an interactive terminal chat through the engine process (useful on headless machines).
 
-It drives the same session layer as the GUI window (session/), without saving the history.
+It drives the same session layer as the GUI window (session/), without saving the history. The MCP
+servers of mcp.json (or --mcp-config) offer their tools; each call asks first (cli/mcp_tools.py).
 """
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import contextlib
 import dataclasses
 import io
 import sys
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+from ggufdesk.cli import mcp_tools
 from ggufdesk.cli.run import add_model_arguments, resolve_model, settings_from_args
 from ggufdesk.cli.worker import describe_split
 from ggufdesk.core.errors import KnownError
-from ggufdesk.session import ChatSession, Refused, SessionView, Turn
+from ggufdesk.session import ChatSession, Refused, Turn
+from ggufdesk.session.inbox import Inbox
 
 if TYPE_CHECKING:
+    from ggufdesk.core.mcp.host import McpHost
     from ggufdesk.engine.link.client import EngineClient
 
 NAME = "chat"
@@ -31,19 +35,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="plain text continuation instead of chat turns (for base models)")
     p.add_argument("--docs", metavar="NAME",
                    help="answer from a document collection (ggufdesk docs add NAME PATH...), citing [1], [2]")
+    mcp_tools.add_arguments(p, interactive=True)
 
 
-class TerminalView(SessionView):
-    """Prints the answer as it streams, its stats when it ends, and what the user must know."""
+class TerminalView(mcp_tools.ToolNotes):
+    """Prints the answer as it streams, its stats when it ends, tool calls, a reasoning model's
+    thinking (dim, before the answer), and what the user must know."""
 
     def __init__(self, out: TextIO) -> None:
-        self.out = out
+        super().__init__(out)
+        self._thinking = False
+        self._dim = out.isatty() if hasattr(out, "isatty") else False
+
+    def turn_thought(self, turn: Turn, piece: str) -> None:
+        """A reasoning model's thinking: shown apart (dim on a terminal), before the answer."""
+        if not self._thinking:
+            self._thinking = True
+            self.out.write("\x1b[2m" if self._dim else "")
+            self.out.write("[thinking] ")
+        self.out.write(piece)
+        self.out.flush()
+
+    def _end_thinking(self) -> None:
+        if self._thinking:
+            self._thinking = False
+            self.out.write(("\x1b[0m" if self._dim else "") + "\n[/thinking]\n")
 
     def turn_grew(self, turn: Turn, piece: str) -> None:
+        self._end_thinking()
         self.out.write(piece)
         self.out.flush()
 
     def turn_finished(self, turn: Turn) -> None:
+        self._end_thinking()
         st = turn.stats
         if st.get("citations"):
             print("\n\nSources:", file=self.out, end="")
@@ -60,8 +84,8 @@ class TerminalView(SessionView):
     def notice(self, text: str, level: str = "info") -> None:
         if level == "error":
             print(f"\n[error: {text}]", file=self.out, end="")
-        elif level == "warning":
-            print(f"\n[{text}]", file=self.out)
+        else:
+            super().notice(text, level)
 
 
 def readable(stream: TextIO) -> TextIO:
@@ -82,46 +106,68 @@ def run(args: argparse.Namespace, *, stdin: TextIO | None = None, stdout: TextIO
         spec = dataclasses.replace(spec, mode="lookup")  # answers quote their sources: lookup drafts pay
     model = resolve_model(args.model)
     docs = DocsChat(args.docs, out) if getattr(args, "docs", None) else None
-    with EngineClient() as client, docs or contextlib.nullcontext():
-        loaded = client.load(model, settings=load, speculation=spec)
-        assert loaded is not None
-        session = ChatSession(engine=client, view=TerminalView(out))
-        session.on_event(loaded)
+    host = mcp_tools.open_host(args, err=out)
+    try:
+        with EngineClient() as client, docs or contextlib.nullcontext():
+            return _chat(args, client, client.load(model, settings=load, speculation=spec), host, stdin, out,
+                         sampling, docs)
+    finally:
+        if host is not None:
+            host.close()
+
+
+def _chat(args: argparse.Namespace, client: EngineClient, loaded: Any, host: McpHost | None, stdin: TextIO,
+          out: TextIO, sampling: Any, docs: DocsChat | None = None) -> int:
+    """The conversation, once the model is loaded: read a line, answer it, until /exit or EOF."""
+    from ggufdesk.session.tool_loop import ToolLoop
+
+    assert loaded is not None
+    inbox = Inbox()
+    view = TerminalView(out)
+    tools = ToolLoop(host, allow_all=args.allow_tools, save_config=mcp_tools.save_for(args)) \
+        if host is not None else None
+    session = ChatSession(engine=client, view=view, post=inbox.post, tools=tools)
+    session.on_event(loaded)
+    if docs is not None:
+        session.attach_docs(docs.attached)
+    mode = "completion" if args.completion else "chat"
+    note = " (no chat template: built-in turn format; a base model may answer poorly)" \
+        if loaded.chat_format == "completion" and mode == "chat" else ""
+    print(f"ggufdesk: {loaded.arch} model loaded in {loaded.load_s:.1f} s, {mode} mode{note}. "
+          "Ctrl-C stops an answer, /reset clears, /exit quits.", file=out)
+    if loaded.rpc:
+        print(f"ggufdesk: {describe_split(loaded.rpc)}", file=out)
+    if host is not None:
+        names = ", ".join(s.name for s in host.config.enabled())
+        print(f"ggufdesk: MCP servers {names} offer their tools (started on first use; "
+              f"{'calls run without asking' if args.allow_tools else 'each call asks you first'}).",
+              file=out)
+
+    def fresh() -> None:
+        session.new_conversation(system_prompt=args.system, sampling=sampling)
+        session.update_conversation(mode=mode)
+
+    fresh()
+    while True:
+        print("\n> ", end="", file=out, flush=True)
+        line = stdin.readline()
+        if not line or line.strip() in ("/exit", "/quit"):
+            return 0
+        text = line.rstrip("\n")
+        if text.strip() == "/reset":
+            fresh()
+            print("(conversation cleared)", file=out)
+            continue
+        if not text.strip():
+            continue
         if docs is not None:
-            session.attach_docs(docs.attached)
-        mode = "completion" if args.completion else "chat"
-        note = " (no chat template: built-in turn format; a base model may answer poorly)" \
-            if loaded.chat_format == "completion" and mode == "chat" else ""
-        print(f"ggufdesk: {loaded.arch} model loaded in {loaded.load_s:.1f} s, {mode} mode{note}. "
-              "Ctrl-C stops an answer, /reset clears, /exit quits.", file=out)
-        if loaded.rpc:
-            print(f"ggufdesk: {describe_split(loaded.rpc)}", file=out)
-
-        def fresh() -> None:
-            session.new_conversation(system_prompt=args.system, sampling=sampling)
-            session.update_conversation(mode=mode)
-
-        fresh()
-        while True:
-            print("\n> ", end="", file=out, flush=True)
-            line = stdin.readline()
-            if not line or line.strip() in ("/exit", "/quit"):
-                return 0
-            text = line.rstrip("\n")
-            if text.strip() == "/reset":
-                fresh()
-                print("(conversation cleared)", file=out)
-                continue
-            if not text.strip():
-                continue
-            if docs is not None:
-                docs.refresh()
-            try:
-                session.send(text)
-            except Refused as e:
-                print(f"[{e}]", file=out, end="")
-                continue
-            follow(client, session)
+            docs.refresh()
+        try:
+            session.send(text)
+        except Refused as e:
+            print(f"[{e}]", file=out, end="")
+            continue
+        mcp_tools.pump(client, session, inbox, silence=EVENT_SILENCE_S, notes=view, stdin=stdin)
     raise KnownError("unreachable")  # pragma: no cover
 
 
@@ -156,16 +202,3 @@ class DocsChat:
 
     def __exit__(self, *exc: object) -> None:
         self.opened.__exit__(*exc)
-
-
-def follow(client: EngineClient, session: ChatSession) -> None:
-    """Feed the engine's events to the session until the answer has ended; Ctrl-C stops it."""
-    while session.busy:
-        try:
-            ev = next(client.events(timeout=EVENT_SILENCE_S), None)
-            if ev is None:
-                session.close()  # nothing at all for 10 minutes: keep what was written
-                return
-            session.on_event(ev)
-        except KeyboardInterrupt:
-            session.stop()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from ggufdesk.cli.worker import add_rpc_argument, describe_split, rpc_from_args
 from ggufdesk.core.errors import KnownError
@@ -22,6 +23,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=512, help="n_batch: prompt tokens per decode call")
     p.add_argument("--ubatch", type=int, default=512, help="n_ubatch: physical micro-batch")
     p.add_argument("--gpu-layers", type=int, default=0, help="layers to offload (-1 = all)")
+    p.add_argument("--n-cpu-moe", type=int, default=0, metavar="N",
+                   help="mixture of experts: keep the experts of the first N layers in RAM (`plan` proposes N)")
     p.add_argument("--flash-attn", default="auto", choices=("auto", "on", "off"))
     p.add_argument("--kv-type", default="f16", help="KV cache type (f16, q8_0, q4_0, ...)")
     p.add_argument("--no-mmap", action="store_true", help="read the whole model into RAM")
@@ -33,6 +36,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=-1)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
+                   help="reasoning models: tokens of thinking before the answer is forced (-1 = no limit)")
+    p.add_argument("--think", default="auto", choices=("auto", "on", "off", "low", "medium", "high"),
+                   help="reasoning models: thinking on or off, or its effort (auto = the template's default)")
     spec = p.add_mutually_exclusive_group()
     spec.add_argument("--draft", help="draft model (.gguf) for speculative decoding")
     spec.add_argument("--lookup", action="store_true", help="prompt-lookup speculative decoding")
@@ -53,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     shape.add_argument("--tools", metavar="FILE", help="OpenAI-style tools (JSON list) the model may call")
     p.add_argument("--tool-choice", default="auto",
                    help="auto | required | none | the name of one tool (with --tools)")
+    from ggufdesk.cli import mcp_tools
+
+    mcp_tools.add_arguments(p, interactive=False)
 
 
 def structured_from_args(args: argparse.Namespace) -> dict:
@@ -93,10 +103,12 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LoadSettings, Sampling
         n_ubatch=min(args.ubatch, args.batch) if args.ubatch == 512 else args.ubatch,
         n_threads=args.threads, n_threads_batch=args.threads_batch, flash_attn=args.flash_attn,
         type_k=args.kv_type, type_v=args.kv_type, use_mmap=not args.no_mmap, rpc=rpc_from_args(args),
+        n_cpu_moe=args.n_cpu_moe,
     )
     sampling = SamplingSettings(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         repeat_penalty=args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
+        reasoning_budget=args.reasoning_budget, think=args.think,
     )
     mode = "draft" if args.draft else "lookup" if args.lookup else "off"
     spec = SpeculationSettings(mode=mode, draft_model=library_file(args.draft), k_max=args.draft_max,
@@ -121,11 +133,19 @@ def resolve_model(model: str | None) -> str:
     return library.resolve(model)
 
 
-def run(args: argparse.Namespace) -> int:
-    from ggufdesk.cli import print_json
-    from ggufdesk.engine.link import protocol as P
-    from ggufdesk.engine.link.client import EngineClient
+def mcp_host(args: argparse.Namespace, structured: dict) -> Any:
+    """The MCP host when this run offers MCP tools (--mcp-config or --allow-tools), else None."""
+    if not (args.mcp_config or args.allow_tools):
+        return None
+    if structured:
+        raise KnownError("MCP tools (--mcp-config, --allow-tools) cannot be combined with --tools, --json-schema "
+                         "or --json-object")
+    from ggufdesk.cli import mcp_tools
 
+    return mcp_tools.open_host(args, err=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
     from ggufdesk.cli import preflight
 
     load, sampling, spec = settings_from_args(args)
@@ -133,10 +153,25 @@ def run(args: argparse.Namespace) -> int:
     structured = structured_from_args(args)
     if structured.get("tools") and not args.chat:
         args.chat = True  # tools are offered through the chat template
+    host = mcp_host(args, structured)
+    if host is not None:
+        args.chat = True
     model = resolve_model(args.model)
     info = preflight.check(model, load, spec)  # before the engine: broken files, a plan that cannot fit
-    text: list[str] = []
-    stats = done = None
+    try:
+        return _run(args, model, info, load, sampling, spec, prompt, structured, host)
+    finally:
+        if host is not None:
+            host.close()
+
+
+def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sampling: SamplingSettings,
+         spec: SpeculationSettings, prompt: str, structured: dict, host: Any) -> int:
+    from ggufdesk.cli import print_json
+    from ggufdesk.engine.link import protocol as P
+    from ggufdesk.engine.link.client import EngineClient
+
+    rounds: list[dict[str, Any]] | None = None
     with EngineClient(auto_restart=False) as client:
         loaded = client.load(model, settings=load, speculation=spec)
         notices = {e.kind: e.message for e in client.events(timeout=0)
@@ -149,45 +184,67 @@ def run(args: argparse.Namespace) -> int:
                              "(without --chat the prompt is sent as plain text)")
         if loaded.rpc and not args.json:
             print(f"[{describe_split(loaded.rpc)}]", file=sys.stderr)
-        if args.chat:
-            msgs = ([{"role": "system", "content": args.system}] if args.system else [])
-            rid = client.generate(messages=msgs + [{"role": "user", "content": prompt}], sampling=sampling,
-                                  **structured)
+        if host is not None:
+            from ggufdesk.cli import mcp_tools
+
+            text, stats, done, rounds = mcp_tools.run_once(client, loaded, host, args, prompt, sampling)
         else:
-            rid = client.generate(prompt=prompt, sampling=sampling, **structured)
-        for ev in client.stream(rid):
-            if isinstance(ev, P.Token):
-                text.append(ev.text)
-                if not args.json:
-                    sys.stdout.write(ev.text)
-                    sys.stdout.flush()
-            elif isinstance(ev, P.Stats):
-                stats = ev
-            elif isinstance(ev, P.Done):
-                done = ev
-            elif isinstance(ev, P.Error):
-                raise KnownError(ev.message)
+            text, stats, done = _generate(client, args, prompt, sampling, structured)
     result = {
-        "model": model, "text": "".join(text), "tokens": stats.n_gen if stats else 0,
-        "prompt_tokens": stats.n_prompt if stats else 0,
-        "ttft_s": stats.ttft_s if stats else None,
-        "prefill_tok_s": stats.prefill_tok_s if stats else None,
-        "decode_tok_s": stats.decode_tok_s if stats else None,
-        "drafted": stats.drafted if stats else 0, "accepted": stats.accepted if stats else 0,
-        "draft_len": stats.draft_len if stats else 0,
-        "speculation": stats.speculation if stats else "off",
-        "llama_perf": stats.llama_perf if stats else {},
+        "model": model, "text": text, "tokens": stats.get("n_gen", 0),
+        "prompt_tokens": stats.get("n_prompt", 0),
+        "ttft_s": stats.get("ttft_s"), "prefill_tok_s": stats.get("prefill_tok_s"),
+        "decode_tok_s": stats.get("decode_tok_s"),
+        "drafted": stats.get("drafted", 0), "accepted": stats.get("accepted", 0),
+        "draft_len": stats.get("draft_len", 0), "speculation": stats.get("speculation", "off"),
+        "llama_perf": stats.get("llama_perf", {}),
         "finish_reason": done.finish_reason if done else None,
         "tool_calls": done.tool_calls if done else [],
+        **({"reasoning": (done.reasoning if done else None) or "",
+            "reasoning_tokens": (done.usage if done else {}).get("reasoning_tokens", 0)} if loaded.reasoning else {}),
         "chat_format": loaded.chat_format, "load_s": loaded.load_s, "memory": loaded.memory,
         **({"rpc": loaded.rpc} if loaded.rpc else {}),
+        **({"tool_rounds": rounds} if rounds is not None else {}),
     }
     if args.json:
         print_json(result)
     else:
         print(file=sys.stderr)
-        print(f"[{result['tokens']} tokens, TTFT {result['ttft_s']:.3f} s, prefill "
-              f"{result['prefill_tok_s']:.1f} tok/s, decode {result['decode_tok_s']:.1f} tok/s"
+        print(f"[{result['tokens']} tokens, TTFT {result['ttft_s'] or 0:.3f} s, prefill "
+              f"{result['prefill_tok_s'] or 0:.1f} tok/s, decode {result['decode_tok_s'] or 0:.1f} tok/s"
               + (f", accepted {result['accepted']}/{result['drafted']}" if result["drafted"] else "")
               + f", {result['finish_reason']}]", file=sys.stderr)
     return 0
+
+
+def _generate(client: Any, args: argparse.Namespace, prompt: str, sampling: SamplingSettings,
+              structured: dict) -> tuple[str, dict[str, Any], Any]:
+    """One generation, streamed to stdout unless --json: (text, the final stats, the Done event)."""
+    import dataclasses
+
+    from ggufdesk.engine.link import protocol as P
+
+    if args.chat:
+        msgs = ([{"role": "system", "content": args.system}] if args.system else [])
+        rid = client.generate(messages=msgs + [{"role": "user", "content": prompt}], sampling=sampling,
+                              **structured)
+    else:
+        rid = client.generate(prompt=prompt, sampling=sampling, **structured)
+    text: list[str] = []
+    stats: dict[str, Any] = {}
+    done = None
+    for ev in client.stream(rid):
+        if isinstance(ev, P.Token):
+            if not ev.reasoning:
+                text.append(ev.text)
+            if not args.json:  # a reasoning model's thinking on stderr, the answer on stdout
+                out = sys.stderr if ev.reasoning else sys.stdout
+                out.write(ev.text)
+                out.flush()
+        elif isinstance(ev, P.Stats):
+            stats = dataclasses.asdict(ev)
+        elif isinstance(ev, P.Done):
+            done = ev
+        elif isinstance(ev, P.Error):
+            raise KnownError(ev.message)
+    return "".join(text), stats, done

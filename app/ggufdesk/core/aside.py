@@ -27,3 +27,11 @@ def move_aside(path: Path, *, companions: tuple[str, ...] = ()) -> Path:
             except OSError:
                 pass  # the main file is safe; SQLite rebuilds a missing -shm
     return target
+
+
+def try_move_aside(path: Path) -> Path | None:
+    """move_aside, or None when the file cannot be moved (the caller says so to the user)."""
+    try:
+        return move_aside(path)
+    except OSError:
+        return None

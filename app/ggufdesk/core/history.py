@@ -19,7 +19,7 @@ log = logging.getLogger("ggufdesk.history")
 _T = TypeVar("_T")
 
 MODES = ("chat", "completion")
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")  # "tool": an MCP tool's result (stats name the call)
 # "streaming": being written now; "partial": the engine stopped mid-answer; "cancelled": user stop.
 STATUSES = ("done", "streaming", "partial", "cancelled", "error")
 
@@ -62,6 +62,10 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX versions_by_position ON message_versions(conversation_id, position);
     """,
+    # MCP servers a conversation does not use (a JSON list of names; all enabled servers by default).
+    """
+    ALTER TABLE conversations ADD COLUMN mcp_off TEXT NOT NULL DEFAULT '[]';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -76,6 +80,7 @@ class Conversation:
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     mode: str = "chat"
     model: str = ""
+    mcp_off: tuple[str, ...] = ()  # MCP servers turned off in this conversation
 
 
 @dataclass(slots=True, kw_only=True)
@@ -93,6 +98,14 @@ def history_path() -> Path:
     from platformdirs import user_data_dir
 
     return Path(user_data_dir("ggufdesk")) / "history.sqlite3"
+
+
+def _names_from_json(text: str) -> tuple[str, ...]:
+    try:
+        value = json.loads(text or "[]")
+    except ValueError:
+        return ()
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
 
 
 def _sampling_from_json(text: str) -> SamplingSettings:
@@ -275,12 +288,13 @@ class History:
         return Conversation(
             id=row["id"], title=row["title"], created=row["created"], updated=row["updated"],
             system_prompt=row["system_prompt"], sampling=_sampling_from_json(row["sampling"]),
-            mode=row["mode"], model=row["model"],
+            mode=row["mode"], model=row["model"], mcp_off=_names_from_json(row["mcp_off"]),
         )
 
     def new_conversation(
         self, title: str = "New chat", *, system_prompt: str = "",
         sampling: SamplingSettings | None = None, mode: str = "chat", model: str = "",
+        mcp_off: tuple[str, ...] = (),
     ) -> Conversation:
         if mode not in MODES:
             raise SettingsError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
@@ -289,9 +303,10 @@ class History:
         self._writable()
         with self._lock:
             cur = self._db.execute(
-                "INSERT INTO conversations(title, created, updated, system_prompt, sampling, mode, model)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (title, now, now, system_prompt, json.dumps(dataclasses.asdict(sampling)), mode, model),
+                "INSERT INTO conversations(title, created, updated, system_prompt, sampling, mode, model, mcp_off)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (title, now, now, system_prompt, json.dumps(dataclasses.asdict(sampling)), mode, model,
+                 json.dumps(list(mcp_off))),
             )
             return self.get_conversation(int(cur.lastrowid or 0))
 
@@ -328,6 +343,7 @@ class History:
     def update_conversation(
         self, conversation_id: int, *, title: str | None = None, system_prompt: str | None = None,
         sampling: SamplingSettings | None = None, mode: str | None = None, model: str | None = None,
+        mcp_off: tuple[str, ...] | None = None,
     ) -> Conversation:
         changes: dict[str, Any] = {}
         if title is not None:
@@ -342,6 +358,8 @@ class History:
             changes["mode"] = mode
         if model is not None:
             changes["model"] = model
+        if mcp_off is not None:
+            changes["mcp_off"] = json.dumps(list(mcp_off))
         changes["updated"] = time.time()
         sets = ", ".join(f"{k} = ?" for k in changes)
         self._writable()
@@ -385,7 +403,8 @@ class History:
         return self._message(row)
 
     def add_message(
-        self, conversation_id: int, role: str, content: str, *, status: str = "done"
+        self, conversation_id: int, role: str, content: str, *, status: str = "done",
+        stats: dict[str, Any] | None = None,
     ) -> Message:
         """Insert and commit at once (autocommit): a user message is on disk before generation starts."""
         if role not in ROLES:
@@ -396,9 +415,9 @@ class History:
         self._writable()
         with self._lock:
             cur = self._db.execute(
-                "INSERT INTO messages(conversation_id, role, content, created, status)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (conversation_id, role, content, now, status),
+                "INSERT INTO messages(conversation_id, role, content, created, status, stats)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (conversation_id, role, content, now, status, json.dumps(stats or {})),
             )
             self._db.execute(
                 "UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id)
@@ -565,7 +584,14 @@ class History:
             lines += ["**System:**", "", conv.system_prompt, ""]
         for m in self.messages(conversation_id):
             note = "" if m.status == "done" else f" _({m.status})_"
+            if m.role == "tool":
+                who = f"{m.stats.get('server', '')}/{m.stats.get('tool', '')}".strip("/")
+                lines += [f"**Tool result ({who}):**{note}", "", "```", m.content, "```", ""]
+                continue
             lines += [f"**{m.role.capitalize()}:**{note}", "", m.content, ""]
+            for call in m.stats.get("tool_calls") or []:
+                fn = (call.get("function") or {}) if isinstance(call, dict) else {}
+                lines += [f"_Calls the tool {fn.get('name', '?')} with {fn.get('arguments', '{}')}_", ""]
         return "\n".join(lines).rstrip() + "\n"
 
 

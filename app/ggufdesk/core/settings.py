@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ggufdesk.core.aside import move_aside
+from ggufdesk.core.aside import try_move_aside
 from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.rpc_wire import parse_workers
 
@@ -73,9 +73,13 @@ class LoadSettings:
     n_parallel: int = 1  # sequences decoded together (the server sets it; the GUI and run use 1)
     prefill_chunk: int = PREFILL_CHUNK  # prompt tokens per engine step while others decode; 0 = auto
     rpc: list[str] = field(default_factory=list)  # RPC workers, host:port (`ggufdesk worker`)
+    # a mixture of experts: the routed experts of the first N layers stay in RAM while the rest of
+    # those layers is on the GPU (llama.cpp's --n-cpu-moe; core/planner.py proposes N)
+    n_cpu_moe: int = 0
 
     def __post_init__(self) -> None:
         _int("context length (n_ctx)", self.n_ctx, 16, 1 << 20)
+        _int("layers with experts on the CPU (n_cpu_moe)", self.n_cpu_moe, 0, 100_000)
         _int("parallel sequences (n_parallel)", self.n_parallel, 1, MAX_PARALLEL)
         _int("prefill chunk (prefill_chunk)", self.prefill_chunk, 0, 1 << 16)
         _int("GPU layers (n_gpu_layers)", self.n_gpu_layers, -1, 100_000)
@@ -115,6 +119,14 @@ class LoadSettings:
         return self.n_threads_batch or default_threads()
 
 
+THINK_CHOICES = ("auto", "on", "off", "low", "medium", "high")
+
+
+def think_value(choice: str) -> bool | str | None:
+    """A `think` setting as the engine's Generate.think (None: the template's default)."""
+    return {"auto": None, "on": True, "off": False}.get(choice, choice)
+
+
 @dataclass(slots=True, kw_only=True)
 class SamplingSettings:
     """How the next token is chosen. temperature 0 = greedy."""
@@ -130,9 +142,16 @@ class SamplingSettings:
     stop: list[str] = field(default_factory=list)
     # structured output: "" off, "json_object", a JSON schema or a JSON list of tools (core/tools.py)
     structured: str = ""
+    # reasoning models (core/reasoning.py): tokens of thinking before the engine closes the block
+    # (-1 = no limit), and thinking on/off/effort ("auto" = the template's default)
+    reasoning_budget: int = -1
+    think: str = "auto"
 
     def __post_init__(self) -> None:
         _float("temperature", self.temperature, 0.0, 5.0)
+        _int("reasoning budget", self.reasoning_budget, -1, 1 << 20)
+        if self.think not in THINK_CHOICES:
+            raise SettingsError(f"think must be one of {', '.join(THINK_CHOICES)}, got {self.think!r}")
         _int("top-k", self.top_k, 0, 1_000_000)
         _float("top-p", self.top_p, 0.0, 1.0)
         _float("min-p", self.min_p, 0.0, 1.0)
@@ -289,7 +308,7 @@ def open_settings(path: Path | None = None) -> SettingsReport:
     except SettingsError as e:
         problem = str(e)
     salvaged, reset = _salvage(path)
-    kept = _move_aside(path)
+    kept = try_move_aside(path)
     where = f"it was kept as {kept}" if kept else "it could not be moved aside either"
     what = f"{', '.join(reset)} reset to defaults" if salvaged and reset else "defaults are used"
     return SettingsReport(salvaged or Settings(), f"Your settings file could not be used ({problem}); "
@@ -321,13 +340,6 @@ def _salvage(path: Path) -> tuple[Settings | None, list[str]]:
             reset.append(key)
     out.unknown.update({k: v for k, v in data.items() if k not in SECTIONS and k not in ("model", "system_prompt")})
     return out, reset
-
-
-def _move_aside(path: Path) -> Path | None:
-    try:
-        return move_aside(path)
-    except OSError:
-        return None
 
 
 def save_settings(settings: Settings, path: Path | None = None) -> Path:

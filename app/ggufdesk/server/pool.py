@@ -54,9 +54,9 @@ class EnginePool:
     def start(self) -> None:
         """Spawn the engine and load the model (blocking: run it on a thread). Raises KnownError."""
         self._set_state("loading")
-        from ggufdesk.server.structured import tool_format
+        from ggufdesk.core.tools import model_format
 
-        self.tool_format = tool_format(self.model)
+        self.tool_format = model_format(self.model)
         try:
             self._client.start()
             self._client.load(self.model, settings=self.load_settings, speculation=self.speculation)

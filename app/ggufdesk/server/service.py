@@ -47,6 +47,7 @@ class GenSpec:
     messages: list[dict[str, Any]] | None = None
     logprobs: int = 0
     structured: dict[str, Any] = field(default_factory=dict)  # json_schema or tools/tool_choice/...
+    reasoning: dict[str, Any] = field(default_factory=dict)  # think / reasoning_budget (server/reasoning.py)
 
 
 def engine_error(ev: P.Error) -> ApiError:
@@ -156,7 +157,7 @@ class Service:
         self._inflight[caller] = self._inflight.get(caller, 0) + 1
         try:
             await pool.generate(rid, prompt=spec.prompt, messages=spec.messages, sampling=spec.sampling,
-                                     logprobs=spec.logprobs, **spec.structured)
+                                logprobs=spec.logprobs, **spec.structured, **spec.reasoning)
         except KnownError as e:
             job.finish(None)
             raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
@@ -288,7 +289,8 @@ class Job:
         self.error: P.Error | None = None
         self.stats: P.Stats | None = None
         self.n_tokens = 0
-        self.text: list[str] = []
+        self.text: list[str] = []  # the answer
+        self.reasoning: list[str] = []  # a reasoning model's thinking
         self.logprobs: list[dict[str, Any]] = []
         self.ttft_s: float | None = None
         self.disconnected = False
@@ -325,7 +327,7 @@ class Job:
             if self.ttft_s is None:
                 self.ttft_s = time.perf_counter() - self.t0
                 self.svc.metrics.ttft.labels(self.spec.endpoint).observe(self.ttft_s)
-            self.text.append(ev.text)
+            (self.reasoning if getattr(ev, "reasoning", False) else self.text).append(ev.text)
             lp = getattr(ev, "logprobs", None)
             self.n_tokens += len(lp) if lp else 1
             if lp:
@@ -361,9 +363,17 @@ class Job:
         reason = self.done.finish_reason if self.done else "stop"
         return "length" if reason in ("length", "context") else "tool_calls" if reason == "tool_calls" else "stop"
 
-    def usage(self) -> dict[str, int]:
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """Tokens spent reasoning (None: the model does not reason)."""
+        return self.done.usage.get("reasoning_tokens") if self.done is not None else None
+
+    def usage(self) -> dict[str, Any]:
         p, c = self.prompt_tokens, self.completion_tokens
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        out: dict[str, Any] = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        if self.reasoning_tokens is not None:
+            out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return out
 
     def finish(self, outcome: str | None) -> None:
         if self._ended:

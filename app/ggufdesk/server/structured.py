@@ -67,16 +67,6 @@ def anthropic_tools(tools: list[Any] | None, choice: dict[str, Any] | None) -> d
     return out
 
 
-def tool_format(model_path: str) -> T.ToolFormat:
-    """The tool format the engine will use for this model (from its chat template; generic if unknown)."""
-    from ggufdesk.core.gguf_meta import read_gguf
-
-    try:
-        return T.detect_format(read_gguf(model_path).chat_template)
-    except Exception:  # noqa: BLE001 - an unreadable header: the engine falls back the same way
-        return T.GENERIC
-
-
 def anthropic_tool_use(call: dict[str, Any]) -> dict[str, Any]:
     fn = call["function"]
     try:

@@ -18,13 +18,16 @@ from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.session.docs import Attached
 from ggufdesk.session.prompt import build_request, title_from
+from ggufdesk.session.tool_loop import ToolCall, ToolLoop
+from ggufdesk.session.tool_turns import ToolTurns
 from ggufdesk.session.turns import Ref, Turn
 from ggufdesk.session.writer import HistoryWriter, SaveState
 
 log = logging.getLogger("ggufdesk.session")
 
 SAVE_PARTIAL_EVERY_S = 1.0
-Phase = Literal["idle", "saving", "streaming", "stopping"]
+THINKING = ("reasoning", "reasoning_tokens", "reasoning_s")  # an answer's stats about its thinking
+Phase = Literal["idle", "saving", "streaming", "stopping", "tool"]  # tool: calls being decided or run
 Level = Literal["info", "warning", "error"]
 KEPT_STATS = ("model", "citations", "sources_left_out")  # what the engine's stats do not replace
 
@@ -36,8 +39,8 @@ class Refused(KnownError):
 class Engine(Protocol):
     """What the session needs of the engine: EngineClient and the GUI's EngineBridge both fit."""
 
-    def generate(self, *, prompt: str | None = None, messages: list[dict[str, str]] | None = None,
-                 sampling: SamplingSettings | None = None) -> str: ...
+    def generate(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
+                 sampling: SamplingSettings | None = None, **extra: Any) -> str: ...
 
     def cancel(self, rid: str) -> None: ...
 
@@ -51,6 +54,16 @@ class SessionView:
     def turn_added(self, turn: Turn) -> None: ...
 
     def turn_grew(self, turn: Turn, piece: str) -> None: ...
+
+    def turn_thought(self, turn: Turn, piece: str) -> None:
+        """A reasoning model's thinking grew (turn.reasoning; its tokens and time in turn.stats)."""
+
+    def turn_changed(self, turn: Turn) -> None:
+        """A turn's text was replaced (an answer's tool call taken out of it when it ended)."""
+
+    def tool_call_changed(self, call: ToolCall) -> None:
+        """A tool call appeared or moved on: pending, asking (show Allow once / Always / Deny and
+        call ChatSession.decide), running, done, error, denied or stopped."""
 
     def turn_finished(self, turn: Turn) -> None:
         """An answer ended; turn.status is done | cancelled | partial | error."""
@@ -76,16 +89,17 @@ def _now(fn: Callable[[], None]) -> None:
     fn()
 
 
-class ChatSession:
+class ChatSession(ToolTurns):
     """The open conversation, its turns (the truth the view shows, saved or not), and the answer
     being written. `on_event` takes every engine event; `post` runs a callable on the session's
     thread (the GUI passes its run_on_main; single-threaded callers keep the default).
-    Without a writer nothing is saved (terminal chat, server)."""
+    Without a writer nothing is saved (terminal chat, server). With `tools` the conversation's
+    MCP tools are offered and run (session/tool_turns.py)."""
 
     def __init__(self, *, engine: Engine, writer: HistoryWriter | None = None,
                  view: SessionView | None = None, post: Callable[[Callable[[], None]], None] = _now,
                  save_every: float = SAVE_PARTIAL_EVERY_S, clock: Callable[[], float] = time.monotonic,
-                 context_policy: Literal["truncate", "refuse"] = "truncate") -> None:
+                 context_policy: Literal["truncate", "refuse"] = "truncate", tools: ToolLoop | None = None) -> None:
         self.engine = engine
         self.writer = writer
         self.view = view or SessionView()
@@ -103,8 +117,10 @@ class ChatSession:
         self.model: P.Loaded | None = None
         self.no_model_reason = ""
         self._saved_at = 0.0
+        self._think_t0: float | None = None  # when the answer being written began to think
         self._pending_version: dict[str, int] | None = None
         self.docs: Attached | None = None  # a document collection the answers come from (session/docs.py)
+        self._init_tools(tools)
         if writer is not None:
             writer.on_state = lambda st: self.post(lambda: self.view.save_state_changed(st))
 
@@ -136,7 +152,7 @@ class ChatSession:
     # ---- conversations --------------------------------------------------------------------------
 
     def new_conversation(self, *, title: str = "New chat", system_prompt: str = "",
-                         sampling: SamplingSettings | None = None) -> Conversation:
+                         sampling: SamplingSettings | None = None, mcp_off: tuple[str, ...] = ()) -> Conversation:
         """Open a new, empty conversation at once; its row is written in the background."""
         if self.busy:
             raise Refused("an answer is still being written; stop it first")
@@ -144,7 +160,7 @@ class ChatSession:
             else "chat"
         now = time.time()
         conv = Conversation(id=0, title=title, created=now, updated=now, system_prompt=system_prompt,
-                            sampling=sampling or SamplingSettings(), mode=mode)
+                            sampling=sampling or SamplingSettings(), mode=mode, mcp_off=mcp_off)
         row = Ref()
         self._show(conv, [], row)
 
@@ -154,7 +170,7 @@ class ChatSession:
 
         def create(h: History) -> Conversation:
             saved = h.new_conversation(title, system_prompt=system_prompt, sampling=conv.sampling,
-                                       mode=mode, model=model)
+                                       mode=mode, model=model, mcp_off=mcp_off)
             row.id = saved.id
             return saved
 
@@ -185,19 +201,20 @@ class ChatSession:
         if self.conv_row is row and self.conv is not None:
             self.conv = dataclasses.replace(saved, title=self.conv.title, mode=self.conv.mode,
                                             system_prompt=self.conv.system_prompt,
-                                            sampling=self.conv.sampling, model=self.conv.model)
+                                            sampling=self.conv.sampling, model=self.conv.model,
+                                            mcp_off=self.conv.mcp_off)
             saved = self.conv
         self.view.conversation_saved(saved)
 
     def update_conversation(self, *, title: str | None = None, system_prompt: str | None = None,
                             sampling: SamplingSettings | None = None, mode: str | None = None,
-                            model: str | None = None) -> None:
+                            model: str | None = None, mcp_off: tuple[str, ...] | None = None) -> None:
         """Change the open conversation now; the row follows in the background."""
         if self.conv is None:
             return
         changes: dict[str, Any] = {k: v for k, v in (("title", title), ("system_prompt", system_prompt),
                                                      ("sampling", sampling), ("mode", mode),
-                                                     ("model", model)) if v is not None}
+                                                     ("model", model), ("mcp_off", mcp_off)) if v is not None}
         if "title" in changes:
             changes["title"] = changes["title"].strip() or "Untitled"
         self.conv = dataclasses.replace(self.conv, **changes)
@@ -215,6 +232,8 @@ class ChatSession:
     # ---- sending --------------------------------------------------------------------------------
 
     def check_can_send(self) -> None:
+        if self.phase == "tool":
+            raise Refused("a tool call is waiting: allow or deny it, or stop")
         if self.busy:
             raise Refused("an answer is still being written; stop it first")
         if self.model is None:
@@ -248,6 +267,7 @@ class ChatSession:
             self.update_conversation(title=title_from(text))
         if self.model is not None and self.conv.model != self.model.model:
             self.update_conversation(model=self.model.model)  # the conversation remembers its model
+        self.rounds = 0
         self._start_answer()
         return user
 
@@ -261,6 +281,7 @@ class ChatSession:
         if turn.role != "assistant":
             raise Refused("only an answer can be written again")
         self._replace_from(turn, None)
+        self.rounds = 0
         self._start_answer(version=(turn.version[1] + 1, turn.version[1] + 1))
 
     def step_version(self, key: int, step: int) -> None:
@@ -330,9 +351,10 @@ class ChatSession:
         self.turns.append(turn)
         self.view.turn_added(turn)
         conv_row, row, role, content = self.conv_row, turn.row, turn.role, turn.content
+        stats = dict(turn.stats) if turn.stats else None
 
         def insert(h: History) -> int:
-            row.id = h.add_message(conv_row.get(), role, content, status=status).id
+            row.id = h.add_message(conv_row.get(), role, content, status=status, stats=stats).id
             return row.id
 
         self._write(insert, then=then)
@@ -350,7 +372,8 @@ class ChatSession:
             answer.version = version
         self.answer = answer
         self._set_phase("saving")
-        self._add(answer, status="streaming", then=lambda _: self._begin(answer, conv, request))
+        self.offer, self._stream = None, None
+        self._add(answer, status="streaming", then=lambda _: self._offer_tools(answer, conv, request))
         if version is not None:
             self._number(answer)
 
@@ -377,11 +400,11 @@ class ChatSession:
         elif grounding.left_out:
             self.view.notice(grounding.notice(), "warning")
 
-    def _begin(self, answer: Turn, conv: Conversation, request: dict[str, Any]) -> None:
+    def _begin(self, answer: Turn, conv: Conversation, request: dict[str, Any], extra: dict[str, Any]) -> None:
         if self.answer is not answer or self.phase != "saving":
             return  # stopped (or replaced) before its row was on disk: the engine is never asked
         try:
-            self.rid = self.engine.generate(sampling=conv.sampling, **request)
+            self.rid = self.engine.generate(sampling=conv.sampling, **request, **extra)
         except (KnownError, OSError) as e:
             self._finish("error")
             self.view.notice(f"could not start the answer: {e}", "error")
@@ -391,22 +414,32 @@ class ChatSession:
 
     def stop(self) -> None:
         """Ask for the answer to stop (what was written is kept). The engine client kills and
-        restarts an engine that does not stop within its grace period, so this always ends."""
-        if self.phase == "saving":  # the engine has not been asked: end now, even if the disk waits
+        restarts an engine that does not stop within its grace period, so this always ends.
+        Between answers, a tool that runs is stopped and calls not yet allowed never run."""
+        if self.phase == "tool":
+            self._stop_calls()
+        elif self.phase == "saving":  # the engine has not been asked: end now, even if the disk waits
             self._finish("cancelled")
         elif self.phase == "streaming" and self.rid is not None:
             self._set_phase("stopping")
             self.engine.cancel(self.rid)
 
-    def _finish(self, status: str, finish_reason: str = "") -> None:
+    def _finish(self, status: str, finish_reason: str = "", *, calls: list[dict[str, Any]] | None = None) -> None:
+        """The answer ended; with `calls` (MCP tool calls) the tool loop goes on instead of idling."""
         answer = self.answer
         if answer is None:
             return
-        self.answer, self.rid = None, None
+        self.answer, self.rid, self._stream, self._think_t0 = None, None, None, None
         answer.status, answer.finish_reason = status, finish_reason
         if finish_reason:
             answer.stats["finish_reason"] = finish_reason  # shown under the answer, also later
+        if calls:
+            answer.stats["tool_loop"] = True  # its calls are run here: shown as cards, not as text
         self._save_answer(answer, final=True)
+        if calls:
+            self.view.turn_finished(answer)
+            self._start_calls(calls)
+            return
         self._set_phase("idle")
         self.view.turn_finished(answer)
 
@@ -418,6 +451,8 @@ class ChatSession:
 
     def close(self) -> None:
         """The front end is going away: an answer in progress is kept as a partial one."""
+        if self.phase == "tool":
+            self._stop_calls()
         if self.answer is not None:
             if self.rid is not None:
                 self.engine.cancel(self.rid)
@@ -428,22 +463,30 @@ class ChatSession:
     def on_event(self, ev: P.Event) -> None:
         answer, rid = self.answer, self.rid
         mine = rid is not None and getattr(ev, "id", None) == rid
-        if isinstance(ev, P.Token) and mine and answer is not None:
-            answer.content += ev.text
-            self.view.turn_grew(answer, ev.text)
+        if isinstance(ev, P.Token) and mine and answer is not None and ev.reasoning:
+            self._thought(answer, ev)
+        elif isinstance(ev, P.Token) and mine and answer is not None:
+            self._thinking_ended(answer)
+            piece = self._shown_piece(ev.text)
+            if piece:
+                answer.content += piece
+                self.view.turn_grew(answer, piece)
             if self.clock() - self._saved_at >= self.save_every:
                 self._saved_at = self.clock()
                 self._save_answer(answer, final=False)
         elif isinstance(ev, P.Stats) and mine and answer is not None:
-            kept = {k: answer.stats[k] for k in KEPT_STATS if k in answer.stats}
+            kept = {k: answer.stats[k] for k in (*KEPT_STATS, *THINKING) if k in answer.stats}
             answer.stats = {**dataclasses.asdict(ev), **kept}
         elif isinstance(ev, P.Done) and mine and answer is not None:
-            if ev.text and not answer.content:
+            self._settle_text(answer, ev)
+            if ev.text and not answer.content and not (ev.tool_calls and self.offer is not None):
                 answer.content = ev.text
+            self._thinking_ended(answer, ev)
             if ev.tool_calls:  # shown as readable blocks under the answer (ui/message_widget.py)
                 answer.stats["tool_calls"] = ev.tool_calls
                 answer.stats["content"] = ev.content or ""
-            self._finish("cancelled" if ev.finish_reason == "cancelled" else "done", ev.finish_reason)
+            self._finish("cancelled" if ev.finish_reason == "cancelled" else "done", ev.finish_reason,
+                         calls=ev.tool_calls if self._wants_tools(ev) else None)
         elif isinstance(ev, P.Error):
             self._on_error(ev, mine)
         elif isinstance(ev, P.Loaded):
@@ -452,6 +495,25 @@ class ChatSession:
             self._set_model(None, "")
         elif isinstance(ev, P.Lifecycle):
             self._on_lifecycle(ev)
+
+    def _thought(self, answer: Turn, ev: P.Token) -> None:
+        if self._think_t0 is None:
+            self._think_t0 = self.clock()
+        answer.reasoning += ev.text
+        answer.stats["reasoning"] = answer.reasoning
+        answer.stats["reasoning_tokens"] = int(answer.stats.get("reasoning_tokens") or 0) + 1
+        answer.stats["reasoning_s"] = round(self.clock() - self._think_t0, 1)
+        self.view.turn_thought(answer, ev.text)
+
+    def _thinking_ended(self, answer: Turn, done: P.Done | None = None) -> None:
+        """The answer began (or ended): the thinking's time is final; Done has its exact token count."""
+        if done is not None and done.reasoning and not answer.reasoning:
+            answer.reasoning = answer.stats["reasoning"] = done.reasoning
+        if done is not None and "reasoning_tokens" in done.usage:
+            answer.stats["reasoning_tokens"] = done.usage["reasoning_tokens"]
+        if self._think_t0 is not None:
+            answer.stats["reasoning_s"] = round(self.clock() - self._think_t0, 1)
+            self._think_t0 = None
 
     def _on_error(self, ev: P.Error, mine: bool) -> None:
         if ev.kind in P.STOP_KINDS:

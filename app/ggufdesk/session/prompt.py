@@ -12,19 +12,36 @@ class _Said(Protocol):
     def role(self) -> str: ...
     @property
     def content(self) -> str: ...
+    @property
+    def stats(self) -> dict[str, Any]: ...
+
+
+def _chat_message(m: _Said) -> dict[str, Any] | None:
+    """One turn as a chat message: an answer that called tools carries its calls, a tool result
+    the call's id and name (OpenAI's shape, which the chat templates read)."""
+    if m.role == "tool":
+        return {"role": "tool", "tool_call_id": str(m.stats.get("call_id", "")),
+                "name": str(m.stats.get("name", "")), "content": m.content}
+    calls = m.stats.get("tool_calls") if m.role == "assistant" else None
+    if calls:
+        return {"role": "assistant", "content": m.content, "tool_calls": calls}
+    if m.role in ("user", "assistant") and m.content:
+        return {"role": m.role, "content": m.content}
+    return None
 
 
 def build_request(conv: Conversation, messages: Sequence[_Said]) -> dict[str, Any]:
-    """Chat messages, or one prompt in completion mode (empty and system turns are left out)."""
-    turns = [m for m in messages if m.role in ("user", "assistant") and m.content]
+    """Chat messages, or one prompt in completion mode (empty and system turns are left out, and
+    tool calls and results too in completion mode)."""
     if conv.mode == "completion":
+        turns = [m for m in messages if m.role in ("user", "assistant") and m.content]
         text = conv.system_prompt + "\n\n" if conv.system_prompt else ""
         for i, m in enumerate(turns):
             sep = "\n" if (i and m.role == "user") else ""
             text += sep + m.content
         return {"prompt": text, "messages": None}
-    msgs = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
-    msgs += [{"role": m.role, "content": m.content} for m in turns]
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
+    msgs += [msg for msg in map(_chat_message, messages) if msg is not None]
     return {"prompt": None, "messages": msgs}
 
 

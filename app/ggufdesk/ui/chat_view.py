@@ -1,4 +1,5 @@
-"""The message column: a scrolling stack of MessageWidgets that follows a streaming answer."""
+"""The message column: a scrolling stack of MessageWidgets (and tool-call cards) that follows a
+streaming answer."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer, Signal
@@ -6,6 +7,7 @@ from PySide6.QtWidgets import QFrame, QScrollArea, QVBoxLayout, QWidget
 
 from ggufdesk.core.history import Message
 from ggufdesk.ui.message_widget import MessageWidget
+from ggufdesk.ui.tool_card import ToolCallCard
 
 
 class ChatView(QScrollArea):
@@ -14,6 +16,7 @@ class ChatView(QScrollArea):
     version_requested = Signal(int, int)  # message id, step
     copied = Signal()
     citation_requested = Signal(dict)
+    tool_decided = Signal(int, str)  # a tool call's key, "once" | "always" | "deny"
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -28,6 +31,7 @@ class ChatView(QScrollArea):
         self.column.addStretch(1)
         self.setWidget(inner)
         self.widgets: list[MessageWidget] = []
+        self.cards: list[ToolCallCard] = []  # tool calls, live or read back (tool messages)
         self.mode = "chat"
         self._follow = True
         self.verticalScrollBar().rangeChanged.connect(self._on_range)
@@ -42,10 +46,11 @@ class ChatView(QScrollArea):
             self.verticalScrollBar().setValue(hi)
 
     def clear(self) -> None:
-        for w in self.widgets:
+        for w in [*self.widgets, *self.cards]:
             w.setParent(None)
             w.deleteLater()
         self.widgets.clear()
+        self.cards.clear()
 
     def set_messages(self, messages: list[Message],
                      versions: dict[int, tuple[int, int]] | None = None) -> None:
@@ -66,7 +71,9 @@ class ChatView(QScrollArea):
         for w in self.widgets:
             w.set_mode(mode)
 
-    def add(self, m: Message, version: tuple[int, int] = (1, 1)) -> MessageWidget:
+    def add(self, m: Message, version: tuple[int, int] = (1, 1)) -> MessageWidget | ToolCallCard:
+        if m.role == "tool":
+            return self.add_tool_message(m)
         w = MessageWidget(message_id=m.id, role=m.role, text=m.content, status=m.status,
                           stats=m.stats, mode=self.mode)
         w.set_versions(*version)
@@ -79,6 +86,37 @@ class ChatView(QScrollArea):
         self.widgets.append(w)
         self._follow = True
         return w
+
+    def _insert(self, w: QWidget) -> None:
+        self.column.insertWidget(self.column.count() - 1, w)
+        self._follow = True
+
+    def show_call(self, *, key: int, call_id: str, server: str, tool: str, arguments: str, state: str,
+                  result: str) -> ToolCallCard:
+        """A live tool call: its card is added the first time, then follows the call's state."""
+        card = next((c for c in self.cards if c.call_key == key), None)
+        if card is None:
+            card = ToolCallCard(server=server, tool=tool, arguments=arguments, state=state, result=result,
+                                call_key=key, call_id=call_id)
+            card.decided.connect(lambda decision, k=key: self.tool_decided.emit(k, decision))
+            self.cards.append(card)
+            self._insert(card)
+        else:
+            card.set_state(state, result)
+        return card
+
+    def add_tool_message(self, m: Message) -> ToolCallCard:
+        """A tool message: the live card of its call takes it, or a card is made (a stored one)."""
+        call_id = str(m.stats.get("call_id", ""))
+        card = next((c for c in self.cards if c.call_id == call_id and not c.message_id), None) if call_id else None
+        if card is None:
+            card = ToolCallCard(server=str(m.stats.get("server", "")), tool=str(m.stats.get("tool", "")),
+                                arguments=str(m.stats.get("arguments", "")), state=str(m.stats.get("state", "done")),
+                                result=m.content, call_id=call_id)
+            self.cards.append(card)
+            self._insert(card)
+        card.message_id = m.id
+        return card
 
     def widget_for(self, message_id: int) -> MessageWidget | None:
         return next((w for w in self.widgets if w.message_id == message_id), None)

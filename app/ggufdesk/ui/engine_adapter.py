@@ -89,8 +89,9 @@ class EngineBridge(QObject):
         merged: list[Any] = []
         for ev in events:
             last = merged[-1] if merged else None
-            if isinstance(ev, p.Token) and isinstance(last, p.Token) and last.id == ev.id:
-                merged[-1] = p.Token(id=ev.id, text=last.text + ev.text)
+            if isinstance(ev, p.Token) and isinstance(last, p.Token) and last.id == ev.id \
+                    and last.reasoning == ev.reasoning:  # thinking and answer stay apart
+                merged[-1] = p.Token(id=ev.id, text=last.text + ev.text, reasoning=ev.reasoning)
             else:
                 merged.append(ev)
         for ev in merged:
@@ -167,11 +168,12 @@ class EngineBridge(QObject):
         except Exception as e:  # noqa: BLE001 - a dead engine is reported like a load error
             self.error.emit(p.Error(kind="load", message=str(e)))
 
-    def generate(self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None,
-                 sampling: SamplingSettings | None = None) -> str:
-        """Queue a generation; raises KnownError when the engine is gone for good."""
+    def generate(self, *, messages: list[dict[str, Any]] | None = None, prompt: str | None = None,
+                 sampling: SamplingSettings | None = None, **extra: Any) -> str:
+        """Queue a generation; raises KnownError when the engine is gone for good. `extra` are
+        further Generate fields (the MCP tools offered)."""
         rid: str = self._client.generate(prompt=prompt, messages=messages,
-                                         sampling=sampling or SamplingSettings(), speculation=None)
+                                         sampling=sampling or SamplingSettings(), speculation=None, **extra)
         self.active_id = rid
         return rid
 

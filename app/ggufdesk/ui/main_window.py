@@ -25,6 +25,7 @@ from ggufdesk.engine.link import protocol as p
 from ggufdesk.session import ChatSession, HistoryWriter, Refused, SaveState, SessionView, Turn
 from ggufdesk.session.conversation import Level, Phase
 from ggufdesk.session.models import ModelSession, ModelState, ModelView, base_model_advice
+from ggufdesk.session.tool_loop import ToolCall, ToolLoop
 from ggufdesk.ui.chat_view import ChatView
 from ggufdesk.ui.composer import ENTER_SENDS_KEY, Composer, enter_sends
 from ggufdesk.ui.conversation_dialog import ConversationDialog
@@ -72,6 +73,20 @@ class _WindowView(SessionView, ModelView):
     def turn_grew(self, turn: Turn, piece: str) -> None:
         if (widget := self.win.chat.widget_for(turn.key)) is not None:
             widget.append(piece)
+
+    def turn_thought(self, turn: Turn, piece: str) -> None:
+        if (widget := self.win.chat.widget_for(turn.key)) is not None:
+            widget.think(turn.stats)
+
+    def turn_changed(self, turn: Turn) -> None:
+        if (widget := self.win.chat.widget_for(turn.key)) is not None:
+            widget.set_text(turn.content)
+
+    def tool_call_changed(self, call: ToolCall) -> None:
+        card = self.win.chat.show_call(key=call.key, call_id=call.call_id, server=call.server, tool=call.tool,
+                                       arguments=call.arguments_text, state=call.state, result=call.result)
+        if call.state == "asking":
+            card.allow_btn.setFocus(Qt.FocusReason.OtherFocusReason)  # Space allows; Tab reaches Always, Deny
 
     def turn_finished(self, turn: Turn) -> None:
         if (widget := self.win.chat.widget_for(turn.key)) is not None:
@@ -138,7 +153,8 @@ class MainWindow(QMainWindow):
         self._build()
         view = _WindowView(self)
         self.writer = HistoryWriter(history)
-        self.session = ChatSession(engine=engine, writer=self.writer, view=view, post=run_on_main)
+        self.tools = self._mcp_tools()
+        self.session = ChatSession(engine=engine, writer=self.writer, view=view, post=run_on_main, tools=self.tools)
         self.models = ModelSession(engine=engine, settings=self.settings, view=view,
                                    recommended=recommended, save=self._save_settings)
         self._wire()
@@ -156,6 +172,19 @@ class MainWindow(QMainWindow):
     def _save_settings(self, settings: Settings) -> None:
         if self._persist:
             save_settings(settings)
+
+    def _mcp_tools(self) -> ToolLoop:
+        """The MCP servers of mcp.json (read now, started when a message first needs them)."""
+        from ggufdesk.core.mcp.config import mcp_log_dir, open_mcp_config, save_mcp_config
+        from ggufdesk.core.mcp.host import McpHost
+        from ggufdesk.ui.mcp_dialog import McpSignals
+
+        report = open_mcp_config()
+        if report.warning:
+            self.banner.notify(report.warning, "error")
+        self.mcp_signals = McpSignals(self)
+        self.mcp_host = McpHost(report.config, log_dir=mcp_log_dir(), on_change=self.mcp_signals.changed.emit)
+        return ToolLoop(self.mcp_host, save_config=lambda config: save_mcp_config(config))
 
     # ---- layout -------------------------------------------------------------------------------
 
@@ -197,7 +226,9 @@ class MainWindow(QMainWindow):
         self.model_action = QAction("Choose model…", self)
         self.settings_action = QAction("Engine settings…", self)
         self.conv_settings_action = QAction("Conversation settings…", self)
-        for a in (self.model_action, self.settings_action, self.conv_settings_action):
+        self.mcp_action = QAction("MCP servers…", self)
+        self.mcp_action.setToolTip("Tools for the model from MCP servers: add them, turn them on or off here")
+        for a in (self.model_action, self.settings_action, self.conv_settings_action, self.mcp_action):
             tb.addAction(a)
         self._build_menus()
         from ggufdesk.ui import server_panel  # the "Local server" dock (off by default)
@@ -239,6 +270,7 @@ class MainWindow(QMainWindow):
         model = self.menuBar().addMenu("&Model")
         for a in (self.model_action, self.settings_action, self.conv_settings_action):
             model.addAction(a)
+        self.menuBar().addMenu("&Tools").addAction(self.mcp_action)
 
     def _wire(self) -> None:
         e = self.engine
@@ -248,6 +280,7 @@ class MainWindow(QMainWindow):
         e.unloaded.connect(self.gauges.on_unloaded)
         e.stats.connect(self.gauges.on_stats)
         e.progress.connect(self.gauges.on_progress)
+        e.done.connect(self.gauges.on_done)
         self.sampler.sampled.connect(self.gauges.on_sample)
         self._draft_timer = QTimer(self, singleShot=True, interval=500)
         self._draft_timer.timeout.connect(lambda: self.save_draft())
@@ -265,6 +298,8 @@ class MainWindow(QMainWindow):
         self.chat.regenerate_requested.connect(self.regenerate)
         self.chat.version_requested.connect(self.step_version)
         self.chat.copied.connect(lambda: self.banner.notify("copied to the clipboard"))
+        self.chat.tool_decided.connect(lambda key, decision: self.session.decide(key, decision))
+        self.mcp_action.triggered.connect(lambda: self.open_mcp_servers())
         self.model_action.triggered.connect(lambda: self._choose_model and self._choose_model())
         self.settings_action.triggered.connect(lambda: self.open_settings())
         self.conv_settings_action.triggered.connect(lambda: self.open_conversation_settings())
@@ -528,6 +563,18 @@ class MainWindow(QMainWindow):
                                              sampling=dlg.sampling(), mode=dlg.mode.currentText())
             self.show_mode()
 
+    def open_mcp_servers(self) -> None:
+        """The MCP servers page; the ticks turn servers on or off for the open conversation."""
+        from ggufdesk.core.mcp.config import import_sources, save_mcp_config
+        from ggufdesk.ui.mcp_dialog import McpServersDialog
+
+        conv = self.conv
+        dlg = McpServersDialog(self.mcp_host, save=lambda config: save_mcp_config(config), signals=self.mcp_signals,
+                               conversation_off=conv.mcp_off if conv is not None else None,
+                               sources=import_sources(), parent=self)
+        dlg.conversation_changed.connect(lambda off: self.session.update_conversation(mcp_off=tuple(off)))
+        dlg.exec()
+
     # ---- drag and drop a .gguf onto the window: remember it in the library and load it ----------
 
     @staticmethod
@@ -559,8 +606,9 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt API
         self.save_draft()
-        self.session.close()  # an answer in progress is kept as a partial one
+        self.session.close()  # an answer in progress is kept as a partial one; a running tool is stopped
         if not self.writer.close(timeout=3.0):
             log.error("some of the chat history could not be saved: %s", self.writer.state.reason)
+        self.mcp_host.close()  # every MCP server this window started stops with it
         self.sampler.stop()
         super().closeEvent(event)

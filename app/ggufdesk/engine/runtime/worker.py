@@ -136,6 +136,9 @@ class Engine:
         self.lm = None
         self.gen = None
         self.template = None
+        self.reasoning: Any = None  # core.reasoning.ReasoningFormat of the loaded model's template
+        self.tool_format: Any = None  # core.tools.ToolFormat of it
+        self._prompt_text = ""  # the last chat prompt rendered (where a reasoning block starts)
         self.speculation = SpeculationSettings()
         self.draft = None  # speculative.DraftModel
         self.batch = None  # batch.BatchEngine: runs the admitted requests step by step
@@ -207,6 +210,7 @@ class Engine:
         except KnownError as e:
             self.emit(P.Error(kind="template", id=req.id, message=str(e)))
             self.template = ChatTemplate(None, bos=bos, eos=eos)
+        self._formats()
         memory = dict(lm.memory)
         if spec.mode == "draft":
             self.emit(P.Loading(id=req.id, stage="draft", path=str(spec.draft_model)))
@@ -230,9 +234,39 @@ class Engine:
             id=req.id, model=req.model, arch=lm.arch, n_ctx=lm.n_ctx, n_ctx_train=lm.model.n_ctx_train(),
             n_vocab=lm.n_vocab, n_layer=lm.n_layer, n_gpu_layers=settings.n_gpu_layers,
             chat_format=chat_format, memory=memory, load_s=round(lm.load_s, 3),
+            reasoning=self.reasoning.name if self.reasoning else None, tool_format=self.tool_format.name,
             draft=self.draft.path if self.draft else None, settings=P.fields_of(settings),
             rpc=offload.plan if offload else {}, n_embd=_n_embd(lm), embedding_only=self.embedding_only,
         ))
+
+    def _formats(self) -> None:
+        """The template's reasoning and tool-call formats; their special tokens are shown as text."""
+        from ggufdesk.core import reasoning, tools
+
+        source = None if self.template.builtin else self.template.source
+        self.reasoning = reasoning.detect(source)
+        self.tool_format = tools.detect_format(source)
+        markers = self.tool_format.tokens + (self.reasoning.tokens if self.reasoning else ())
+        shown = self.gen.show_as_text(markers)
+        if shown:
+            log.info("shown as text: %s", " ".join(shown))
+
+    def _reasoning(self, req: P.Generate, sampling: SamplingSettings, prompt_text: str) -> Any:
+        """The request's ReasoningControl (engine/structured/reasoning.py), None for a model that does not reason."""
+        from ggufdesk.core.reasoning import starts_inside, template_switches
+        from ggufdesk.engine.structured.reasoning import ReasoningControl
+
+        if self.reasoning is None or req.messages is None:
+            return None
+        budget = req.reasoning_budget if req.reasoning_budget is not None else sampling.reasoning_budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < -1:
+            raise KnownError(f"reasoning_budget must be a whole number of tokens (-1: no limit), got {budget!r}")
+        _, honoured = template_switches(self.template.source, _think(req, sampling))
+        if not honoured:
+            budget = 0  # the template has no off switch: end the reasoning at once
+        close = self.gen.tokenize(self.reasoning.force_close, add_bos=False)
+        return ReasoningControl(self.reasoning, inside=starts_inside(self.reasoning, prompt_text),
+                                budget=None if budget in (None, -1) else budget, close_tokens=close)
 
     def unload(self, quiet: bool = False) -> None:
         if self.batch is not None:
@@ -299,14 +333,16 @@ class Engine:
                 sampling = dataclasses.replace(sampling, stop=sampling.stop + stops)
             constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=self.gen.piece,
                                                tokenize=lambda t: self.gen.tokenize(t, add_bos=False))
+            thinking = self._reasoning(req, sampling, self._prompt_text)
             try:  # from here on the grammar's C sampler is ours to free if the request never runs
-                drafter = None if constraint else self._drafter(spec, prompt, sampling.max_tokens)
+                budgeted = thinking is not None and thinking.budget is not None
+                drafter = None if constraint or budgeted else self._drafter(spec, prompt, sampling.max_tokens)
                 if spec.lookup_history and self.ngrams is not None:
                     self._lookup_prompts[req.id] = prompt
                 seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs,
                                drafter=drafter, max_gen=min(sampling.max_tokens, self.lm.n_ctx - len(prompt)),
                                stats=RunStats(n_prompt=len(prompt), t_start=t_start),
-                               constraint=constraint, structured=structured)
+                               constraint=constraint, structured=structured, reasoning=thinking)
                 self.batch.submit(seq)
             except (KnownError, TypeError):
                 if constraint is not None:
@@ -438,14 +474,16 @@ class Engine:
             if not any(v is not None for v in fields.values()) and sampling.structured:
                 fields.update(request_fields(sampling.structured))
             return structured.plan(**fields, parallel_tool_calls=req.parallel_tool_calls,
+                                   tools_without_grammar=req.tools_without_grammar,
                                    template_source=self.template.source,
-                                   chat=req.messages is not None)
+                                   chat=req.messages is not None, reasoning=self.reasoning is not None)
         except KnownError as e:
             e.kind = "schema"  # type: ignore[attr-defined]
             raise
 
     def _prompt(self, req: P.Generate, sampling: SamplingSettings,
                 structured: Any = None) -> tuple[list[int], list[str]]:
+        from ggufdesk.core.reasoning import strip_reasoning, template_switches
         from ggufdesk.engine.batching.batch import context_error
         from ggufdesk.engine.runtime.chat import fit_messages
         from ggufdesk.engine.structured.request import prepare_messages
@@ -456,15 +494,17 @@ class Engine:
             tools = structured.tools if structured is not None and structured.fmt is not None \
                 and structured.fmt.native else None
             msgs = prepare_messages(req.messages, structured) if structured is not None else req.messages
+            msgs = strip_reasoning(msgs, self.reasoning)
+            switches, _ = template_switches(self.template.source, _think(req, sampling))
 
             def count(m: list[dict[str, Any]]) -> int:
-                return len(self._chat_tokens(m, tools))
+                return len(self._chat_tokens(m, tools, switches))
 
             budget = n_ctx - reserve
             if req.context_policy == "refuse" and count(msgs) > budget:
                 raise context_error(count(msgs), budget)
             messages = fit_messages(msgs, count, budget)
-            return self._chat_tokens(messages, tools), list(self.template.stops)
+            return self._chat_tokens(messages, tools, switches), list(self.template.stops)
         if req.prompt is None:
             raise KnownError("a generate request needs a prompt or messages")
         tokens = gen.tokenize(req.prompt)
@@ -472,8 +512,10 @@ class Engine:
             raise context_error(len(tokens), n_ctx - 1)
         return tokens, []
 
-    def _chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        text = self.template.render(messages, tools=tools)
+    def _chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                     switches: dict[str, Any] | None = None) -> list[int]:
+        text = self.template.render(messages, tools=tools, **(switches or {}))
+        self._prompt_text = text
         bos = llama_bos_text(self.gen)
         return self.gen.tokenize(text, add_bos=not (bos and text.startswith(bos)))
 
@@ -521,6 +563,13 @@ def out_of_memory(reason: str) -> bool:
     """Does llama.cpp's reason for a failure say that memory ran out? (Read once, here, where
     llama.cpp's words are known; the receivers branch on Error.out_of_memory.)"""
     return bool(_OOM.search(reason))
+
+
+def _think(req: P.Generate, sampling: SamplingSettings) -> bool | str | None:
+    """The request's `think`, else the conversation's setting."""
+    from ggufdesk.core.settings import think_value
+
+    return req.think if req.think is not None else think_value(sampling.think)
 
 
 def _n_embd(lm: Any) -> int:

@@ -1,0 +1,1 @@
+"""MCP (Model Context Protocol) servers: configuration, the host that runs them, and results."""
