@@ -95,3 +95,10 @@ def test_a_body_too_large_is_still_refused_by_the_route(server):
     big = ask("x" * (5 * 1024 * 1024), docs="nature")
     r = httpx.post(server.url + "/v1/chat/completions", json=big, timeout=60)
     assert r.status_code == 413
+
+
+def test_a_deeply_nested_body_naming_docs_is_left_to_the_route(server):
+    body = '{"docs": "nature", "model": "fake-model", "messages": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    r = httpx.post(server.url + "/v1/chat/completions", content=body,
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400
