@@ -10,9 +10,33 @@ FAKE_ENGINE = Path(__file__).resolve().parents[1] / "fixtures" / "fake_engine.py
 
 
 @pytest.fixture(autouse=True)
+def _window_choices_forgotten():
+    """A test that presses View ▸ Theme ▸ Dark or Chat ▸ Enter sends must not leave later tests
+    dark or making new lines on Enter (Qt keeps one settings file per process)."""
+    yield
+    from PySide6.QtCore import QSettings
+
+    from ggufdesk.ui import theme
+    from ggufdesk.ui.composer import ENTER_SENDS_KEY
+
+    for key in (theme.THEME_KEY, ENTER_SENDS_KEY):
+        QSettings().remove(key)
+
+
+@pytest.fixture(autouse=True)
 def _no_mcp_imports_from_home(monkeypatch):
     """The MCP page offers to import other apps' servers found in the home folder: not the developer's."""
     monkeypatch.setattr("ggufdesk.core.mcp.config.import_sources", lambda *a, **k: [])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_qsettings():
+    """QSettings keeps the file of the first test that used it (Qt reads XDG_CONFIG_HOME once), so what
+    one test toggles (press-everything flips "Enter sends") would reach the next: cleared after each."""
+    yield
+    from PySide6.QtCore import QSettings
+
+    QSettings().clear()
 
 
 @pytest.fixture
@@ -75,10 +99,11 @@ def wizard(qtbot):
 
 def pytest_collection_modifyitems(config, items):
     """The offscreen platform warns about window-manager features it lacks (size hints; raising a
-    floating window such as the Local server dock when the press-everything test floats it); that
-    is not our bug."""
+    floating window such as the Local server dock when the press-everything test floats it; the
+    keyboard grab of a popup menu such as the model switcher's); that is not our bug."""
     here = Path(__file__).parent
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.qt_log_ignore("does not support propagateSizeHints",
-                                                      "does not support raise"))
+                                                      "does not support raise",
+                                                      "does not support grabbing the keyboard"))

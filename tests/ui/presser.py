@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from ggufdesk.ui import tasks
+from tests.fixtures.ggufs import write_tiny_llama
 
 
 class BugLog(logging.Handler):
@@ -49,7 +50,7 @@ class Presser:
         self.extra_settle = settle
         self.skip = skip or (lambda c: False)
         self.open_file = tmp_path / "picked-model.gguf"
-        self.open_file.write_bytes(b"GGUF" + b"\0" * 64)
+        write_tiny_llama(self.open_file)
         self.depth = 0
         self.bugs = BugLog()
         logging.getLogger("ggufdesk").addHandler(self.bugs)

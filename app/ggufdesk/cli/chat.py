@@ -13,9 +13,10 @@ import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ggufdesk.cli import mcp_tools
-from ggufdesk.cli.run import add_model_arguments, resolve_model, settings_from_args
+from ggufdesk.cli.run import add_model_arguments, preset_for, resolve_model, settings_from_args
 from ggufdesk.cli.worker import describe_split
 from ggufdesk.core.errors import KnownError
+from ggufdesk.core.wording import FINISH_WORDS
 from ggufdesk.session import ChatSession, Refused, Turn
 from ggufdesk.session.inbox import Inbox
 
@@ -80,6 +81,8 @@ class TerminalView(mcp_tools.ToolNotes):
                   file=self.out, end="")
         if turn.status == "cancelled":
             print("\n[stopped]", file=self.out, end="")
+        elif turn.finish_reason == "repeat":  # a base model's loop, cut (session/guard.py)
+            print(f"\n[{FINISH_WORDS['repeat']}]", file=self.out, end="")
 
     def notice(self, text: str, level: str = "info") -> None:
         if level == "error":
@@ -101,10 +104,13 @@ def run(args: argparse.Namespace, *, stdin: TextIO | None = None, stdout: TextIO
 
     stdin = stdin or readable(sys.stdin)
     out = stdout or sys.stdout
-    load, sampling, spec = settings_from_args(args)
+    model = resolve_model(args.model)
+    _, preset = preset_for(model)
+    load, sampling, spec = settings_from_args(args, preset)
+    if not args.system and preset is not None and preset.system_prompt:
+        args.system = preset.system_prompt  # the model's own system prompt, unless one is given
     if getattr(args, "docs", None) and spec.mode == "off":
         spec = dataclasses.replace(spec, mode="lookup")  # answers quote their sources: lookup drafts pay
-    model = resolve_model(args.model)
     docs = DocsChat(args.docs, out) if getattr(args, "docs", None) else None
     host = mcp_tools.open_host(args, err=out)
     try:

@@ -7,30 +7,14 @@ import json
 from typing import Any
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QGuiApplication, QPalette, QTextDocument
+from PySide6.QtGui import QGuiApplication, QPalette, QTextCursor, QTextDocument
 from PySide6.QtWidgets import (
     QFrame, QHBoxLayout, QLabel, QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout, QWidget,
 )
 
+from ggufdesk.core.wording import COMPLETION_NAMES, FINISH_WORDS, ROLE_NAMES, STATUS_NOTES
 from ggufdesk.ui import theme
 
-ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
-# Completion mode is one text the model continues, not a conversation.
-COMPLETION_NAMES = {"user": "Your text", "assistant": "Continued by the model", "system": "System"}
-STATUS_NOTES = {
-    "streaming": "writing…",
-    "partial": "partial: the engine stopped",
-    "cancelled": "stopped",
-    "error": "failed",
-}
-# Why an answer ended (Done.finish_reason), in words.
-FINISH_WORDS = {
-    "stop": "finished",
-    "length": "stopped at the token limit",
-    "cancelled": "stopped by you",
-    "context": "stopped: the context is full",
-    "tool_calls": "called a tool",
-}
 RENDER_INTERVAL_MS = 50  # a streaming body re-renders at most 20 times a second
 
 
@@ -140,6 +124,17 @@ class MarkdownView(QTextBrowser):
         self.setMinimumWidth(50)
         self.document().setDocumentMargin(2)
         self.document().contentsChanged.connect(self._fit)
+
+    def wrap_code(self) -> None:
+        """Long lines in code blocks wrap at the width of the message (Markdown makes them
+        non-breaking, and with no horizontal scrolling their ends were cut off)."""
+        block = self.document().begin()
+        while block.isValid():
+            fmt = block.blockFormat()
+            if fmt.nonBreakableLines():
+                fmt.setNonBreakableLines(False)
+                QTextCursor(block).setBlockFormat(fmt)
+            block = block.next()
 
     def _fit(self) -> None:
         self.document().setTextWidth(max(50, self.viewport().width()))
@@ -381,6 +376,7 @@ class MessageWidget(QFrame):
             calls = self.stats.get("tool_calls")
             shown = str(self.stats.get("content") or "") if calls else self._text  # not the call markup
             self.body.setMarkdown(shown or " ")
+            self.body.wrap_code()
             self.body.setVisible(bool(shown.strip()) or not calls)
 
     def rendered_markdown(self) -> str:

@@ -134,7 +134,7 @@ class Engine:
         self.book = book
         self.llama_log = LlamaLog()
         self.lm = None
-        self.gen = None
+        self.vocab = None  # batching.vocab.Vocab of the loaded model
         self.template = None
         self.reasoning: Any = None  # core.reasoning.ReasoningFormat of the loaded model's template
         self.tool_format: Any = None  # core.tools.ToolFormat of it
@@ -156,8 +156,8 @@ class Engine:
 
     def load(self, req: P.Load) -> None:
         from ggufdesk.engine.batching.batch import BatchEngine
+        from ggufdesk.engine.batching.vocab import Vocab
         from ggufdesk.engine.runtime.chat import ChatTemplate
-        from ggufdesk.engine.batching.generate import Generator
         from ggufdesk.engine.runtime.native import load_model
 
         try:
@@ -175,7 +175,8 @@ class Engine:
         memlimit.apply(memlimit.limit_for(req.model, settings, spec.draft_model if spec.mode == "draft" else None))
         self.emit(P.Loading(id=req.id, stage="model", path=req.model))
         try:
-            # logits rows one decode may ask for: a verification batch [last] + K, or every sequence + a prefill
+            # logits rows one decode may ask for: a verification batch [last] + K, or every sequence + a
+            # prefill; beside others, the sequences' draft rows share what is left (engine/speculation/planner.py)
             offload = _rpc_offload(req.model, settings)
             lm = load_model(req.model, settings, self.llama_log,
                             n_outputs=max(spec.k_max + 1, settings.n_parallel + 1), offload=offload)
@@ -200,7 +201,7 @@ class Engine:
                 lm.close()
                 self.emit(P.Error(kind="load", id=req.id, message=str(e)))
                 return
-        self.lm, self.gen, self.speculation = lm, Generator(lm), spec
+        self.lm, self.vocab, self.speculation = lm, Vocab(lm), spec
         from ggufdesk.engine.speculation.lookup import NgramCache
 
         self.ngrams = NgramCache(spec.ngram)
@@ -208,8 +209,8 @@ class Engine:
         self._bytes_per_token = None
         self.verify_costs = self._calibration = None
         meta = lm.metadata
-        bos = _piece(self.gen, meta.get("tokenizer.ggml.bos_token_id"))
-        eos = _piece(self.gen, meta.get("tokenizer.ggml.eos_token_id"))
+        bos = _piece(lm, meta.get("tokenizer.ggml.bos_token_id"))
+        eos = _piece(lm, meta.get("tokenizer.ggml.eos_token_id"))
         try:
             self.template = ChatTemplate(lm.chat_template, bos=bos, eos=eos)
         except KnownError as e:
@@ -220,14 +221,14 @@ class Engine:
         if spec.mode == "draft":
             self.emit(P.Loading(id=req.id, stage="draft", path=str(spec.draft_model)))
             try:
-                from ggufdesk.engine.speculation.speculative import DraftModel
+                from ggufdesk.engine.speculation.draft_model import DraftModel
 
                 self.draft = DraftModel.load(spec, target=lm, llama_log=self.llama_log)
                 memory["draft"] = self.draft.memory_bytes
             except KnownError as e:
                 self.emit(P.Error(kind="draft", id=req.id, message=str(e)))
                 self.speculation = dataclasses.replace(spec, mode="off", draft_model=None)
-        self.batch = BatchEngine(lm, self.gen, emit=self._emit, cancelled=self.book.is_cancelled,
+        self.batch = BatchEngine(lm, self.vocab, emit=self._emit, cancelled=self.book.is_cancelled,
                                  set_batch=self.book.set_batch, flush=getattr(self.emit, "flush", None),
                                  on_plain_done=lambda st: self._calibrate(st.n_gen, st.decode_tok_s))
         if self.speculation.mode != "off":  # measured before Loaded, so no first request waits for it
@@ -252,7 +253,7 @@ class Engine:
         self.reasoning = reasoning.detect(source)
         self.tool_format = tools.detect_format(source)
         markers = self.tool_format.tokens + (self.reasoning.tokens if self.reasoning else ())
-        shown = self.gen.show_as_text(markers)
+        shown = self.vocab.show_as_text(markers)
         if shown:
             log.info("shown as text: %s", " ".join(shown))
 
@@ -269,7 +270,7 @@ class Engine:
         _, honoured = template_switches(self.template.source, _think(req, sampling))
         if not honoured:
             budget = 0  # the template has no off switch: end the reasoning at once
-        close = self.gen.tokenize(self.reasoning.force_close, add_bos=False)
+        close = self.vocab.tokenize(self.reasoning.force_close, add_bos=False)
         return ReasoningControl(self.reasoning, inside=starts_inside(self.reasoning, prompt_text),
                                 budget=None if budget in (None, -1) else budget, close_tokens=close)
 
@@ -289,7 +290,7 @@ class Engine:
             self.embedder = None
         self.embedding_only = False
         if self.lm is not None:
-            self.gen = None
+            self.vocab = None
             self.ngrams = self._token_text = None
             self._lookup_prompts.clear()
             self.lm.close()
@@ -309,15 +310,14 @@ class Engine:
 
     def generate(self, req: P.Generate) -> None:
         """Check and queue a request; the step loop (next_request) runs it beside the others."""
-        from ggufdesk.engine.batching.batch import Sequence
-        from ggufdesk.engine.batching.generate import RunStats
+        from ggufdesk.engine.batching.sequence import RunStats, Sequence
 
         t_start = time.perf_counter()
         if self.book.is_cancelled(req.id):
             self._emit(P.Done(id=req.id, finish_reason="cancelled"))
             return
         try:
-            if self.gen is None or self.batch is None:
+            if self.vocab is None or self.batch is None:
                 raise KnownError("no model is loaded")
             if self.embedding_only:
                 from ggufdesk.engine.runtime.embed import refusal
@@ -339,8 +339,9 @@ class Engine:
             prompt, stops = self._prompt(req, sampling, structured)
             if stops:
                 sampling = dataclasses.replace(sampling, stop=sampling.stop + stops)
-            constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=self.gen.piece,
-                                               tokenize=lambda t: self.gen.tokenize(t, add_bos=False))
+            vocab = self.vocab
+            constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=vocab.piece,
+                                               tokenize=lambda t: vocab.tokenize(t, add_bos=False))
             thinking = self._reasoning(req, sampling, self._prompt_text)
             try:  # from here on the grammar's C sampler is ours to free if the request never runs
                 budgeted = thinking is not None and thinking.budget is not None
@@ -351,15 +352,15 @@ class Engine:
                                drafter=drafter, max_gen=min(sampling.max_tokens, self.lm.n_ctx - len(prompt)),
                                stats=RunStats(n_prompt=len(prompt), t_start=t_start),
                                constraint=constraint, structured=structured, reasoning=thinking, limit_s=limit,
-                               deadline=None if limit is None else self.batch.clock() + limit)
+                               deadline=None if limit is None else self.batch.clock() + limit,
+                               chat=req.messages is not None)
                 self.batch.submit(seq)
             except (KnownError, TypeError):
                 if constraint is not None:
                     constraint.close()
                 raise
         except (KnownError, TypeError) as e:
-            kind = getattr(e, "kind", "generate")
-            self._emit(P.Error(kind=kind, id=req.id, message=str(e)))
+            self._emit(P.Error(kind=P.error_kind(e), id=req.id, message=str(e)))
 
     # ---- embeddings ------------------------------------------------------------------------------
 
@@ -377,7 +378,7 @@ class Engine:
             if self.embedder is None:
                 self.embedder = Embedder(self.lm, self.llama_log)
         except KnownError as e:
-            self._emit(P.Error(kind=getattr(e, "kind", "generate"), id=req.id, message=str(e)))
+            self._emit(P.Error(kind=P.error_kind(e), id=req.id, message=str(e)))
             return
         self._embeds.append(EmbedJob(req))
 
@@ -401,7 +402,7 @@ class Engine:
             return
         except KnownError as e:
             self._embeds.popleft()
-            self._emit(P.Error(kind=getattr(e, "kind", "generate"), id=rid, message=str(e)))
+            self._emit(P.Error(kind=P.error_kind(e), id=rid, message=str(e)))
             return
         finally:
             self.book.set_batch([])
@@ -467,6 +468,7 @@ class Engine:
             return
         if cal.done:
             self.verify_costs, self._calibration = cal.costs, None
+            self.batch.set_verify_costs(cal.costs)
             if cal.costs:
                 log.info("verification cost in plain steps: %s",
                          ", ".join(f"k={k}: {c:.2f}" for k, c in cal.costs.items()))
@@ -481,14 +483,13 @@ class Engine:
             fields: dict[str, Any] = {"json_schema": req.json_schema, "grammar": req.grammar,
                                       "tools": req.tools, "tool_choice": req.tool_choice}
             if not any(v is not None for v in fields.values()) and sampling.structured:
-                fields.update(request_fields(sampling.structured))
+                fields.update(request_fields(sampling.structured, sampling.tool_choice))
             return structured.plan(**fields, parallel_tool_calls=req.parallel_tool_calls,
                                    tools_without_grammar=req.tools_without_grammar,
                                    template_source=self.template.source,
                                    chat=req.messages is not None, reasoning=self.reasoning is not None)
         except KnownError as e:
-            e.kind = "schema"  # type: ignore[attr-defined]
-            raise
+            raise P.EngineRequestError("schema", str(e)) from e
 
     def _prompt(self, req: P.Generate, sampling: SamplingSettings,
                 structured: Any = None) -> tuple[list[int], list[str]]:
@@ -497,7 +498,7 @@ class Engine:
         from ggufdesk.engine.runtime.chat import fit_messages
         from ggufdesk.engine.structured.request import prepare_messages
 
-        gen, n_ctx = self.gen, self.lm.n_ctx
+        vocab, n_ctx = self.vocab, self.lm.n_ctx
         reserve = min(sampling.max_tokens, n_ctx // 2)
         if req.messages is not None:
             tools = structured.tools if structured is not None and structured.fmt is not None \
@@ -516,7 +517,7 @@ class Engine:
             return self._chat_tokens(messages, tools, switches), list(self.template.stops)
         if req.prompt is None:
             raise KnownError("a generate request needs a prompt or messages")
-        tokens = gen.tokenize(req.prompt)
+        tokens = vocab.tokenize(req.prompt)
         if len(tokens) >= n_ctx:
             raise context_error(len(tokens), n_ctx - 1)
         return tokens, []
@@ -525,8 +526,8 @@ class Engine:
                      switches: dict[str, Any] | None = None) -> list[int]:
         text = self.template.render(messages, tools=tools, **(switches or {}))
         self._prompt_text = text
-        bos = llama_bos_text(self.gen)
-        return self.gen.tokenize(text, add_bos=not (bos and text.startswith(bos)))
+        bos = llama_bos_text(self.lm)
+        return self.vocab.tokenize(text, add_bos=not (bos and text.startswith(bos)))
 
     def _calibrate(self, n_gen: int, tok_s: float) -> None:
         """Feed a plain run's real decode speed back to the planner (hardware.record_decode_run),
@@ -596,21 +597,21 @@ def _rpc_offload(model: str, settings: LoadSettings) -> Any:
     return prepare_offload(model, settings)
 
 
-def _piece(gen: Any, token_id: str | None) -> str:
+def _piece(lm: Any, token_id: str | None) -> str:
     if token_id in (None, ""):
         return ""
     import llama_cpp
 
     try:
-        return llama_cpp.llama_vocab_get_text(gen.lm.vocab, int(token_id)).decode("utf-8", "replace")
+        return llama_cpp.llama_vocab_get_text(lm.vocab, int(token_id)).decode("utf-8", "replace")
     except (ValueError, TypeError):
         return ""
 
 
-def llama_bos_text(gen: Any) -> str:
+def llama_bos_text(lm: Any) -> str:
     import llama_cpp
 
-    return _piece(gen, str(llama_cpp.llama_vocab_bos(gen.lm.vocab)))
+    return _piece(lm, str(llama_cpp.llama_vocab_bos(lm.vocab)))
 
 
 _LINE_ID = re.compile(r'\{"type": "[a-z]+", "id": "([^"\\]{1,200})"')
