@@ -59,6 +59,12 @@ class Presser:
             mp.setattr(QMessageBox, name, staticmethod(self._message_box(name)))
         mp.setattr(QFileDialog, "getOpenFileName",
                    staticmethod(lambda *a, **k: (str(self.open_file), "GGUF models (*.gguf)")))
+        self.docs_dir = tmp_path / "picked-docs"  # Attach files… / Attach folder… (ui/docs_attach.py)
+        self.docs_dir.mkdir(exist_ok=True)
+        (self.docs_dir / "note.md").write_text("# Note\n\nOtters eat fish.\n", encoding="utf-8")
+        mp.setattr(QFileDialog, "getOpenFileNames",
+                   staticmethod(lambda *a, **k: ([str(self.docs_dir / "note.md")], "Documents")))
+        mp.setattr(QFileDialog, "getExistingDirectory", staticmethod(lambda *a, **k: str(self.docs_dir)))
         mp.setattr(QFileDialog, "getSaveFileName",
                    staticmethod(lambda *a, **k: (str(self.tmp / "export.md"), "Markdown (*.md)")))
         mp.setattr(QInputDialog, "getText", staticmethod(lambda *a, **k: ("Renamed by the test", True)))

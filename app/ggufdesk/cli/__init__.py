@@ -13,7 +13,7 @@ from ggufdesk import __version__
 from ggufdesk.core.errors import KnownError
 
 # Each module defines NAME, HELP, add_arguments(parser) and run(args) -> int.
-SUBCOMMANDS = ("probe", "plan", "recommend", "download", "library", "run", "chat",
+SUBCOMMANDS = ("probe", "plan", "recommend", "download", "library", "run", "chat", "docs",
                "serve", "ps", "worker")
 
 

@@ -18,6 +18,7 @@ from ggufdesk.core.errors import KnownError
 from ggufdesk.core.history import Conversation, History, Message
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
+from ggufdesk.session.docs import Attached
 from ggufdesk.session.guard import repeat_cut
 from ggufdesk.session.prompt import build_request, title_from
 from ggufdesk.session.tool_loop import ToolCall, ToolLoop
@@ -32,6 +33,7 @@ BASE_MODEL_TURN_END = "\n\n"  # a base model's chat answer ends at a blank line
 THINKING = ("reasoning", "reasoning_tokens", "reasoning_s")  # an answer's stats about its thinking
 Phase = Literal["idle", "saving", "streaming", "stopping", "tool"]  # tool: calls being decided or run
 Level = Literal["info", "warning", "error"]
+KEPT_STATS = ("model", "citations", "sources_left_out")  # what the engine's stats do not replace
 
 
 class Refused(KnownError):
@@ -121,6 +123,7 @@ class ChatSession(ToolTurns):
         self._saved_at = 0.0
         self._loop_cut: int | None = None  # a base model's answer repeats itself: it ends here
         self._think_t0: float | None = None  # when the answer being written began to think
+        self.docs: Attached | None = None  # a document collection the answers come from (session/docs.py)
         self._init_tools(tools)
         if writer is not None:
             writer.on_state = lambda st: self.post(lambda: self.view.save_state_changed(st))
@@ -388,6 +391,7 @@ class ChatSession(ToolTurns):
                 conv.sampling, stop=[*conv.sampling.stop, BASE_MODEL_TURN_END])
         answer = Turn(role="assistant", content="", status="streaming",
                       stats={"model": Path(self.model.model).name} if self.model else {})
+        self._ground(request, answer)
         if version is not None:
             answer.version = version
         self.answer = answer
@@ -395,6 +399,29 @@ class ChatSession(ToolTurns):
         self.offer, self._stream = None, None
         self._add(answer, status="streaming", then=lambda _: self._offer_tools(answer, conv, request),
                   replaces=replaces)
+
+    def attach_docs(self, docs: Attached | None) -> None:
+        """Answer from a document collection from now on (None: no more)."""
+        self.docs = docs
+
+    def _ground(self, request: dict[str, Any], answer: Turn) -> None:
+        """With documents attached: the question's sources go into the request, their citations into
+        the answer's stats (saved with it); sources that do not fit are named in a notice."""
+        question = next((t.content for t in reversed(self.turns) if t.role == "user"), "")
+        if self.docs is None or not question or self.conv is None:
+            return
+        n_ctx = self.model.n_ctx if self.model is not None and self.model.n_ctx else 4096
+        try:
+            grounding = self.docs.apply(request, question, n_ctx=n_ctx, max_tokens=self.conv.sampling.max_tokens)
+        except (KnownError, OSError) as e:
+            self.view.notice(f"searching {self.docs.name!r} failed ({e}): this answer has no sources", "warning")
+            return
+        answer.stats.update(grounding.stats())
+        if not grounding.cited:
+            self.view.notice(f"nothing in {self.docs.name!r} matches the question, or no source fits the "
+                             "context: this answer has no sources", "warning")
+        elif grounding.left_out:
+            self.view.notice(grounding.notice(), "warning")
 
     def _begin(self, answer: Turn, conv: Conversation, request: dict[str, Any], extra: dict[str, Any]) -> None:
         if self.answer is not answer or self.phase != "saving":
@@ -485,7 +512,7 @@ class ChatSession(ToolTurns):
                 self._saved_at = self.clock()
                 self._save_answer(answer, final=False)
         elif isinstance(ev, P.Stats) and mine and answer is not None:
-            kept = {k: answer.stats[k] for k in ("model", *THINKING) if k in answer.stats}
+            kept = {k: answer.stats[k] for k in (*KEPT_STATS, *THINKING) if k in answer.stats}
             answer.stats = {**dataclasses.asdict(ev), **kept}
         elif isinstance(ev, P.Done) and mine and answer is not None:
             self._settle_text(answer, ev)

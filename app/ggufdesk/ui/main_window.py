@@ -274,6 +274,8 @@ class MainWindow(QMainWindow):
             settings_source=lambda: self.settings, make_room=self._make_room_for_the_server)
         self._gauges_folded = False
         self.sampler = SystemSampler(lambda: self.engine.pid, parent=self)
+        from ggufdesk.ui import docs_attach  # attach files or folders to answer from (issue 32)
+        self.docs = docs_attach.attach(self)
         self.show_mode()
         self.resize(1180, 760)
 
