@@ -38,26 +38,31 @@ def test_codexs_function_tools_plan_into_a_grammar():
 
 def test_claude_codes_tools_make_a_grammar_llama_cpp_takes(tiny_model):
     """Its Workflow tool says `maxLength: 524288`: expanded, that grammar crashed llama.cpp's parser
-    (SIGSEGV); tool parameters leave bounds above BOUND_LIMIT unenforced instead."""
+    (SIGSEGV); tool parameters leave bounds above MAX_REPEAT unenforced instead (core/schema.relax_bounds)."""
     from ggufdesk.core.settings import LoadSettings
-    from ggufdesk.engine.batching.generate import Generator
+    from ggufdesk.engine.batching.vocab import Vocab
     from ggufdesk.engine.runtime.native import LlamaLog, load_model
 
     lm = load_model(str(tiny_model), LoadSettings(n_ctx=256, n_threads=1, n_threads_batch=1), LlamaLog())
     try:
-        gen = Generator(lm)
+        vocab = Vocab(lm)
         st = plan(tools=claude_code_tools(), tool_choice="auto", template_source=None, chat=True)
-        c = st.constraint(lm.vocab, lm.n_vocab, piece=gen.piece, tokenize=lambda t: gen.tokenize(t, add_bos=False))
+        c = st.constraint(lm.vocab, lm.n_vocab, piece=vocab.piece, tokenize=lambda t: vocab.tokenize(t, add_bos=False))
         assert c is not None
         c.close()
     finally:
         lm.close()
 
 
-def test_a_response_schema_bound_too_large_for_a_grammar_is_refused():
-    from ggufdesk.core.schema import SchemaError
-    from ggufdesk.engine.structured.grammar import BOUND_LIMIT, schema_to_gbnf
+def test_a_response_schema_bound_too_large_for_a_grammar_is_refused_but_a_tools_is_left_out():
+    from ggufdesk.core.schema import MAX_REPEAT, SchemaError
+    from ggufdesk.core.tools import check_tools
+    from ggufdesk.engine.structured.grammar import schema_to_gbnf
 
-    assert schema_to_gbnf({"type": "string", "maxLength": BOUND_LIMIT})
-    with pytest.raises(SchemaError, match="cannot be enforced"):
-        schema_to_gbnf({"type": "array", "items": {"type": "string"}, "maxItems": BOUND_LIMIT + 1})
+    assert schema_to_gbnf({"type": "string", "maxLength": MAX_REPEAT})
+    with pytest.raises(SchemaError, match="more than this server can enforce"):
+        schema_to_gbnf({"type": "array", "items": {"type": "string"}, "maxItems": MAX_REPEAT + 1})
+    tool = {"type": "function", "function": {"name": "w", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string", "maxLength": 524288, "minLength": 1}}}}}
+    params = check_tools([tool])[0]["function"]["parameters"]
+    assert params["properties"]["s"] == {"type": "string", "minLength": 1}

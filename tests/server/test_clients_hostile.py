@@ -38,7 +38,7 @@ ENDPOINTS = {
         {"model": MODEL, "messages": "hi"}, {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]},
         {"model": MODEL, "messages": [{"role": "user", "content": 5}]}, {"model": 5, "messages": []},
         {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "options": {"num_predict": "many"}},
-        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "options": {"temperature": 1e400}},
+        b'{"model": "tiny-target", "messages": [{"role": "user", "content": "x"}], "options": {"temperature": 1e400}}',
         {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "format": {"type": "nonsense"}},
         {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": "all of them"},
         {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "think": {"deeply": True}},
