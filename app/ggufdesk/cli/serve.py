@@ -110,8 +110,8 @@ def entries_for(args: argparse.Namespace, presets: dict[str, Preset]) -> list[Mo
 
 def _named(entries: list[ModelEntry], pairs: list[str]) -> tuple[list[ModelEntry], dict[str, str]]:
     """The entries and --alias NAME=ID pairs. NAME alone (or comma-separated names) names the first model
-    as llama-server's --alias does: the first in sorted order becomes its id, the others and its own id
-    answer too."""
+    as llama-server's --alias does: the first in sorted order becomes its id, the others answer too (and
+    its file name, as any file stem does)."""
     out: dict[str, str] = {}
     bare: set[str] = set()
     for pair in pairs:
@@ -126,7 +126,7 @@ def _named(entries: list[ModelEntry], pairs: list[str]) -> tuple[list[ModelEntry
         first, *others = sorted(bare)
         old = entries[0].id
         entries = [dataclasses.replace(entries[0], id=first), *entries[1:]]
-        out = {**{n: first for n in [*others, old]}, **{n: first if t == old else t for n, t in out.items()}}
+        out = {**{n: first for n in others}, **{n: first if t == old else t for n, t in out.items()}}
     return entries, out
 
 
