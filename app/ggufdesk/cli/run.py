@@ -254,6 +254,7 @@ def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sa
         "decode_tok_s": stats.get("decode_tok_s"),
         "drafted": stats.get("drafted", 0), "accepted": stats.get("accepted", 0),
         "draft_len": stats.get("draft_len", 0), "speculation": stats.get("speculation", "off"),
+        "threads": stats.get("threads", 0),
         "llama_perf": stats.get("llama_perf", {}),
         "finish_reason": done.finish_reason if done else None,
         "tool_calls": done.tool_calls if done else [],
@@ -269,6 +270,7 @@ def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sa
         print(file=sys.stderr)
         print(f"[{result['tokens']} tokens, TTFT {result['ttft_s'] or 0:.3f} s, prefill "
               f"{result['prefill_tok_s'] or 0:.1f} tok/s, decode {result['decode_tok_s'] or 0:.1f} tok/s"
+              + (f" ({result['threads']} threads)" if result["threads"] else "")
               + (f", accepted {result['accepted']}/{result['drafted']}" if result["drafted"] else "")
               + f", {result['finish_reason']}]", file=sys.stderr)
     return 0

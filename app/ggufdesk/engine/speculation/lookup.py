@@ -14,6 +14,7 @@ from typing import Protocol
 from ggufdesk.engine.speculation.adaptive import DraftLength
 from ggufdesk.engine.speculation.drafter import Controlled
 from ggufdesk.engine.speculation.evidence import Evidence
+from ggufdesk.engine.speculation.hints import inside_quote
 
 SEP = -1  # between documents in the arena: never equal to a token, so no match crosses it
 MATCH_CAP = 32  # how far back a match is measured
@@ -352,12 +353,8 @@ class PromptLookup(Controlled):
             marks.append((i, m))
             if starts:
                 break
-        inside, opened = False, -1
-        for i, m in reversed(marks):
-            for mark in m:
-                inside = not inside if mark == '"' else mark == "("
-                opened = i if inside else -1
-        return len(own.arena) - 1 - opened if inside else -1
+        opened = inside_quote(marks[::-1])
+        return len(own.arena) - 1 - opened if opened >= 0 else -1
 
     @staticmethod
     def _weight(cache: NgramCache, gram: list[int], c: int, m: int) -> int:
