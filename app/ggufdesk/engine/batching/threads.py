@@ -20,7 +20,10 @@ WINDOW = 6  # steps timed per thread count before comparing: a median of 6 shrug
 SLOW = 1.3  # steps this much slower than the best seen at the count are not explained by the batch
 # (context growth moves a step's time by a few percent over hundreds of tokens; a neighbour on one of
 # two cores moved it by 2.8x; one failed try at this ratio costs WINDOW steps and raises the bar)
-GAP_FIRST = 64  # steps between tries of one thread more; doubled after every losing try ...
+# steps between tries of one thread more, doubled after every losing try: a losing try costs WINDOW
+# steps at the slower count (beside a busy loop 6 x (1/16.8 - 1/24.9) s = 0.12 s against 32 steps' 1.3 s,
+# 9% at first, halving with every doubling), a winning one regains the full speed within 32 steps
+GAP_FIRST = 32
 GAP_MAX = 1024  # ... up to this (about a minute of decoding at 20 tok/s)
 ROW_SHARE = 0.5  # a decode row beside others costs about half a one-row step (measured 0.54-0.59)
 PROMPT_SHARE = 0.1  # a prompt row without logits: prefill runs ~10x as many tokens per second as decode

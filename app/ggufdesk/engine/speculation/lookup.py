@@ -17,14 +17,26 @@ from ggufdesk.engine.speculation.evidence import Evidence
 from ggufdesk.engine.speculation.hints import inside_quote
 
 SEP = -1  # between documents in the arena: never equal to a token, so no match crosses it
-MATCH_CAP = 32  # how far back a match is measured
-CHAIN = 8  # earlier occurrences of an n-gram compared for the longest real match
-PROBE_LEN = 2  # tokens drafted when probing a match length judged not worth drafting
-AGREED_M = 3  # a short match whose earlier occurrences all continue alike counts as this long
-SPLIT_BELOW = 6  # a match shorter than this whose occurrences continue differently counts as one token
-CROSS_CUT = 0.5  # drafts stop at a sentence end while fewer than this share of this request's got past one
-QUOTE_SCAN = 256  # how far back the start of the current line is looked for
-COUNT_SPAN = 5  # a count found at a shorter n-gram: it and the text alike up to the number span this many tokens
+# How far back a match is measured: twice the top class of engine/speculation/evidence.py (16+), so
+# that a copied passage (tens of tokens) is told from a repeated phrase; each draft compares at most
+# CHAIN x MATCH_CAP tokens.
+MATCH_CAP = 32
+# Earlier occurrences of an n-gram compared for the longest real match: a source quoted once among a
+# few repetitions of a phrase is found, and a draft costs a bounded number of comparisons.
+CHAIN = 8
+# A short match whose earlier occurrences all continue alike counts as this long: such drafts had their
+# first token accepted 91% of the time on the tuned suite, as drafts at a 3-token match (82%) did.
+AGREED_M = 3
+# A match shorter than this whose occurrences continue differently counts as one token (23% first-token
+# acceptance, the 1-token class's 34%); from 6 tokens on (the class whose prior is 0.85) the length
+# alone is the better predictor.
+SPLIT_BELOW = 6
+# How far back the start of the current line is looked for, for the quote the text is inside: a bound
+# on the scan per draft (a line longer than this is treated as starting there).
+QUOTE_SCAN = 256
+# A count found at a shorter n-gram than the draft's: it and the text alike up to the number span this
+# many tokens (a bare 2-token n-gram before a number is too weak a sign that the lines are alike).
+COUNT_SPAN = 5
 
 
 class NumberVocab(Protocol):
@@ -193,13 +205,16 @@ class PromptLookup(Controlled):
     the measured costs; a match length judged not worth it is probed again later, with backoff, so
     early failures cannot lock drafting out of a text that turns copyable.
 
+    What follows reads the tokens' text: each rule is a hint (engine/speculation/hints.py) that is on
+    when its reader is given (`ends_sentence`, `quote_marks`, `numbers`) and off when it is None.
+
     Sentence ends (`ends_sentence`, from the model's vocabulary) are where copying stops: a quote
     closes, an answer leaves its source. Once this request's drafts have more often stopped at a
     sentence end than carried on past it, a draft is made no longer than the shortest measured
     length that reaches its first sentence end (the rows beyond would likely be wasted); a copy
     that carries on across sentences keeps its long drafts.
 
-    Inside a double quote that the draft does not close (`quote_marks`, from the vocabulary), the
+    Inside a quote (of any language's marks) that the draft does not close (`quote_marks`, from the vocabulary), the
     cut starts without waiting for that evidence: a quoted source has no closing mark of its own,
     so the quote closes at one of its sentence ends, which the draft cannot foresee (the evidence
     still overrules it once this request's drafts have crossed more sentence ends than they stopped
@@ -274,7 +289,8 @@ class PromptLookup(Controlled):
         if self.control.adaptive and self.control.t0 is not None:
             k_worth = self.control.worth(self.evidence.alpha(m), len(avail))
             if k_worth == 0 and self.evidence.refused(m):
-                k_worth = min(self.control.snap(PROBE_LEN), len(avail))  # early failures must not lock drafting out
+                # early failures must not lock drafting out: probe with the cheapest draft there is
+                k_worth = min(self.control.lengths()[0], len(avail))
             if k_worth == 0:
                 return []
             avail = avail[:k_worth]
@@ -293,8 +309,10 @@ class PromptLookup(Controlled):
         j = next((i for i, t in enumerate(draft[:-1]) if i >= first and self.ends_sentence(t)), -1)
         if j < 0:
             return draft
-        share = (self.crossed + 1) / (self.reached + 2)  # of drafts got past a sentence end, with a 1/2 prior
-        if self.control.adaptive and (share < CROSS_CUT or (share <= CROSS_CUT and self._quoting(draft[:j + 1]))):
+        # the share of drafts that got past a sentence end, with a 1/2 prior: cut while most stopped there
+        # (inside an open quote also at an even share: a quote closes at one of its sentence ends)
+        share = (self.crossed + 1) / (self.reached + 2)
+        if self.control.adaptive and (share < 0.5 or (share == 0.5 and self._quoting(draft[:j + 1]))):
             reach = [n for n in self.control.lengths() if n >= max(j, 1)]
             if reach:
                 draft = draft[:min(reach)]
@@ -337,12 +355,11 @@ class PromptLookup(Controlled):
         return None
 
     def _quoting(self, draft: list[int]) -> bool:
-        """Is the text being written inside a double quote on its current line that `draft` does
-        not close?"""
+        """Is the text being written inside a quote on its current line that `draft` does not close?"""
         return self._quoted(draft) >= 0
 
     def _quoted(self, draft: list[int]) -> int:
-        """How many tokens of the text being written follow the double quote it is inside (on its
+        """How many tokens of the text being written follow the quote mark it is inside (on its
         current line, not closed by `draft`); -1 when it is not inside one."""
         if self.quote_marks is None or any(self.quote_marks(t)[1] for t in draft):
             return -1
