@@ -264,38 +264,54 @@ class PromptLookup(Controlled):
         own = self.cache
         own.feed(history + [last])
         n, c, m = own.match()
-        avail = own.continuation(c, k, loop=True) if n else []
-        tail = own.tail()
-        judged = self._weight(own, tail[len(tail) - n:], c, m) if avail else m
-        counted = self._count_on(n, c, avail) if avail else None
-        quoted = self._quoted(avail[:1]) if avail and counted is None and m < SPLIT_BELOW else -1
-        if counted is not None:  # a count going on, not a split: the n-gram's occurrences agree but for it
-            avail, judged = counted, max(judged, AGREED_M)
-        elif quoted >= m and judged < AGREED_M and own.agreement(tail[len(tail) - n:], c)[0] == 1:
-            judged = AGREED_M  # the one earlier place a quote's own words occur: the source it quotes
-        elif 0 <= quoted < m < SPLIT_BELOW:
-            # a short match that takes in the quote's opening mark ('[3], "The'): the words before
-            # the quote say which template repeats, not which source it quotes this time
-            judged = min(judged, max(quoted, 1))
+        avail, judged = self._own(n, c, m, k)
         if self.history is not None and len(self.history):
+            tail = own.tail()
             hn, hc, hm = self.history.find(tail)
             if hm > m:  # a longer match in an earlier request
                 avail = self.history.continuation(hc, k)
                 judged = self._weight(self.history, tail[len(tail) - hn:], hc, hm)
-        m = judged
         self._last_m = 0
+        avail = self._worth(avail, judged)
         if not avail:
             return []
-        if self.control.adaptive and self.control.t0 is not None:
-            k_worth = self.control.worth(self.evidence.alpha(m), len(avail))
-            if k_worth == 0 and self.evidence.refused(m):
-                # early failures must not lock drafting out: probe with the cheapest draft there is
-                k_worth = min(self.control.lengths()[0], len(avail))
-            if k_worth == 0:
-                return []
-            avail = avail[:k_worth]
-        self._last_m = m
+        self._last_m = judged
         return self._to_sentence_end(avail, last)
+
+    def _own(self, n: int, c: int, m: int, k: int) -> tuple[list[int], int]:
+        """(the draft from this request's own text, the match length it is judged by)."""
+        own = self.cache
+        avail = own.continuation(c, k, loop=True) if n else []
+        if not avail:
+            return avail, m
+        tail = own.tail()
+        gram = tail[len(tail) - n:]
+        judged = self._weight(own, gram, c, m)
+        counted = self._count_on(n, c, avail)
+        if counted is not None:  # a count going on, not a split: the n-gram's occurrences agree but for it
+            return counted, max(judged, AGREED_M)
+        return avail, self._by_quote(gram, c, m, judged, avail[0])
+
+    def _by_quote(self, gram: list[int], c: int, m: int, judged: int, first: int) -> int:
+        """The match length of a short match inside a quote (the quotes hint): see the class docstring."""
+        quoted = self._quoted([first]) if m < SPLIT_BELOW else -1
+        if quoted >= m and judged < AGREED_M and self.cache.agreement(gram, c)[0] == 1:
+            return AGREED_M  # the one earlier place a quote's own words occur: the source it quotes
+        if 0 <= quoted < m:
+            # a short match that takes in the quote's opening mark ('[3], "The'): the words before
+            # the quote say which template repeats, not which source it quotes this time
+            return min(judged, max(quoted, 1))
+        return judged
+
+    def _worth(self, avail: list[int], m: int) -> list[int]:
+        """As much of the draft as its evidence says is worth verifying ([] for none)."""
+        if not avail or not self.control.adaptive or self.control.t0 is None:
+            return avail
+        k_worth = self.control.worth(self.evidence.alpha(m), len(avail))
+        if k_worth == 0 and self.evidence.refused(m):
+            # early failures must not lock drafting out: probe with the cheapest draft there is
+            k_worth = min(self.control.lengths()[0], len(avail))
+        return avail[:k_worth]
 
     def _to_sentence_end(self, draft: list[int], last: int) -> list[int]:
         """`draft` continues a text ending in `last`."""
@@ -309,16 +325,20 @@ class PromptLookup(Controlled):
         j = next((i for i, t in enumerate(draft[:-1]) if i >= first and self.ends_sentence(t)), -1)
         if j < 0:
             return draft
-        # the share of drafts that got past a sentence end, with a 1/2 prior: cut while most stopped there
-        # (inside an open quote also at an even share: a quote closes at one of its sentence ends)
-        share = (self.crossed + 1) / (self.reached + 2)
-        if self.control.adaptive and (share < 0.5 or (share == 0.5 and self._quoting(draft[:j + 1]))):
+        if self._cut_at_ends(draft[:j + 1]):
             reach = [n for n in self.control.lengths() if n >= max(j, 1)]
             if reach:
                 draft = draft[:min(reach)]
         if len(draft) > j + 1:
             self._end_at = j  # the outcome says whether the model went past it
         return draft
+
+    def _cut_at_ends(self, upto_end: list[int]) -> bool:
+        """Are drafts cut at their first sentence end now (`upto_end`: the draft up to it)? While most of
+        this request's drafts stopped there (the share that got past one, with a 1/2 prior), and inside
+        an open quote also at an even share (a quote closes at one of its sentence ends)."""
+        share = (self.crossed + 1) / (self.reached + 2)
+        return self.control.adaptive and (share < 0.5 or (share == 0.5 and self._quoting(upto_end)))
 
     def _count_on(self, n: int, c: int, draft: list[int]) -> list[int] | None:
         """`draft` (this request's text from c on, after an n-gram) with its first number counted
@@ -332,11 +352,22 @@ class PromptLookup(Controlled):
         if i < 0 or c + i >= len(own.arena):
             return None
         now = num(own.arena[c + i])
-        if now is None:
+        if now is None or not self._counted_before(n, c, i, now):
             return None
-        # the n-gram's own previous occurrence, else a shorter n-gram's (at least 2 tokens, and
-        # COUNT_SPAN with the text before the number): which n-gram a draft is matched at depends
-        # on where it starts (".\nAnswer" occurred once before, "\nAnswer" twice)
+        t = num.token(now[0], now[1] + 1)
+        if t is None:
+            return None
+        rest = draft[i + 1:]
+        j = next((q for q, x in enumerate(rest) if num(x) is not None), len(rest))
+        return draft[:i] + [t] + rest[:j]
+
+    def _counted_before(self, n: int, c: int, i: int, now: tuple[str, int]) -> bool:
+        """Did the previous occurrence of the n-gram before c go on alike for i tokens up to the number
+        `now` less one, written alike? The n-gram's own previous occurrence, else a shorter n-gram's
+        (at least 2 tokens, and COUNT_SPAN with the text before the number): which n-gram a draft is
+        matched at depends on where it starts (".\nAnswer" occurred once before, "\nAnswer" twice)."""
+        own, num = self.cache, self.numbers
+        assert num is not None
         for k in range(n, 0, -1):
             if k < n and (k < 2 or k + i < COUNT_SPAN):
                 break
@@ -344,15 +375,9 @@ class PromptLookup(Controlled):
             if p < 0 or p + i >= c or own.arena[p:p + i] != own.arena[c:c + i]:
                 continue
             before = num(own.arena[p + i])
-            if before is None or now[0] != before[0] or now[1] != before[1] + 1:
-                continue
-            t = num.token(now[0], now[1] + 1)
-            if t is None:
-                return None
-            rest = draft[i + 1:]
-            j = next((q for q, x in enumerate(rest) if num(x) is not None), len(rest))
-            return draft[:i] + [t] + rest[:j]
-        return None
+            if before is not None and now[0] == before[0] and now[1] == before[1] + 1:
+                return True
+        return False
 
     def _quoting(self, draft: list[int]) -> bool:
         """Is the text being written inside a quote on its current line that `draft` does not close?"""
