@@ -271,7 +271,7 @@ def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sa
             print()  # the text is a line of its own: the shell prompt (or the next line in a file) starts fresh
         print(f"[{result['tokens']} tokens, TTFT {result['ttft_s'] or 0:.3f} s, prefill "
               f"{result['prefill_tok_s'] or 0:.1f} tok/s, decode {result['decode_tok_s'] or 0:.1f} tok/s"
-              + (f" ({result['threads']} threads)" if result["threads"] else "")
+              + (f" ({result['threads']} thread{'s' if result['threads'] > 1 else ''})" if result["threads"] else "")
               + (f", accepted {result['accepted']}/{result['drafted']}" if result["drafted"] else "")
               + f", {result['finish_reason']}]", file=sys.stderr)
     return 0

@@ -336,7 +336,8 @@ class GaugePanel(QScrollArea):
                                      if ev.n_gen > 1 else "")
         elif recent is not None and ev.threads:
             self.decode.setText(f"{recent:.1f} tok/s")
-            self.decode_note.setText(f"last {self.rate.window_s:.0f} s, {ev.threads} threads")
+            self.decode_note.setText(f"last {self.rate.window_s:.0f} s, {ev.threads} thread"
+                                     + ("s" if ev.threads > 1 else ""))
         elif recent is not None:
             self.decode.setText(f"{recent:.1f} tok/s")
             self.decode_note.setText(f"last {self.rate.window_s:.0f} s")
