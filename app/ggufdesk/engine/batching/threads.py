@@ -6,8 +6,9 @@ starter (2 cores), quiet 2 threads 47 tok/s vs 1 thread 25; with one busy loop b
 16.8 vs 1 thread 24.9. The step loop times every step; `ThreadTuner` reads those times, normalised
 by what the batch explains (`units`), and when they slow down beyond SLOW x the best seen at the
 current count, tries one thread fewer for a window of steps and keeps whichever was faster. Every
-`gap` steps it probes one thread more the same way (the neighbour may have left); a probe that
-loses doubles the gap, up to GAP_MAX. llama.cpp runs one-row batches on `n_threads` and larger ones
+`gap` steps it probes one thread more the same way (the neighbour may have left), or at the top
+count one fewer (a neighbour that was there from the start leaves no slowdown to notice); a probe
+that loses doubles the gap, up to GAP_MAX. llama.cpp runs one-row batches on `n_threads` and larger ones
 on `n_threads_batch`, so the engine keeps one tuner for each (`Threads`), and `llama_set_n_threads`
 sets both between steps. A fixed thread count (`--threads`) turns the tuner off.
 """
@@ -66,8 +67,9 @@ class ThreadTuner:
             self._judge(med)
         elif self.n > 1 and med > SLOW * self.best.get(self.n, med):
             self._try(self.n - 1, med)
-        elif self.n < self.n_max and self.since >= self.gap:
-            self._try(self.n + 1, med)
+        elif self.n_max > 1 and self.since >= self.gap:
+            # one more (the neighbour may have left), or at the top one fewer (it was there from the start)
+            self._try(self.n + 1 if self.n < self.n_max else self.n - 1, med)
         else:
             self.best[self.n] = min(self.best.get(self.n, med), med)
             self.times = self.times[-WINDOW:]
@@ -81,17 +83,13 @@ class ThreadTuner:
         self.trial_from = None
         if med < before_med:  # the trial was faster: keep it
             self.best[self.n] = med
-            self.gap = GAP_FIRST if self.n > before else self.gap
-            self.since = 0
-            self.times = []
+            self.gap, self.since, self.times = GAP_FIRST, 0, []
             return
-        up = self.n > before
         self._set(before)
-        # the count we came back to is slower than its best, but fewer threads did not help: its
+        # the count we came back to may be slower than its best, but the other count did not help: its
         # time now is the new normal (a long context, a busy machine for every count alike)
         self.best[before] = before_med
-        if up:
-            self.gap = min(2 * self.gap, GAP_MAX)
+        self.gap = min(2 * self.gap, GAP_MAX)
 
     def _set(self, n: int) -> None:
         self.changes += self.n != n
