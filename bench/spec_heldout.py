@@ -115,7 +115,10 @@ def model_path(name: str) -> str:
 def hint_configs(hints: Iterable[str]) -> dict[str, str]:
     """Configuration name -> lookup_hints_off: every hint on, each one off, all off."""
     names = list(hints)
-    return {"all hints": "", **{f"-{h}": h for h in names}, "no hints": ",".join(names)}
+    from ggufdesk.core.settings import SpeculationSettings
+
+    default = {"default": SpeculationSettings().lookup_hints_off}
+    return {**default, "all hints": "", **{f"-{h}": h for h in names}, "no hints": ",".join(names)}
 
 
 # a CPU's verification costs in plain steps (the starter, 2 threads: engine/speculation/verify_cost.py's

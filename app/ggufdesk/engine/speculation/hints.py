@@ -13,9 +13,10 @@ the held-out one (bench/spec_heldout.py):
   judged by its words inside the quote only;
 - `counts`: numbered lists and citations count up, so the copied number is written one higher.
 
-A hint is off for a request when `SpeculationSettings.lookup_hints_off` names it, and for the
-whole engine process when the environment variable GGUFDESK_LOOKUP_HINTS_OFF does (a comma-separated
-list, e.g. "quotes,counts").
+A hint is off for a request when `SpeculationSettings.lookup_hints_off` names it (by default
+`sentence_ends`, which did not win on the held-out suite: core/settings.py says by how much; set
+it to "" for every hint), and for the whole engine process when the environment variable
+GGUFDESK_LOOKUP_HINTS_OFF does (a comma-separated list, e.g. "quotes,counts").
 
 The text rules are Unicode-aware: the quote pairs of many languages (QUOTE_PAIRS), sentence ends in
 Latin, CJK and Devanagari script (SENTENCE_ENDS), closing quotes after them (`.”`, `。」`), and
