@@ -26,6 +26,7 @@ from ggufdesk.engine.structured.grammar import GrammarConstraint
 from ggufdesk.engine.structured.reasoning import ReasoningControl
 from ggufdesk.engine.structured.request import Structured
 from ggufdesk.engine.runtime.native import LoadedModel
+from ggufdesk.engine.batching.media import MediaPrompt, text_only
 from ggufdesk.engine.batching.prefix_cache import Slot, Slots
 from ggufdesk.engine.batching.scheduler import Overloaded, Scheduler
 from ggufdesk.engine.batching.text import TextStream
@@ -61,6 +62,7 @@ class Sequence:
     structured: Structured | None = None  # what the request asked for (tool calls are parsed at the end)
     reasoning: ReasoningControl | None = None  # a reasoning model: its split and budget
     paused_steps: int = 0  # steps decoded in a batch while it had a drafter
+    media: MediaPrompt | None = None  # a prompt with images: each image span is one prefill item
 
     @property
     def reserve(self) -> int:
@@ -186,6 +188,9 @@ class BatchEngine:
     def _start(self, seq: Sequence) -> None:
         """Admitted: take a slot holding the longest cached prefix, make the sampler."""
         seq.slot, seq.stats.n_reused = self.slots.acquire(seq.prompt)
+        if seq.media is not None:  # an image is decoded whole or not at all
+            seq.stats.n_reused = seq.media.align(seq.stats.n_reused)
+            self.slots.truncate(seq.slot, seq.stats.n_reused)
         seq.n_done = seq.stats.n_reused
         if len(self.sched.running) == 1:
             llama_cpp.llama_perf_context_reset(self.lm.ctx.ctx)
@@ -193,7 +198,7 @@ class BatchEngine:
         seq.stream = TextStream(seq.sampling.stop)
         s = seq.sampling
         if seq.sampler is not None and s.repeat_penalty != 1.0 and s.repeat_last_n:
-            for t in seq.prompt[-max(s.repeat_last_n, 0):]:
+            for t in text_only(seq.prompt)[-max(s.repeat_last_n, 0):]:
                 seq.sampler.accept(t)
 
     def _fill(self, rows: list[tuple[int, int, int, bool]]) -> None:
@@ -235,6 +240,11 @@ class BatchEngine:
                 s.paused_steps += 1
         part: list[int] = []
         completes = False
+        if prefill is not None and prefill.media is not None:
+            span = prefill.media.span_at(prefill.n_done)
+            if span is not None:  # an image: its own decode call, after the others' rows
+                return self._image_step(rows, decode, prefill, span)
+            chunk = prefill.media.text_room(prefill.n_done, chunk)
         if prefill is not None:
             start = prefill.n_done
             part = prefill.prompt[start:start + chunk]
@@ -259,6 +269,45 @@ class BatchEngine:
             prefill.stats.t_prefill_end = time.perf_counter()
             self._take(prefill, self._sample(prefill, len(rows) - 1))
         return len(part)
+
+    def _image_step(self, rows: list[tuple[int, int, int, bool]], decode: list[Sequence], seq: Sequence,
+                    span: Any) -> None:
+        """A step whose prefill item is an image: the decoding sequences' rows in one call (a batch is
+        tokens or embeddings, not both), then the image's embeddings into seq's slot."""
+        if rows:  # sampled before the image's call, which leaves no logits behind
+            if not self._decode(rows, decode, abortable=False):
+                return None
+            for s in decode:
+                self.slots.extend(s.slot, [s.last])
+            for i, s in enumerate(decode):
+                self._take(s, self._sample(s, i))
+        slot = seq.slot
+        if not self.slots.evict(span.n_tokens):
+            raise KnownError("the KV cache is full")
+        if self.flush is not None:
+            self.flush()
+        self.set_batch([seq.rid])
+        self.lm.abortable(True)
+        try:
+            rc = seq.media.prefill(span, n_past=len(slot.tokens), seq_id=slot.seq)
+        except KnownError as e:  # the encoder failed: this request ends, the others go on
+            self.mem.seq_rm(slot.seq, len(slot.tokens), -1)
+            self._fail(seq, e)
+            return None
+        finally:
+            self.lm.abortable(False)
+            self.set_batch([])
+        if rc == 2:
+            self.mem.seq_rm(slot.seq, len(slot.tokens), -1)
+        elif rc != 0:
+            raise KnownError(f"decoding the image failed (llama_decode returned {rc})")
+        else:
+            self.slots.extend(slot, seq.prompt[span.start:span.end])
+            seq.n_done = span.end
+            base = seq.stats.n_reused
+            self.emit(P.Progress(id=seq.rid, phase="prefill", done=seq.n_done - base,
+                                 total=len(seq.prompt) - base))
+        return None  # (the chunk sizer learns from text steps: an image step's time is mostly the encoder's)
 
     def _speculative_step(self, s: Sequence) -> None:
         """A request alone: draft, verify [last] + draft in one batch, keep the matching part
@@ -407,6 +456,9 @@ class BatchEngine:
         if calls and reason == "stop":
             reason = "tool_calls"
         usage = {"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen}
+        if s.media is not None:
+            usage.update(image_tokens=s.media.image_tokens, images=len(s.media.spans),
+                         images_encoded=s.media.n_encoded, images_cached=s.media.n_cached)
         if s.reasoning is not None:
             usage["reasoning_tokens"] = s.reasoning.tokens
         self.emit(P.Done(id=s.rid, finish_reason=reason, text=text, tokens=st.tokens, usage=usage,
