@@ -199,3 +199,16 @@ def test_a_projector_of_another_width_is_refused_at_load(tmp_path, pair):
         assert "mismatch" in notice.message or "n_embd" in notice.message
     finally:
         client.shutdown()
+
+
+def test_the_projector_beside_the_model_is_found_and_can_be_declined(pair):
+    model, mmproj = pair
+    client = EngineClient()
+    client.start()
+    try:
+        assert client.load(str(model), settings=LOAD).mmproj == str(mmproj)  # None: the one beside it
+        assert client.load(str(model), settings=LOAD, mmproj="").mmproj is None
+        r = ask(client, png_bytes())
+        assert r.error.kind == "image" and "reads text only" in r.error.message
+    finally:
+        client.shutdown()

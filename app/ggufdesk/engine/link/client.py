@@ -359,7 +359,7 @@ class EngineClient:
                 reload = _without_draft(crashed_load, f"l{next(self._ids)}")
             elif stage is not None and stage.stage == "projector":
                 what = f"the vision projector {os.path.basename(stage.path)}"
-                reload = dataclasses.replace(crashed_load, id=f"l{next(self._ids)}", mmproj=None)
+                reload = dataclasses.replace(crashed_load, id=f"l{next(self._ids)}", mmproj="")
             else:
                 what = os.path.basename(crashed_load.model)
                 reload = None if crashed_load is good else good
@@ -487,12 +487,13 @@ class EngineClient:
         wait: bool = True,
         timeout: float = 600.0,
     ) -> P.Loaded | None:
-        """Load a model (with mmproj: its vision projector); with wait=True return the Loaded event or
+        """Load a model (mmproj: its vision projector; None: the one beside it, "": none); with wait=True
+        return the Loaded event or
         raise EngineError. Any error the engine gives for this load, other than a template, draft or
         projector notice, fails it."""
         lid = f"l{next(self._ids)}"
         msg = P.Load(id=lid, model=str(model), settings=P.fields_of(settings), draft=draft,
-                     speculation=P.fields_of(speculation), mmproj=str(mmproj) if mmproj else None)
+                     speculation=P.fields_of(speculation), mmproj=None if mmproj is None else str(mmproj))
         if self.state in ("failed", "stopped") or self._closing:
             raise KnownError(self._not_running())
         with self._cond:
@@ -697,4 +698,4 @@ def _without_draft(load: P.Load, lid: str) -> P.Load:
     if spec.get("mode") == "draft":
         spec["mode"] = "off"
     spec["draft_model"] = None
-    return P.Load(id=lid, model=load.model, settings=load.settings, draft=None, speculation=spec)
+    return P.Load(id=lid, model=load.model, settings=load.settings, draft=None, speculation=spec, mmproj=load.mmproj)

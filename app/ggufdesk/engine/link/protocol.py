@@ -60,7 +60,9 @@ class Load:
     settings: dict[str, Any] = field(default_factory=dict)  # LoadSettings fields
     draft: str | None = None
     speculation: dict[str, Any] = field(default_factory=dict)  # SpeculationSettings fields
-    mmproj: str | None = None  # a vision model's projector (mmproj-*.gguf): images in its prompts
+    # a vision model's projector (mmproj-*.gguf): images in its prompts. None: the one beside the model
+    # file, if any (core/projector.py projector_beside); "": none
+    mmproj: str | None = None
 
 
 @dataclass(kw_only=True)

@@ -174,7 +174,9 @@ class Engine:
         # a ceiling from the plan: runaway allocations fail, not the machine
         from ggufdesk.engine.runtime import memlimit
 
-        memlimit.apply(memlimit.limit_for(req.model, settings, spec.draft_model if spec.mode == "draft" else None))
+        mmproj = _projector_for(req)
+        memlimit.apply(memlimit.limit_for(req.model, settings, spec.draft_model if spec.mode == "draft" else None,
+                                          mmproj))
         self.emit(P.Loading(id=req.id, stage="model", path=req.model))
         try:
             # logits rows one decode may ask for: a verification batch [last] + K, or every sequence + a prefill
@@ -214,8 +216,8 @@ class Engine:
             self.template = ChatTemplate(None, bos=bos, eos=eos)
         self._formats()
         memory = dict(lm.memory)
-        if req.mmproj and not self.embedding_only:
-            self._load_projector(req, memory)
+        if mmproj and not self.embedding_only:
+            self._load_projector(req.id, mmproj, memory)
         if spec.mode == "draft":
             self.emit(P.Loading(id=req.id, stage="draft", path=str(spec.draft_model)))
             try:
@@ -245,15 +247,15 @@ class Engine:
             image_tokens=self.projector.native_tokens() if self.projector else 0,
         ))
 
-    def _load_projector(self, req: P.Load, memory: dict[str, int]) -> None:
+    def _load_projector(self, lid: str | None, mmproj: str, memory: dict[str, int]) -> None:
         """A vision model's projector; one that fails leaves the model reading text (a notice)."""
         from ggufdesk.engine.runtime.vision import Projector
 
-        self.emit(P.Loading(id=req.id, stage="projector", path=str(req.mmproj)))
+        self.emit(P.Loading(id=lid, stage="projector", path=mmproj))
         try:
-            self.projector = Projector(str(req.mmproj), self.lm, self.llama_log)
+            self.projector = Projector(mmproj, self.lm, self.llama_log)
         except KnownError as e:
-            self.emit(P.Error(kind="projector", id=req.id, message=f"{e}; the model reads text only"))
+            self.emit(P.Error(kind="projector", id=lid, message=f"{e}; the model reads text only"))
             return
         memory["projector"] = self.projector.memory_bytes
 
@@ -652,6 +654,16 @@ def _n_embd(lm: Any) -> int:
     import llama_cpp
 
     return int(llama_cpp.llama_model_n_embd_out(lm.model.model) or llama_cpp.llama_model_n_embd(lm.model.model))
+
+
+def _projector_for(req: P.Load) -> str | None:
+    """The projector to load: the request's, or (None) the one beside the model file; "" means none."""
+    if req.mmproj is not None:
+        return req.mmproj or None
+    from ggufdesk.core.projector import projector_beside
+
+    found = projector_beside(req.model)
+    return str(found) if found is not None else None
 
 
 def _rpc_offload(model: str, settings: LoadSettings) -> Any:
