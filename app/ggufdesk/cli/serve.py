@@ -27,6 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-limit", type=int, default=0,
                    help="prompt + generated tokens per minute per API key or client address (0 = off)")
     p.add_argument("--max-body", type=int, default=4 * 1024 * 1024, help="largest request body in bytes")
+    p.add_argument("--max-image-body", type=int, default=96 * 1024 * 1024,
+                   help="largest chat request body in bytes (chat bodies may carry images)")
+    p.add_argument("--allow-remote-images", action="store_true",
+                   help="fetch http(s) image URLs in requests (size and time limited); off: data: URLs only")
 
 
 def build(args: argparse.Namespace):
@@ -45,7 +49,8 @@ def build(args: argparse.Namespace):
     load = dataclasses.replace(load, n_parallel=args.parallel, prefill_chunk=args.prefill_chunk)
     config = ServerConfig(api_keys=keys, rate_limit=args.rate_limit, parallel=args.parallel,
                           max_queue=args.queue, max_body=args.max_body, default_max_tokens=args.max_tokens,
-                          sampling=sampling)
+                          sampling=sampling, max_image_body=max(args.max_image_body, args.max_body),
+                          allow_remote_images=args.allow_remote_images)
     pool = EnginePool(model=resolve_model(args.model), load=load, speculation=spec)
     service = Service(pool=pool, config=config)
     return service, ServerRunner(service, host=args.host, port=args.port)

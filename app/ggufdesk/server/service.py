@@ -32,6 +32,8 @@ class ServerConfig:
     parallel: int = 1  # requests generated at once
     max_queue: int = 64  # requests waiting beyond those
     max_body: int = 4 * 1024 * 1024  # bytes
+    max_image_body: int = 96 * 1024 * 1024  # bytes of a chat body, which may carry images (server/images.py)
+    allow_remote_images: bool = False  # fetch http(s) image URLs (off: only data: URLs and base64)
     default_max_tokens: int = 1024
     sampling: SamplingSettings = field(default_factory=SamplingSettings)  # defaults for omitted fields
 
@@ -48,6 +50,7 @@ class GenSpec:
     logprobs: int = 0
     structured: dict[str, Any] = field(default_factory=dict)  # json_schema or tools/tool_choice/...
     reasoning: dict[str, Any] = field(default_factory=dict)  # think / reasoning_budget (server/reasoning.py)
+    images: dict[str, str] = field(default_factory=dict)  # sha256 -> base64, for the messages' image parts
 
 
 def engine_error(ev: P.Error) -> ApiError:
@@ -62,6 +65,8 @@ def engine_error(ev: P.Error) -> ApiError:
         return ApiError(400, ev.message, reason="invalid")
     if ev.kind == "schema":
         return ApiError(400, ev.message, code="unsupported_schema", reason="invalid")
+    if ev.kind == "image":
+        return ApiError(400, ev.message, code="invalid_image", param="messages", reason="invalid")
     return ApiError(500, ev.message, code=ev.kind, reason="engine_error")
 
 
@@ -156,8 +161,9 @@ class Service:
         job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone, pool=pool)
         self._inflight[caller] = self._inflight.get(caller, 0) + 1
         try:
+            images = {"images": spec.images} if spec.images else {}
             await pool.generate(rid, prompt=spec.prompt, messages=spec.messages, sampling=spec.sampling,
-                                logprobs=spec.logprobs, **spec.structured, **spec.reasoning)
+                                logprobs=spec.logprobs, **spec.structured, **spec.reasoning, **images)
         except KnownError as e:
             job.finish(None)
             raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None

@@ -1,0 +1,124 @@
+"""Images in API requests: OpenAI `image_url` parts, Anthropic `image` blocks, Ollama `images`, Responses
+`input_image`, all turned into the engine's image parts ({"type": "image", "image": sha256}) plus the
+files by sha256.
+
+Checked here, at the edge, so a bad image is a 400 before the request queues: the size, the format
+and the pixel count its header declares (core/images.py check); the engine decodes them fully and
+refuses what only decoding finds (a truncated JPEG) with an 'image' error, also a 400. A data: URL or
+raw base64 is accepted; an http(s) URL is refused unless the server runs with --allow-remote-images,
+and is then fetched with a size and a time limit, following no more than a few redirects.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import urllib.error
+import urllib.request
+from typing import Any
+
+from ggufdesk.core import images as img
+from ggufdesk.server.errors import ApiError, invalid
+
+FETCH_TIMEOUT_S = 10.0
+MAX_REDIRECTS = 3
+BODY_LIMIT = 96 * 1024 * 1024  # a chat body with images (base64 of MAX_IMAGES images is bigger: the per-image limit decides)
+
+
+def image_error(message: str, param: str | None = None) -> ApiError:
+    return invalid(message, param=param, code="invalid_image")
+
+
+class RequestImages:
+    """The images of one request, collected while its messages are converted."""
+
+    def __init__(self, *, allow_remote: bool = False) -> None:
+        self.allow_remote = allow_remote
+        self.files: dict[str, str] = {}  # sha256 -> base64 (what the engine's Generate.images carries)
+        self._remote: list[tuple[str, dict[str, Any], str]] = []  # (url, the part to fill in, where)
+
+    def __bool__(self) -> bool:
+        return bool(self.files or self._remote)
+
+    def part_from_url(self, url: Any, where: str) -> dict[str, Any]:
+        """An image given by URL (OpenAI, Responses): data:, raw base64, or http(s) when allowed."""
+        if not isinstance(url, str) or not url:
+            raise image_error(f"{where}: an image needs a url (a data: URL or base64)", where)
+        if url.startswith(("http://", "https://")):
+            if not self.allow_remote:
+                raise image_error(f"{where}: image URLs are not fetched by this server; send the image as a "
+                                  "data: URL (base64), or start it with --allow-remote-images", where)
+            part: dict[str, Any] = {"type": "image", "image": ""}
+            self._remote.append((url, part, where))
+            return part
+        return self.part_from_base64(url, where)
+
+    def part_from_base64(self, data: Any, where: str) -> dict[str, Any]:
+        """An image as base64 (Anthropic's source.data, Ollama's images[]) or a data: URL."""
+        if not isinstance(data, str) or not data:
+            raise image_error(f"{where}: the image has no data", where)
+        try:
+            raw = img.from_base64(data)
+        except img.ImageError as e:
+            raise image_error(f"{where}: {e}", where) from None
+        return self._add(raw, where)
+
+    def _add(self, raw: bytes, where: str) -> dict[str, Any]:
+        try:
+            img.check(raw)
+        except img.ImageError as e:
+            raise image_error(f"{where}: {e}", where) from None
+        key = img.sha256(raw)
+        if key not in self.files and len(self.files) >= img.MAX_IMAGES:
+            raise image_error(f"at most {img.MAX_IMAGES} images in one request", where)
+        self.files.setdefault(key, base64.b64encode(raw).decode("ascii"))
+        return {"type": "image", "image": key}
+
+    async def fetch_remote(self) -> None:
+        """Fetch the http(s) images (with --allow-remote-images), a few at a time, each bounded."""
+        pending, self._remote = self._remote, []
+        results = await asyncio.gather(*(asyncio.to_thread(fetch, url) for url, _, _ in pending),
+                                       return_exceptions=True)
+        for (url, part, where), got in zip(pending, results):
+            if isinstance(got, BaseException):
+                if isinstance(got, img.ImageError):
+                    raise image_error(f"{where}: {got}", where)
+                raise got
+            part.update(self._add(got, where))
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    max_redirections = MAX_REDIRECTS
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        if not newurl.startswith(("http://", "https://")):
+            raise img.ImageError(f"the image URL redirects to {newurl[:80]!r}, which is not http(s)")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def fetch(url: str, *, timeout: float = FETCH_TIMEOUT_S) -> bytes:
+    """An image URL's bytes, at most img.MAX_BYTES of them, within `timeout` per read; ImageError otherwise."""
+    opener = urllib.request.build_opener(_Redirects())
+    req = urllib.request.Request(url, headers={"User-Agent": "ggufdesk", "Accept": "image/*"})
+    try:
+        with opener.open(req, timeout=timeout) as resp:
+            length = resp.headers.get("Content-Length")
+            if length is not None and length.isdigit():
+                img.check_size(int(length))
+            data = resp.read(img.MAX_BYTES + 1)
+    except img.ImageError:
+        raise
+    except urllib.error.HTTPError as e:
+        raise img.ImageError(f"fetching the image failed: HTTP {e.code} from {url[:120]}") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise img.ImageError(f"fetching the image failed ({reason}): {url[:120]}") from None
+    img.check_size(len(data))
+    return data
+
+
+def require_vision(svc: Any, model_id: str) -> None:
+    """A 400 that says so when the served model reads text only."""
+    loaded = getattr(svc.pool_for(model_id), "loaded", None)
+    if loaded is not None and not getattr(loaded, "mmproj", None):
+        raise invalid(f"the model {model_id!r} reads text only: it has no vision projector (mmproj), so it cannot "
+                      "see images", param="messages", code="model_not_vision")
