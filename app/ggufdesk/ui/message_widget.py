@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (
 )
 
 from ggufdesk.ui import theme
+from ggufdesk.ui.image_views import ImageRow
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 # Completion mode is one text the model continues, not a conversation.
@@ -193,6 +194,7 @@ class MessageWidget(QFrame):
         lay.setSpacing(2)
         lay.addLayout(top)
         lay.addWidget(self.thinking)
+        self.images_row: ImageRow | None = None  # a user's images (set_images), above the text
         lay.addWidget(self.body)
         lay.addWidget(self.tools)
         lay.addWidget(self.footer)
@@ -203,6 +205,17 @@ class MessageWidget(QFrame):
         self.set_status(status)
         self.set_stats(self.stats)
         self._render()
+
+    def set_images(self, images: list[bytes | None]) -> None:
+        """Show the message's images (None: one the history no longer has) above its text."""
+        if self.images_row is not None:
+            self.images_row.setParent(None)
+            self.images_row.deleteLater()
+            self.images_row = None
+        if images:
+            self.images_row = ImageRow(images)
+            lay = self.layout()
+            lay.insertWidget(lay.indexOf(self.body), self.images_row)
 
     def _button(self, text: str, tip: str, slot) -> QToolButton:
         b = QToolButton()
