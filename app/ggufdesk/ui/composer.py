@@ -88,6 +88,7 @@ class Composer(QWidget):
         self.stop_btn.setEnabled(False)
         self.attachments = QHBoxLayout()  # attached files, shown above the box
         self.attachments.setContentsMargins(0, 0, 0, 0)
+        self.attachments.setAlignment(Qt.AlignmentFlag.AlignLeft)
         self.tools = QHBoxLayout()  # buttons that add to the message (Attach…), under the box
         self.tools.setContentsMargins(0, 0, 0, 0)
         self.tools.addStretch(1)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData, QSize, Qt, Signal
 from PySide6.QtGui import QImage, QImageReader, QPixmap
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolButton, QVBoxLayout, QWidget
 
 from ggufdesk.core import images as img
 
@@ -78,6 +78,7 @@ class Thumbnail(QFrame):
     def __init__(self, data: bytes, *, side: int, removable: bool = False, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("thumbnail")
+        self.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Fixed)
         self.data = data
         self.picture = QLabel()
         self.picture.setObjectName("thumbnailPicture")
