@@ -16,9 +16,9 @@ from ggufdesk.core.tools import GENERIC
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import invalid, not_supported
-from ggufdesk.server.http import caller, event_stream, read_body, service, sse
+from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
 from ggufdesk.server.images import RequestImages, require_vision
-from ggufdesk.server.schemas import MessagesRequest, parse, text_of
+from ggufdesk.server.schemas import MessagesRequest, text_of
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -107,12 +107,12 @@ def stop_sequence(job: Job) -> str | None:
 
 async def messages(request: Request) -> Response:
     svc = service(request)
-    req: MessagesRequest = parse(MessagesRequest, await read_body(request, svc.config.max_image_body))
-    extra = structured.anthropic_tools(req.tools, req.tool_choice)
+    req = await parse_body(request, MessagesRequest, svc.config.max_image_body)
+    extra = await off_loop(structured.anthropic_tools, req.tools, req.tool_choice)
     think = reasoning.anthropic_fields(req.thinking)
     model = svc.check_model(req.model)
     images = RequestImages(allow_remote=svc.config.allow_remote_images)
-    msgs = messages_of(req, images)
+    msgs = await off_loop(messages_of, req, images)  # (images are decoded and checked: CPU work)
     if images:
         require_vision(svc, model)
         await images.fetch_remote()
