@@ -212,3 +212,18 @@ def test_the_projector_beside_the_model_is_found_and_can_be_declined(pair):
         assert r.error.kind == "image" and "reads text only" in r.error.message
     finally:
         client.shutdown()
+
+
+def test_the_bench_runs_on_the_tiny_pair():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, str(root / "bench" / "vision.py"), "--repeat", "1", "--threads", "1",
+                        "--json"], capture_output=True, text=True, timeout=600, cwd=root)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["image_tokens"] == SPEC.n_image_tokens
+    assert out["encode_ms"] > 0 and out["text_ms"] > 0 and out["encode_over_text"] > 0

@@ -295,9 +295,21 @@ def estimate_prompt_tokens(spec: GenSpec) -> int:
     if spec.prompt is not None:
         text = spec.prompt
     else:
-        text = "".join(str(m.get("content") or "") + str(m.get("tool_calls") or "") for m in spec.messages or [])
+        text = "".join(_text(m.get("content")) + str(m.get("tool_calls") or "") for m in spec.messages or [])
     extra = len(str(spec.structured.get("tools") or ""))
-    return (len(text.encode("utf-8", "replace")) + extra) // 3 + 1
+    images = sum(1 for m in spec.messages or [] if isinstance(m.get("content"), list)
+                 for p in m["content"] if isinstance(p, dict) and p.get("type") == "image")
+    return (len(text.encode("utf-8", "replace")) + extra) // 3 + 1 + images * IMAGE_TOKENS_GUESS
+
+
+IMAGE_TOKENS_GUESS = 256  # an image's tokens before the engine counts them (Gemma 3's; settled with the real count)
+
+
+def _text(content: Any) -> str:
+    """A message's text: a string, or the text of its parts (images are counted apart)."""
+    if isinstance(content, list):
+        return "".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+    return str(content or "")
 
 
 class ClientGone(Exception):
