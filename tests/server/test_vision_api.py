@@ -100,7 +100,7 @@ def test_remote_urls_are_refused_without_the_flag(oai):
 
 
 class _Images(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         if self.path == "/slow.png":
             threading.Event().wait(30)
         body = {"/cat.png": png_bytes(seed=8), "/big.png": b"\x89PNG\r\n\x1a\n" + bytes(21 * 1024 * 1024)}.get(self.path)

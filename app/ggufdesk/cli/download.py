@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--revision", help="branch, tag or commit to pin (default: main)")
     p.add_argument("--offline", action="store_true", help="only look in the local cache")
     p.add_argument("--no-mmproj", action="store_true",
-                   help="a vision model: do not fetch its projector (mmproj) beside it (the model then reads text only)")
+                   help="a vision model: do not fetch its projector (mmproj) beside it (it then reads text only)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -620,12 +620,13 @@ def read_header(source: str | os.PathLike[str], *, limit: int = MAX_HEADER_BYTES
     src = str(source)
     parts = _remote_parts(src) if src.startswith("hf://") else _local_parts(Path(src).expanduser())
     part = parts[0]
+    unreadable: tuple[type[BaseException], ...] = (OSError, *network_errors())
     try:
         with part.opener() as f:
             h = parse_header(f, label=part.label, limit=limit)
     except KnownError:
         raise
-    except (OSError, *network_errors()) as e:
+    except unreadable as e:
         raise KnownError(f"{part.label}: could not read the file ({e})") from e
     except (RecursionError, MemoryError, OverflowError, ValueError, TypeError, struct.error, IndexError) as e:
         raise GGUFFormatError(f"{src}: the GGUF header could not be read ({type(e).__name__}); "

@@ -85,7 +85,7 @@ class ImageStore:
         return self.root / key[:2] / (key + ext)
 
 
-def images_of(stats: dict) -> list[str]:
+def images_of(stats: dict[str, object]) -> list[str]:
     """A message's image keys (stats["images"]), each a sha256; anything else is left out."""
     keys = stats.get("images") if isinstance(stats, dict) else None
     return [k for k in keys if isinstance(k, str) and _SHA.match(k)] if isinstance(keys, list) else []

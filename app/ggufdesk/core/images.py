@@ -18,7 +18,12 @@ import re
 import warnings
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from ggufdesk.core.errors import KnownError
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 MAX_BYTES = 20 * 1024 * 1024  # an upload larger than this is refused (OpenAI's limit per image)
 MAX_PIXELS = 50_000_000  # what the header may declare (a 50 MP photo); more is refused unread
@@ -129,11 +134,10 @@ def decode(data: bytes, *, max_side: int = MAX_SIDE) -> Pixels:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data), formats=FORMATS)
-            img.draft("RGB", (max_side, max_side))  # JPEG: decode at a reduced scale when much larger
-            img.load()
-            img = ImageOps.exif_transpose(img) or img
-            img = _rgb(img)
+            opened = Image.open(io.BytesIO(data), formats=FORMATS)
+            opened.draft("RGB", (max_side, max_side))  # JPEG: decode at a reduced scale when much larger
+            opened.load()
+            img = _rgb(ImageOps.exif_transpose(opened) or opened)
             if max(img.size) > max_side:
                 img.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
             rgb = img.tobytes()
@@ -142,7 +146,8 @@ def decode(data: bytes, *, max_side: int = MAX_SIDE) -> Pixels:
     return Pixels(width=img.width, height=img.height, rgb=rgb, sha256=sha256(data), format=fmt)
 
 
-def _rgb(img):  # PIL.Image.Image -> RGB, transparency over white
+def _rgb(img: Image.Image) -> Image.Image:
+    """The image in RGB, transparency over white."""
     from PIL import Image
 
     if img.mode == "RGB":

@@ -21,7 +21,6 @@ from ggufdesk.server.errors import ApiError, invalid
 
 FETCH_TIMEOUT_S = 10.0
 MAX_REDIRECTS = 3
-BODY_LIMIT = 96 * 1024 * 1024  # a chat body with images (base64 of MAX_IMAGES images is bigger: the per-image limit decides)
 
 
 def image_error(message: str, param: str | None = None) -> ApiError:
@@ -78,7 +77,7 @@ class RequestImages:
         pending, self._remote = self._remote, []
         results = await asyncio.gather(*(asyncio.to_thread(fetch, url) for url, _, _ in pending),
                                        return_exceptions=True)
-        for (url, part, where), got in zip(pending, results):
+        for (_, part, where), got in zip(pending, results):
             if isinstance(got, BaseException):
                 if isinstance(got, img.ImageError):
                     raise image_error(f"{where}: {got}", where)

@@ -85,6 +85,11 @@ class SessionView:
     def notice(self, text: str, level: Level = "info") -> None: ...
 
 
+def _store_image(data: bytes) -> Callable[[History], str]:
+    """A write that puts an image into the history's store."""
+    return lambda h: h.images.put(data)
+
+
 def _now(fn: Callable[[], None]) -> None:
     fn()
 
@@ -257,7 +262,7 @@ class ChatSession(ToolTurns):
             self.new_conversation(system_prompt=system_prompt, sampling=sampling)
         assert self.conv is not None
         for data in images:
-            self._write(lambda h, data=data: h.images.put(data))  # the file before the message naming it
+            self._write(_store_image(data))  # the file before the message naming it
         user = Turn(role="user", content=text, stats={"images": keys} if keys else {})
         edited = self.editing
         retitle = self.conv.title == "New chat"

@@ -19,7 +19,6 @@ import re
 import secrets
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp
@@ -77,15 +76,6 @@ class EmbeddingCache:
 
     def __len__(self) -> int:
         return len(self._items)
-
-
-@dataclass
-class _Chunk:
-    """An image chunk libmtmd made (ours to free): the preprocessed image until it is encoded."""
-
-    ptr: int
-    n_tokens: int
-    n_pos: int
 
 
 class Projector:
@@ -216,12 +206,11 @@ class Projector:
                 raise vision_refusal("only images are supported, not audio")
             key = (mtmd.mtmd_input_chunk_get_id(c) or b"").decode()
             n_tok = int(mtmd.mtmd_input_chunk_get_n_tokens(c))
-            own = mtmd.mtmd_input_chunk_copy(c)
-            spans.append(ImageSpan(start=len(tokens), n_tokens=n_tok, key=key,
-                                   handle=_Chunk(ptr=own, n_tokens=n_tok, n_pos=int(mtmd.mtmd_input_chunk_get_n_pos(c)))))
+            spans.append(ImageSpan(start=len(tokens), n_tokens=n_tok, key=key, handle=mtmd.mtmd_input_chunk_copy(c)))
             tokens.extend([placeholder_id(key)] * n_tok)
+        prompt = MediaPrompt(tokens=tokens, spans=spans, projector=self)  # (frees the chunks when dropped)
         self._check_spans(spans, len(tokens))
-        return MediaPrompt(tokens=tokens, spans=spans, projector=self)
+        return prompt
 
     def _check_spans(self, spans: list[ImageSpan], n_prompt: int) -> None:
         n_ubatch = self.lm.settings.n_ubatch
@@ -239,10 +228,9 @@ class Projector:
         hit = self.cache.get(span.key)
         if hit is not None and hit.size == span.n_tokens * self.n_embd:
             return hit, True
-        chunk = span.handle
-        if chunk is None or not chunk.ptr:
+        if not span.handle:
             raise KnownError("the image's data was released before it was encoded")  # a bug of ours
-        rc = mtmd.mtmd_encode_chunk(self.ctx, chunk.ptr)
+        rc = mtmd.mtmd_encode_chunk(self.ctx, span.handle)
         if rc != 0:
             raise KnownError(f"the projector could not encode the image (error {rc})")
         out = mtmd.mtmd_get_output_embd(self.ctx)
@@ -253,18 +241,18 @@ class Projector:
     def decode(self, span: ImageSpan, embd: np.ndarray, *, n_past: int, seq_id: int) -> int:
         """Decode an image's embeddings into sequence seq_id from position n_past; llama_decode's
         return code (0 ok, 2 aborted by the abort callback)."""
-        chunk = span.handle
         new_past = llama_cpp.llama_pos(0)
         rc = mtmd.mtmd_helper_decode_image_chunk(
-            self.ctx, self.lm.ctx.ctx, chunk.ptr, embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            self.ctx, self.lm.ctx.ctx, span.handle, embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
             n_past, seq_id, self.lm.settings.n_batch, ctypes.byref(new_past), _NULL_CALLBACK, None)
         return int(rc)
 
     @staticmethod
     def release(span: ImageSpan) -> None:
+        """Free the image's chunk (its preprocessed pixels): once decoded, or when the prompt is dropped."""
         chunk, span.handle = span.handle, None
-        if chunk is not None and chunk.ptr:
-            mtmd.mtmd_input_chunk_free(chunk.ptr)
+        if chunk:
+            mtmd.mtmd_input_chunk_free(chunk)
 
     def stats(self) -> dict[str, Any]:
         return {"encoded": self.cache.encodes, "cache_hits": self.cache.hits, "cached": len(self.cache),
