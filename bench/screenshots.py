@@ -108,12 +108,27 @@ def starter_or_tiny(tmp: Path) -> Path:
         return write_tiny_llama(tmp / "tiny.gguf", TinySpec())
 
 
+def open_window(app, history, model: Path, load, size, *, wait: float):
+    """The main window on the real engine with `model` loaded: (engine, window)."""
+    from ggufdesk.ui.engine_adapter import EngineBridge
+    from ggufdesk.ui.main_window import MainWindow
+
+    engine = EngineBridge()
+    win = MainWindow(engine=engine, history=history, persist_settings=False)
+    win.resize(*size)
+    win.show()
+    loaded: list = []
+    engine.loaded.connect(loaded.append)
+    win.load_model(str(model), load)
+    pump(app, wait, lambda: loaded)
+    win.banner.hide()
+    return engine, win
+
+
 def shoot_chat(app, name: str, size, tmp: Path, stream_chars: int) -> list[Path]:
     from ggufdesk.core.history import History
     from ggufdesk.core.settings import LoadSettings, SamplingSettings
     from ggufdesk.core.starter import EXAMPLE_PROMPT
-    from ggufdesk.ui.engine_adapter import EngineBridge
-    from ggufdesk.ui.main_window import MainWindow
 
     model = starter_or_tiny(tmp)
     history = History(tmp / "history.sqlite3")
@@ -127,15 +142,7 @@ def shoot_chat(app, name: str, size, tmp: Path, stream_chars: int) -> list[Path]
     history.update_message(answer.id, stats={"finish_reason": "stop", "n_gen": 48,
                                               "decode_tok_s": 41.3, "model": "qwen2.5-7b-q4_k_m.gguf"})
     history.new_conversation("Trip ideas for Lisbon", mode="chat")
-    engine = EngineBridge()
-    win = MainWindow(engine=engine, history=history, persist_settings=False)
-    win.resize(*size)
-    win.show()
-    loaded = []
-    engine.loaded.connect(loaded.append)
-    win.load_model(str(model), LoadSettings(n_ctx=2048))
-    pump(app, 180, lambda: loaded)
-    win.banner.hide()
+    engine, win = open_window(app, history, model, LoadSettings(n_ctx=2048), size, wait=180)
     win.sampler.sample_now()
     shots = []
     if name == "chat-light":
@@ -190,21 +197,12 @@ def shoot_vision(app, name: str, size, tmp: Path) -> list[Path]:
     random): an image sent in the chat, and a second one attached in the composer."""
     from ggufdesk.core.history import History
     from ggufdesk.core.settings import LoadSettings, SamplingSettings
-    from ggufdesk.ui.engine_adapter import EngineBridge
-    from ggufdesk.ui.main_window import MainWindow
     from tests.fixtures.vision import write_tiny_vision_pair
 
     model, _ = write_tiny_vision_pair(tmp / "pair")
     history = History(tmp / "history.sqlite3")
-    engine = EngineBridge()
-    win = MainWindow(engine=engine, history=history, persist_settings=False)
-    win.resize(*size)
-    win.show()
-    loaded = []
-    engine.loaded.connect(loaded.append)
-    win.load_model(str(model), LoadSettings(n_ctx=1024, n_ubatch=64, n_batch=64))
-    pump(app, 120, lambda: loaded)
-    win.banner.hide()
+    engine, win = open_window(app, history, model, LoadSettings(n_ctx=1024, n_ubatch=64, n_batch=64), size,
+                              wait=120)
     win.new_conversation()
     win.session.update_conversation(sampling=SamplingSettings(temperature=0.0, max_tokens=12))
     win.composer.attach([demo_picture()])

@@ -166,39 +166,32 @@ def test_a_text_only_model_refuses_images(engine):
     assert "reads text only" in r.error.message
 
 
-def test_a_broken_projector_is_a_notice_and_the_model_reads_text(tmp_path, pair):
-    model, _ = pair
-    bad = tmp_path / "mmproj-broken.gguf"
-    bad.write_bytes(b"GGUF" + b"\0" * 100)
+def load_with(model, mmproj) -> tuple[P.Loaded, list[str]]:
+    """Load `model` with the projector `mmproj` in a fresh engine: the Loaded event and the projector notices."""
     client = EngineClient()
     client.start()
     try:
-        events = []
+        events: list = []
         client.on_event = events.append
-        loaded = client.load(str(model), settings=LOAD, mmproj=str(bad))
-        assert loaded.mmproj is None
-        notices = [e for e in events if isinstance(e, P.Error) and e.kind == "projector"]
-        assert notices and "text only" in notices[0].message
+        loaded = client.load(str(model), settings=LOAD, mmproj=str(mmproj))
+        return loaded, [e.message for e in events if isinstance(e, P.Error) and e.kind == "projector"]
     finally:
         client.shutdown()
+
+
+def test_a_broken_projector_is_a_notice_and_the_model_reads_text(tmp_path, pair):
+    bad = tmp_path / "mmproj-broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 100)
+    loaded, notices = load_with(pair[0], bad)
+    assert loaded.mmproj is None and notices and "text only" in notices[0]
 
 
 def test_a_projector_of_another_width_is_refused_at_load(tmp_path, pair):
     from tests.fixtures.vision import write_tiny_projector
 
-    model, _ = pair
     wrong = write_tiny_projector(tmp_path / "mmproj-wide.gguf", ProjectorSpec(text_n_embd=128))
-    client = EngineClient()
-    client.start()
-    try:
-        events = []
-        client.on_event = events.append
-        loaded = client.load(str(model), settings=LOAD, mmproj=str(wrong))
-        assert loaded.mmproj is None
-        notice = next(e for e in events if isinstance(e, P.Error) and e.kind == "projector")
-        assert "mismatch" in notice.message or "n_embd" in notice.message
-    finally:
-        client.shutdown()
+    loaded, notices = load_with(pair[0], wrong)
+    assert loaded.mmproj is None and notices and ("mismatch" in notices[0] or "n_embd" in notices[0])
 
 
 def test_the_projector_beside_the_model_is_found_and_can_be_declined(pair):

@@ -15,6 +15,13 @@ def load(qtbot, w, path):
         w.load_model(str(path))
 
 
+def send_with(qtbot, w, text: str, images: list[bytes]) -> None:
+    w.composer.attach(images)
+    with qtbot.waitSignal(w.answer_finished, timeout=15000):
+        w.input.setPlainText(text)
+        assert w.send()
+
+
 def test_attach_paste_drop_remove_and_send(qtbot, window, tmp_path):
     w = window
     load(qtbot, w, tmp_path / "tiny-vision-instruct.gguf")
@@ -79,10 +86,7 @@ def test_editing_a_message_attaches_its_images_again(qtbot, window, tmp_path):
     w = window
     load(qtbot, w, tmp_path / "tiny-vision-instruct.gguf")
     data = png_bytes(seed=4)
-    w.composer.attach([data])
-    with qtbot.waitSignal(w.answer_finished, timeout=15000):
-        w.input.setPlainText("look")
-        assert w.send()
+    send_with(qtbot, w, "look", [data])
     w.edit_message(w.session.turns[0].key)
     assert w.composer.images() == [data] and w.input.toPlainText() == "look"
 
@@ -91,10 +95,7 @@ def test_markdown_export_writes_the_images_beside_it(qtbot, window, tmp_path):
     w = window
     load(qtbot, w, tmp_path / "tiny-vision-instruct.gguf")
     data = png_bytes(seed=5)
-    w.composer.attach([data])
-    with qtbot.waitSignal(w.answer_finished, timeout=15000):
-        w.input.setPlainText("export me")
-        assert w.send()
+    send_with(qtbot, w, "export me", [data])
     out = tmp_path / "chat.md"
     with qtbot.waitSignal(w.exported, timeout=10000):
         w.export_current(str(out))

@@ -17,7 +17,7 @@ from ggufdesk.engine.link import protocol as P
 from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
-from ggufdesk.server.images import RequestImages, require_vision
+from ggufdesk.server.images import RequestImages, with_images
 from ggufdesk.server.schemas import MessagesRequest, text_of
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
@@ -110,14 +110,9 @@ async def messages(request: Request) -> Response:
     req = await parse_body(request, MessagesRequest, svc.config.max_image_body)
     extra = await off_loop(structured.anthropic_tools, req.tools, req.tool_choice)
     think = reasoning.anthropic_fields(req.thinking)
-    model = svc.check_model(req.model)
-    images = RequestImages(allow_remote=svc.config.allow_remote_images)
-    msgs = await off_loop(messages_of, req, images)  # (images are decoded and checked: CPU work)
-    if images:
-        require_vision(svc, model)
-        await images.fetch_remote()
+    msgs, images = await with_images(svc, svc.check_model(req.model), messages_of, req)
     spec = GenSpec(endpoint="messages", messages=msgs, sampling=sampling_for(svc, req), structured=extra,
-                   reasoning=think, images=images.files)
+                   reasoning=think, images=images)
     job = await svc.start(caller(request), spec, request.receive)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if req.stream:

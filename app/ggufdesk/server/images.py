@@ -14,6 +14,7 @@ import asyncio
 import base64
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from ggufdesk.core import images as img
@@ -113,6 +114,20 @@ def fetch(url: str, *, timeout: float = FETCH_TIMEOUT_S) -> bytes:
         raise img.ImageError(f"fetching the image failed ({reason}): {url[:120]}") from None
     img.check_size(len(data))
     return data
+
+
+async def with_images(svc: Any, model_id: str, convert: Callable[..., list[dict[str, Any]]],
+                      req: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """A route's messages (convert(req, images), off the event loop: images are decoded and checked)
+    and their images (sha256 -> base64); a 400 when the model cannot see them."""
+    from ggufdesk.server.http import off_loop
+
+    images = RequestImages(allow_remote=svc.config.allow_remote_images)
+    messages = await off_loop(convert, req, images)
+    if images:
+        require_vision(svc, model_id)
+        await images.fetch_remote()
+    return messages, images.files
 
 
 def require_vision(svc: Any, model_id: str) -> None:

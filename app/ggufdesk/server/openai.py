@@ -17,7 +17,7 @@ from ggufdesk.engine.link import protocol as P
 from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import ApiError, invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
-from ggufdesk.server.images import RequestImages, require_vision
+from ggufdesk.server.images import RequestImages, with_images
 from ggufdesk.server.schemas import ChatRequest, CompletionRequest, SamplingFields, refuse_unsupported, stops, text_of
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
@@ -127,19 +127,14 @@ async def chat_completions(request: Request) -> Response:
     req = await parse_body(request, ChatRequest, svc.config.max_image_body)
     refuse_unsupported(req)
     extra = await off_loop(chat_structured, req)
-    model = svc.check_model(req.model)
-    images = RequestImages(allow_remote=svc.config.allow_remote_images)
-    messages = await off_loop(chat_messages, req, images)  # (images are decoded and checked: CPU work)
-    if images:
-        require_vision(svc, model)
-        await images.fetch_remote()
+    messages, images = await with_images(svc, svc.check_model(req.model), chat_messages, req)
     top = req.top_logprobs or 0
     lp = want_logprobs(svc, top) if req.logprobs else 0
     sampling = sampling_for(svc, req, req.max_completion_tokens or req.max_tokens)
     think = reasoning.openai_fields(effort=req.reasoning_effort, template_kwargs=req.chat_template_kwargs,
                                     budget=req.reasoning_budget, think=req.think)
     spec = GenSpec(endpoint="chat", messages=messages, sampling=sampling, logprobs=lp, structured=extra,
-                   reasoning=think, images=images.files)
+                   reasoning=think, images=images)
     job = await svc.start(caller(request), spec, request.receive)
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     if req.stream:
