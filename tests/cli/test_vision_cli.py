@@ -114,3 +114,4 @@ def test_run_image_on_a_text_model(capsys, tiny_model, tmp_path):
     rc, d = run_json(capsys, "run", str(tiny_model), "--prompt", "x", "--image", str(image), "--ctx", "512",
                      "--max-tokens", "2")
     assert rc == 1 and "reads text only" in d["error"] and "mmproj" in d["error"]
+

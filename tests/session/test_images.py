@@ -121,3 +121,21 @@ def test_a_memory_history_keeps_images_in_memory():
     h = History(memory=True)
     key = h.images.put(png_bytes())
     assert h.images.get(key) == png_bytes() and h.images.path(key) is None
+
+
+def test_a_full_disk_holds_the_message_until_the_image_is_saved(vrig, monkeypatch):
+    real, fails = vrig.history.images.put, []
+
+    def flaky(data):
+        if len(fails) < 2:
+            fails.append(1)
+            from ggufdesk.core.errors import KnownError
+
+            raise KnownError("could not save the image: No space left on device")
+        return real(data)
+
+    monkeypatch.setattr(vrig.history.images, "put", flaky)
+    data = png_bytes(seed=9)
+    send(vrig, "after the disk frees up", [data])
+    assert len(fails) == 2 and any(s.reason and "No space" in s.reason for s in vrig.view.save_states)
+    assert vrig.history.images.get(img.sha256(data)) == data  # saved before the engine was asked

@@ -103,3 +103,24 @@ def test_markdown_export_writes_the_images_beside_it(qtbot, window, tmp_path):
     files = list(folder.iterdir())
     assert len(files) == 1 and files[0].read_bytes() == data
     assert f"![image](chat_images/{files[0].name})" in out.read_text()
+
+
+def test_the_wizards_download_fetches_the_projector_too(hub, tmp_path):
+    from ggufdesk.ui.services import DownloadControl, ModelChoice, ModelServices
+    from tests.fixtures.vision import write_tiny_vision_pair
+
+    model, mmproj = write_tiny_vision_pair(tmp_path / "pair")
+    hub.add_repo("org/w-GGUF", {"w-Q8_0.gguf": model, "mmproj-w-f16.gguf": mmproj})
+    choice = ModelChoice(label="w", source="catalog", repo="org/w-GGUF", filename="w-Q8_0.gguf",
+                         size_bytes=model.stat().st_size)
+    path = ModelServices().download(choice, lambda done, total: None, DownloadControl())
+    beside = path.parent / "mmproj-w-f16.gguf"
+    assert beside.exists() and beside.read_bytes() == mmproj.read_bytes()
+    assert ModelServices().choice_for_file(path, None).capabilities == ()  # (no hardware: not planned)
+    assert "vision" in ModelServices().plan(ModelServices().choice_for_file(path, None), _hw()).capabilities
+
+
+def _hw():
+    from ggufdesk.core import hardware
+
+    return hardware.probe()
