@@ -220,3 +220,19 @@ def test_the_bench_runs_on_the_tiny_pair():
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["image_tokens"] == SPEC.n_image_tokens
     assert out["encode_ms"] > 0 and out["text_ms"] > 0 and out["encode_over_text"] > 0
+
+
+def test_an_image_prefills_while_another_request_decodes(vengine):
+    """The image's step decodes the running sequence's row first (sampled before the image's own call,
+    which leaves no logits): both answers are the ones each gets alone."""
+    text = [{"role": "user", "content": "tell me about the red house " * 3}]
+    rid_text = vengine.generate(messages=text, sampling=greedy(40))
+    msgs, images = image_message(png_bytes(seed=13), "and the picture")
+    rid_image = vengine.generate(messages=msgs, images=images, sampling=greedy(8))
+    both_text, both_image = collect(vengine, rid_text), collect(vengine, rid_image)
+    assert both_text.error is None and both_image.error is None
+    assert both_image.done.usage["images_encoded"] == 1  # the image was prefilled beside the text answer
+    alone = collect(vengine, vengine.generate(messages=text, sampling=greedy(40)))
+    image_alone = ask(vengine, png_bytes(seed=13), text="and the picture")
+    assert both_text.done.tokens == alone.done.tokens
+    assert both_image.done.tokens == image_alone.done.tokens

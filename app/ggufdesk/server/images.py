@@ -116,6 +116,34 @@ def fetch(url: str, *, timeout: float = FETCH_TIMEOUT_S) -> bytes:
     return data
 
 
+def with_text(parts: list[dict[str, Any]], text: str) -> str | list[dict[str, Any]]:
+    """A message's content: the text alone, or its image parts followed by the text."""
+    if not parts:
+        return text
+    return parts + ([{"type": "text", "text": text}] if text else [])
+
+
+def ollama_content(text: str, images: Any, where: str, found: RequestImages) -> str | list[dict[str, Any]]:
+    """An Ollama message (or /api/generate prompt) and its `images` (a list of base64 strings)."""
+    if not images:
+        return text
+    if not isinstance(images, list):
+        raise image_error(f"{where}.images must be a list of base64 strings", f"{where}.images")
+    return with_text([found.part_from_base64(b, f"{where}.images[{k}]") for k, b in enumerate(images)], text)
+
+
+def responses_image(part: dict[str, Any], where: str, found: RequestImages) -> dict[str, Any]:
+    """A Responses API `input_image` part: image_url (a data: URL, or http(s) with --allow-remote-images);
+    a file_id refers to an upload this server does not keep."""
+    url = part.get("image_url")
+    if isinstance(url, dict):  # (some clients nest it as Chat Completions does)
+        url = url.get("url")
+    if url is None and part.get("file_id"):
+        raise image_error(f"{where}: file_id images are not kept by this server; send image_url as a data: URL",
+                          where)
+    return found.part_from_url(url, where)
+
+
 async def with_images(svc: Any, model_id: str, convert: Callable[..., list[dict[str, Any]]],
                       req: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """A route's messages (convert(req, images), off the event loop: images are decoded and checked)
