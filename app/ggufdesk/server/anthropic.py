@@ -24,8 +24,8 @@ from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
-def sampling_for(svc: Service, req: MessagesRequest) -> SamplingSettings:
-    d = svc.config.sampling
+def sampling_for(svc: Service, req: MessagesRequest, model: str) -> SamplingSettings:
+    d = svc.sampling_defaults(model)
     stop = [s for s in (req.stop_sequences or []) if s]
     if len(stop) > 16:
         raise invalid("stop_sequences: at most 16", param="stop_sequences")
@@ -110,15 +110,16 @@ async def messages(request: Request) -> Response:
     req = await parse_body(request, MessagesRequest, svc.config.max_image_body)
     extra = await off_loop(structured.anthropic_tools, req.tools, req.tool_choice)
     think = reasoning.anthropic_fields(req.thinking)
-    msgs, images = await with_images(svc, svc.check_model(req.model), messages_of, req)
-    spec = GenSpec(endpoint="messages", messages=msgs, sampling=sampling_for(svc, req), structured=extra,
-                   reasoning=think, images=images)
+    model = svc.check_model(req.model)
+    msgs, images = await with_images(svc, model, messages_of, req)
+    spec = GenSpec(endpoint="messages", messages=msgs, sampling=sampling_for(svc, req, model),
+                   structured=extra, reasoning=think, model=model, images=images)
     job = await svc.start(caller(request), spec, request.receive)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if req.stream:
         calls = CallStream(job.pool.tool_format or GENERIC) if extra else None
         reasons = bool(getattr(job.pool.loaded, "reasoning", None))
-        return event_stream(_stream(job, mid, svc.model_id, calls, reasons))
+        return event_stream(_stream(job, mid, model, calls, reasons))
     try:
         await job.collect()
     finally:
@@ -132,7 +133,7 @@ async def messages(request: Request) -> Response:
     if job.reasoning:  # a thinking block first, as Anthropic's extended thinking
         content.insert(0, {"type": "thinking", "thinking": "".join(job.reasoning), "signature": ""})
     return JSONResponse({
-        "id": mid, "type": "message", "role": "assistant", "model": svc.model_id,
+        "id": mid, "type": "message", "role": "assistant", "model": model,
         "content": content,
         "stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job),
         "usage": {"input_tokens": job.prompt_tokens, "output_tokens": job.completion_tokens},
