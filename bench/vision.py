@@ -47,7 +47,7 @@ def text_prefill(lm, n: int) -> float:
     import llama_cpp
     from llama_cpp import _internals as internals
 
-    from ggufdesk.engine.batching.batch import fill_batch
+    from ggufdesk.engine.batching.runner import fill_batch
 
     batch = internals.LlamaBatch(n_tokens=n, embd=0, n_seq_max=1)
     n_vocab = lm.n_vocab

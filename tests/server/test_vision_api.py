@@ -16,6 +16,7 @@ from tests.fixtures.vision import animated_gif, png_bomb, png_bytes, truncated_j
 from tests.server.serving import ServeProcess
 
 MODEL = "tiny-vision"
+MAX_BODY = 65536  # text beyond it is refused; images may take the body up to --max-image-body
 
 
 def data_url(data: bytes, mime: str = "image/png") -> str:
@@ -31,7 +32,7 @@ def openai_image(url: str, text: str = "what is this") -> list[dict]:
 def vision_served(tmp_path_factory):
     model, _ = write_tiny_vision_pair(tmp_path_factory.mktemp("vpair"))
     server = ServeProcess(model, "--ctx", "1024", "--parallel", "2", "--temperature", "0",
-                          "--ubatch", "64", "--threads", "1", home=tmp_path_factory.mktemp("vserve-home"))
+                          "--ubatch", "64", "--threads", "1", "--max-body", str(MAX_BODY), home=tmp_path_factory.mktemp("vserve-home"))
     yield server
     server.stop()
 
@@ -91,6 +92,20 @@ def test_a_body_beyond_the_image_limit_is_413(vision_served):
                    content=b'{"model": "x", "messages": [' + b" " * (97 * 1024 * 1024) + b"]}",
                    headers={"content-type": "application/json"})
     assert r.status_code == 413
+
+
+def test_images_may_pass_max_body_but_text_may_not(oai):
+    big = png_bytes(256, 192, seed=5)  # noise: its base64 alone is beyond --max-body
+    assert len(base64.b64encode(big)) > MAX_BODY
+    r = oai.chat.completions.create(model=MODEL, messages=openai_image(data_url(big)), max_tokens=1)
+    assert r.choices[0].finish_reason in ("length", "stop")
+    with pytest.raises(openai.APIStatusError) as e:
+        oai.chat.completions.create(model=MODEL, max_tokens=1,
+                                    messages=openai_image(data_url(png_bytes()), "x" * (MAX_BODY + 10)))
+    assert e.value.status_code == 413 and "without its images" in str(e.value)
+    with pytest.raises(openai.APIStatusError) as e:  # no image at all: refused while reading, as before
+        oai.chat.completions.create(model=MODEL, max_tokens=1, messages=[{"role": "user", "content": "x" * 70_000}])
+    assert e.value.status_code == 413
 
 
 def test_remote_urls_are_refused_without_the_flag(oai):

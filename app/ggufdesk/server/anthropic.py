@@ -111,7 +111,7 @@ async def messages(request: Request) -> Response:
     extra = await off_loop(structured.anthropic_tools, req.tools, req.tool_choice)
     think = reasoning.anthropic_fields(req.thinking)
     model = svc.check_model(req.model)
-    msgs, images = await with_images(svc, model, messages_of, req)
+    msgs, images = await with_images(request, model, messages_of, req)
     spec = GenSpec(endpoint="messages", messages=msgs, sampling=sampling_for(svc, req, model),
                    structured=extra, reasoning=think, model=model, images=images)
     job = await svc.start(caller(request), spec, request.receive)

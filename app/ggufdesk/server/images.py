@@ -17,6 +17,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from starlette.requests import Request
+
 from ggufdesk.core import images as img
 from ggufdesk.server.errors import ApiError, invalid
 
@@ -34,6 +36,7 @@ class RequestImages:
     def __init__(self, *, allow_remote: bool = False) -> None:
         self.allow_remote = allow_remote
         self.files: dict[str, str] = {}  # sha256 -> base64 (what the engine's Generate.images carries)
+        self.inline = 0  # characters of image data in the body (data: URLs, base64)
         self._remote: list[tuple[str, dict[str, Any], str]] = []  # (url, the part to fill in, where)
 
     def __bool__(self) -> bool:
@@ -56,6 +59,7 @@ class RequestImages:
         """An image as base64 (Anthropic's source.data, Ollama's images[]) or a data: URL."""
         if not isinstance(data, str) or not data:
             raise image_error(f"{where}: the image has no data", where)
+        self.inline += len(data)
         try:
             raw = img.from_base64(data)
         except img.ImageError as e:
@@ -144,14 +148,19 @@ def responses_image(part: dict[str, Any], where: str, found: RequestImages) -> d
     return found.part_from_url(url, where)
 
 
-async def with_images(svc: Any, model_id: str, convert: Callable[..., list[dict[str, Any]]],
+async def with_images(request: Request, model_id: str, convert: Callable[..., list[dict[str, Any]]],
                       req: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """A route's messages (convert(req, images), off the event loop: images are decoded and checked)
-    and their images (sha256 -> base64); a 400 when the model cannot see them."""
-    from ggufdesk.server.http import off_loop
+    and their images (sha256 -> base64); a 400 when the model cannot see them. The body was read under
+    --max-image-body; without its images it keeps to --max-body (a 413 otherwise)."""
+    from ggufdesk.server.http import body_too_large, off_loop, service
 
+    svc = service(request)
     images = RequestImages(allow_remote=svc.config.allow_remote_images)
     messages = await off_loop(convert, req, images)
+    limit = svc.config.max_body
+    if getattr(request.state, "body_size", 0) - images.inline > limit:
+        raise body_too_large(f"the request body is larger than {limit} bytes without its images")
     if images:
         require_vision(svc, model_id)
         await images.fetch_remote()

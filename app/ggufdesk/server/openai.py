@@ -135,7 +135,7 @@ async def chat_completions(request: Request) -> Response:
     refuse_unsupported(req)
     extra = await off_loop(chat_structured, req)
     model = svc.check_model(req.model)
-    messages, images = await with_images(svc, model, chat_messages, req)
+    messages, images = await with_images(request, model, chat_messages, req)
     top = req.top_logprobs or 0
     lp = want_logprobs(svc, model, top) if req.logprobs else 0
     sampling = sampling_for(svc, req, req.max_completion_tokens or req.max_tokens, model)

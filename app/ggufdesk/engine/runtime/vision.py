@@ -28,6 +28,7 @@ from llama_cpp import mtmd_cpp as mtmd
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.images import Pixels
 from ggufdesk.core.projector import ProjectorInfo, read_projector
+from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.batching.media import ImageSpan, MediaPrompt, placeholder_id
 from ggufdesk.engine.runtime.native import LlamaLog, LoadedModel
 
@@ -38,11 +39,9 @@ _SIZE_RE = re.compile(r"(model size|compute buffer size)\s*=?\s*:?\s*([\d.]+)\s*
 _NULL_CALLBACK = ctypes.cast(None, mtmd.mtmd_helper_post_decode_callback)
 
 
-def vision_refusal(message: str) -> KnownError:
+def vision_refusal(message: str) -> P.EngineRequestError:
     """An image the loaded model cannot take: an Error of kind 'image' (the server's 400)."""
-    e = KnownError(message)
-    e.kind = "image"  # type: ignore[attr-defined]
-    return e
+    return P.EngineRequestError("image", message)
 
 
 class EmbeddingCache:

@@ -134,7 +134,7 @@ class Engine:
         self.book = book
         self.llama_log = LlamaLog()
         self.lm = None
-        self.gen = None
+        self.vocab = None  # batching.vocab.Vocab of the loaded model
         self.template = None
         self.reasoning: Any = None  # core.reasoning.ReasoningFormat of the loaded model's template
         self.tool_format: Any = None  # core.tools.ToolFormat of it
@@ -158,8 +158,8 @@ class Engine:
 
     def load(self, req: P.Load) -> None:
         from ggufdesk.engine.batching.batch import BatchEngine
+        from ggufdesk.engine.batching.vocab import Vocab
         from ggufdesk.engine.runtime.chat import ChatTemplate
-        from ggufdesk.engine.batching.generate import Generator
         from ggufdesk.engine.runtime.native import load_model
 
         try:
@@ -179,7 +179,8 @@ class Engine:
                                           mmproj))
         self.emit(P.Loading(id=req.id, stage="model", path=req.model))
         try:
-            # logits rows one decode may ask for: a verification batch [last] + K, or every sequence + a prefill
+            # logits rows one decode may ask for: a verification batch [last] + K, or every sequence + a
+            # prefill; beside others, the sequences' draft rows share what is left (engine/speculation/planner.py)
             offload = _rpc_offload(req.model, settings)
             lm = load_model(req.model, settings, self.llama_log,
                             n_outputs=max(spec.k_max + 1, settings.n_parallel + 1), offload=offload)
@@ -204,7 +205,7 @@ class Engine:
                 lm.close()
                 self.emit(P.Error(kind="load", id=req.id, message=str(e)))
                 return
-        self.lm, self.gen, self.speculation = lm, Generator(lm), spec
+        self.lm, self.vocab, self.speculation = lm, Vocab(lm), spec
         from ggufdesk.engine.speculation.lookup import NgramCache
 
         self.ngrams = NgramCache(spec.ngram)
@@ -212,8 +213,8 @@ class Engine:
         self._bytes_per_token = None
         self.verify_costs = self._calibration = None
         meta = lm.metadata
-        bos = _piece(self.gen, meta.get("tokenizer.ggml.bos_token_id"))
-        eos = _piece(self.gen, meta.get("tokenizer.ggml.eos_token_id"))
+        bos = _piece(lm, meta.get("tokenizer.ggml.bos_token_id"))
+        eos = _piece(lm, meta.get("tokenizer.ggml.eos_token_id"))
         try:
             self.template = ChatTemplate(lm.chat_template, bos=bos, eos=eos)
         except KnownError as e:
@@ -226,14 +227,14 @@ class Engine:
         if spec.mode == "draft":
             self.emit(P.Loading(id=req.id, stage="draft", path=str(spec.draft_model)))
             try:
-                from ggufdesk.engine.speculation.speculative import DraftModel
+                from ggufdesk.engine.speculation.draft_model import DraftModel
 
                 self.draft = DraftModel.load(spec, target=lm, llama_log=self.llama_log)
                 memory["draft"] = self.draft.memory_bytes
             except KnownError as e:
                 self.emit(P.Error(kind="draft", id=req.id, message=str(e)))
                 self.speculation = dataclasses.replace(spec, mode="off", draft_model=None)
-        self.batch = BatchEngine(lm, self.gen, emit=self._emit, cancelled=self.book.is_cancelled,
+        self.batch = BatchEngine(lm, self.vocab, emit=self._emit, cancelled=self.book.is_cancelled,
                                  set_batch=self.book.set_batch, flush=getattr(self.emit, "flush", None),
                                  on_plain_done=lambda st: self._calibrate(st.n_gen, st.decode_tok_s))
         if self.speculation.mode != "off":  # measured before Loaded, so no first request waits for it
@@ -272,7 +273,7 @@ class Engine:
         self.reasoning = reasoning.detect(source)
         self.tool_format = tools.detect_format(source)
         markers = self.tool_format.tokens + (self.reasoning.tokens if self.reasoning else ())
-        shown = self.gen.show_as_text(markers)
+        shown = self.vocab.show_as_text(markers)
         if shown:
             log.info("shown as text: %s", " ".join(shown))
 
@@ -289,7 +290,7 @@ class Engine:
         _, honoured = template_switches(self.template.source, _think(req, sampling))
         if not honoured:
             budget = 0  # the template has no off switch: end the reasoning at once
-        close = self.gen.tokenize(self.reasoning.force_close, add_bos=False)
+        close = self.vocab.tokenize(self.reasoning.force_close, add_bos=False)
         return ReasoningControl(self.reasoning, inside=starts_inside(self.reasoning, prompt_text),
                                 budget=None if budget in (None, -1) else budget, close_tokens=close)
 
@@ -312,7 +313,7 @@ class Engine:
             self.projector = None
         self.embedding_only = False
         if self.lm is not None:
-            self.gen = None
+            self.vocab = None
             self.ngrams = self._token_text = None
             self._lookup_prompts.clear()
             self.lm.close()
@@ -332,16 +333,15 @@ class Engine:
 
     def generate(self, req: P.Generate) -> None:
         """Check and queue a request; the step loop (next_request) runs it beside the others."""
-        from ggufdesk.engine.batching.batch import Sequence
-        from ggufdesk.engine.batching.generate import RunStats
         from ggufdesk.engine.batching.media import text_only
+        from ggufdesk.engine.batching.sequence import RunStats, Sequence
 
         t_start = time.perf_counter()
         if self.book.is_cancelled(req.id):
             self._emit(P.Done(id=req.id, finish_reason="cancelled"))
             return
         try:
-            if self.gen is None or self.batch is None:
+            if self.vocab is None or self.batch is None:
                 raise KnownError("no model is loaded")
             if self.embedding_only:
                 from ggufdesk.engine.runtime.embed import refusal
@@ -363,8 +363,9 @@ class Engine:
             prompt, stops = self._prompt(req, sampling, structured)
             if stops:
                 sampling = dataclasses.replace(sampling, stop=sampling.stop + stops)
-            constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=self.gen.piece,
-                                               tokenize=lambda t: self.gen.tokenize(t, add_bos=False))
+            vocab = self.vocab
+            constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=vocab.piece,
+                                               tokenize=lambda t: vocab.tokenize(t, add_bos=False))
             thinking = self._reasoning(req, sampling, self._prompt_text)
             media, self._media = self._media, None
             text = text_only(prompt) if media is not None else prompt  # (what reads token ids)
@@ -384,8 +385,7 @@ class Engine:
                     constraint.close()
                 raise
         except (KnownError, TypeError) as e:
-            kind = getattr(e, "kind", "generate")
-            self._emit(P.Error(kind=kind, id=req.id, message=str(e)))
+            self._emit(P.Error(kind=P.error_kind(e), id=req.id, message=str(e)))
 
     # ---- embeddings ------------------------------------------------------------------------------
 
@@ -403,7 +403,7 @@ class Engine:
             if self.embedder is None:
                 self.embedder = Embedder(self.lm, self.llama_log)
         except KnownError as e:
-            self._emit(P.Error(kind=getattr(e, "kind", "generate"), id=req.id, message=str(e)))
+            self._emit(P.Error(kind=P.error_kind(e), id=req.id, message=str(e)))
             return
         self._embeds.append(EmbedJob(req))
 
@@ -427,7 +427,7 @@ class Engine:
             return
         except KnownError as e:
             self._embeds.popleft()
-            self._emit(P.Error(kind=getattr(e, "kind", "generate"), id=rid, message=str(e)))
+            self._emit(P.Error(kind=P.error_kind(e), id=rid, message=str(e)))
             return
         finally:
             self.book.set_batch([])
@@ -493,6 +493,7 @@ class Engine:
             return
         if cal.done:
             self.verify_costs, self._calibration = cal.costs, None
+            self.batch.set_verify_costs(cal.costs)
             if cal.costs:
                 log.info("verification cost in plain steps: %s",
                          ", ".join(f"k={k}: {c:.2f}" for k, c in cal.costs.items()))
@@ -513,8 +514,7 @@ class Engine:
                                    template_source=self.template.source,
                                    chat=req.messages is not None, reasoning=self.reasoning is not None)
         except KnownError as e:
-            e.kind = "schema"  # type: ignore[attr-defined]
-            raise
+            raise P.EngineRequestError("schema", str(e)) from e
 
     def _prompt(self, req: P.Generate, sampling: SamplingSettings,
                 structured: Any = None) -> tuple[list[int], list[str]]:
@@ -523,7 +523,7 @@ class Engine:
         from ggufdesk.engine.runtime.chat import fit_messages
         from ggufdesk.engine.structured.request import prepare_messages
 
-        gen, n_ctx = self.gen, self.lm.n_ctx
+        vocab, n_ctx = self.vocab, self.lm.n_ctx
         reserve = min(sampling.max_tokens, n_ctx // 2)
         self._media = None
         if req.messages is not None:
@@ -548,7 +548,7 @@ class Engine:
             return self._chat_tokens(messages, tools, switches), list(self.template.stops)
         if req.prompt is None:
             raise KnownError("a generate request needs a prompt or messages")
-        tokens = gen.tokenize(req.prompt)
+        tokens = vocab.tokenize(req.prompt)
         if len(tokens) >= n_ctx:
             raise context_error(len(tokens), n_ctx - 1)
         return tokens, []
@@ -556,8 +556,8 @@ class Engine:
     def _chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                      switches: dict[str, Any] | None = None) -> list[int]:
         text = self._chat_text(messages, tools, switches)
-        bos = llama_bos_text(self.gen)
-        return self.gen.tokenize(text, add_bos=not (bos and text.startswith(bos)))
+        bos = llama_bos_text(self.lm)
+        return self.vocab.tokenize(text, add_bos=not (bos and text.startswith(bos)))
 
     def _chat_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                    switches: dict[str, Any] | None = None) -> str:
@@ -588,8 +588,8 @@ class Engine:
 
         proj = self.projector
         text = self._chat_text(messages, tools, switches).replace(proj.marker, "")
-        bos = llama_bos_text(self.gen)
-        n = len(self.gen.tokenize(text, add_bos=not (bos and text.startswith(bos))))
+        bos = llama_bos_text(self.lm)
+        n = len(self.vocab.tokenize(text, add_bos=not (bos and text.startswith(bos))))
         return n + sum(proj.count_image(pics[k].width, pics[k].height) for k in images_of(messages))
 
     def _media_tokens(self, messages: list[dict[str, Any]], pics: dict[str, Any], tools: Any,
@@ -602,7 +602,7 @@ class Engine:
         if text.count(proj.marker) != len(keys):
             raise vision_refusal(f"the model's chat template kept {text.count(proj.marker)} of the "
                                  f"{len(keys)} images in the conversation; it cannot show them to the model")
-        bos = llama_bos_text(self.gen)
+        bos = llama_bos_text(self.lm)
         self._media = proj.tokenize(text, [pics[k] for k in keys], add_special=not (bos and text.startswith(bos)))
         return self._media.tokens
 
@@ -684,21 +684,21 @@ def _rpc_offload(model: str, settings: LoadSettings) -> Any:
     return prepare_offload(model, settings)
 
 
-def _piece(gen: Any, token_id: str | None) -> str:
+def _piece(lm: Any, token_id: str | None) -> str:
     if token_id in (None, ""):
         return ""
     import llama_cpp
 
     try:
-        return llama_cpp.llama_vocab_get_text(gen.lm.vocab, int(token_id)).decode("utf-8", "replace")
+        return llama_cpp.llama_vocab_get_text(lm.vocab, int(token_id)).decode("utf-8", "replace")
     except (ValueError, TypeError):
         return ""
 
 
-def llama_bos_text(gen: Any) -> str:
+def llama_bos_text(lm: Any) -> str:
     import llama_cpp
 
-    return _piece(gen, str(llama_cpp.llama_vocab_bos(gen.lm.vocab)))
+    return _piece(lm, str(llama_cpp.llama_vocab_bos(lm.vocab)))
 
 
 _LINE_ID = re.compile(r'\{"type": "[a-z]+", "id": "([^"\\]{1,200})"')
