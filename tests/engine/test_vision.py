@@ -236,3 +236,34 @@ def test_an_image_prefills_while_another_request_decodes(vengine):
     image_alone = ask(vengine, png_bytes(seed=13), text="and the picture")
     assert both_text.done.tokens == alone.done.tokens
     assert both_image.done.tokens == image_alone.done.tokens
+
+
+def test_a_killed_engine_mid_image_is_reported_and_reloads_with_its_projector(pair):
+    """SIGKILL while an image request runs: its Error says so, the engine restarts with the same
+    model and projector, and the next image is answered."""
+    import os
+    import signal
+    import time
+
+    model, mmproj = pair
+    client = EngineClient(auto_restart=True)
+    client.start()
+    try:
+        client.load(str(model), settings=LOAD, mmproj=str(mmproj))
+        old = client.pid
+        msgs, images = image_message(png_bytes(seed=61))
+        rid = client.generate(messages=msgs, images=images, sampling=greedy(400))
+        events = []
+        for ev in client.stream(rid):
+            events.append(ev)
+            if len(events) == 1:  # its first event (prefill progress): the image is being read
+                os.kill(old, signal.SIGKILL)
+        assert isinstance(events[-1], P.Error) and events[-1].kind == "crash" and "SIGKILL" in events[-1].message
+        deadline = time.monotonic() + 120  # a hang guard, generous for a busy machine
+        while (client.loaded is None or client.pid == old) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.pid != old and client.loaded is not None and client.loaded.mmproj == str(mmproj)
+        r = ask(client, png_bytes(seed=61))
+        assert r.error is None and r.done.usage["images_encoded"] == 1  # the new engine's cache is empty
+    finally:
+        client.shutdown()
