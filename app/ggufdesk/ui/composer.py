@@ -71,14 +71,15 @@ class MessageBox(QPlainTextEdit):
 
 class Composer(QWidget):
     """The box, Send and Stop. `send_requested` carries the text as typed (the window decides what
-    an empty box means); `stop_requested` the Stop button; `draft_changed` every edit."""
+    an empty box means); `stop_requested` the Stop button; `draft_changed` every edit. images: the
+    Attach image… button under the box (paste and drop take images whenever `set_images_allowed`)."""
 
     send_requested = Signal(str)
     stop_requested = Signal()
     draft_changed = Signal()
     image_refused = Signal(str)  # an image that cannot be attached, and why
 
-    def __init__(self, parent: QWidget | None = None, *, enter_sends: bool = True) -> None:
+    def __init__(self, parent: QWidget | None = None, *, enter_sends: bool = True, images: bool = False) -> None:
         super().__init__(parent)
         self.box = MessageBox(enter_sends=enter_sends)
         self.box.setFixedHeight(BOX_HEIGHT)
@@ -115,7 +116,8 @@ class Composer(QWidget):
         self.attach_btn.setText("Attach image…")
         self.attach_btn.setAutoRaise(True)
         self.attach_btn.clicked.connect(lambda: self.choose_images())
-        self.add_tool(self.attach_btn)
+        if images:  # (the window's composer: the button is there, greyed, while the model reads text only)
+            self.add_tool(self.attach_btn)
         self.box.images_given.connect(self.attach)
         self.set_images_allowed(False, "Load a vision model (one with its projector, mmproj) to attach images")
 

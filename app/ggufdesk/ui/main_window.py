@@ -231,7 +231,7 @@ class MainWindow(QMainWindow):
         self.header.set_switcher(self.switcher)
         self.banner = Banner()
         self.chat = ChatView()
-        self.composer = Composer(enter_sends=enter_sends())
+        self.composer = Composer(enter_sends=enter_sends(), images=True)
         self.gauges = GaugePanel()  # scrolls when short; the splitter can fold it away
         # Short names for the controls that tests, benches and screenshots reach for.
         self.search, self.conv_list, self.conv_model = (self.sidebar.search, self.sidebar.list,
