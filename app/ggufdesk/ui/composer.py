@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QMimeData, QSettings, Qt, Signal
 from PySide6.QtGui import QKeyEvent
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QPlainTextEdit, QPushButton, QToolButton, QVBoxLayout,
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QPlainTextEdit, QPushButton, QVBoxLayout,
                                QWidget)
 
 from ggufdesk.core import images as img
@@ -112,9 +112,7 @@ class Composer(QWidget):
         self.stop_btn.clicked.connect(lambda: self.stop_requested.emit())
         self.box.textChanged.connect(lambda: self.draft_changed.emit())
         self.thumbnails: list[Thumbnail] = []
-        self.attach_btn = QToolButton()
-        self.attach_btn.setText("Attach image…")
-        self.attach_btn.setAutoRaise(True)
+        self.attach_btn = QPushButton("Attach image…")  # (a button like the documents' Attach files…)
         self.attach_btn.clicked.connect(lambda: self.choose_images())
         if images:  # (the window's composer: the button is there, greyed, while the model reads text only)
             self.add_tool(self.attach_btn)
