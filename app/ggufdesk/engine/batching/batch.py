@@ -212,7 +212,7 @@ class BatchEngine:
                 seq.sampler.accept(t)
 
     def _settle(self, plan: Plan[Sequence], result: StepResult) -> None:
-        """What the step cost: the chunk sizer and the draft planner learn from it."""
+        """What the step cost: the chunk sizer, the draft planner and the thread tuner learn from it."""
         sizer = self.sched.sizer
         if sizer is not None and (plan.decode or result.n_prompt):
             sizer.observe(result.rows - result.n_prompt, result.n_prompt, result.seconds)
