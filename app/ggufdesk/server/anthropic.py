@@ -22,6 +22,7 @@ from ggufdesk.engine.link import protocol as P
 from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
+from ggufdesk.server.images import RequestImages, with_images
 from ggufdesk.server.sampling import sampling_from
 from ggufdesk.server.schemas import (AnthropicBlock, AnthropicMessage, CountTokensRequest, MessagesRequest,
                                      system_first, text_of)
@@ -44,10 +45,11 @@ SKIPPED_BLOCKS = frozenset({"thinking", "redacted_thinking", "server_tool_use", 
                             "web_fetch_tool_result", "code_execution_tool_result", "mcp_tool_use", "mcp_tool_result"})
 
 
-def messages_of(req: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]]:
+def messages_of(req: MessagesRequest | CountTokensRequest, images: RequestImages | None = None) -> list[dict[str, Any]]:
     """Anthropic turns as the engine's (OpenAI-style) messages: tool_use blocks become tool_calls,
-    tool_result blocks become role "tool" messages, and system text (the `system` field, then system
-    turns wherever they stand among the messages, in order) becomes one system message at the start."""
+    tool_result blocks become role "tool" messages, image blocks the engine's image parts, and system
+    text (the `system` field, then system turns wherever they stand among the messages, in order)
+    becomes one system message at the start."""
     out: list[dict[str, Any]] = [{"role": "system", "content": text_of(req.system, "system")}] if req.system else []
     for i, m in enumerate(req.messages):
         if m.role == "system":
@@ -55,7 +57,7 @@ def messages_of(req: MessagesRequest | CountTokensRequest) -> list[dict[str, Any
         elif isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
         else:
-            out += _turn(i, m)
+            out += _turn(i, m, images)
     return system_first(out)
 
 
@@ -63,21 +65,21 @@ def messages_of(req: MessagesRequest | CountTokensRequest) -> list[dict[str, Any
 class _Parts:
     """What one turn's blocks add up to."""
 
-    text: list[str] = field(default_factory=list)
+    text: list[Any] = field(default_factory=list)  # strings, and image parts
     calls: list[dict[str, Any]] = field(default_factory=list)
     thinking: list[str] = field(default_factory=list)
     results: list[dict[str, Any]] = field(default_factory=list)  # tool messages, before the turn
 
 
-def _turn(i: int, m: AnthropicMessage) -> list[dict[str, Any]]:
+def _turn(i: int, m: AnthropicMessage, images: RequestImages | None = None) -> list[dict[str, Any]]:
     """One user or assistant turn of blocks: its tool results first (as tool messages), then the turn."""
     parts = _Parts()
     assert not isinstance(m.content, str)  # (messages_of takes a plain string turn as it is)
     for j, b in enumerate(m.content):
-        _read_block(parts, b, m.role, i, j)
+        _read_block(parts, b, m.role, i, j, images)
     out = parts.results
     if parts.text or parts.calls or m.role == "assistant":
-        msg: dict[str, Any] = {"role": m.role, "content": "".join(parts.text)}
+        msg: dict[str, Any] = {"role": m.role, "content": joined(parts.text)}
         if parts.calls:
             msg["tool_calls"] = parts.calls
         if parts.thinking:
@@ -86,10 +88,12 @@ def _turn(i: int, m: AnthropicMessage) -> list[dict[str, Any]]:
     return out
 
 
-def _read_block(parts: _Parts, b: AnthropicBlock, role: str, i: int, j: int) -> None:
+def _read_block(parts: _Parts, b: AnthropicBlock, role: str, i: int, j: int, images: RequestImages | None) -> None:
     where = f"messages[{i}].content[{j}]"
     if b.type == "text":
         parts.text.append(b.text or "")
+    elif b.type == "image" and role == "user" and images is not None:
+        parts.text.append(image_block(b, where, images))
     elif b.type == "thinking" and role == "assistant":
         if b.thinking:
             parts.thinking.append(b.thinking)  # the template renders it if it knows reasoning
@@ -100,8 +104,7 @@ def _read_block(parts: _Parts, b: AnthropicBlock, role: str, i: int, j: int) -> 
         parts.results.append({"role": "tool", "tool_call_id": b.tool_use_id or "",
                               "content": text_of(b.content, where)})
     elif b.type not in SKIPPED_BLOCKS:
-        why = " (this model reads text only)" if b.type in ("image", "document") else ""
-        raise not_supported(f"{where} of type {b.type!r}{why}")
+        raise not_supported(f"{where} of type {b.type!r}")
 
 
 def _text(content: str | list[AnthropicBlock], where: str) -> str:
@@ -115,6 +118,25 @@ def usage(n_in: int, n_out: int) -> dict[str, int]:
     the cache fields stay 0 and a client adding them up counts each token once)."""
     return {"input_tokens": n_in, "output_tokens": n_out, "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 0}
+
+
+def image_block(b: Any, where: str, images: RequestImages) -> dict[str, Any]:
+    """An Anthropic image block (source: base64, or url with --allow-remote-images) as an engine image part."""
+    source = getattr(b, "source", None)
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        return images.part_from_base64(source.get("data"), f"{where}.source")
+    if kind == "url":
+        return images.part_from_url(source.get("url"), f"{where}.source")
+    raise invalid(f"{where}.source: an image source of type {kind!r}; use base64 (or url)", param=where,
+                  code="invalid_image")
+
+
+def joined(parts: list[Any]) -> str | list[dict[str, Any]]:
+    """Text blocks as one string; with images, the engine's parts in order."""
+    if all(isinstance(p, str) for p in parts):
+        return "".join(parts)
+    return [p if isinstance(p, dict) else {"type": "text", "text": p} for p in parts]
 
 
 def stop_reason(job: Job) -> str:
@@ -145,18 +167,19 @@ def request_structured(req: MessagesRequest) -> dict[str, Any]:
     return {"json_schema": schema}
 
 
-async def messages_spec(svc: Service, req: MessagesRequest) -> GenSpec:
-    """The generation a Messages request asks for, checked (400s)."""
+async def messages_spec(svc: Service, req: MessagesRequest, request: Request) -> GenSpec:
+    """The generation a Messages request asks for, checked (400s), its images read."""
     extra = await off_loop(request_structured, req)
     model = svc.check_model(req.model)
-    return GenSpec(endpoint="messages", messages=messages_of(req), sampling=sampling_for(svc, req, model),
-                   structured=extra, reasoning=reasoning.anthropic_fields(req.thinking), model=model)
+    msgs, images = await with_images(request, model, messages_of, req)
+    return GenSpec(endpoint="messages", messages=msgs, sampling=sampling_for(svc, req, model), structured=extra,
+                   reasoning=reasoning.anthropic_fields(req.thinking), model=model, images=images)
 
 
 async def messages(request: Request) -> Response:
     svc = service(request)
-    req = await parse_body(request, MessagesRequest)
-    spec = await messages_spec(svc, req)
+    req = await parse_body(request, MessagesRequest, svc.config.max_image_body)
+    spec = await messages_spec(svc, req, request)
     job = await svc.start(caller(request), spec, request.receive)
     mid, model = f"msg_{uuid.uuid4().hex[:24]}", spec.model
     if req.stream:

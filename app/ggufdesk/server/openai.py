@@ -24,6 +24,7 @@ from ggufdesk.engine.link import protocol as P
 from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import ApiError, invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
+from ggufdesk.server.images import RequestImages, with_images
 from ggufdesk.server.llamacpp import extension_structured, progress, refuse_extensions, timings
 from ggufdesk.server.sampling import sampling_from
 from ggufdesk.server.schemas import ChatRequest, CompletionRequest, SamplingFields, refuse_unsupported, stops, text_of
@@ -43,13 +44,13 @@ def want_logprobs(svc: Service, model: str, n: int) -> int:
     return max(1, n)
 
 
-def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
+def chat_messages(req: ChatRequest, images: RequestImages | None = None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, m in enumerate(req.messages):
         if m.role == "function":
             raise not_supported(f"messages[{i}] with role 'function' (use tools and role 'tool')")
         msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
-                               "content": text_of(m.content, f"messages[{i}]")}
+                               "content": content_of(m.content, f"messages[{i}]", images)}
         if m.tool_calls:
             msg["tool_calls"] = m.tool_calls
         if m.tool_call_id:
@@ -58,6 +59,23 @@ def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
             msg["reasoning_content"] = m.reasoning_content
         out.append(msg)
     return out
+
+
+def content_of(content: Any, where: str, images: RequestImages | None) -> str | list[dict[str, Any]]:
+    """A message's content: text, or (with image_url parts) the engine's parts."""
+    if images is None or not isinstance(content, list) or not any(p.type == "image_url" for p in content):
+        return text_of(content, where)
+    parts: list[dict[str, Any]] = []
+    for j, p in enumerate(content):
+        if p.type == "image_url":
+            ref = getattr(p, "image_url", None)
+            url = ref.get("url") if isinstance(ref, dict) else ref
+            parts.append(images.part_from_url(url, f"{where}.content[{j}].image_url"))
+        elif p.type == "text" and p.text is not None:
+            parts.append({"type": "text", "text": p.text})
+        else:
+            raise not_supported(f"{where} content of type {p.type!r}")
+    return parts
 
 
 def chat_structured(req: ChatRequest) -> dict[str, Any]:
@@ -124,7 +142,7 @@ async def models(request: Request) -> Response:
         for m in svc.models()]})
 
 
-async def chat_spec(svc: Service, req: ChatRequest) -> tuple[GenSpec, int]:
+async def chat_spec(svc: Service, req: ChatRequest, request: Request) -> tuple[GenSpec, int]:
     """The generation a chat request asks for, checked (400s), and its top-N logprobs (0: none)."""
     refuse_unsupported(req)
     refuse_extensions(req)
@@ -140,14 +158,15 @@ async def chat_spec(svc: Service, req: ChatRequest) -> tuple[GenSpec, int]:
     sampling = sampling_for(svc, req, req.max_completion_tokens or req.max_tokens or positive(req.n_predict), model)
     think = reasoning.openai_fields(effort=req.reasoning_effort, template_kwargs=req.chat_template_kwargs,
                                     budget=req.reasoning_budget, think=req.think)
-    return GenSpec(endpoint="chat", messages=chat_messages(req), sampling=sampling, logprobs=lp, structured=extra,
-                   reasoning=think, model=model), top
+    messages, images = await with_images(request, model, chat_messages, req)
+    return GenSpec(endpoint="chat", messages=messages, sampling=sampling, logprobs=lp, structured=extra,
+                   reasoning=think, model=model, images=images), top
 
 
 async def chat_completions(request: Request) -> Response:
     svc = service(request)
-    req = await parse_body(request, ChatRequest)
-    spec, top = await chat_spec(svc, req)
+    req = await parse_body(request, ChatRequest, svc.config.max_image_body)
+    spec, top = await chat_spec(svc, req, request)
     model, extra, lp = spec.model, spec.structured, spec.logprobs
     verbose = await verbose_prompt(svc, spec) if req.verbose else {}
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())

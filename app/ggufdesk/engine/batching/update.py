@@ -42,6 +42,7 @@ class Update:
         self.lm, self.vocab, self.sched, self.slots = lm, vocab, sched, slots
         self.emit, self.cancelled, self.on_plain_done = emit, cancelled, on_plain_done
         self.token_hooks: list[TokenHook] = []
+        self.threads: Callable[[], int] = lambda: 0  # decode threads now, for Stats (the engine sets it)
 
     def apply(self, result: StepResult) -> None:
         for out in result.outputs:
@@ -122,7 +123,7 @@ class Update:
             id=s.rid, n_prompt=st.n_prompt, n_reused=st.n_reused, n_gen=st.n_gen,
             ttft_s=round(st.ttft_s, 4), prefill_tok_s=round(st.prefill_tok_s, 2),
             decode_tok_s=round(st.decode_tok_s, 2), drafted=st.drafted, accepted=st.accepted,
-            draft_len=st.draft_len, speculation=spec, final=final,
+            draft_len=st.draft_len, speculation=spec, threads=self.threads(), final=final,
             llama_perf=(llama_perf(self.lm) if s.alone else {}) if final else {},
         )
 
@@ -179,7 +180,12 @@ class Update:
 
     @staticmethod
     def _usage(s: Sequence) -> dict[str, int]:
-        return {"prompt_tokens": s.stats.n_prompt, "completion_tokens": s.stats.n_gen}
+        usage = {"prompt_tokens": s.stats.n_prompt, "completion_tokens": s.stats.n_gen}
+        if s.media is not None:
+            m = s.media
+            usage.update(image_tokens=m.image_tokens, images=len(m.spans), images_encoded=m.n_encoded,
+                         images_cached=m.n_cached)
+        return usage
 
     @staticmethod
     def _thoughts(s: Sequence) -> str | None:
