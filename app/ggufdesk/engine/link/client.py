@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Literal
 
 from ggufdesk.core import procs
@@ -425,15 +425,14 @@ class EngineClient:
 
     def _rpc_loss(self, load: P.Load | None) -> str:
         """With RPC workers: name the lost ones and reload without them, or say what is missing."""
-        if load is None or not load.settings.get("rpc"):
+        if load is None or not load.settings.rpc:
             return ""
-        from dataclasses import replace
-
         from ggufdesk.core.distributed import after_worker_loss
 
-        note, settings = after_worker_loss(load.model, load.settings)
+        note, settings = after_worker_loss(load.model, P.fields_of(load.settings))
         if note and self._good_load is not None:
-            self._good_load = None if settings is None else replace(self._good_load, settings=settings)
+            self._good_load = None if settings is None else replace(
+                self._good_load, settings=LoadSettings(**settings))
         return f"; {note}" if note else ""
 
     def _may_restart(self) -> bool:
@@ -539,8 +538,8 @@ class EngineClient:
         """Load a model; with wait=True return the Loaded event or raise EngineError. Any error the
         engine gives for this load, other than a template or draft notice, fails it."""
         lid = f"l{next(self._ids)}"
-        msg = P.Load(id=lid, model=str(model), settings=P.fields_of(settings), draft=draft,
-                     speculation=P.fields_of(speculation))
+        msg = P.Load(id=lid, model=str(model), settings=P.settings_of(LoadSettings, settings), draft=draft,
+                     speculation=P.settings_of(SpeculationSettings, speculation))
         if self.state in ("failed", "stopped") or self._closing:
             raise KnownError(self._not_running())
         with self._cond:
@@ -579,7 +578,7 @@ class EngineClient:
         if self.state == "ready" and self.reason:
             raise KnownError(f"no model is loaded: {self.reason}")
         rid = request_id or f"r{next(self._ids)}"
-        msg = P.Generate(id=rid, prompt=prompt, messages=messages, sampling=P.fields_of(sampling),
+        msg = P.Generate(id=rid, prompt=prompt, messages=messages, sampling=P.settings_of(SamplingSettings, sampling),
                          speculation=P.fields_of(speculation) if speculation is not None else None,
                          context_policy=context_policy, logprobs=logprobs, **extra)
         with self._cond:
@@ -741,8 +740,6 @@ class EngineClient:
 
 
 def _without_draft(load: P.Load, lid: str) -> P.Load:
-    spec = dict(load.speculation)
-    if spec.get("mode") == "draft":
-        spec["mode"] = "off"
-    spec["draft_model"] = None
+    mode = "off" if load.speculation.mode == "draft" else load.speculation.mode
+    spec = replace(load.speculation, mode=mode, draft_model=None)
     return P.Load(id=lid, model=load.model, settings=load.settings, draft=None, speculation=spec)
