@@ -99,6 +99,7 @@ class EngineClient:
         self.hang_timeout = hang_timeout
         self.cancel_grace = cancel_grace
         self.ready: P.Ready | None = None
+        self.supports_logprobs = True  # engine/link/api.py: Generate.logprobs is honoured
         self.loaded: P.Loaded | None = None
         self.state: P.EngineState = "stopped"
         self.reason = ""  # why the state is what it is (a crash, a failed reload, a give-up)
@@ -565,7 +566,7 @@ class EngineClient:
         self,
         *,
         prompt: str | None = None,
-        messages: list[dict[str, str]] | None = None,
+        messages: list[dict[str, Any]] | None = None,
         sampling: SamplingSettings | dict[str, Any] | None = None,
         speculation: SpeculationSettings | dict[str, Any] | None = None,
         context_policy: Literal["truncate", "refuse"] = "truncate",

@@ -2,8 +2,8 @@
 
 Every message is a dataclass; a line is decoded and validated from the annotations by pydantic
 (strict: no "12" for 12), so the kinds a receiver branches on (ErrorKind, FinishReason, EngineState)
-and the settings dataclasses a Load or Generate carries are checked once, where they arrive. Every request that starts work carries an `id`, and every event about that work
-carries the same `id` (docs/architecture.md, "The protocol").
+and the settings dataclasses a Load or Generate carries are checked once, where they arrive. Every
+request that starts work carries an `id`, and every event about that work carries the same `id` (docs/architecture.md, "The protocol").
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, ClassVar, Final, Literal, TypeVar, get_args
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
@@ -323,7 +322,7 @@ def settings_of(cls: type[_S], obj: _S | dict[str, Any] | None) -> _S:
     """A settings dataclass from itself, its fields as a dict (checked: SettingsError), or None (defaults)."""
     if obj is None:
         return cls()
-    if isinstance(obj, cls):
+    if not isinstance(obj, dict):
         return obj
     try:
         return cls(**obj)
@@ -384,16 +383,20 @@ def decode_event(line: str | bytes) -> Event:
     return msg
 
 
+_ADAPTERS: dict[str, TypeAdapter[Any]] = {}
 _TYPE = re.compile(r'\s*\{\s*"type"\s*:\s*"([a-z]{1,20})"')
 
 
-@cache
-def _adapter(cls: type[Any]) -> TypeAdapter[Any]:
+def _adapter(kind: str) -> TypeAdapter[Any]:
     """The validator of one message class, built from its annotations on first use. A field the
     class does not have is an error (both sides are the same version: it is a bug, not news)."""
-    if "__pydantic_config__" not in cls.__dict__:
-        cls.__pydantic_config__ = ConfigDict(extra="forbid")
-    return TypeAdapter(cls)
+    adapter = _ADAPTERS.get(kind)
+    if adapter is None:
+        cls = _ALL[kind]
+        if "__pydantic_config__" not in cls.__dict__:
+            cls.__pydantic_config__ = ConfigDict(extra="forbid")
+        adapter = _ADAPTERS[kind] = TypeAdapter(cls)
+    return adapter
 
 
 def decode(line: str | bytes) -> Message:
@@ -405,7 +408,7 @@ def decode(line: str | bytes) -> Message:
     if kind not in _ALL:
         raise ProtocolError(f"unknown message: {text[:200]!r}")
     try:
-        msg: Message = _adapter(_ALL[kind]).validate_json(body, strict=True)
+        msg: Message = _adapter(kind).validate_json(body, strict=True)
     except ValidationError as e:
         raise ProtocolError(_why(kind, e, text)) from None
     return msg
