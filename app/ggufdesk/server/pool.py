@@ -165,8 +165,9 @@ class EnginePool:
             self._set_state("failed")
 
     def _route(self, event: P.Event) -> None:
+        rid = getattr(event, "id", None)  # Ready, Status and Lifecycle have none
         with self._lock:
-            route = self._routes.get(event.id)
+            route = self._routes.get(rid) if isinstance(rid, str) else None
         if route is None:
             return
         loop, q = route
