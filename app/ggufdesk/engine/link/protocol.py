@@ -3,7 +3,8 @@
 Every message is a dataclass; a line is decoded and validated from the annotations by pydantic
 (strict: no "12" for 12), so the kinds a receiver branches on (ErrorKind, FinishReason, EngineState)
 and the settings dataclasses a Load or Generate carries are checked once, where they arrive. Every
-request that starts work carries an `id`, and every event about that work carries the same `id` (docs/architecture.md, "The protocol").
+request that starts work carries an `id`, and every event about that work carries the same `id`
+(docs/architecture.md, "The protocol").
 """
 from __future__ import annotations
 
