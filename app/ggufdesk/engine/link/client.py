@@ -372,16 +372,7 @@ class EngineClient:
         if proc is None or self._closing:
             return
         self._accepting.clear()
-        rc = proc.popen.poll()
-        lines = [ln.strip() for ln in self.stderr_tail if ln.strip()]
-        telling = [ln for ln in lines if re.search(r"GGML_ASSERT|error|what\(\)|terminate|abort", ln, re.I)]
-        detail = "\n".join(self.stderr_tail)
-        if proc.kill_reason:
-            kind: P.ErrorKind = "hung"
-            reason = proc.kill_reason
-        else:
-            kind = "crash"
-            reason = describe_exit(rc) + (f": {(telling or lines)[-1]}" if lines else "")
+        kind, reason, detail = self._why_it_stopped(proc)
         reason += self._rpc_loss(self._pending_load or self._good_load)
         with self._cond:
             inflight, self._inflight = sorted(self._inflight), set()
@@ -392,17 +383,7 @@ class EngineClient:
             self.loaded = None
         reload: P.Load | None = None
         if crashed_load is not None:
-            if stage is not None and stage.stage == "draft":
-                what = f"the draft model {os.path.basename(stage.path)}"
-                reload = _without_draft(crashed_load, f"l{next(self._ids)}")
-            else:
-                what = os.path.basename(crashed_load.model)
-                reload = None if crashed_load is good else good
-            verb = "llama.cpp crashed while loading" if kind == "crash" else "the engine hung loading"
-            self._handle(P.Error(kind="load", id=crashed_load.id, detail=detail, message=(
-                f"{verb} {what} ({reason})"
-                + ("; loading the model without it" if reload is not None and stage is not None
-                   and stage.stage == "draft" else ""))))
+            reload = self._fail_crashed_load(crashed_load, stage, good, kind, reason, detail)
         elif was_loaded is not None:
             reload = good
         restarting = self.auto_restart and self._may_restart()
@@ -423,6 +404,33 @@ class EngineClient:
             lost = f"the model was unloaded when the engine stopped ({reason})"
         self.reason = lost
         self._spawn(restarted=True, reload=reload)
+
+    def _why_it_stopped(self, proc: _Proc) -> tuple[P.ErrorKind, str, str]:
+        """(kind, reason, stderr tail) of an engine process that is gone: killed as hung, or crashed
+        (its exit status and the most telling stderr line)."""
+        detail = "\n".join(self.stderr_tail)
+        if proc.kill_reason:
+            return "hung", proc.kill_reason, detail
+        lines = [ln.strip() for ln in self.stderr_tail if ln.strip()]
+        telling = [ln for ln in lines if re.search(r"GGML_ASSERT|error|what\(\)|terminate|abort", ln, re.I)]
+        return "crash", describe_exit(proc.popen.poll()) + (f": {(telling or lines)[-1]}" if lines else ""), detail
+
+    def _fail_crashed_load(self, crashed_load: P.Load, stage: P.Loading | None, good: P.Load | None,
+                           kind: P.ErrorKind, reason: str, detail: str) -> P.Load | None:
+        """End a load the engine died in (blaming the file it was loading); returns what to reload:
+        the model without its draft when the draft was to blame, else the last good load."""
+        if stage is not None and stage.stage == "draft":
+            what = f"the draft model {os.path.basename(stage.path)}"
+            reload: P.Load | None = _without_draft(crashed_load, f"l{next(self._ids)}")
+        else:
+            what = os.path.basename(crashed_load.model)
+            reload = None if crashed_load is good else good
+        verb = "llama.cpp crashed while loading" if kind == "crash" else "the engine hung loading"
+        self._handle(P.Error(kind="load", id=crashed_load.id, detail=detail, message=(
+            f"{verb} {what} ({reason})"
+            + ("; loading the model without it" if reload is not None and stage is not None
+               and stage.stage == "draft" else ""))))
+        return reload
 
     def _rpc_loss(self, load: P.Load | None) -> str:
         """With RPC workers: name the lost ones and reload without them, or say what is missing."""
