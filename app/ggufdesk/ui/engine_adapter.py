@@ -111,6 +111,10 @@ class EngineBridge(QObject):
             if ev.state != "loaded":
                 self.loaded_event = None
         self.engine_event.emit(ev)
+        self._emit_typed(ev)
+
+    def _emit_typed(self, ev: p.Event) -> None:
+        """The one typed signal for the event's kind (after engine_event, which carries them all)."""
         if isinstance(ev, p.Token):
             self.token.emit(ev)
         elif isinstance(ev, p.Stats):
