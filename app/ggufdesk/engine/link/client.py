@@ -312,29 +312,8 @@ class EngineClient:
                 self._jobs.put(("exited", proc.gen))
 
     def _handle(self, event: P.Event) -> None:
-        ended_load: str | None = None  # the message of an error that ended the pending load
         with self._cond:
-            if isinstance(event, P.Ready):
-                self.ready = event
-            elif isinstance(event, P.Loading):
-                self._load_stage = event
-            elif isinstance(event, P.Loaded):
-                self.loaded = event
-                self._good_load, self._pending_load = self._pending_load, None
-                self._load_stage = None
-                if event.id in self._waiting:
-                    self._results[event.id] = event
-            elif isinstance(event, P.Unloaded):
-                self.loaded = None
-                self._good_load = None
-            elif isinstance(event, P.Error):
-                pending = self._pending_load
-                if (pending is not None and event.id is not None and event.id == pending.id
-                        and event.kind not in P.LOAD_NOTICE_KINDS):
-                    self._pending_load = self._load_stage = None
-                    if event.id in self._waiting:
-                        self._results[event.id] = event
-                    ended_load = event.message
+            ended_load = self._note(event)  # the message of an error that ended the pending load
             if isinstance(event, (P.Done, P.Error, P.Embeddings)) and event.id is not None:
                 self._inflight.discard(event.id)
                 self._cancel_deadlines.pop(event.id, None)
@@ -345,6 +324,36 @@ class EngineClient:
         if private:
             return  # a blocking embed() takes it
         self._deliver(event)  # then the state it leads to (a Lifecycle tells the whole story)
+        self._state_after(event, ended_load)
+
+    def _note(self, event: P.Event) -> str | None:
+        """(Under the lock) what the event says of the engine: ready, loading, loaded, unloaded, or an
+        error ending the pending load (its message is returned; otherwise None)."""
+        if isinstance(event, P.Ready):
+            self.ready = event
+        elif isinstance(event, P.Loading):
+            self._load_stage = event
+        elif isinstance(event, P.Loaded):
+            self.loaded = event
+            self._good_load, self._pending_load = self._pending_load, None
+            self._load_stage = None
+            if event.id in self._waiting:
+                self._results[event.id] = event
+        elif isinstance(event, P.Unloaded):
+            self.loaded = None
+            self._good_load = None
+        elif isinstance(event, P.Error):
+            pending = self._pending_load
+            if (pending is not None and event.id is not None and event.id == pending.id
+                    and event.kind not in P.LOAD_NOTICE_KINDS):
+                self._pending_load = self._load_stage = None
+                if event.id in self._waiting:
+                    self._results[event.id] = event
+                return event.message
+        return None
+
+    def _state_after(self, event: P.Event, ended_load: str | None) -> None:
+        """The client's state once a load ended (well or not) or the model was unloaded."""
         eid = getattr(event, "id", None)
         reloaded = eid is not None and eid == self._reload_id
         if isinstance(event, P.Loaded):
