@@ -384,20 +384,21 @@ def decode_event(line: str | bytes) -> Event:
     return msg
 
 
-_ADAPTERS: dict[str, TypeAdapter[Any]] = {}
 _TYPE = re.compile(r'\s*\{\s*"type"\s*:\s*"([a-z]{1,20})"')
 
 
-def _adapter(kind: str) -> TypeAdapter[Any]:
-    """The validator of one message class, built from its annotations on first use. A field the
-    class does not have is an error (both sides are the same version: it is a bug, not news)."""
-    adapter = _ADAPTERS.get(kind)
-    if adapter is None:
-        cls = _ALL[kind]
-        if "__pydantic_config__" not in cls.__dict__:
-            cls.__pydantic_config__ = ConfigDict(extra="forbid")
-        adapter = _ADAPTERS[kind] = TypeAdapter(cls)
-    return adapter
+def _adapter(cls: type[Any]) -> TypeAdapter[Any]:
+    """The validator of one message class, built from its annotations. A field the class does not
+    have is an error (both sides are the same version: it is a bug, not news)."""
+    if "__pydantic_config__" not in cls.__dict__:
+        cls.__pydantic_config__ = ConfigDict(extra="forbid")
+    return TypeAdapter(cls)
+
+
+# Built at import (about 0.1 s), not on first use: pydantic imports parts of itself lazily, and an
+# MCP client thread importing pydantic at the same moment as a first decode met a half-initialised
+# pydantic module (ImportError) in the session tests.
+_ADAPTERS: Final[dict[str, TypeAdapter[Any]]] = {kind: _adapter(cls) for kind, cls in _ALL.items()}
 
 
 def decode(line: str | bytes) -> Message:
@@ -409,7 +410,7 @@ def decode(line: str | bytes) -> Message:
     if kind not in _ALL:
         raise ProtocolError(f"unknown message: {text[:200]!r}")
     try:
-        msg: Message = _adapter(kind).validate_json(body, strict=True)
+        msg: Message = _ADAPTERS[kind].validate_json(body, strict=True)
     except ValidationError as e:
         raise ProtocolError(_why(kind, e, text)) from None
     return msg
