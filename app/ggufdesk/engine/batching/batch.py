@@ -15,8 +15,9 @@ Hooks for what comes next (keep them in these places):
   between steps: `_reap`;
 - a persistent prompt cache restored before prefill: `_admit`, after the slot is acquired (extend the
   slot with the restored tokens and set `n_done`);
-- image chunks as prefill: the prefill chunk is planned in engine/batching/scheduler.py and filled in
-  engine/batching/runner.py (`_prefill_rows`); an image is a prefill item of its own;
+- image chunks as prefill (done: engine/batching/media.py): `_images` makes an image the step's
+  prefill item (`Plan.image`) and stops a text chunk at the next image; the runner decodes it after
+  the step's rows (`ModelRunner._image`); the prefix cache compares an image's span by its hash;
 - context shift: `Update.take` ends a sequence at the context's edge (FINISHED_CONTEXT);
 - a reasoning model: its split in `Update._text_out`, its budget's closing tokens in `Sampling.sample`;
   `Update.token_hooks` see every token taken and `Sequence.force` writes tokens in the next row.
@@ -31,6 +32,7 @@ from typing import Any
 import llama_cpp
 
 from ggufdesk.core.errors import KnownError
+from ggufdesk.engine.batching.media import text_only
 from ggufdesk.engine.batching.prefix_cache import Slots
 from ggufdesk.engine.batching.runner import Memory, ModelRunner, StepResult
 from ggufdesk.engine.batching.sampling import Sampling, make_sampler
@@ -154,6 +156,7 @@ class BatchEngine:
         for seq in self.sched.admit():
             self._admit(seq)
         plan = self.sched.plan()
+        self._images(plan)
         if len(self.sched.running) > 1:
             for s in self.sched.running:
                 s.alone = False
@@ -165,6 +168,16 @@ class BatchEngine:
                 room -= len(r.forced)
         self.drafts.plan(plan)
         return plan
+
+    @staticmethod
+    def _images(plan: Plan[Sequence]) -> None:
+        """A prompt with images: an image where its prefill stands is the step's prefill item, whole;
+        a text chunk stops at the next image."""
+        p = plan.prefill
+        if p is None or p.media is None:
+            return
+        plan.image = p.media.span_at(p.n_done)
+        plan.chunk = 0 if plan.image is not None else p.media.text_room(p.n_done, plan.chunk)
 
     def _reap(self) -> None:
         """Requests that end between steps: cancelled, or past their deadline."""
@@ -179,6 +192,9 @@ class BatchEngine:
         """Admitted: take a slot holding the longest cached prefix, make the sampler."""
         assert seq.status is SequenceStatus.PREFILLING
         seq.slot, seq.stats.n_reused = self.slots.acquire(seq.prompt)
+        if seq.media is not None:  # an image is decoded whole or not at all
+            seq.stats.n_reused = seq.media.align(seq.stats.n_reused)
+            self.slots.truncate(seq.slot, seq.stats.n_reused)
         seq.n_done = seq.stats.n_reused  # (a persistent prompt cache would restore more here)
         if len(self.sched.running) == 1:
             llama_cpp.llama_perf_context_reset(self.lm.ctx.ctx)
@@ -186,7 +202,7 @@ class BatchEngine:
         seq.stream = TextStream(seq.sampling.stop, trim=seq.chat)
         s = seq.sampling
         if seq.sampler is not None and s.repeat_penalty != 1.0 and s.repeat_last_n:
-            for t in seq.prompt[-max(s.repeat_last_n, 0):]:
+            for t in text_only(seq.prompt)[-max(s.repeat_last_n, 0):]:
                 seq.sampler.accept(t)
 
     def _settle(self, plan: Plan[Sequence], result: StepResult) -> None:

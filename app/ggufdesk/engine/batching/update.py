@@ -178,7 +178,12 @@ class Update:
 
     @staticmethod
     def _usage(s: Sequence) -> dict[str, int]:
-        return {"prompt_tokens": s.stats.n_prompt, "completion_tokens": s.stats.n_gen}
+        usage = {"prompt_tokens": s.stats.n_prompt, "completion_tokens": s.stats.n_gen}
+        if s.media is not None:
+            m = s.media
+            usage.update(image_tokens=m.image_tokens, images=len(m.spans), images_encoded=m.n_encoded,
+                         images_cached=m.n_cached)
+        return usage
 
     @staticmethod
     def _thoughts(s: Sequence) -> str | None:

@@ -436,6 +436,9 @@ class EngineClient:
         if stage is not None and stage.stage == "draft":
             what = f"the draft model {os.path.basename(stage.path)}"
             reload: P.Load | None = _without_draft(crashed_load, f"l{next(self._ids)}")
+        elif stage is not None and stage.stage == "projector":
+            what = f"the vision projector {os.path.basename(stage.path)}"
+            reload = replace(crashed_load, id=f"l{next(self._ids)}", mmproj="")
         else:
             what = os.path.basename(crashed_load.model)
             reload = None if crashed_load is good else good
@@ -443,7 +446,7 @@ class EngineClient:
         self._handle(P.Error(kind="load", id=crashed_load.id, detail=detail, message=(
             f"{verb} {what} ({reason})"
             + ("; loading the model without it" if reload is not None and stage is not None
-               and stage.stage == "draft" else ""))))
+               and stage.stage in ("draft", "projector") else ""))))
         return reload
 
     def _rpc_loss(self, load: P.Load | None) -> str:
@@ -555,14 +558,18 @@ class EngineClient:
         settings: LoadSettings | dict[str, Any] | None = None,
         speculation: SpeculationSettings | dict[str, Any] | None = None,
         draft: str | None = None,
+        mmproj: str | None = None,
         wait: bool = True,
         timeout: float = 600.0,
     ) -> P.Loaded | None:
-        """Load a model; with wait=True return the Loaded event or raise EngineError. Any error the
-        engine gives for this load, other than a template or draft notice, fails it."""
+        """Load a model (mmproj: its vision projector; None: the one beside it, "": none); with wait=True
+        return the Loaded event or
+        raise EngineError. Any error the engine gives for this load, other than a template, draft or
+        projector notice, fails it."""
         lid = f"l{next(self._ids)}"
         msg = P.Load(id=lid, model=str(model), settings=P.settings_of(LoadSettings, settings), draft=draft,
-                     speculation=P.settings_of(SpeculationSettings, speculation))
+                     speculation=P.settings_of(SpeculationSettings, speculation),
+                     mmproj=None if mmproj is None else str(mmproj))
         if self.state in ("failed", "stopped") or self._closing:
             raise KnownError(self._not_running())
         with self._cond:
@@ -765,4 +772,4 @@ class EngineClient:
 def _without_draft(load: P.Load, lid: str) -> P.Load:
     mode = "off" if load.speculation.mode == "draft" else load.speculation.mode
     spec = replace(load.speculation, mode=mode, draft_model=None)
-    return P.Load(id=lid, model=load.model, settings=load.settings, draft=None, speculation=spec)
+    return P.Load(id=lid, model=load.model, settings=load.settings, draft=None, speculation=spec, mmproj=load.mmproj)

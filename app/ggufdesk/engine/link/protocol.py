@@ -30,6 +30,8 @@ ErrorKind = Literal[
     "context",  # the prompt can never fit one sequence's context (server: 400)
     "overloaded",  # the engine's queue is full or memory is under its margin; try again later (503)
     "schema",  # a JSON schema, grammar or tool list the engine cannot follow (server: 400)
+    "image",  # an image the engine cannot use: unreadable, too large, or the model reads no images (400)
+    "projector",  # notice during a load: the vision projector was refused; the model reads text only
     "crash",  # (client) the engine process died
     "hung",  # (client) the engine stopped answering, or did not stop when asked; it was killed
     "timeout",  # the request ran past its Generate.deadline_s and was stopped (server: 504)
@@ -53,7 +55,7 @@ ENGINE_STATES: Final = frozenset(get_args(EngineState))
 # Errors that end the engine process's work: a fresh engine is starting (or could not).
 STOP_KINDS: Final[frozenset[ErrorKind]] = frozenset({"crash", "hung"})
 # Errors a load reports on its way to a successful Loaded (the model itself is fine).
-LOAD_NOTICE_KINDS: Final[frozenset[ErrorKind]] = frozenset({"template", "draft"})
+LOAD_NOTICE_KINDS: Final[frozenset[ErrorKind]] = frozenset({"template", "draft", "projector"})
 
 # ---- requests (parent -> engine) -------------------------------------------------------------
 
@@ -66,6 +68,9 @@ class Load:
     settings: LoadSettings = field(default_factory=LoadSettings)
     draft: str | None = None
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
+    # a vision model's projector (mmproj-*.gguf): images in its prompts. None: the one beside the model
+    # file, if any (core/projector.py projector_beside); "": none
+    mmproj: str | None = None
 
 
 @dataclass(kw_only=True)
@@ -73,7 +78,10 @@ class Generate:
     TYPE: ClassVar[str] = "generate"
     id: str
     prompt: str | None = None  # completion mode: raw text
-    messages: list[dict[str, Any]] | None = None  # chat mode: rendered with the model's template
+    # chat mode: rendered with the model's template. A message's content is text, or a list of parts:
+    # {"type": "text", "text": ...} and {"type": "image", "image": sha256} (the file's bytes in `images`)
+    messages: list[dict[str, Any]] | None = None
+    images: dict[str, str] = field(default_factory=dict)  # sha256 -> the image file, base64
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     speculation: dict[str, Any] | None = None  # SpeculationSettings fields over the loaded ones
     context_policy: Literal["truncate", "refuse"] = "truncate"  # drop oldest turns, or refuse
@@ -164,6 +172,8 @@ class Loaded:
     rpc: dict[str, Any] = field(default_factory=dict)  # RPC workers: split, devices, prediction
     n_embd: int = 0  # the size of the model's embedding vectors
     embedding_only: bool = False  # an embedding model (an encoder, or one that declares its pooling): no generation
+    mmproj: str | None = None  # the vision projector loaded beside it (None: the model reads text only)
+    image_tokens: int = 0  # with a projector: tokens an image of the projector's own size takes
 
 
 @dataclass(kw_only=True)
@@ -178,7 +188,7 @@ class Loading:
 
     TYPE: ClassVar[str] = "loading"
     id: str | None = None
-    stage: Literal["model", "draft"]
+    stage: Literal["model", "draft", "projector"]
     path: str
 
 
