@@ -423,16 +423,7 @@ def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo
                                   n_cpu_moe=ncm)
 
     top = info.n_layer + 1
-    if n_gpu_layers is not None:
-        ngl = top if n_gpu_layers < 0 else min(n_gpu_layers, top)
-        ngl = ngl if has_gpu else 0
-    else:
-        ngl = next((k for k in range(top if has_gpu else 0, -1, -1) if fits(k, n_cpu_moe or 0)), 0)
-    ncm, layer_speed = n_cpu_moe or 0, None
-    if n_cpu_moe is None and n_gpu_layers is None and has_gpu and ngl < top:
-        split = experts_split(info, lambda k: fits(top, k))
-        if split is not None and (not fits(ngl) or speed(top, split) > speed(ngl)):
-            ncm, layer_speed, ngl = split, speed(ngl), top
+    ngl, ncm, layer_speed = _placement(info, has_gpu, n_gpu_layers, n_cpu_moe, fits, speed)
     fit = _fit(fits(ngl, ncm), has_gpu and ngl >= top and not ncm, ngl)
     m, dm = total(ngl, ncm)
     s = m + dm if dm else m
@@ -448,6 +439,24 @@ def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo
              image_tokens=projector.image_tokens if projector is not None else 0)
     return replace(p, explanation=explain(p, hw),
                    advice=advise(p, info, hw, type_k=type_k, smaller_quants=smaller_quants))
+
+
+def _placement(info: GGUFInfo, has_gpu: bool, n_gpu_layers: int | None, n_cpu_moe: int | None,
+               fits: Callable[..., bool], speed: Callable[..., float]) -> tuple[int, int, float | None]:
+    """(GPU layers, layers with experts on the CPU, the layer split's decode speed when the experts
+    split won): as asked, or the most layers that fit, then the experts split when it is faster."""
+    top = info.n_layer + 1
+    if n_gpu_layers is not None:
+        ngl = top if n_gpu_layers < 0 else min(n_gpu_layers, top)
+        ngl = ngl if has_gpu else 0
+    else:
+        ngl = next((k for k in range(top if has_gpu else 0, -1, -1) if fits(k, n_cpu_moe or 0)), 0)
+    ncm, layer_speed = n_cpu_moe or 0, None
+    if n_cpu_moe is None and n_gpu_layers is None and has_gpu and ngl < top:
+        split = experts_split(info, lambda k: fits(top, k))
+        if split is not None and (not fits(ngl) or speed(top, split) > speed(ngl)):
+            ncm, layer_speed, ngl = split, speed(ngl), top
+    return ngl, ncm, layer_speed
 
 
 def _check_request(info: GGUFInfo, draft: GGUFInfo | None, *, n_ctx: int, n_ubatch: int,
