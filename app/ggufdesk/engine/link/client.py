@@ -611,6 +611,10 @@ class EngineClient:
         msg = P.Generate(id=rid, prompt=prompt, messages=messages, sampling=P.settings_of(SamplingSettings, sampling),
                          speculation=P.fields_of(speculation) if speculation is not None else None,
                          context_policy=context_policy, logprobs=logprobs, **extra)
+        return self._send_tracked(rid, msg)
+
+    def _send_tracked(self, rid: str, msg: P.Generate | P.Embed) -> str:
+        """Send a request that is in flight until its Done, Embeddings or Error (or a crash) ends it."""
         with self._cond:
             self._inflight.add(rid)
         try:
@@ -627,15 +631,7 @@ class EngineClient:
         Embeddings event (one unit-length vector per input, in order) or Error follows."""
         rid = request_id or f"e{next(self._ids)}"
         msg = P.Embed(id=rid, inputs=list(inputs), truncate=truncate)
-        with self._cond:
-            self._inflight.add(rid)
-        try:
-            self._send(msg)
-        except KnownError:
-            with self._cond:
-                self._inflight.discard(rid)
-            raise
-        return rid
+        return self._send_tracked(rid, msg)
 
     def embeddings(self, inputs: list[str | list[int]], *, truncate: bool = False,
                    timeout: float = 600.0) -> P.Embeddings:
