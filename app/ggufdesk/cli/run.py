@@ -282,6 +282,7 @@ def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sa
             print()  # the text is a line of its own: the shell prompt (or the next line in a file) starts fresh
         print(f"[{result['tokens']} tokens, TTFT {result['ttft_s'] or 0:.3f} s, prefill "
               f"{result['prefill_tok_s'] or 0:.1f} tok/s, decode {result['decode_tok_s'] or 0:.1f} tok/s"
+              + (f" ({result['threads']} thread{'s' if result['threads'] > 1 else ''})" if result["threads"] else "")
               + (f", accepted {result['accepted']}/{result['drafted']}" if result["drafted"] else "")
               + f", {result['finish_reason']}]", file=sys.stderr)
     return 0
@@ -313,6 +314,7 @@ def _result(model: str, loaded: Any, text: str, stats: dict[str, Any], done: Any
         "decode_tok_s": stats.get("decode_tok_s"),
         "drafted": stats.get("drafted", 0), "accepted": stats.get("accepted", 0),
         "draft_len": stats.get("draft_len", 0), "speculation": stats.get("speculation", "off"),
+        "threads": stats.get("threads", 0),
         "llama_perf": stats.get("llama_perf", {}),
         "finish_reason": done.finish_reason if done else None,
         "tool_calls": done.tool_calls if done else [],

@@ -335,6 +335,10 @@ class GaugePanel(QScrollArea):
             self.decode.setText(f"{ev.decode_tok_s:.1f} tok/s" if ev.n_gen > 1 else "–")
             self.decode_note.setText(f"average of this answer ({ev.n_gen} tokens)"
                                      if ev.n_gen > 1 else "")
+        elif recent is not None and ev.threads:
+            self.decode.setText(f"{recent:.1f} tok/s")
+            self.decode_note.setText(f"last {self.rate.window_s:.0f} s, {ev.threads} thread"
+                                     + ("s" if ev.threads > 1 else ""))
         elif recent is not None:
             self.decode.setText(f"{recent:.1f} tok/s")
             self.decode_note.setText(f"last {self.rate.window_s:.0f} s")

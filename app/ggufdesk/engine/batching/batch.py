@@ -39,6 +39,7 @@ from ggufdesk.engine.batching.sampling import Sampling, make_sampler
 from ggufdesk.engine.batching.scheduler import Overloaded, Plan, Scheduler
 from ggufdesk.engine.batching.sequence import Sequence, SequenceStatus
 from ggufdesk.engine.batching.text import TextStream
+from ggufdesk.engine.batching.threads import Threads
 from ggufdesk.engine.batching.update import Update
 from ggufdesk.engine.batching.vocab import Vocab
 from ggufdesk.engine.link import protocol as P
@@ -69,7 +70,8 @@ class BatchEngine:
                  flush: Callable[[], None] | None = None, verify_costs: dict[int, float] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  decode: Callable[[Any, Any], int] = llama_cpp.llama_decode,
-                 timer: Callable[[], float] = time.perf_counter) -> None:
+                 timer: Callable[[], float] = time.perf_counter,
+                 set_threads: Callable[[Any, int, int], None] = llama_cpp.llama_set_n_threads) -> None:
         s = lm.settings
         self.clock = clock  # for request deadlines
         self.lm, self.vocab, self.emit, self.cancelled = lm, vocab, emit, cancelled
@@ -85,6 +87,10 @@ class BatchEngine:
                                    n_ctx=lm.n_ctx, set_batch=set_batch, clock=timer)
         self.update = Update(lm, vocab, self.sched, self.slots, emit=emit, cancelled=cancelled,
                              on_plain_done=on_plain_done)
+        # fewer threads while another program takes a core (engine/batching/threads.py); --threads: fixed
+        self.threads = Threads(s.threads, s.threads_batch, fixed=bool(s.n_threads or s.n_threads_batch),
+                               apply=lambda n, nb: set_threads(lm.ctx.ctx, n, nb))
+        self.update.threads = lambda: self.threads.decode.n
         self._status_sent: tuple[int, int, int, str] | None = None
         self._status_t = 0.0
 
@@ -206,11 +212,12 @@ class BatchEngine:
                 seq.sampler.accept(t)
 
     def _settle(self, plan: Plan[Sequence], result: StepResult) -> None:
-        """What the step cost: the chunk sizer and the draft planner learn from it."""
+        """What the step cost: the chunk sizer, the draft planner and the thread tuner learn from it."""
         sizer = self.sched.sizer
         if sizer is not None and (plan.decode or result.n_prompt):
             sizer.observe(result.rows - result.n_prompt, result.n_prompt, result.seconds)
         self.drafts.settle(plan, result)
+        self.threads.observe(result.rows, result.n_prompt, result.seconds)
 
     # ---- status -------------------------------------------------------------------------------
 

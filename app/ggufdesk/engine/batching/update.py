@@ -42,6 +42,7 @@ class Update:
         self.lm, self.vocab, self.sched, self.slots = lm, vocab, sched, slots
         self.emit, self.cancelled, self.on_plain_done = emit, cancelled, on_plain_done
         self.token_hooks: list[TokenHook] = []
+        self.threads: Callable[[], int] = lambda: 0  # decode threads now, for Stats (the engine sets it)
 
     def apply(self, result: StepResult) -> None:
         for out in result.outputs:
@@ -121,7 +122,7 @@ class Update:
             id=s.rid, n_prompt=st.n_prompt, n_reused=st.n_reused, n_gen=st.n_gen,
             ttft_s=round(st.ttft_s, 4), prefill_tok_s=round(st.prefill_tok_s, 2),
             decode_tok_s=round(st.decode_tok_s, 2), drafted=st.drafted, accepted=st.accepted,
-            draft_len=st.draft_len, speculation=spec, final=final,
+            draft_len=st.draft_len, speculation=spec, threads=self.threads(), final=final,
             llama_perf=(llama_perf(self.lm) if s.alone else {}) if final else {},
         )
 

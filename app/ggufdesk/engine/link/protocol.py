@@ -226,6 +226,7 @@ class Stats:
     accepted: int = 0
     draft_len: int = 0
     speculation: str = "off"  # "off" | "draft" | "lookup" | "disabled: <why>"
+    threads: int = 0  # CPU threads decoding now (engine/batching/threads.py; 0: not told)
     final: bool = False
     llama_perf: dict[str, Any] = field(default_factory=dict)  # final only: llama_perf_context timings
 

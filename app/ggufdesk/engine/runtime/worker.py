@@ -473,10 +473,15 @@ class Engine:
         return inbox.get()
 
     def _start_calibration(self) -> None:
-        from ggufdesk.engine.speculation.verify_cost import Calibration
+        from ggufdesk.engine.speculation import verify_cost
 
         if self.lm is not None and self.verify_costs is None and self._calibration is None:
-            self._calibration = Calibration(self.lm, self.speculation.k_max)
+            known = verify_cost.stored(self.lm, self.speculation.k_max)  # measured by an earlier load
+            if known is not None and self.batch is not None:
+                self.verify_costs = known
+                self.batch.set_verify_costs(known)
+                return
+            self._calibration = verify_cost.Calibration(self.lm, self.speculation.k_max)
 
     def _calibrate_step(self) -> None:
         cal = self._calibration
@@ -495,6 +500,9 @@ class Engine:
             self.verify_costs, self._calibration = cal.costs, None
             self.batch.set_verify_costs(cal.costs)
             if cal.costs:
+                from ggufdesk.engine.speculation.verify_cost import store
+
+                store(self.lm, self.speculation.k_max, cal.costs)
                 log.info("verification cost in plain steps: %s",
                          ", ".join(f"k={k}: {c:.2f}" for k, c in cal.costs.items()))
 
