@@ -144,7 +144,7 @@ def ollama_name(model_id: str) -> str:
 
 
 def sampling_for(svc: Service, opts: Options | None, model: str) -> SamplingSettings:
-    o = opts or Options()
+    o = opts or Options.model_validate({})
     for name, neutral in UNSUPPORTED_OPTIONS.items():
         value = getattr(o, name, None)
         if value is not None and neutral is not None and value != neutral:
@@ -353,7 +353,8 @@ async def _answer(request: Request, svc: Service, req: ChatRequest | GenerateReq
     return JSONResponse({**body, "done_reason": done_reason(job), "done": True, **durations(job, t0)})
 
 
-async def _stream(job: Job, name: str, t0: float, *, chat: bool, calls: CallStream | None) -> AsyncIterator[dict]:
+async def _stream(job: Job, name: str, t0: float, *, chat: bool,
+                  calls: CallStream | None) -> AsyncIterator[dict[str, Any]]:
     def piece(text: str, thinking: str = "") -> dict[str, Any]:
         head = {"model": name, "created_at": now_rfc3339()}
         more = {"thinking": thinking} if thinking else {}

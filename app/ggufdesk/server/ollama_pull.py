@@ -120,7 +120,7 @@ def _fetch(repo: str, f: Any, put: Any, cancel: threading.Event) -> None:
          "completed": done.bytes})
 
 
-async def _lines(queue: asyncio.Queue, cancel: threading.Event) -> AsyncIterator[str]:
+async def _lines(queue: asyncio.Queue[Any], cancel: threading.Event) -> AsyncIterator[str]:
     try:
         while (item := await queue.get()) is not None:
             item.pop("_status", None)

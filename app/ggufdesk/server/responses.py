@@ -155,7 +155,8 @@ def _add_item(out: list[dict[str, Any]], item: dict[str, Any], where: str) -> No
         raise not_supported(f"{where} of type {kind!r}")
 
 
-def tool_fields(tools: list[dict[str, Any]] | None, choice: Any, parallel: bool | None) -> tuple[dict, list[str]]:
+def tool_fields(tools: list[dict[str, Any]] | None, choice: Any,
+                parallel: bool | None) -> tuple[dict[str, Any], list[str]]:
     """Generate's tool fields for the function tools, and the built-in tool types left out."""
     functions, ignored = [], []
     for i, t in enumerate(tools or []):
