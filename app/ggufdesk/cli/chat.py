@@ -28,6 +28,7 @@ EVENT_SILENCE_S = 600.0  # the engine client's watchdog ends a silent engine lon
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
+    p.set_defaults(context_overflow="rolling")  # a long chat goes on, as in the window (and says what it dropped)
     p.add_argument("--system", default="", help="system prompt")
     p.add_argument("--completion", action="store_true",
                    help="plain text continuation instead of chat turns (for base models)")

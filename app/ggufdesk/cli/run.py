@@ -7,7 +7,7 @@ from typing import Any
 
 from ggufdesk.cli.worker import add_rpc_argument, describe_split, rpc_from_args
 from ggufdesk.core.errors import KnownError
-from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
+from ggufdesk.core.settings import OVERFLOW_POLICIES, LoadSettings, SamplingSettings, SpeculationSettings
 
 NAME = "run"
 HELP = "generate once from a prompt (through the engine process) and print text or JSON stats"
@@ -34,6 +34,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=-1)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--context-overflow", choices=OVERFLOW_POLICIES, default="error",
+                   help="a prompt longer than the context: error (refuse), rolling (drop older turns), "
+                        "truncate-middle (cut its middle), shift (drop the oldest tokens while generating)")
     spec = p.add_mutually_exclusive_group()
     spec.add_argument("--draft", help="draft model (.gguf) for speculative decoding")
     spec.add_argument("--lookup", action="store_true", help="prompt-lookup speculative decoding")
@@ -101,6 +104,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LoadSettings, Sampling
     sampling = SamplingSettings(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         repeat_penalty=args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
+        context_overflow=args.context_overflow,
     )
     mode = "draft" if args.draft else "lookup" if args.lookup else "off"
     spec = SpeculationSettings(mode=mode, draft_model=library_file(args.draft), k_max=args.draft_max,
@@ -192,6 +196,9 @@ def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sa
         "llama_perf": stats.get("llama_perf", {}),
         "finish_reason": done.finish_reason if done else None,
         "tool_calls": done.tool_calls if done else [],
+        "cached_tokens": done.usage.get("cached_tokens", 0) if done else 0,
+        "truncated_tokens": done.usage.get("truncated_tokens", 0) if done else 0,
+        "context_overflow": done.overflow if done else "",
         "chat_format": loaded.chat_format, "load_s": loaded.load_s, "memory": loaded.memory,
         **({"rpc": loaded.rpc} if loaded.rpc else {}),
         **({"tool_rounds": rounds} if rounds is not None else {}),
@@ -231,8 +238,13 @@ def _generate(client: Any, args: argparse.Namespace, prompt: str, sampling: Samp
                 sys.stdout.flush()
         elif isinstance(ev, P.Stats):
             stats = dataclasses.asdict(ev)
+        elif isinstance(ev, P.Overflow) and not args.json:
+            from ggufdesk.session.prompt import context_note
+
+            print(f"[{context_note(ev)}]", file=sys.stderr)
         elif isinstance(ev, P.Done):
             done = ev
         elif isinstance(ev, P.Error):
             raise KnownError(ev.message)
     return "".join(text), stats, done
+

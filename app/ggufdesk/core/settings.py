@@ -17,6 +17,11 @@ FLASH_ATTN = ("auto", "on", "off")
 SPEC_MODES = ("off", "draft", "lookup")
 MAX_PARALLEL = 256  # llama.cpp's LLAMA_MAX_SEQ
 PREFILL_CHUNK = 0  # 0 = sized each step from measured times (engine/batching/chunking.py, bench/batch.py)
+# What happens when a conversation or prompt outgrows the context (docs/context.md): refuse it, drop
+# whole older turns, cut the middle of a long prompt, or shift the KV cache while generating.
+OVERFLOW_POLICIES = ("error", "rolling", "truncate-middle", "shift")
+PROMPT_CACHE_BYTES = 4 << 30  # the disk prompt cache's size cap (least recently used entries go first)
+PROMPT_CACHE_MIN_TOKENS = 256  # shorter prefixes are cheap to prefill again: not worth a file
 
 
 def _int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
@@ -73,9 +78,15 @@ class LoadSettings:
     n_parallel: int = 1  # sequences decoded together (the server sets it; the GUI and run use 1)
     prefill_chunk: int = PREFILL_CHUNK  # prompt tokens per engine step while others decode; 0 = auto
     rpc: list[str] = field(default_factory=list)  # RPC workers, host:port (`ggufdesk worker`)
+    # the KV of finished prompts saved on disk and restored by later requests, also after a restart
+    # (engine/batching/disk_cache.py); a cap of 0 bytes turns it off
+    prompt_cache_bytes: int = PROMPT_CACHE_BYTES
+    prompt_cache_min_tokens: int = PROMPT_CACHE_MIN_TOKENS
 
     def __post_init__(self) -> None:
         _int("context length (n_ctx)", self.n_ctx, 16, 1 << 20)
+        _int("prompt cache size (prompt_cache_bytes)", self.prompt_cache_bytes, 0, 1 << 50)
+        _int("shortest cached prompt (prompt_cache_min_tokens)", self.prompt_cache_min_tokens, 1, 1 << 20)
         _int("parallel sequences (n_parallel)", self.n_parallel, 1, MAX_PARALLEL)
         _int("prefill chunk (prefill_chunk)", self.prefill_chunk, 0, 1 << 16)
         _int("GPU layers (n_gpu_layers)", self.n_gpu_layers, -1, 100_000)
@@ -130,9 +141,13 @@ class SamplingSettings:
     stop: list[str] = field(default_factory=list)
     # structured output: "" off, "json_object", a JSON schema or a JSON list of tools (core/tools.py)
     structured: str = ""
+    # when the prompt outgrows the context: one of OVERFLOW_POLICIES (the window's default; the
+    # server's is "error", `ggufdesk serve --context-overflow`)
+    context_overflow: str = "rolling"
 
     def __post_init__(self) -> None:
         _float("temperature", self.temperature, 0.0, 5.0)
+        _choice("context overflow policy (context_overflow)", self.context_overflow, OVERFLOW_POLICIES)
         _int("top-k", self.top_k, 0, 1_000_000)
         _float("top-p", self.top_p, 0.0, 1.0)
         _float("min-p", self.min_p, 0.0, 1.0)

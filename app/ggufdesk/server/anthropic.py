@@ -34,6 +34,7 @@ def sampling_for(svc: Service, req: MessagesRequest) -> SamplingSettings:
             top_k=d.top_k if req.top_k is None else req.top_k,
             min_p=d.min_p, repeat_penalty=d.repeat_penalty, repeat_last_n=d.repeat_last_n, seed=d.seed,
             max_tokens=req.max_tokens, stop=stop,
+            context_overflow=d.context_overflow if req.context_overflow is None else req.context_overflow,
         )
     except SettingsError as e:
         raise invalid(str(e)) from None
@@ -68,6 +69,13 @@ def messages_of(req: MessagesRequest) -> list[dict[str, Any]]:
                 msg["tool_calls"] = calls
             out.append(msg)
     return out
+
+
+def usage(job: Job) -> dict[str, int]:
+    """Anthropic's usage: input_tokens are those not read from a cache (theirs add up to the prompt)."""
+    cached = job.cached_tokens
+    return {"input_tokens": job.prompt_tokens - cached, "output_tokens": job.completion_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
 
 def stop_reason(job: Job) -> str:
@@ -107,8 +115,8 @@ async def messages(request: Request) -> Response:
     return JSONResponse({
         "id": mid, "type": "message", "role": "assistant", "model": svc.model_id,
         "content": content,
-        "stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job),
-        "usage": {"input_tokens": job.prompt_tokens, "output_tokens": job.completion_tokens},
+        "stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job), "usage": usage(job),
+        **job.context_fields(),
     })
 
 
@@ -153,8 +161,7 @@ async def _stream(job: Job, mid: str, model: str, calls: CallStream | None) -> A
                     yield sse({"type": "content_block_stop", "index": k}, "content_block_stop")
                 yield sse({"type": "message_delta",
                            "delta": {"stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job)},
-                           "usage": {"input_tokens": job.prompt_tokens, "output_tokens": job.completion_tokens}},
-                          "message_delta")
+                           "usage": usage(job), **job.context_fields()}, "message_delta")
                 yield sse({"type": "message_stop"}, "message_stop")
             elif isinstance(ev, P.Error):
                 yield sse(engine_error(ev).anthropic(), "error")

@@ -32,7 +32,7 @@ def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None) -> S
             top_k=pick(req.top_k, d.top_k), min_p=pick(req.min_p, d.min_p),
             repeat_penalty=pick(req.repeat_penalty, d.repeat_penalty), repeat_last_n=d.repeat_last_n,
             seed=pick(req.seed, d.seed), max_tokens=max_tokens or svc.config.default_max_tokens,
-            stop=stops(req.stop) or list(d.stop),
+            stop=stops(req.stop) or list(d.stop), context_overflow=pick(req.context_overflow, d.context_overflow),
         )
     except SettingsError as e:
         raise invalid(str(e)) from None
@@ -131,7 +131,8 @@ async def chat_completions(request: Request) -> Response:
     choice = {"index": 0, "message": message, "logprobs": chat_logprobs(job.logprobs, top) if lp else None,
               "finish_reason": job.finish_reason}
     return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": svc.model_id,
-                         "choices": [choice], "usage": job.usage(), "system_fingerprint": None})
+                         "choices": [choice], "usage": job.usage(), "system_fingerprint": None,
+                         **job.context_fields()})
 
 
 def _chat_stream(job: Job, cid: str, created: int, model: str, top: int | None,
@@ -140,7 +141,9 @@ def _chat_stream(job: Job, cid: str, created: int, model: str, top: int | None,
     head = _chunk_head(cid, "chat.completion.chunk", created, model)
 
     def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
-        return sse({**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+        extra = job.context_fields() if finish else {}
+        return sse({**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+                    **extra})
 
     def lines(ev: P.Event) -> Iterator[str]:
         if isinstance(ev, P.Token):
@@ -197,7 +200,8 @@ async def completions(request: Request) -> Response:
               "logprobs": completion_logprobs(job.logprobs, top or 0, 0) if lp else None,
               "finish_reason": job.finish_reason}
     return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": svc.model_id,
-                         "choices": [choice], "usage": job.usage(), "system_fingerprint": None})
+                         "choices": [choice], "usage": job.usage(), "system_fingerprint": None,
+                         **job.context_fields()})
 
 
 def _completion_stream(job: Job, cid: str, created: int, model: str, top: int | None,
@@ -205,7 +209,9 @@ def _completion_stream(job: Job, cid: str, created: int, model: str, top: int | 
     head = _chunk_head(cid, "text_completion", created, model)
 
     def chunk(text: str, finish: str | None = None, logprobs: Any = None) -> str:
-        return sse({**head, "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]})
+        extra = job.context_fields() if finish else {}
+        return sse({**head, "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
+                    **extra})
 
     offset = 0
 
@@ -252,7 +258,7 @@ def _chunk_head(cid: str, obj: str, created: int, model: str) -> dict[str, Any]:
 def _stream_end(head: dict[str, Any], job: Job, include_usage: bool) -> Iterator[str]:
     """The end of a stream: the usage chunk if asked for (`stream_options.include_usage`), then [DONE]."""
     if include_usage:
-        yield sse({**head, "choices": [], "usage": job.usage()})
+        yield sse({**head, "choices": [], "usage": job.usage(), **job.context_fields()})
     yield "data: [DONE]\n\n"
 
 

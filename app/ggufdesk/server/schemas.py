@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ggufdesk.server.errors import invalid, not_supported
 
 Stop = str | list[str] | None
+# our extra field on every endpoint: what to do with a prompt longer than the context (docs/context.md)
+ContextOverflow = Literal["error", "rolling", "truncate-middle", "shift"] | None
 
 
 class Strict(BaseModel):
@@ -50,6 +52,7 @@ class SamplingFields(Strict):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    context_overflow: ContextOverflow = None
 
 
 class ChatRequest(SamplingFields):
@@ -105,6 +108,7 @@ class MessagesRequest(Strict):
     tools: list[Any] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    context_overflow: ContextOverflow = None
 
 
 def parse(model: type[Strict], body: bytes) -> Any:

@@ -16,7 +16,7 @@ from ggufdesk.core.errors import KnownError
 from ggufdesk.core.history import Conversation, History, Message
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
-from ggufdesk.session.prompt import build_request, title_from
+from ggufdesk.session.prompt import build_request, context_note, title_from
 from ggufdesk.session.tool_loop import ToolCall, ToolLoop
 from ggufdesk.session.tool_turns import ToolTurns
 from ggufdesk.session.turns import Ref, Turn
@@ -62,6 +62,11 @@ class SessionView:
     def turn_finished(self, turn: Turn) -> None:
         """An answer ended; turn.status is done | cancelled | partial | error."""
 
+    def context_noted(self, turn: Turn) -> None:
+        """The overflow policy dropped part of the conversation for this answer: turn.stats["context_note"]
+        says what, in a quiet line ("3 earlier turns no longer fit the 4,096-token context")."""
+        self.notice(str(turn.stats.get("context_note", "")))
+
     def phase_changed(self, phase: Phase) -> None: ...
 
     def save_state_changed(self, state: SaveState) -> None: ...
@@ -93,14 +98,13 @@ class ChatSession(ToolTurns):
     def __init__(self, *, engine: Engine, writer: HistoryWriter | None = None,
                  view: SessionView | None = None, post: Callable[[Callable[[], None]], None] = _now,
                  save_every: float = SAVE_PARTIAL_EVERY_S, clock: Callable[[], float] = time.monotonic,
-                 context_policy: Literal["truncate", "refuse"] = "truncate", tools: ToolLoop | None = None) -> None:
+                 tools: ToolLoop | None = None) -> None:
         self.engine = engine
         self.writer = writer
         self.view = view or SessionView()
         self.post = post
         self.save_every = save_every
         self.clock = clock
-        self.context_policy = context_policy
         self.conv: Conversation | None = None
         self.conv_row = Ref()
         self.turns: list[Turn] = []
@@ -440,10 +444,11 @@ class ChatSession(ToolTurns):
                 self._saved_at = self.clock()
                 self._save_answer(answer, final=False)
         elif isinstance(ev, P.Stats) and mine and answer is not None:
-            model = answer.stats.get("model")
-            answer.stats = dataclasses.asdict(ev)
-            if model:
-                answer.stats["model"] = model
+            kept = {k: answer.stats[k] for k in ("model", "context_note") if answer.stats.get(k)}
+            answer.stats = {**dataclasses.asdict(ev), **kept}
+        elif isinstance(ev, P.Overflow) and mine and answer is not None:
+            answer.stats["context_note"] = context_note(ev)
+            self.view.context_noted(answer)
         elif isinstance(ev, P.Done) and mine and answer is not None:
             self._settle_text(answer, ev)
             if ev.text and not answer.content and not (ev.tool_calls and self.offer is not None):

@@ -33,6 +33,13 @@ def _split_structured(value: str) -> tuple[str, str]:
 
 MODE_HELP = ("chat: the model's chat template turns messages into a prompt. "
              "completion: the text is continued as it is (base models without a template).")
+# SamplingSettings.context_overflow, in words (docs/context.md); the first is the window's default
+OVERFLOW_CHOICES = {
+    "rolling": "Drop the oldest turns",
+    "truncate-middle": "Cut the middle of a long message",
+    "shift": "Drop the oldest tokens while writing (context shift)",
+    "error": "Stop and say so",
+}
 
 
 class ConversationDialog(QDialog):
@@ -55,6 +62,12 @@ class ConversationDialog(QDialog):
         self.seed = self._spin(-1, 2**31 - 1, sampling.seed)
         self.structured_valid = True
         self._rest = {"repeat_last_n": sampling.repeat_last_n, "stop": list(sampling.stop)}
+        self.overflow = QComboBox()
+        for policy, label in OVERFLOW_CHOICES.items():
+            self.overflow.addItem(label, policy)
+        self.overflow.setCurrentIndex(max(0, self.overflow.findData(sampling.context_overflow)))
+        self.overflow.setToolTip("What happens when the conversation no longer fits the model's context; "
+                                 "anything left out is said above the answer")
         self.structured_kind = QComboBox()
         self.structured_kind.addItems(list(STRUCTURED_KINDS))
         self.structured_text = QPlainTextEdit()
@@ -81,6 +94,7 @@ class ConversationDialog(QDialog):
         form.addRow("Repeat penalty", self.repeat_penalty)
         form.addRow("Max tokens per answer", self.max_tokens)
         form.addRow("Seed (-1 = random)", self.seed)
+        form.addRow("When the conversation outgrows the context", self.overflow)
         form.addRow("Structured output", self.structured_kind)
         form.addRow("", self.structured_text)
         form.addRow("", self.structured_status)
@@ -115,7 +129,8 @@ class ConversationDialog(QDialog):
             temperature=self.temperature.value(), top_k=self.top_k.value(),
             top_p=self.top_p.value(), min_p=self.min_p.value(),
             repeat_penalty=self.repeat_penalty.value(), seed=self.seed.value(),
-            max_tokens=self.max_tokens.value(), structured=self.structured(), **self._rest,
+            max_tokens=self.max_tokens.value(), structured=self.structured(),
+            context_overflow=str(self.overflow.currentData()), **self._rest,
         )
 
     def structured(self) -> str:

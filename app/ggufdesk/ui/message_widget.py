@@ -114,6 +114,10 @@ class MessageWidget(QFrame):
         self.header = QLabel()
         self.header.setTextFormat(Qt.TextFormat.RichText)
         self.header.setMinimumWidth(20)
+        self.context = QLabel()  # what the overflow policy left out for this answer, said quietly above it
+        self.context.setObjectName("msgContext")
+        self.context.setWordWrap(True)
+        self.context.setVisible(False)
         self.body = MarkdownView()
         self.tools = QLabel()  # the answer's tool calls, when it made some
         self.tools.setTextFormat(Qt.TextFormat.RichText)
@@ -146,6 +150,7 @@ class MessageWidget(QFrame):
         lay.setContentsMargins(10, 6, 10, 8)
         lay.setSpacing(2)
         lay.addLayout(top)
+        lay.addWidget(self.context)
         lay.addWidget(self.body)
         lay.addWidget(self.tools)
         lay.addWidget(self.footer)
@@ -180,6 +185,7 @@ class MessageWidget(QFrame):
                  f" color: {theme.css(text)}; }}"
                  f" #msg_{self.role} QLabel {{ color: {theme.css(text)}; }}"
                  f" #msg_{self.role} QLabel#msgFooter {{ color: {theme.css(theme.muted(pal))}; }}"
+                 f" #msg_{self.role} QLabel#msgContext {{ color: {theme.css(theme.muted(pal))}; }}"
                  f" #msg_{self.role} QToolButton {{ color: {theme.css(text)}; }}")
         if style != self._style:
             self._style = style
@@ -220,6 +226,9 @@ class MessageWidget(QFrame):
         text = footer_text(self.stats) if self.role == "assistant" else ""
         self.footer.setText(text)
         self.footer.setVisible(bool(text))
+        note = str(self.stats.get("context_note") or "") if self.role == "assistant" else ""
+        self.context.setText(note)
+        self.context.setVisible(bool(note))
         calls = self.stats.get("tool_calls") or [] if self.role == "assistant" else []
         if self.stats.get("tool_loop"):
             calls = []  # MCP calls: each has its own card below the answer (ui/tool_card.py)

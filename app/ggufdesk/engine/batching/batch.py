@@ -25,8 +25,10 @@ from ggufdesk.engine.batching.generate import Drafter, Generator, RunStats, llam
 from ggufdesk.engine.structured.grammar import GrammarConstraint
 from ggufdesk.engine.structured.request import Structured
 from ggufdesk.engine.runtime.native import LoadedModel
+from ggufdesk.engine.batching.disk_cache import DiskCache
 from ggufdesk.engine.batching.prefix_cache import Slot, Slots
 from ggufdesk.engine.batching.scheduler import Overloaded, Scheduler
+from ggufdesk.engine.batching.shift import ContextUse, room_needed, shift
 from ggufdesk.engine.batching.text import TextStream
 
 log = logging.getLogger("ggufdesk.engine")
@@ -58,10 +60,12 @@ class Sequence:
     constraint: GrammarConstraint | None = None  # structured output: every token must fit its grammar
     structured: Structured | None = None  # what the request asked for (tool calls are parsed at the end)
     paused_steps: int = 0  # steps decoded in a batch while it had a drafter
+    ctx: ContextUse = field(default_factory=ContextUse)  # overflow policy, what it dropped, what it restored
 
     @property
     def reserve(self) -> int:
-        return len(self.prompt) + self.max_gen
+        n = len(self.prompt) + self.max_gen
+        return min(n, self.ctx.cells) if self.ctx.cells else n
 
     @property
     def prefilling(self) -> bool:
@@ -83,6 +87,12 @@ class Memory:
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self._mem, True)
 
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        llama_cpp.llama_memory_seq_add(self._mem, seq, p0, p1, delta)
+
+    def can_shift(self) -> bool:
+        return bool(llama_cpp.llama_memory_can_shift(self._mem))
+
 
 class BatchEngine:
     """Runs every admitted request of one loaded model, step by step.
@@ -97,7 +107,7 @@ class BatchEngine:
     def __init__(self, lm: LoadedModel, gen: Generator, *, emit: Callable[[Any], None],
                  cancelled: Callable[[str], bool], set_batch: Callable[[list[str]], None],
                  on_plain_done: Callable[[P.Stats], None] | None = None, spec_label: str = "off",
-                 flush: Callable[[], None] | None = None) -> None:
+                 flush: Callable[[], None] | None = None, disk: DiskCache | None = None) -> None:
         s = lm.settings
         self.lm, self.gen, self.emit, self.flush = lm, gen, emit, flush
         self.cancelled, self.set_batch, self.on_plain_done = cancelled, set_batch, on_plain_done
@@ -112,6 +122,7 @@ class BatchEngine:
         self._batch = internals.LlamaBatch(n_tokens=max(s.n_batch, lm.n_outputs, 1), embd=0, n_seq_max=1)
         self._status_sent: tuple | None = None
         self._status_t = 0.0
+        self.disk = disk  # the disk prompt cache (engine/batching/disk_cache.py), None when off
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -163,6 +174,9 @@ class BatchEngine:
         if not plan.decode and plan.prefill is None:
             self._status(force=True)
             return
+        for seq in plan.decode:
+            if seq.ctx.shifting and room_needed(seq.slot, 1, self.n_ctx):
+                self._shift(seq)
         alone = len(self.sched.running) == 1
         if not alone:
             for s in self.sched.running:
@@ -183,6 +197,9 @@ class BatchEngine:
     def _start(self, seq: Sequence) -> None:
         """Admitted: take a slot holding the longest cached prefix, make the sampler."""
         seq.slot, seq.stats.n_reused = self.slots.acquire(seq.prompt)
+        if self.disk is not None:
+            seq.ctx.restored = self.disk.restore(self.slots, seq.slot, seq.prompt)
+            seq.stats.n_reused = len(seq.slot.tokens)
         seq.n_done = seq.stats.n_reused
         if len(self.sched.running) == 1:
             llama_cpp.llama_perf_context_reset(self.lm.ctx.ctx)
@@ -369,15 +386,19 @@ class BatchEngine:
             s.constraint = None
         if s.slot is not None:
             # keep the KV for later prefixes; a request that stopped mid-prompt leaves a partial one
+            if s.slot.exact is not None:  # after a context shift only the part before it is exact
+                self.slots.truncate(s.slot, s.slot.exact)
             self.slots.release(s.slot)
             s.slot = None
 
     def _finish(self, s: Sequence, reason: str) -> None:
-        started = s.slot is not None
+        started, slot = s.slot is not None, s.slot
         self._release(s)
+        if self.disk is not None and slot is not None:
+            self.disk.save(slot)
         if reason == "cancelled":
             self.emit(P.Done(id=s.rid, finish_reason="cancelled", text="".join(s.pieces), tokens=s.stats.tokens,
-                             usage={"prompt_tokens": s.stats.n_prompt, "completion_tokens": s.stats.n_gen}))
+                             usage=usage(s), overflow=s.ctx.applied))
             return
         if s.stream is not None:
             self._text_out(s, s.stream.flush())
@@ -388,9 +409,8 @@ class BatchEngine:
         content, calls = s.structured.parse(text) if s.structured is not None else (text, [])
         if calls and reason == "stop":
             reason = "tool_calls"
-        self.emit(P.Done(id=s.rid, finish_reason=reason, text=text, tokens=st.tokens,
-                         usage={"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen},
-                         tool_calls=calls, content=content if calls else None,
+        self.emit(P.Done(id=s.rid, finish_reason=reason, text=text, tokens=st.tokens, usage=usage(s),
+                         overflow=s.ctx.applied, tool_calls=calls, content=content if calls else None,
                          stop=s.stream.matched if s.stream is not None and reason == "stop" else None))
         if started and s.alone and s.drafter is None and self.on_plain_done is not None:
             self.on_plain_done(final)  # the figures the user saw
@@ -401,6 +421,18 @@ class BatchEngine:
         if slot is not None:
             self.slots.clear(slot)  # what a failed decode left there is not to be trusted
         self.emit(P.Error(kind=getattr(e, "kind", "generate"), id=s.rid, message=str(e)))
+
+    # ---- the context ---------------------------------------------------------------------------
+
+    def _shift(self, s: Sequence) -> None:
+        """A `shift` request at the context's edge: drop its oldest tokens after the system prompt."""
+        if shift(self.slots, s.slot, s.ctx, self.n_ctx):
+            self.emit(self.overflow_event(s))
+
+    def overflow_event(self, s: Sequence) -> P.Overflow:
+        c = s.ctx
+        return P.Overflow(id=s.rid, policy=c.applied or c.policy, truncated_tokens=c.truncated,
+                          dropped_messages=c.dropped_messages, n_ctx=self.n_ctx, note=c.note)
 
     # ---- status -------------------------------------------------------------------------------
 
@@ -436,6 +468,13 @@ def fill_batch(batch: internals.LlamaBatch, rows: list[tuple[int, int, int, bool
         b.seq_id[i][0] = sid
         b.logits[i] = out
     b.n_tokens = len(rows)
+
+
+def usage(s: Sequence) -> dict[str, int]:
+    """A Done's usage: token counts, what came from a cache, what the overflow policy dropped."""
+    st, c = s.stats, s.ctx
+    return {"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen, "cached_tokens": st.n_reused,
+            "restored_tokens": c.restored, "truncated_tokens": c.truncated}
 
 
 def context_error(n: int, room: int) -> KnownError:

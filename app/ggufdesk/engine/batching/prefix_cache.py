@@ -20,11 +20,13 @@ from typing import Protocol
 
 
 class Memory(Protocol):
-    """The two llama.cpp memory calls we need (engine/batching/batch.py passes the real ones; tests a fake)."""
+    """The llama.cpp memory calls we need (engine/batching/batch.py passes the real ones; tests a fake)."""
 
     def seq_rm(self, seq: int, p0: int, p1: int) -> bool: ...
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None: ...
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None: ...
 
 
 @dataclass
@@ -34,6 +36,13 @@ class Slot:
     cells: list[int] = field(default_factory=list)  # our id of the cell behind each position
     busy: bool = False
     last_used: int = 0  # a tick; smaller = evicted first
+    # positions whose KV equals a fresh prefill of `tokens` (None: all). A context shift keeps the KV of
+    # later tokens, computed beside tokens that are gone: never reused for another prompt.
+    exact: int | None = None
+
+    @property
+    def reusable(self) -> list[int]:
+        return self.tokens if self.exact is None else self.tokens[:self.exact]
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -88,6 +97,28 @@ class Slots:
             self.mem.seq_rm(slot.seq, -1, -1)
         self._drop(slot.cells[n:])
         del slot.tokens[n:], slot.cells[n:]
+        if slot.exact is not None and slot.exact >= n:
+            slot.exact = None
+
+    def shared(self, slot: Slot) -> int:
+        """How many leading positions of `slot` are cells another sequence holds too (a copied prefix)."""
+        n = 0
+        for c in slot.cells:
+            if self._refs[c] <= 1:
+                break
+            n += 1
+        return n
+
+    def shift(self, slot: Slot, n_keep: int, n_discard: int) -> None:
+        """Context shift: positions [n_keep, n_keep + n_discard) leave the sequence and the ones after
+        move back by n_discard (llama.cpp shifts their keys' RoPE at the next decode). The caller
+        makes sure no shifted cell is shared (`shared`): a shift moves a cell for every sequence."""
+        end = n_keep + n_discard
+        self.mem.seq_rm(slot.seq, n_keep, end)
+        self.mem.seq_add(slot.seq, end, -1, -n_discard)
+        self._drop(slot.cells[n_keep:end])
+        del slot.tokens[n_keep:end], slot.cells[n_keep:end]
+        slot.exact = n_keep if slot.exact is None else min(slot.exact, n_keep)
 
     def clear(self, slot: Slot) -> None:
         self.truncate(slot, 0)
@@ -98,7 +129,7 @@ class Slots:
         """The slot (busy or idle) sharing the longest prefix with prompt, and that length."""
         best, n_best = None, 0
         for s in self.slots:
-            n = common_prefix(s.tokens, prompt)
+            n = common_prefix(s.reusable, prompt)
             if n > n_best or (n == n_best and best is not None and best.busy and not s.busy):
                 best, n_best = s, n
         return best, n_best
@@ -142,6 +173,11 @@ class Slots:
         if not keep:
             self.clear(slot)
 
+    def room_for(self, slot: Slot, need: int) -> bool:
+        """Whether `need` cells can be had for `slot` by clearing it and evicting idle slots."""
+        held = {c for s in self.slots if s.busy and s is not slot for c in s.cells}
+        return self.n_cells - len(held) >= need
+
     def evict(self, need: int) -> bool:
         """Clear idle slots, least recently used first, until `need` cells are free; True if they are."""
         for s in sorted(self.idle(), key=lambda s: s.last_used):
@@ -156,4 +192,5 @@ class Slots:
             s.tokens.clear()
             s.cells.clear()
             s.busy = False
+            s.exact = None
         self._refs.clear()

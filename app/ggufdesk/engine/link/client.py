@@ -515,7 +515,6 @@ class EngineClient:
         messages: list[dict[str, str]] | None = None,
         sampling: SamplingSettings | dict[str, Any] | None = None,
         speculation: SpeculationSettings | dict[str, Any] | None = None,
-        context_policy: Literal["truncate", "refuse"] = "truncate",
         request_id: str | None = None,
         logprobs: int = 0,
         **extra: Any,
@@ -527,7 +526,7 @@ class EngineClient:
         rid = request_id or f"r{next(self._ids)}"
         msg = P.Generate(id=rid, prompt=prompt, messages=messages, sampling=P.fields_of(sampling),
                          speculation=P.fields_of(speculation) if speculation is not None else None,
-                         context_policy=context_policy, logprobs=logprobs, **extra)
+                         logprobs=logprobs, **extra)
         with self._cond:
             self._inflight.add(rid)
         try:

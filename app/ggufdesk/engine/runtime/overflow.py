@@ -1,0 +1,191 @@
+"""A prompt that outgrows the context, under the request's overflow policy; and what was dropped.
+
+The policies (core/settings.py OVERFLOW_POLICIES, docs/context.md):
+
+- ``error``: refused (the server's 400 ``context_length_exceeded``), nothing dropped;
+- ``rolling``: the system prompt and the newest turns that fit; whole older turns are dropped (a
+  raw prompt keeps its newest tokens);
+- ``truncate-middle``: the start and the end of a long prompt; its middle is cut (in a chat, from
+  the longest message, so the template's frame around the messages stays whole);
+- ``shift``: the prompt is fitted as by ``rolling``; while generating, the oldest tokens after the
+  system prompt leave the KV cache when it fills (engine/batching/shift.py).
+
+The budget is the context minus the room kept for the answer (min(max_tokens, n_ctx / 2)). Whatever
+is dropped is counted: the engine reports it in an Overflow event and in the request's Done.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ggufdesk.core.errors import KnownError
+
+Messages = list[dict[str, Any]]
+Render = Callable[[Messages], list[int]]  # messages -> prompt tokens (template + tokenizer)
+TooLong = Callable[[int, int], KnownError]  # (tokens, room) -> the request's context error
+MIDDLE_TRIES = 4  # re-cuts when tokens merge differently across the cut
+MIN_KEPT = 32  # a message cut to fewer tokens than this is no longer the message: messages go instead
+
+
+@dataclass
+class Fitted:
+    """A prompt that fits, and what fitting it cost."""
+
+    tokens: list[int]
+    policy: str  # the policy asked for
+    truncated_tokens: int = 0  # prompt tokens dropped to fit
+    dropped_messages: int = 0  # whole messages dropped (rolling)
+    n_keep: int = 0  # leading tokens a context shift never discards (BOS, the system prompt)
+
+    @property
+    def applied(self) -> str:
+        """The policy that dropped tokens ("" when nothing was dropped)."""
+        return self.policy if self.truncated_tokens else ""
+
+
+def budget_for(n_ctx: int, max_tokens: int) -> int:
+    """Prompt tokens a request may use: the context minus the room kept for its answer."""
+    return n_ctx - min(max_tokens, n_ctx // 2)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def cut_middle(tokens: list[int], keep: int) -> list[int]:
+    """The first and last tokens of `tokens`, `keep` in all (the first half rounded up)."""
+    if keep >= len(tokens):
+        return list(tokens)
+    head = (keep + 1) // 2
+    tail = keep - head
+    return tokens[:head] + (tokens[len(tokens) - tail:] if tail else [])
+
+
+# ---- raw prompts ------------------------------------------------------------------------------------
+
+
+def fit_text(tokens: list[int], policy: str, *, n_ctx: int, budget: int, bos_id: int | None,
+             too_long: TooLong) -> Fitted:
+    """A completion prompt's tokens under `policy`. `error` refuses only what can never fit (the
+    answer then gets the room that is left, as llama-server does); the others keep room for it."""
+    n_keep = 1 if tokens[:1] == [bos_id] else 0
+    if policy == "error" or len(tokens) <= budget:
+        if len(tokens) >= n_ctx:
+            raise too_long(len(tokens), n_ctx - 1)
+        return Fitted(list(tokens), policy, n_keep=n_keep)
+    if policy == "truncate-middle":
+        kept = cut_middle(tokens, budget)
+    else:  # rolling, shift: the newest tokens (after the BOS)
+        kept = tokens[:n_keep] + tokens[len(tokens) - (budget - n_keep):]
+    return Fitted(kept, policy, truncated_tokens=len(tokens) - len(kept), n_keep=n_keep)
+
+
+# ---- chats ------------------------------------------------------------------------------------------
+
+
+def fit_chat(messages: Messages, policy: str, *, render: Render, budget: int, too_long: TooLong,
+             tokenize: Callable[[str], list[int]] | None = None,
+             detokenize: Callable[[list[int]], str] | None = None, bos_id: int | None = None) -> Fitted:
+    """A chat's prompt tokens under `policy` (truncate-middle needs tokenize/detokenize of message text)."""
+    tokens = render(messages)
+    if len(tokens) <= budget:
+        fitted = Fitted(tokens, policy)
+    elif policy == "error":
+        raise too_long(len(tokens), budget)
+    elif policy == "truncate-middle":
+        assert tokenize is not None and detokenize is not None
+        fitted = _truncate_middle(messages, tokens, render=render, budget=budget, too_long=too_long,
+                                  tokenize=tokenize, detokenize=detokenize)
+    else:  # rolling, shift
+        kept, dropped = roll(messages, lambda m: len(render(m)), budget, too_long)
+        fitted = Fitted(render(kept), policy, dropped_messages=dropped)
+        fitted.truncated_tokens = len(tokens) - len(fitted.tokens)
+        messages = kept
+    if policy == "shift":
+        fitted.n_keep = system_keep(messages, fitted.tokens, render, bos=fitted.tokens[:1] == [bos_id])
+    return fitted
+
+
+def roll(messages: Messages, count: Callable[[Messages], int], budget: int,
+         too_long: TooLong) -> tuple[Messages, int]:
+    """Drop the oldest turns (never the system prompt, never the last message) until the prompt fits;
+    the kept messages and how many were dropped. A conversation never starts with an answer or a
+    tool result left without its call, so those go with the turn before them."""
+    system = [m for m in messages[:1] if m.get("role") == "system"]
+    rest = messages[len(system):]
+    while count(system + rest) > budget:
+        if len(rest) <= 1:
+            raise too_long(count(system + rest), budget)
+        rest = rest[1:]
+        while len(rest) > 1 and rest[0].get("role") in ("assistant", "tool"):
+            rest = rest[1:]
+    return system + rest, len(messages) - len(system) - len(rest)
+
+
+def _truncate_middle(messages: Messages, tokens: list[int], *, render: Render, budget: int, too_long: TooLong,
+                     tokenize: Callable[[str], list[int]], detokenize: Callable[[list[int]], str]) -> Fitted:
+    """Cut the middle of the longest message (one long prompt); when that is not enough, leave out
+    whole messages from the middle of the conversation (the system prompt, the first message and the
+    newest ones stay), then cut the longest message that is left."""
+    def cut(msgs: Messages) -> list[int] | None:
+        return _cut_longest(msgs, render=render, budget=budget, tokenize=tokenize, detokenize=detokenize)
+
+    kept = cut(messages)
+    dropped = 0
+    if kept is None:
+        middle, dropped = drop_middle(messages, lambda m: len(render(m)), budget)
+        kept = render(middle)
+        if len(kept) > budget:
+            kept = cut(middle)
+    if kept is None:
+        raise too_long(len(tokens), budget)
+    return Fitted(kept, "truncate-middle", truncated_tokens=len(tokens) - len(kept), dropped_messages=dropped)
+
+
+def _cut_longest(messages: Messages, *, render: Render, budget: int, tokenize: Callable[[str], list[int]],
+                 detokenize: Callable[[list[int]], str]) -> list[int] | None:
+    """The prompt with the middle of its longest message cut so that it fits (None: that message
+    cannot give enough and keep MIN_KEPT of its tokens)."""
+    texts = [m.get("content") if isinstance(m.get("content"), str) else "" for m in messages]
+    i = max(range(len(messages)), key=lambda j: len(texts[j]))
+    body = tokenize(texts[i])
+    keep = len(body) - (len(render(messages)) - budget)
+    for _ in range(MIDDLE_TRIES):
+        if keep < MIN_KEPT:
+            return None
+        shorter = {**messages[i], "content": detokenize(cut_middle(body, keep))}
+        kept = render([*messages[:i], shorter, *messages[i + 1:]])
+        if len(kept) <= budget:
+            return kept
+        keep -= len(kept) - budget
+    return None
+
+
+def drop_middle(messages: Messages, count: Callable[[Messages], int], budget: int) -> tuple[Messages, int]:
+    """Leave out whole messages after the first one (and the system prompt) until the rest fits or only
+    the newest is left; the next kept message is an answer when one can be, so turns still alternate."""
+    head = messages[:2] if messages[:1] and messages[0].get("role") == "system" else messages[:1]
+    rest = messages[len(head):]
+    while len(rest) > 1 and count(head + rest) > budget:
+        rest = rest[1:]
+        while len(rest) > 1 and rest[0].get("role") != "assistant":
+            rest = rest[1:]
+    return head + rest, len(messages) - len(head) - len(rest)
+
+
+def system_keep(messages: Messages, tokens: list[int], render: Render, *, bos: bool) -> int:
+    """Leading prompt tokens that hold the system prompt (and the BOS): a context shift keeps them."""
+    base = 1 if bos and tokens else 0
+    if not messages or messages[0].get("role") != "system":
+        return base
+    try:
+        alone = render([messages[0], {"role": "user", "content": ""}])
+    except KnownError:  # a template that refuses that shape: keep the BOS only
+        return base
+    return max(base, common_prefix(alone, tokens))
