@@ -159,7 +159,10 @@ def _cut_longest(messages: Messages, *, render: Render, budget: int, tokenize: C
     for _ in range(MIDDLE_TRIES):
         if keep < MIN_KEPT:
             return None
-        shorter = {**messages[i], "content": detokenize(cut_middle(body, keep))}
+        text = detokenize(cut_middle(body, keep))
+        if text[:1].isspace() and not texts[i][:1].isspace():
+            text = text[1:]  # the tokenizer's own leading space (SentencePiece's dummy prefix)
+        shorter = {**messages[i], "content": text}
         kept = render([*messages[:i], shorter, *messages[i + 1:]])
         if len(kept) <= budget:
             return kept
