@@ -42,6 +42,9 @@ class TerminalView(mcp_tools.ToolNotes):
         self.out.write(piece)
         self.out.flush()
 
+    def context_noted(self, turn: Turn) -> None:
+        print(f"[{turn.stats.get('context_note', '')}]", file=self.out)  # before the answer, as in the window
+
     def turn_finished(self, turn: Turn) -> None:
         st = turn.stats
         if st.get("final"):

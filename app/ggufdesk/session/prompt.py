@@ -68,8 +68,8 @@ def context_note(ev: P.Overflow) -> str:
     """What the overflow policy dropped, in a quiet line: "3 earlier turns no longer fit the 4,096-token context"."""
     room = f"the {ev.n_ctx:,}-token context" if ev.n_ctx else "the context"
     if ev.dropped_messages:
-        turns = "turn" if ev.dropped_messages == 1 else "turns"
-        line = f"{ev.dropped_messages} earlier {turns} no longer fit {room}"
+        turns = "turn no longer fits" if ev.dropped_messages == 1 else "turns no longer fit"
+        line = f"{ev.dropped_messages} earlier {turns} {room}"
     elif ev.policy == "truncate-middle":
         line = f"the middle of the conversation ({ev.truncated_tokens:,} tokens) was left out to fit {room}"
     elif ev.policy == "shift":
