@@ -42,7 +42,10 @@ def test_error_refuses_a_conversation_that_does_not_fit(live):
     assert err.kind == "context" and "r" not in live.prompts
 
 
-def test_rolling_runs_the_system_prompt_and_the_newest_whole_turns(live):
+def test_rolling_runs_the_system_prompt_and_the_newest_whole_turns(live, monkeypatch):
+    from ggufdesk.engine.runtime import overflow
+
+    monkeypatch.setattr(overflow, "ROLL_SLACK", 0.0)  # exactly the newest turns that fit
     msgs = conversation(12)
     budget = N_CTX - 40
     events = live.run("r", messages=msgs, sampling=greedy(40, "rolling"))
@@ -72,12 +75,25 @@ def test_truncate_middle_runs_the_start_and_the_end_of_a_long_message(live):
 
 
 def test_a_raw_prompt_rolls_to_its_newest_tokens(live):
+    from ggufdesk.engine.runtime.overflow import ROLL_SLACK
+
+    budget = N_CTX - 40
     text = " ".join(ggufs.WORDS[i % len(ggufs.WORDS)] for i in range(300))
     events = live.run("r", prompt=text, sampling=greedy(40, "rolling"))
     full = live.engine.gen.tokenize(text)
     ran = live.prompts["r"]
-    assert ran == full[:1] + full[len(full) - (N_CTX - 40 - 1):]
+    assert ran == full[:1] + full[len(full) - (budget - 1) + int(budget * ROLL_SLACK):]
     assert one(events, P.Done).usage["truncated_tokens"] == len(full) - len(ran)
+
+
+def test_the_next_turn_of_a_rolled_conversation_keeps_the_cut_and_its_cache(live):
+    msgs = conversation(12)
+    first = live.run("r1", messages=msgs, sampling=greedy(8, "rolling"))
+    done = one(first, P.Done)
+    grown = msgs + [{"role": "assistant", "content": done.text}, {"role": "user", "content": "and the cat"}]
+    second = live.run("r2", messages=grown, sampling=greedy(8, "rolling"))
+    assert one(second, P.Overflow).dropped_messages == one(first, P.Overflow).dropped_messages
+    assert one(second, P.Done).usage["cached_tokens"] >= len(live.prompts["r1"]) - 8  # not prefilled again
 
 
 def test_a_policy_the_api_does_not_know_is_refused():

@@ -72,7 +72,13 @@ def test_error_refuses_with_the_numbers():
     assert (e.value.n, e.value.room) == (len(render(msgs)), 100)
 
 
-def test_rolling_keeps_the_system_prompt_and_the_newest_whole_turns_that_fit():
+@pytest.fixture
+def strict(monkeypatch):
+    """Rolling without its slack: exactly the newest turns that fit."""
+    monkeypatch.setattr(O, "ROLL_SLACK", 0.0)
+
+
+def test_rolling_keeps_the_system_prompt_and_the_newest_whole_turns_that_fit(strict):
     msgs = chat(10)
     f = fit(msgs, "rolling", 100)
     kept = [msgs[0]] + msgs[1 + f.dropped_messages:]
@@ -90,12 +96,31 @@ def test_rolling_refuses_only_a_last_message_that_alone_is_too_long():
         fit(msgs, "rolling", 100)
 
 
-def test_rolling_drops_a_tool_result_with_the_call_before_it():
+def test_rolling_drops_a_tool_result_with_the_call_before_it(strict):
     msgs = [{"role": "user", "content": "old " * 40}, {"role": "assistant", "content": "calls"},
             {"role": "tool", "content": "result " * 10}, {"role": "assistant", "content": "so"},
             {"role": "user", "content": "now"}]
-    kept, dropped = O.roll(msgs, lambda m: len(render(m)), 20, TooLong)
-    assert kept == msgs[-1:] and dropped == 4
+    kept, tokens, dropped = O.roll(msgs, render, 20, TooLong)
+    assert kept == msgs[-1:] and dropped == 4 and tokens == render(kept)
+
+
+def test_rolling_cuts_deeper_once_then_keeps_its_cut_while_a_cache_holds_it():
+    msgs = chat(30)
+    budget = 200
+    first = fit(msgs, "rolling", budget)
+    strict_start = next(i for i in range(1, len(msgs)) if msgs[i]["role"] == "user"
+                        and len(render([msgs[0]] + msgs[i:])) <= budget)
+    assert len(first.tokens) <= budget - budget * O.ROLL_SLACK  # room for the next turns
+    assert first.dropped_messages > strict_start - 1
+    cut = 1 + first.dropped_messages
+    # the next turn: the answer and a new question; the cache holds the first request's prompt
+    grown = msgs + [{"role": "assistant", "content": "fine"}, {"role": "user", "content": "and then"}]
+    again = O.fit_chat(grown, "rolling", render=render, budget=budget, too_long=TooLong, bos_id=BOS,
+                       known=lambda: [first.tokens + [7, 7]])
+    assert again.dropped_messages == first.dropped_messages  # the same cut: its prefix is reused
+    assert again.tokens[:len(first.tokens) - 2] == first.tokens[:-2]
+    cold = O.fit_chat(grown, "rolling", render=render, budget=budget, too_long=TooLong, bos_id=BOS)
+    assert cold.dropped_messages != again.dropped_messages and cut > 1  # without a cache: a fresh, deeper cut
 
 
 def test_truncate_middle_keeps_the_start_and_the_end_of_one_long_message():
@@ -129,10 +154,20 @@ def test_shift_fits_like_rolling_and_keeps_the_system_prompt_from_shifting():
 
 
 @pytest.mark.parametrize("policy", ["rolling", "shift"])
-def test_a_raw_prompt_keeps_its_bos_and_newest_tokens(policy):
+def test_a_raw_prompt_keeps_its_bos_and_newest_tokens(policy, strict):
     tokens = [BOS] + list(range(100, 400))
     f = O.fit_text(tokens, policy, n_ctx=256, budget=200, bos_id=BOS, too_long=TooLong)
     assert f.tokens == [BOS] + tokens[-199:] and f.truncated_tokens == 101 and f.n_keep == 1
+
+
+def test_a_raw_prompt_rolls_deeper_once_then_keeps_a_cached_start():
+    tokens = [BOS] + list(range(100, 400))
+    f = O.fit_text(tokens, "rolling", n_ctx=256, budget=200, bos_id=BOS, too_long=TooLong)
+    assert f.tokens == [BOS] + tokens[-(199 - 50):]  # a quarter of the budget deeper
+    grown = tokens + list(range(400, 420))
+    again = O.fit_text(grown, "rolling", n_ctx=256, budget=200, bos_id=BOS, too_long=TooLong,
+                       known=lambda: [f.tokens])
+    assert again.tokens[:len(f.tokens)] == f.tokens and len(again.tokens) == len(f.tokens) + 20
 
 
 def test_a_raw_prompt_under_truncate_middle_and_error():

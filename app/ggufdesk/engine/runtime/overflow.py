@@ -15,6 +15,7 @@ is dropped is counted: the engine reports it in an Overflow event and in the req
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,16 @@ Render = Callable[[Messages], list[int]]  # messages -> prompt tokens (template 
 TooLong = Callable[[int, int], KnownError]  # (tokens, room) -> the request's context error
 MIDDLE_TRIES = 4  # re-cuts when tokens merge differently across the cut
 MIN_KEPT = 32  # a message cut to fewer tokens than this is no longer the message: messages go instead
+# Rolling drops this share of the budget more than it must: without it every turn after the first drop
+# moves the cut and prefills the whole conversation again (bench/context.py, replay: prefilled tokens
+# per turn); llama-server's context shift discards half for the same reason. 0 = the strict newest-that-fit.
+ROLL_SLACK = float(os.environ.get("GGUFDESK_ROLLING_SLACK", "0.25"))
+HELD_SIGNATURE = 16  # tokens of a cached sequence that identify where an earlier cut started
+Known = Callable[[], list[list[int]]]  # the token sequences the KV caches hold (memory, disk)
+
+
+def _nothing() -> list[list[int]]:
+    return []
 
 
 @dataclass
@@ -71,7 +82,7 @@ def cut_middle(tokens: list[int], keep: int) -> list[int]:
 
 
 def fit_text(tokens: list[int], policy: str, *, n_ctx: int, budget: int, bos_id: int | None,
-             too_long: TooLong) -> Fitted:
+             too_long: TooLong, known: Known = _nothing) -> Fitted:
     """A completion prompt's tokens under `policy`. `error` refuses only what can never fit (the
     answer then gets the room that is left, as llama-server does); the others keep room for it."""
     n_keep = 1 if tokens[:1] == [bos_id] else 0
@@ -81,9 +92,24 @@ def fit_text(tokens: list[int], policy: str, *, n_ctx: int, budget: int, bos_id:
         return Fitted(list(tokens), policy, n_keep=n_keep)
     if policy == "truncate-middle":
         kept = cut_middle(tokens, budget)
-    else:  # rolling, shift: the newest tokens (after the BOS)
-        kept = tokens[:n_keep] + tokens[len(tokens) - (budget - n_keep):]
+    else:  # rolling, shift: the newest tokens (after the BOS), from a start a cache holds if it can
+        start = _held_start(tokens, n_keep, len(tokens) - (budget - n_keep), known()) or \
+            len(tokens) - (budget - n_keep) + int(budget * ROLL_SLACK)
+        kept = tokens[:n_keep] + tokens[min(start, len(tokens) - 1):]
     return Fitted(kept, policy, truncated_tokens=len(tokens) - len(kept), n_keep=n_keep)
+
+
+def _held_start(tokens: list[int], n_keep: int, first: int, cached: list[list[int]]) -> int | None:
+    """Where a cached cut of this raw prompt starts (>= first): a sequence in a cache that is the
+    prompt's head followed by the prompt from some later point (an earlier request rolled there)."""
+    for seq in cached:
+        sig = seq[n_keep:n_keep + HELD_SIGNATURE]
+        if seq[:n_keep] != tokens[:n_keep] or len(sig) < HELD_SIGNATURE:
+            continue
+        for j in range(first, len(tokens) - len(sig) + 1):
+            if tokens[j:j + len(sig)] == sig:
+                return j
+    return None
 
 
 # ---- chats ------------------------------------------------------------------------------------------
@@ -91,8 +117,10 @@ def fit_text(tokens: list[int], policy: str, *, n_ctx: int, budget: int, bos_id:
 
 def fit_chat(messages: Messages, policy: str, *, render: Render, budget: int, too_long: TooLong,
              tokenize: Callable[[str], list[int]] | None = None,
-             detokenize: Callable[[list[int]], str] | None = None, bos_id: int | None = None) -> Fitted:
-    """A chat's prompt tokens under `policy` (truncate-middle needs tokenize/detokenize of message text)."""
+             detokenize: Callable[[list[int]], str] | None = None, bos_id: int | None = None,
+             known: Known = _nothing) -> Fitted:
+    """A chat's prompt tokens under `policy` (truncate-middle needs tokenize/detokenize of message text;
+    known() gives the token sequences the KV caches hold, which rolling prefers to cut at)."""
     tokens = render(messages)
     if len(tokens) <= budget:
         fitted = Fitted(tokens, policy)
@@ -103,29 +131,47 @@ def fit_chat(messages: Messages, policy: str, *, render: Render, budget: int, to
         fitted = _truncate_middle(messages, tokens, render=render, budget=budget, too_long=too_long,
                                   tokenize=tokenize, detokenize=detokenize)
     else:  # rolling, shift
-        kept, dropped = roll(messages, lambda m: len(render(m)), budget, too_long)
-        fitted = Fitted(render(kept), policy, dropped_messages=dropped)
-        fitted.truncated_tokens = len(tokens) - len(fitted.tokens)
+        kept, kept_tokens, dropped = roll(messages, render, budget, too_long, known=known)
+        fitted = Fitted(kept_tokens, policy, dropped_messages=dropped, truncated_tokens=len(tokens) - len(kept_tokens))
         messages = kept
     if policy == "shift":
         fitted.n_keep = system_keep(messages, fitted.tokens, render, bos=fitted.tokens[:1] == [bos_id])
     return fitted
 
 
-def roll(messages: Messages, count: Callable[[Messages], int], budget: int,
-         too_long: TooLong) -> tuple[Messages, int]:
-    """Drop the oldest turns (never the system prompt, never the last message) until the prompt fits;
-    the kept messages and how many were dropped. A conversation never starts with an answer or a
-    tool result left without its call, so those go with the turn before them."""
+def roll(messages: Messages, render: Render, budget: int, too_long: TooLong, *,
+         known: Known = _nothing) -> tuple[Messages, list[int], int]:
+    """Drop the oldest turns (never the system prompt, never the last message) until the prompt fits:
+    the kept messages, their tokens and how many were dropped. A conversation never starts with an
+    answer or a tool result left without its call, so those go with the turn before them.
+
+    When turns must go, the cut is one a KV cache already holds (an earlier request of this
+    conversation cut there: its prefix is reused, not prefilled again), else one ROLL_SLACK of the
+    budget deeper than needed, so the next turns find their prefix cached until that room is used up.
+    """
     system = [m for m in messages[:1] if m.get("role") == "system"]
     rest = messages[len(system):]
-    while count(system + rest) > budget:
-        if len(rest) <= 1:
-            raise too_long(count(system + rest), budget)
-        rest = rest[1:]
-        while len(rest) > 1 and rest[0].get("role") in ("assistant", "tool"):
-            rest = rest[1:]
-    return system + rest, len(messages) - len(system) - len(rest)
+    starts = [i for i in range(len(rest)) if i == len(rest) - 1 or rest[i].get("role") not in ("assistant", "tool")]
+    fits: list[tuple[int, list[int]]] = []  # (start, tokens) from the first start that fits to the slack cut
+    for i in starts:
+        toks = render(system + rest[i:])
+        if len(toks) <= budget:
+            fits.append((i, toks))
+            if i == 0 or len(toks) <= budget - int(budget * ROLL_SLACK):
+                break
+    if not fits:
+        raise too_long(len(render(system + rest[-1:])), budget)
+    start, toks = fits[0] if fits[0][0] == 0 else _sticky(fits, known()) or fits[-1]
+    return system + rest[start:], toks, len(rest[:start])
+
+
+def _sticky(fits: list[tuple[int, list[int]]], cached: list[list[int]]) -> tuple[int, list[int]] | None:
+    """The cut whose prompt a cache holds beyond what every cut shares (the system prompt), if any."""
+    if len(fits) < 2 or not cached:
+        return None
+    held = [max(common_prefix(c, toks) for c in cached) for _, toks in fits]
+    best = max(range(len(fits)), key=lambda k: held[k])
+    return fits[best] if held[best] > min(held) + HELD_SIGNATURE else None
 
 
 def _truncate_middle(messages: Messages, tokens: list[int], *, render: Render, budget: int, too_long: TooLong,

@@ -483,12 +483,22 @@ class Engine:
             msgs = prepare_messages(req.messages, structured) if structured is not None else req.messages
             fitted = overflow.fit_chat(
                 msgs, policy, render=lambda m: self._chat_tokens(m, tools), budget=budget, too_long=context_error,
-                tokenize=lambda t: gen.tokenize(t, add_bos=False), detokenize=self._detokenize, bos_id=bos)
+                tokenize=lambda t: gen.tokenize(t, add_bos=False), detokenize=self._detokenize, bos_id=bos,
+                known=self._cached_sequences)
             return fitted, list(self.template.stops)
         if req.prompt is None:
             raise KnownError("a generate request needs a prompt or messages")
         tokens = gen.tokenize(req.prompt)
-        return overflow.fit_text(tokens, policy, n_ctx=n_ctx, budget=budget, bos_id=bos, too_long=context_error), []
+        return overflow.fit_text(tokens, policy, n_ctx=n_ctx, budget=budget, bos_id=bos, too_long=context_error,
+                                 known=self._cached_sequences), []
+
+    def _cached_sequences(self) -> list[list[int]]:
+        """What the KV caches hold, memory and disk (rolling keeps cutting where they already do)."""
+        held = [list(s.reusable) for s in self.batch.slots.slots if s.tokens]
+        disk = self.batch.disk
+        if disk is not None and disk.key is not None:
+            held += [e.tokens for e in disk.store.entries(disk.key.digest)]
+        return held
 
     def _detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.gen.piece(t) for t in tokens).decode("utf-8", "replace")
