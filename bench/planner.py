@@ -1,8 +1,15 @@
 """Planner accuracy: predicted vs measured RAM (llama.cpp's buffers and the process's RSS) and decode tok/s.
 
 Run: .venv/bin/python bench/planner.py [--quick]
+     .venv/bin/python bench/planner.py --moe [--small]   (issue 27: decode of a mixture of experts)
 Each case loads the model in a fresh subprocess (mmap off, the engine's own load path), reads
 llama.cpp's reported buffer sizes, the RSS growth after a prefill + decode, and the decode speed.
+
+--moe writes two synthetic models with random f16 weights (tests/fixtures/moe.py): a mixture of
+experts with shared experts (qwen2moe: 16 layers, 64 experts, 4 used, ~1.6 GB) and a dense llama of
+about the same size, remeasures the RAM bandwidth first (a figure cached while the machine was busy
+makes every prediction low by the same factor), and checks decode predictions within 15% for both;
+it also prints the efficiency that would make each exact. --small: tiny versions, to check it runs.
 """
 from __future__ import annotations
 
@@ -90,6 +97,56 @@ def models(tmp: Path) -> list[tuple[str, Path]]:
     return out
 
 
+def moe_models(tmp: Path, small: bool) -> list[tuple[str, Path]]:
+    from tests.fixtures.ggufs import TinySpec, write_tiny_llama
+    from tests.fixtures.moe import MoeSpec, write_moe
+
+    if small:
+        moe = MoeSpec(n_layer=4, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_expert=16, n_expert_used=2,
+                      n_ff_exp=256, n_ff_shexp=256)
+        dense = TinySpec(n_embd=512, n_layer=4, n_head=8, n_head_kv=4, n_ff=1536, dtype="f16", n_ctx_train=8192)
+    else:  # the issue's shapes: ~1.6 GB each
+        moe = MoeSpec(n_layer=16, n_embd=1024, n_head=16, n_head_kv=4, head_dim=64, n_expert=64, n_expert_used=4,
+                      n_ff_exp=256, n_ff_shexp=512)
+        dense = TinySpec(n_embd=2048, n_layer=16, n_head=16, n_head_kv=4, n_ff=5632, dtype="f16", n_ctx_train=8192)
+    return [(f"moe {moe.n_expert}x{moe.n_expert_used}+shared f16", write_moe(tmp / "moe.gguf", moe)),
+            (f"dense {dense.n_embd}x{dense.n_layer} f16", write_tiny_llama(tmp / "dense.gguf", dense))]
+
+
+def moe_main(small: bool) -> int:
+    """Decode predicted vs measured for a mixture of experts and a dense model of the same size."""
+    from ggufdesk.core import hardware, planner
+    from ggufdesk.core.gguf_meta import read_gguf
+
+    wait_quiet()
+    hw = hardware.probe(remeasure=True)
+    print(f"machine: {hw.cpu.name}, {hw.cpu.cores_physical} cores, RAM read {hw.ram_bandwidth_gbs} GB/s "
+          f"(best measured here; recorded runs, not used here: {hw.calibration}); 2 threads, mmap off")
+    print(f"{'model':30s} {'GB':>5s} {'GB/token':>9s} | {'decode tok/s pred/meas':>22s} {'ratio':>6s} | "
+          f"{'effective GB/s':>14s} {'efficiency':>10s}")
+    worst = 1.0
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, path in moe_models(Path(tmp), small):
+            info = read_gguf(path)
+            load = wait_quiet()
+            m = measure(path, 2048)
+            per_token = planner.decode_bytes(info).per_token
+            # the formula alone: runs recorded on this machine (perhaps while it was busy) left out
+            pred = 1 / planner.decode_seconds(info, hw, n_gpu_layers=0, depth=PROMPT + DECODE // 2,
+                                              calibration=hardware.Calibration())
+            r = pred / m["decode_tok_s"]
+            worst = r if abs(r - 1) > abs(worst - 1) else worst
+            eff_gbs = per_token * m["decode_tok_s"] / 1e9
+            print(f"{label:30s} {info.weight_bytes / 1e9:5.2f} {per_token / 1e9:9.3f} | {pred:10.1f} /"
+                  f"{m['decode_tok_s']:9.1f} {r:6.3f} | {eff_gbs:14.1f} {eff_gbs / hw.ram_bandwidth_gbs:10.2f}"
+                  f"  load {load:.1f}")
+    print(f"worst decode ratio {worst:.3f} (target 0.85-1.15); the 'efficiency' column is the EFF_CPU_FLOAT "
+          "that would make a run exact (planner.py, now 0.90)")
+    ok = abs(worst - 1) <= 0.15
+    print("PASS" if ok else "MISS")
+    return 0 if ok else 1
+
+
 def wait_quiet(max_s: float = 120.0) -> float:
     """Decode speed on 2 shared cores is meaningless while others run: wait for a quiet machine."""
     t = time.time()
@@ -112,13 +169,19 @@ def measure(path: Path, n_ctx: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="one context length per model")
+    ap.add_argument("--moe", action="store_true", help="decode of a mixture of experts and a dense model")
+    ap.add_argument("--small", action="store_true", help="with --moe: tiny models, to check that it runs")
     args = ap.parse_args()
+    if args.moe:
+        return moe_main(args.small)
     from ggufdesk.core import hardware, planner
     from ggufdesk.core.gguf_meta import read_gguf
 
-    hw = hardware.probe()
+    wait_quiet()
+    hw = hardware.probe(remeasure=True)
     print(f"machine: {hw.cpu.name}, {hw.cpu.cores_physical} cores, RAM read {hw.ram_bandwidth_gbs} GB/s "
-          f"({hw.ram_bandwidth_source}), {hw.cpu_gflops} GFLOPS; llama.cpp CPU, mmap off, 2 threads, "
+          f"(best measured), {hw.cpu_gflops} GFLOPS; formula only (recorded runs left out); "
+          "llama.cpp CPU, mmap off, 2 threads, "
           f"flash attention auto, n_ubatch 512, prompt {PROMPT}, decode {DECODE}")
     hdr = (f"{'model':20s} {'ctx':>6s} | {'buffers MiB pred/meas':>22s} {'ratio':>6s} | "
            f"{'RSS MiB pred/meas':>18s} {'ratio':>6s} | {'decode tok/s pred/meas':>22s} {'ratio':>6s}")
@@ -134,7 +197,8 @@ def main() -> int:
                 mem = planner.memory(info, n_ctx=n_ctx)
                 meas_buf = m["memory"]["weights"] + m["memory"]["kv"] + m["memory"]["compute"] + m["memory"]["output"]
                 pred_rss = mem.resident_ram(info, 512)
-                pred_dec = 1 / planner.decode_seconds(info, hw, n_gpu_layers=0, depth=PROMPT + DECODE // 2)
+                pred_dec = 1 / planner.decode_seconds(info, hw, n_gpu_layers=0, depth=PROMPT + DECODE // 2,
+                                                      calibration=hardware.Calibration())
                 r_buf, r_rss = mem.buffers / meas_buf, pred_rss / m["rss_end"]
                 r_dec = pred_dec / m["decode_tok_s"]
                 for k, r in (("buf", r_buf), ("rss", r_rss), ("dec", r_dec)):
@@ -144,8 +208,8 @@ def main() -> int:
                       f"{pred_rss / 2**20:8.1f} /{m['rss_end'] / 2**20:7.1f} {r_rss:6.3f} | "
                       f"{pred_dec:10.1f} /{m['decode_tok_s']:9.1f} {r_dec:6.3f}  load {load:.1f}")
     print(f"worst ratios: buffers {worst['buf']:.3f} (target 0.90-1.10), RSS {worst['rss']:.3f} (target 0.90-1.10), "
-          f"decode {worst['dec']:.3f} (target 0.75-1.25)")
-    ok = abs(worst["buf"] - 1) <= 0.10 and abs(worst["rss"] - 1) <= 0.10 and abs(worst["dec"] - 1) <= 0.25
+          f"decode {worst['dec']:.3f} (target 0.85-1.15)")
+    ok = abs(worst["buf"] - 1) <= 0.10 and abs(worst["rss"] - 1) <= 0.10 and abs(worst["dec"] - 1) <= 0.15
     print("PASS" if ok else "MISS")
     return 0 if ok else 1
 

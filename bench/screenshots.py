@@ -51,13 +51,14 @@ def demo_services():
             return True
 
         def recommendations(self, hw):
-            rows = [("Qwen2.5 7B Instruct Q4_K_M", "bartowski/Qwen2.5-7B-Instruct-GGUF", 4.68),
-                    ("Llama 3.2 3B Instruct Q4_K_M", "bartowski/Llama-3.2-3B-Instruct-GGUF", 2.02),
-                    ("Qwen2.5 1.5B Instruct Q8_0", "Qwen/Qwen2.5-1.5B-Instruct-GGUF", 1.89),
-                    ("Gemma 3 1B IT Q4_K_M", "unsloth/gemma-3-1b-it-GGUF", 0.81),
-                    ("Qwen2.5 32B Instruct Q4_K_M", "bartowski/Qwen2.5-32B-Instruct-GGUF", 19.9)]
+            rows = [("Qwen3 8B Q4_K_M", "Qwen/Qwen3-8B-GGUF", 5.03, ("reasoning", "tools")),
+                    ("Llama 3.2 3B Instruct Q4_K_M", "bartowski/Llama-3.2-3B-Instruct-GGUF", 2.02, ("tools",)),
+                    ("gpt-oss 20B MXFP4", "ggml-org/gpt-oss-20b-GGUF", 12.1, ("reasoning", "tools", "moe")),
+                    ("Gemma 3 4B Instruct Q4_K_M", "ggml-org/gemma-3-4b-it-GGUF", 2.49, ("vision",)),
+                    ("Qwen3 30B-A3B Q4_K_M", "Qwen/Qwen3-30B-A3B-GGUF", 18.6, ("reasoning", "tools", "moe"))]
             out = [rough_plan(ModelChoice(label=lbl, source="catalog", repo=r, filename="x.gguf",
-                                          size_bytes=int(s * GB)), hw) for lbl, r, s in rows]
+                                          size_bytes=int(s * GB), capabilities=caps), hw)
+                   for lbl, r, s, caps in rows]
             out[1].recommended = True
             out[1].draft = ModelChoice(label="Llama 3.2 1B Instruct Q8_0", source="catalog",
                                        repo="bartowski/Llama-3.2-1B-Instruct-GGUF",

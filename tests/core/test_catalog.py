@@ -10,13 +10,54 @@ from ggufdesk.core.errors import KnownError
 def test_shipped_catalog_is_clean():
     c = catalog.load()
     assert c.warnings == ()
-    assert {"Qwen", "Llama", "Gemma", "Mistral", "Phi"} <= set(c.families())
+    assert {"Qwen", "Llama", "Gemma", "Mistral", "Phi", "DeepSeek", "OpenAI", "SmolLM"} <= set(c.families())
     assert max(e.params_b for e in c.entries) >= 70 and min(e.params_b for e in c.entries) < 1
     for e in c.entries:
         d = c.draft_for(e.id)
         if d is not None:
             assert d.tokenizer == e.tokenizer and d.params_b < e.params_b
+        assert e.license and set(e.capabilities) <= set(catalog.CAPABILITIES)
+        assert ("moe" in e.capabilities) == (e.active_params_b is not None)
+        for f in e.files:  # written by the refresh from the hub: never guessed
+            assert f.size > 0 and all(s is None or catalog.SHA256_RE.match(s) for s in f.sha256)
     assert catalog.default_path().parent.name == "catalog"
+    for want in ("qwen3-30b-a3b", "gpt-oss-20b", "gemma-3-27b-it", "llama-3.2-1b-instruct",
+                 "mistral-small-3.2-24b-instruct", "phi-4-mini-instruct", "deepseek-r1-distill-qwen-7b",
+                 "smollm3-3b", "qwen3-0.6b", "qwen3-32b"):
+        assert c.get(want) is not None, want
+    assert {"reasoning", "tools", "vision", "moe"} <= {cap for e in c.entries for cap in e.capabilities}
+
+
+def test_files_are_checked(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text(GOOD + '''
+[[model.file]]
+quant = "Q4_K_M"
+file = "Small-Q4_K_M.gguf"
+size = 1000
+sha256 = "missing"
+
+[[model.file]]
+quant = "Q8_0"
+file = "Small-Q8_0.gguf"
+size = 2000
+sha256 = "not-a-digest"
+
+[[model.file]]
+quant = "F16"
+file = "Small-F16.gguf"
+size = -1
+sha256 = "missing"
+''')
+    c = catalog.load(p)
+    small = c.get("small")
+    assert [f.quant for f in small.files] == ["Q4_K_M"] and small.files[0].sha256 == (None,)
+    assert [w for w in c.warnings if "file #" in w] == [
+        'model #2 (small) file #2: sha256 needs one 64-hex digest (or "missing") per part',
+        "model #2 (small) file #3: needs quant, file and a size in bytes"]
+    again = tmp_path / "again.toml"
+    again.write_text(catalog.dumps(c, header="# test"))
+    assert catalog.load(again).get("small").files == small.files
 
 
 GOOD = '''

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from ggufdesk.core import toolcalls as TC
 from ggufdesk.core import tools as T
 from ggufdesk.core.schema import SchemaError, check_schema, load_schema
 from tests.fixtures.schemas import SCHEMAS, UNSUPPORTED
@@ -86,6 +87,18 @@ def _written(fmt: T.ToolFormat, calls: list[tuple[str, dict]]) -> str:
             f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>" for n, a in calls)
     if fmt.name == "mistral":
         return "[TOOL_CALLS]" + json.dumps([{"name": n, "arguments": a} for n, a in calls])
+    if fmt.name == "qwen3_coder":
+        return "Let me check.\n" + "".join(
+            f"<tool_call>\n<function={n}>\n" + "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in a.items())
+            + "</function>\n</tool_call>" for n, a in calls)
+    if fmt.name == "harmony":
+        return "".join(f"<|start|>assistant<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>"
+                       f"{json.dumps(a)}<|call|>" for n, a in calls)
+    if fmt.name.startswith("deepseek"):
+        one = ("function" + T.DS_SEP + "{n}\n```json\n{a}\n```" if fmt.name == "deepseek_r1"
+               else "{n}" + T.DS_SEP + "{a}")
+        return T.DS_CALLS + "".join(T.DS_CALL + one.format(n=n, a=json.dumps(a)) + T.DS_CALL_END
+                                    for n, a in calls) + T.DS_CALLS_END
     body = [{"name": n, "parameters": a} for n, a in calls]
     return "<|python_tag|>" + json.dumps(body[0] if len(body) == 1 else body)
 
@@ -93,36 +106,36 @@ def _written(fmt: T.ToolFormat, calls: list[tuple[str, dict]]) -> str:
 @pytest.mark.parametrize("fmt", list(T.FORMATS.values()), ids=list(T.FORMATS))
 def test_calls_round_trip_through_each_format(fmt):
     calls = [("get_weather", {"city": "Oslo", "days": 3}), ("now", {})]
-    content, parsed = T.parse_calls(_written(fmt, calls), fmt)
+    content, parsed = TC.parse_calls(_written(fmt, calls), fmt)
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed] == calls
     assert all(c["type"] == "function" and c["id"].startswith("call_") for c in parsed)
     assert "tool_call" not in content and "TOOL_CALLS" not in content
 
 
 def test_newer_mistral_syntax_and_plain_text():
-    content, calls = T.parse_calls('[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}', T.MISTRAL)
+    content, calls = TC.parse_calls('[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}', T.MISTRAL)
     assert calls[0]["function"]["name"] == "get_weather"
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Rome"}
     for fmt in T.FORMATS.values():
-        assert T.parse_calls("Just an answer.", fmt) == ("Just an answer.", [])
+        assert TC.parse_calls("Just an answer.", fmt) == ("Just an answer.", [])
 
 
 def test_malformed_calls_stay_text():
     text = "<tool_call>{not json</tool_call>"
-    assert T.parse_calls(text, T.HERMES) == (text, [])
-    assert T.parse_calls('{"name": 3, "parameters": {}}', T.LLAMA3)[1] == []
-    assert T.parse_calls('{"name": "x", "parameters": {}} and more', T.LLAMA3)[1] == []
+    assert TC.parse_calls(text, T.HERMES) == (text, [])
+    assert TC.parse_calls('{"name": 3, "parameters": {}}', T.LLAMA3)[1] == []
+    assert TC.parse_calls('{"name": "x", "parameters": {}} and more', T.LLAMA3)[1] == []
 
 
 def test_call_stream_holds_back_the_marker():
-    s = T.CallStream(T.HERMES)
+    s = TC.CallStream(T.HERMES)
     shown = "".join(s.push(p) for p in ["Sure", ", checking <to", "ol_call>\n{\"name\": \"now\", ",
                                         "\"arguments\": {}}\n</tool_call>"])
-    assert shown == "Sure, checking "
-    rest, calls = s.finish()
-    assert rest == "" and calls[0]["function"]["name"] == "now"
-    plain = T.CallStream(T.HERMES)
-    shown = "".join(plain.push(p) for p in ["a <b", " c"]) + plain.finish()[0]
+    assert shown == "Sure, checking"  # the space before a call waits: the content ends before it
+    parsed = TC.parse(s.text, T.HERMES)
+    assert s.finish(parsed.content) == "" and parsed.calls[0]["function"]["name"] == "now"
+    plain = TC.CallStream(T.HERMES)
+    shown = "".join(plain.push(p) for p in ["a <b", " c"]) + plain.finish()
     assert shown == "a <b c"
 
 

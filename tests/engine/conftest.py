@@ -28,3 +28,12 @@ def engine(tiny_model):
     client.load(str(tiny_model), settings=TINY_LOAD)
     yield client
     client.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A started engine with no model: the test loads its own (the scripted models of tests/fixtures/scripted.py)."""
+    c = EngineClient(auto_restart=True)
+    c.start()
+    yield c
+    c.shutdown()

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import pytest
 
+from ggufdesk.core import reasoning as R
 from ggufdesk.core.settings import LoadSettings
-from ggufdesk.engine.link.client import EngineClient
 from tests.engine.helpers import collect, greedy
-from tests.fixtures.scripted import FAMILIES, pieces, positions, write_scripted
+from tests.fixtures.ggufs import CHATML_TEMPLATE
+from tests.fixtures.scripted import FAMILIES, pieces, positions, template, write_scripted
 
 LOAD = LoadSettings(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1)
 SCRIPTS = {
@@ -18,17 +19,10 @@ SCRIPTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def client():
-    c = EngineClient(auto_restart=False)
-    c.start()
-    yield c
-    c.shutdown()
-
-
 @pytest.mark.parametrize("family", sorted(SCRIPTS))
 def test_greedy_output_is_the_script(client, tmp_path, family):
-    path = write_scripted(tmp_path / f"{family}.gguf", family, SCRIPTS[family])
+    """Under a plain template (no reasoning split) the text is the script, markers included."""
+    path = write_scripted(tmp_path / f"{family}.gguf", family, SCRIPTS[family], chat_template=CHATML_TEMPLATE)
     client.load(str(path), settings=LOAD)
     for prompt in ("Hi there", "Something else entirely, with\nnew lines"):
         r = collect(client, client.generate(messages=[{"role": "user", "content": prompt}],
@@ -37,8 +31,18 @@ def test_greedy_output_is_the_script(client, tmp_path, family):
         assert (r.text, r.done.finish_reason) == (SCRIPTS[family], "stop")
 
 
+@pytest.mark.parametrize("family", sorted(SCRIPTS))
+def test_with_its_own_template_the_script_comes_split(client, tmp_path, family):
+    path = write_scripted(tmp_path / f"{family}.gguf", family, SCRIPTS[family])
+    client.load(str(path), settings=LOAD)
+    r = collect(client, client.generate(messages=[{"role": "user", "content": "Hi"}], sampling=greedy(200)))
+    fmt = R.detect(template(family))
+    want = R.split_all(fmt, SCRIPTS[family], inside=family == "deepseek-r1") if fmt else (None, SCRIPTS[family])
+    assert (r.done.reasoning, r.done.text) == want
+
+
 def test_sampling_at_temperature_one_still_follows_the_script(client, tmp_path):
-    path = write_scripted(tmp_path / "s.gguf", "qwen3", SCRIPTS["qwen3"])
+    path = write_scripted(tmp_path / "s.gguf", "qwen3", SCRIPTS["qwen3"], chat_template=CHATML_TEMPLATE)
     client.load(str(path), settings=LOAD)
     r = collect(client, client.generate(messages=[{"role": "user", "content": "x"}],
                                         sampling={"temperature": 1.0, "max_tokens": 200, "seed": 3}))

@@ -109,3 +109,22 @@ def test_memory_under_the_planners_margin_is_a_reason_to_refuse(monkeypatch):
     monkeypatch.setattr(admission.psutil, "virtual_memory",
                         lambda: SimpleNamespace(total=16 * 2**30, available=8 * 2**30))
     assert admission.low_memory() is None
+
+
+def test_reasoning_fields_of_the_apis():
+    from ggufdesk.server import reasoning as R
+    from ggufdesk.server.errors import ApiError
+
+    assert R.openai_fields() == {}
+    assert R.openai_fields(effort="none") == {"think": False}
+    assert R.openai_fields(effort="high", budget=64) == {"think": "high", "reasoning_budget": 64}
+    assert R.openai_fields(template_kwargs={"enable_thinking": False}) == {"think": False}
+    assert R.openai_fields(think=True, budget=-1) == {"think": True, "reasoning_budget": -1}
+    assert R.anthropic_fields({"type": "enabled", "budget_tokens": 1024}) == {"think": True, "reasoning_budget": 1024}
+    assert R.anthropic_fields({"type": "disabled"}) == {"think": False}
+    assert R.anthropic_fields({"type": "adaptive"}) == R.anthropic_fields(None) == {}
+    for bad in (dict(effort="extreme"), dict(budget=-7), dict(budget=True), dict(think="maybe")):
+        with pytest.raises(ApiError):
+            R.openai_fields(**bad)
+    with pytest.raises(ApiError):
+        R.anthropic_fields({"type": "sometimes"})

@@ -149,8 +149,13 @@ def test_choice_table_model(qtmodeltester, tmp_path):
     qtmodeltester.check(m, force_py=True)
     m.add(ModelChoice(label="z", source="disk"))
     qtmodeltester.check(m, force_py=True)
-    assert m.data(m.index(0, 0)) == "★ x" and m.data(m.index(0, 2)) == "fits on the GPU"
-    assert m.data(m.index(0, 3)) == "all" and m.data(m.index(0, 5)) == "~80 tok/s"
+    assert m.data(m.index(0, 0)) == "★ x" and m.data(m.index(0, 3)) == "fits on the GPU"
+    assert m.data(m.index(0, 4)) == "all" and m.data(m.index(0, 6)) == "~80 tok/s"
+    m = ChoiceTableModel()  # (a fresh one: the tester watches the first)
+    m.set_rows([ModelChoice(label="moe", source="catalog", capabilities=("moe", "reasoning", "tools"),
+                            fit="partial", n_gpu_layers=49, n_cpu_moe=20)])
+    assert m.data(m.index(0, 1)) == "reasons · tools · MoE"
+    assert m.data(m.index(0, 4)) == "49, experts of 20 on the CPU"
 
 
 def test_single_instance_raises_the_first_window(qtbot):
@@ -192,3 +197,53 @@ def test_single_instance_is_per_user_and_display():
     assert a != instance_name({"DISPLAY": ":1"})
     assert instance_name({"WAYLAND_DISPLAY": "wayland-0"}) != instance_name({"DISPLAY": ":0"})
     assert SingleInstance().name == instance_name()
+
+
+def test_a_reasoning_answer_shows_its_thinking_folded_above_it(qtbot):
+    from ggufdesk.ui.message_widget import MessageWidget, thinking_title
+
+    w = MessageWidget(message_id=1, role="assistant", text="", status="streaming")
+    qtbot.addWidget(w)
+    assert not w.thinking.isVisibleTo(w)
+    w.think({"reasoning": "Two and two", "reasoning_tokens": 3, "reasoning_s": 1.5})
+    assert w.thinking.isVisibleTo(w) and not w.thinking.text.isVisibleTo(w)  # folded while it streams
+    assert w.thinking.toggle.text() == "Thinking… · 3 tokens · 1.5 s"
+    w.thinking.toggle.click()
+    assert w.thinking.text.isVisibleTo(w) and w.thinking.text.text() == "Two and two"
+    w.append("It is 4.")
+    w.set_status("done")
+    w.set_stats({"reasoning": "Two and two make four.", "reasoning_tokens": 6, "reasoning_s": 4.0,
+                 "finish_reason": "stop"})
+    assert w.thinking.toggle.text() == "Thought for 4.0 s · 6 tokens"
+    assert w.text == "It is 4."  # the copy is the answer alone
+    assert thinking_title({}, streaming=True) == "Thinking…"
+    plain = MessageWidget(message_id=2, role="assistant", text="hi", stats={"finish_reason": "stop"})
+    qtbot.addWidget(plain)
+    assert not plain.thinking.isVisibleTo(plain)
+
+
+def test_the_gauges_count_thinking_apart(qtbot):
+    from ggufdesk.engine.link import protocol as P
+    from ggufdesk.ui.gauges import GaugePanel
+
+    g = GaugePanel()
+    qtbot.addWidget(g)
+    g.on_stats(P.Stats(id="r1", n_gen=10, decode_tok_s=5.0, final=True))
+    g.on_done(P.Done(id="r1", finish_reason="stop", usage={"completion_tokens": 10, "reasoning_tokens": 7}))
+    assert g.decode_note.text() == "average of this answer (10 tokens: 7 thinking, 3 answering)"
+
+
+def test_merged_tokens_keep_thinking_and_answer_apart(qtbot):
+    from ggufdesk.engine.link import protocol as P
+    from ggufdesk.ui.engine_adapter import EngineBridge
+
+    got = []
+    b = EngineBridge.__new__(EngineBridge)
+    b._queue, b._woken = [P.Token(id="r", text="a", reasoning=True), P.Token(id="r", text="b", reasoning=True),
+                          P.Token(id="r", text="c")], True
+    import threading
+
+    b._lock = threading.Lock()
+    b._dispatch = got.append
+    b._drain()
+    assert [(t.text, t.reasoning) for t in got] == [("ab", True), ("c", False)]

@@ -119,7 +119,7 @@ def test_full_flow_downloads_model_and_draft_then_loads(qtbot, wizard, tmp_path)
     to_model_page(qtbot, wiz)
     page = wiz.model_page
     assert page.current().label == "Good model Q4_K_M"  # the recommended row is preselected
-    assert page.model.data(page.model.index(0, 2)) == "too large"
+    assert page.model.data(page.model.index(0, 3)) == "too large"
     assert page.draft_box.isVisibleTo(page) and page.draft_box.isChecked()
     assert page.isComplete()
     page.table.selectRow(0)

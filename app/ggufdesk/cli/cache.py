@@ -48,8 +48,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _size(n: int) -> str:
+    size = float(n)
     for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
     return f"{n} bytes"

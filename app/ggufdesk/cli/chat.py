@@ -36,9 +36,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 class TerminalView(mcp_tools.ToolNotes):
-    """Prints the answer as it streams, its stats when it ends, tool calls, and what the user must know."""
+    """Prints the answer as it streams, its stats when it ends, tool calls, a reasoning model's
+    thinking (dim, before the answer), and what the user must know."""
+
+    def __init__(self, out: TextIO) -> None:
+        super().__init__(out)
+        self._thinking = False
+        self._dim = out.isatty() if hasattr(out, "isatty") else False
+
+    def turn_thought(self, turn: Turn, piece: str) -> None:
+        """A reasoning model's thinking: shown apart (dim on a terminal), before the answer."""
+        if not self._thinking:
+            self._thinking = True
+            self.out.write("\x1b[2m" if self._dim else "")
+            self.out.write("[thinking] ")
+        self.out.write(piece)
+        self.out.flush()
+
+    def _end_thinking(self) -> None:
+        if self._thinking:
+            self._thinking = False
+            self.out.write(("\x1b[0m" if self._dim else "") + "\n[/thinking]\n")
 
     def turn_grew(self, turn: Turn, piece: str) -> None:
+        self._end_thinking()
         self.out.write(piece)
         self.out.flush()
 
@@ -46,6 +67,7 @@ class TerminalView(mcp_tools.ToolNotes):
         print(f"[{turn.stats.get('context_note', '')}]", file=self.out)  # before the answer, as in the window
 
     def turn_finished(self, turn: Turn) -> None:
+        self._end_thinking()
         st = turn.stats
         if st.get("final"):
             print(f"\n[{st['n_gen']} tokens, {st['decode_tok_s']:.1f} tok/s, TTFT {st['ttft_s']:.2f} s]",

@@ -21,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-type", default="f16", choices=KV_TYPES, help="KV cache type for K and V")
     p.add_argument("--gpu-layers", type=int, default=None, help="force this many GPU layers (-1 = all)")
     p.add_argument("--ubatch", type=int, default=512, help="micro-batch size (default 512)")
+    p.add_argument("--n-cpu-moe", type=int, default=None, metavar="N",
+                   help="mixture of experts: keep the experts of the first N layers in RAM (default: planned)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -32,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     draft = read_gguf(library_file(args.draft)) if args.draft else None
     hw = hardware.probe()
     p = planner.plan(info, hw, n_ctx=args.ctx, draft=draft, type_k=args.kv_type, type_v=args.kv_type,
-                     n_gpu_layers=args.gpu_layers, n_ubatch=args.ubatch)
+                     n_gpu_layers=args.gpu_layers, n_ubatch=args.ubatch, n_cpu_moe=args.n_cpu_moe)
     if args.json:
         d = p.to_json()
         d.update(architecture=info.architecture, n_layer=info.n_layer, file_bytes=info.file_bytes)
@@ -41,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     m = p.memory
     print(f"{info.source}: {info.architecture}, {info.n_layer} layers, {p.quant or '?'}, "
           f"{info.file_bytes / MiB:.0f} MiB")
-    print(f"fit: {p.fit}, GPU layers {p.n_gpu_layers}")
+    print(f"fit: {p.fit}, GPU layers {p.n_gpu_layers}"
+          + (f", experts of {p.n_cpu_moe} layers on the CPU (--n-cpu-moe {p.n_cpu_moe})" if p.n_cpu_moe else ""))
     print(f"memory: weights {(m.weights_cpu + m.weights_gpu) / MiB:.0f} MiB, KV {(m.kv_cpu + m.kv_gpu) / MiB:.0f} MiB, "
           f"compute {(m.compute_cpu + m.compute_gpu) / MiB:.0f} MiB -> RAM {p.ram_bytes / MiB:.0f} MiB, "
           f"VRAM {p.vram_bytes / MiB:.0f} MiB")

@@ -38,7 +38,8 @@ def check(model: str, load: LoadSettings, spec: SpeculationSettings,
             raise KnownError(f"the draft model cannot be used: {e}") from None
     hw = hw or memory_hardware()
     p = planner.plan(info, hw, n_ctx=load.n_ctx, draft=draft, type_k=load.type_k, type_v=load.type_v,
-                     n_gpu_layers=load.n_gpu_layers, n_ubatch=load.n_ubatch, flash_attn=load.flash_attn)
+                     n_gpu_layers=load.n_gpu_layers, n_ubatch=load.n_ubatch, flash_attn=load.flash_attn,
+                     n_cpu_moe=load.n_cpu_moe)
     if p.fit == "too_large":
         m = p.memory
         raise KnownError(

@@ -23,6 +23,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=512, help="n_batch: prompt tokens per decode call")
     p.add_argument("--ubatch", type=int, default=512, help="n_ubatch: physical micro-batch")
     p.add_argument("--gpu-layers", type=int, default=0, help="layers to offload (-1 = all)")
+    p.add_argument("--n-cpu-moe", type=int, default=0, metavar="N",
+                   help="mixture of experts: keep the experts of the first N layers in RAM (`plan` proposes N)")
     p.add_argument("--flash-attn", default="auto", choices=("auto", "on", "off"))
     p.add_argument("--kv-type", default="f16", help="KV cache type (f16, q8_0, q4_0, ...)")
     p.add_argument("--no-mmap", action="store_true", help="read the whole model into RAM")
@@ -37,6 +39,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-overflow", choices=OVERFLOW_POLICIES, default="error",
                    help="a prompt longer than the context: error (refuse), rolling (drop older turns), "
                         "truncate-middle (cut its middle), shift (drop the oldest tokens while generating)")
+    p.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
+                   help="reasoning models: tokens of thinking before the answer is forced (-1 = no limit)")
+    p.add_argument("--think", default="auto", choices=("auto", "on", "off", "low", "medium", "high"),
+                   help="reasoning models: thinking on or off, or its effort (auto = the template's default)")
     spec = p.add_mutually_exclusive_group()
     spec.add_argument("--draft", help="draft model (.gguf) for speculative decoding")
     spec.add_argument("--lookup", action="store_true", help="prompt-lookup speculative decoding")
@@ -100,11 +106,13 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LoadSettings, Sampling
         n_ubatch=min(args.ubatch, args.batch) if args.ubatch == 512 else args.ubatch,
         n_threads=args.threads, n_threads_batch=args.threads_batch, flash_attn=args.flash_attn,
         type_k=args.kv_type, type_v=args.kv_type, use_mmap=not args.no_mmap, rpc=rpc_from_args(args),
+        n_cpu_moe=args.n_cpu_moe,
     )
     sampling = SamplingSettings(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         repeat_penalty=args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
         context_overflow=args.context_overflow,
+        reasoning_budget=args.reasoning_budget, think=args.think,
     )
     mode = "draft" if args.draft else "lookup" if args.lookup else "off"
     spec = SpeculationSettings(mode=mode, draft_model=library_file(args.draft), k_max=args.draft_max,
@@ -199,6 +207,8 @@ def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sa
         "cached_tokens": done.usage.get("cached_tokens", 0) if done else 0,
         "truncated_tokens": done.usage.get("truncated_tokens", 0) if done else 0,
         "context_overflow": done.overflow if done else "",
+        **({"reasoning": (done.reasoning if done else None) or "",
+            "reasoning_tokens": (done.usage if done else {}).get("reasoning_tokens", 0)} if loaded.reasoning else {}),
         "chat_format": loaded.chat_format, "load_s": loaded.load_s, "memory": loaded.memory,
         **({"rpc": loaded.rpc} if loaded.rpc else {}),
         **({"tool_rounds": rounds} if rounds is not None else {}),
@@ -232,10 +242,12 @@ def _generate(client: Any, args: argparse.Namespace, prompt: str, sampling: Samp
     done = None
     for ev in client.stream(rid):
         if isinstance(ev, P.Token):
-            text.append(ev.text)
-            if not args.json:
-                sys.stdout.write(ev.text)
-                sys.stdout.flush()
+            if not ev.reasoning:
+                text.append(ev.text)
+            if not args.json:  # a reasoning model's thinking on stderr, the answer on stdout
+                out = sys.stderr if ev.reasoning else sys.stdout
+                out.write(ev.text)
+                out.flush()
         elif isinstance(ev, P.Stats):
             stats = dataclasses.asdict(ev)
         elif isinstance(ev, P.Overflow) and not args.json:

@@ -1,6 +1,8 @@
-"""The curated model catalog (ggufdesk/catalog/catalog.toml, package data): families, hub repos, draft pairings."""
+"""The curated model catalog (ggufdesk/catalog/catalog.toml, package data): families, hub repos, capabilities,
+licences, draft pairings, and the files the hub listed when `python -m ggufdesk.catalog.refresh` last ran."""
 from __future__ import annotations
 
+import json
 import logging
 import re
 import tomllib
@@ -14,9 +16,24 @@ from ggufdesk.core.errors import KnownError
 log = logging.getLogger("ggufdesk.catalog")
 
 REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+CAPABILITIES = ("reasoning", "tools", "vision", "moe")
+OPTIONAL = {"draft", "capabilities", "active_params_b", "file"}
 REQUIRED: dict[str, type | tuple[type, ...]] = {
     "id": str, "family": str, "name": str, "params_b": (int, float), "repo": str,
     "context_length": int, "license": str, "tokenizer": str}
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogFile:
+    """One quant of a model as the hub listed it: the file (the first part of a split set), all
+    parts' bytes, and the sha256 of each part (None: missing, the download verifies against the hub)."""
+
+    quant: str
+    file: str
+    size: int
+    parts: tuple[str, ...] = ()
+    sha256: tuple[str | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +47,9 @@ class CatalogEntry:
     license: str
     tokenizer: str
     draft: str | None = None
+    capabilities: tuple[str, ...] = ()  # reasoning, tools, vision, moe
+    active_params_b: float | None = None  # a mixture of experts: parameters read per token
+    files: tuple[CatalogFile, ...] = ()  # empty until a refresh against the hub
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,6 +57,7 @@ class Catalog:
     version: int
     entries: tuple[CatalogEntry, ...]
     warnings: tuple[str, ...] = field(default=())
+    refreshed: str = ""  # when the files were last read from the hub ("" = never)
 
     def get(self, entry_id: str) -> CatalogEntry | None:
         return next((e for e in self.entries if e.id == entry_id), None)
@@ -47,6 +68,21 @@ class Catalog:
 
     def families(self) -> list[str]:
         return sorted({e.family for e in self.entries})
+
+
+def capabilities_of(info: Any) -> tuple[str, ...]:
+    """What a model file can do, read from its header (a GGUFInfo): reasoning and tools from its chat
+    template, moe from its experts (vision needs a projector file beside it, which a header cannot say)."""
+    from ggufdesk.core import reasoning, tools
+
+    caps = []
+    if reasoning.detect(info.chat_template) is not None:
+        caps.append("reasoning")
+    if tools.detect_format(info.chat_template).native:
+        caps.append("tools")
+    if info.n_expert:
+        caps.append("moe")
+    return tuple(caps)
 
 
 def default_path() -> Path:
@@ -77,12 +113,45 @@ def _check(raw: Any, i: int) -> tuple[CatalogEntry | None, list[str]]:
     draft = raw.get("draft")
     if draft is not None and not isinstance(draft, str):
         problems.append(f"{where}: draft must be an id")
+    caps = raw.get("capabilities", [])
+    if not isinstance(caps, list) or not all(c in CAPABILITIES for c in caps):
+        problems.append(f"{where}: capabilities must be a list of {', '.join(CAPABILITIES)}")
+    active = raw.get("active_params_b")
+    if active is not None and (isinstance(active, bool) or not isinstance(active, (int, float))
+                               or not 0 < active <= raw["params_b"]):
+        problems.append(f"{where}: active_params_b must be a positive number of at most params_b")
     if problems:
         return None, problems
-    unknown = set(raw) - set(REQUIRED) - {"draft"}
+    files, bad = _files(raw.get("file", []), where)
+    problems += bad
+    unknown = set(raw) - set(REQUIRED) - OPTIONAL
     if unknown:
         problems.append(f"{where}: unknown keys {', '.join(sorted(unknown))} (ignored)")
-    return CatalogEntry(**{k: raw[k] for k in REQUIRED}, draft=draft), problems
+    return CatalogEntry(**{k: raw[k] for k in REQUIRED}, draft=draft, capabilities=tuple(caps),
+                        active_params_b=active, files=files), problems
+
+
+def _files(raw: Any, where: str) -> tuple[tuple[CatalogFile, ...], list[str]]:
+    """A model's [[model.file]] tables; a bad one is reported and left out."""
+    if not isinstance(raw, list):
+        return (), [f"{where}: file must be an array of tables"]
+    out, problems = [], []
+    for k, f in enumerate(raw):
+        what = f"{where} file #{k + 1}"
+        parts = f.get("parts") if isinstance(f, dict) else None
+        shas = f.get("sha256") if isinstance(f, dict) else None
+        if not (isinstance(f, dict) and isinstance(f.get("quant"), str) and isinstance(f.get("file"), str)
+                and isinstance(f.get("size"), int) and not isinstance(f.get("size"), bool) and f["size"] > 0):
+            problems.append(f"{what}: needs quant, file and a size in bytes")
+            continue
+        parts = parts if isinstance(parts, list) and parts else [f["file"]]
+        shas = shas if isinstance(shas, list) else [shas] if isinstance(shas, str) else []
+        if len(shas) != len(parts) or not all(s == "missing" or SHA256_RE.match(s) for s in shas):
+            problems.append(f"{what}: sha256 needs one 64-hex digest (or \"missing\") per part")
+            continue
+        out.append(CatalogFile(f["quant"], f["file"], f["size"], tuple(parts),
+                               tuple(None if s == "missing" else s for s in shas)))
+    return tuple(out), problems
 
 
 def load(path: Path | None = None) -> Catalog:
@@ -129,8 +198,43 @@ def load(path: Path | None = None) -> Catalog:
         checked.append(e)
     for w in warnings:
         log.warning("catalog: %s", w)
-    return Catalog(version=version, entries=tuple(checked), warnings=tuple(warnings))
+    refreshed = data.get("refreshed", "")
+    return Catalog(version=version, entries=tuple(checked), warnings=tuple(warnings),
+                   refreshed=refreshed if isinstance(refreshed, str) else "")
 
 
 def _asdict(e: CatalogEntry) -> dict[str, Any]:
     return {k: getattr(e, k) for k in CatalogEntry.__dataclass_fields__}
+
+
+# ---- writing it back (catalog/refresh.py) -----------------------------------------------------------
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    return json.dumps(str(v), ensure_ascii=False)  # a TOML basic string is a JSON string
+
+
+def dumps(cat: Catalog, *, header: str) -> str:
+    """The catalog as TOML (`header`: the comment lines on top), in the shipped file's layout."""
+    out = [header.rstrip("\n"), f"version = {max(cat.version, 2)}", f"updated = {_toml(cat.refreshed[:10] or '')}",
+           f"refreshed = {_toml(cat.refreshed)}"]
+    for e in cat.entries:
+        out += ["", "[[model]]"]
+        for key in ("id", "family", "name", "params_b", "active_params_b", "repo", "context_length", "license",
+                    "tokenizer", "draft", "capabilities"):
+            value = getattr(e, key)
+            if value is not None:
+                out.append(f"{key} = {_toml(list(value) if key == 'capabilities' else value)}")
+        for f in e.files:
+            out += ["", "[[model.file]]", f"quant = {_toml(f.quant)}", f"file = {_toml(f.file)}", f"size = {f.size}"]
+            if len(f.parts) > 1:
+                out.append(f"parts = {_toml(list(f.parts))}")
+            shas = [s or "missing" for s in f.sha256]
+            out.append(f"sha256 = {_toml(shas if len(shas) > 1 else shas[0])}")
+    return "\n".join(out) + "\n"

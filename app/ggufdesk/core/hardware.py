@@ -237,19 +237,28 @@ def _save_json(path: Path, obj: Any) -> None:
 
 
 def measurements(cpu: CPUInfo, ram_total: int, *, remeasure: bool = False) -> tuple[float, float, str]:
-    """(RAM read GB/s, CPU GFLOPS, source): measured once per machine, then read from the cache."""
+    """(RAM read GB/s, CPU GFLOPS, source): measured once per machine, then read from the cache.
+
+    A measurement taken while other programs run reads low (the passes share the cores and the
+    memory bus; on a shared 2-core machine the same pass read 9.6-21.5 GB/s within a minute), and a
+    low figure made every later prediction pessimistic by the same factor. So a remeasurement keeps
+    the best figure this machine has shown: a busy pass can only under-read what the memory does."""
     key = machine_key(cpu, ram_total)
     path = cache_dir() / CACHE_FILE
     cached = _load_json(path)
-    if not remeasure and isinstance(cached, dict) and cached.get("key") == key:
+    old_bw = old_fl = 0.0
+    if isinstance(cached, dict) and cached.get("key") == key:
         bw, fl = cached.get("ram_bandwidth_gbs"), cached.get("cpu_gflops")
         if isinstance(bw, (int, float)) and bw > 0 and isinstance(fl, (int, float)) and fl > 0:
-            return float(bw), float(fl), "cached"
+            if not remeasure:
+                return float(bw), float(fl), "cached"
+            old_bw, old_fl = float(bw), float(fl)
     try:
         bw, fl = measure_ram_bandwidth(), measure_cpu_gflops()
     except (MemoryError, ValueError) as e:
         log.warning("RAM bandwidth measurement failed (%s); assuming 20 GB/s, 50 GFLOPS", e)
-        return 20.0, 50.0, "assumed"
+        return (old_bw, old_fl, "cached") if old_bw else (20.0, 50.0, "assumed")
+    bw, fl = max(bw, old_bw), max(fl, old_fl)
     _save_json(path, {"key": key, "ram_bandwidth_gbs": bw, "cpu_gflops": fl, "measured_at": time.time()})
     return bw, fl, "measured"
 

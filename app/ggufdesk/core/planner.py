@@ -154,16 +154,24 @@ def _output_tensors(info: GGUFInfo) -> list[TensorInfo]:
 
 def memory(info: GGUFInfo, *, n_ctx: int, n_gpu_layers: int = 0, n_ubatch: int = 512,
            type_k: str = "f16", type_v: str = "f16", flash_attn: str = "auto",
-           swa_full: bool = True, gpu: bool = False) -> Memory:
-    """Memory of one loaded model, split between CPU and GPU as llama.cpp does it."""
+           swa_full: bool = True, gpu: bool = False, n_cpu_moe: int = 0) -> Memory:
+    """Memory of one loaded model, split between CPU and GPU as llama.cpp does it.
+
+    n_cpu_moe: the routed-expert tensors of the first N layers stay on the CPU wherever their layer
+    is (llama.cpp's --n-cpu-moe, a tensor buffer override)."""
     n_layer = info.n_layer
     ngl = 0 if not gpu else (n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1))
     first_gpu = n_layer + 1 - ngl  # layers >= first_gpu (and the output, if ngl >= 1) are on the GPU
     on_gpu = [i >= first_gpu for i in range(n_layer)]
     output_gpu = ngl >= 1
-    lb = info.layer_bytes()
-    w_gpu = sum(b for b, g in zip(lb, on_gpu) if g)
-    w_cpu = sum(b for b, g in zip(lb, on_gpu) if not g)
+    w_gpu = w_cpu = 0
+    for t in info.tensors:
+        if t.layer is None or not 0 <= t.layer < n_layer:
+            continue
+        if on_gpu[t.layer] and not (is_routed_expert(t) and t.layer < n_cpu_moe):
+            w_gpu += t.n_bytes
+        else:
+            w_cpu += t.n_bytes
     emb = info.tensor("token_embd.weight")
     w_cpu += emb.n_bytes if emb else 0
     for t in _output_tensors(info):
@@ -191,26 +199,67 @@ def memory(info: GGUFInfo, *, n_ctx: int, n_gpu_layers: int = 0, n_ubatch: int =
 # --------------------------------------------------------------------------- speed
 
 
+def is_routed_expert(t: TensorInfo) -> bool:
+    """A routed-expert tensor (ffn_{gate,up,down,gate_up}_exps, ffn_*_chexps): a token reads only the
+    experts its router picks. Shared experts (ffn_*_shexp) and the router (ffn_gate_inp) are read whole."""
+    return "_exps" in t.name or "_chexps" in t.name
+
+
+def is_shared_expert(t: TensorInfo) -> bool:
+    return "_shexp" in t.name
+
+
 def _read_bytes(t: TensorInfo, info: GGUFInfo) -> float:
     """Bytes of a tensor read per decoded token (MoE: only the active experts)."""
-    if "_exps" in t.name and info.n_expert and info.n_expert_used:
+    if is_routed_expert(t) and info.n_expert and info.n_expert_used:
         return t.n_bytes * info.n_expert_used / info.n_expert
     return float(t.n_bytes)
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeBytes:
+    """Weight bytes a decoded token reads, by kind: dense tensors (attention, norms, router, dense FFN,
+    the output), shared experts, and the routed experts it activates out of all of them."""
+
+    dense: int
+    shared: int
+    routed_active: int
+    routed_total: int
+
+    @property
+    def per_token(self) -> int:
+        return self.dense + self.shared + self.routed_active
+
+
+def decode_bytes(info: GGUFInfo) -> DecodeBytes:
+    dense = shared = routed = active = 0.0
+    for t in info.tensors:
+        if t.name == "token_embd.weight":
+            continue  # one row per token
+        if is_routed_expert(t):
+            routed += t.n_bytes
+            active += _read_bytes(t, info)
+        elif is_shared_expert(t):
+            shared += t.n_bytes
+        else:
+            dense += t.n_bytes
+    if info.tensor("output.weight") is None and (emb := info.tensor("token_embd.weight")):
+        dense += emb.n_bytes  # a tied output reads the embedding matrix whole
+    return DecodeBytes(int(dense), int(shared), int(active), int(routed))
+
+
 def weight_bytes_per_token(info: GGUFInfo) -> int:
     """Weight bytes one decoded token reads (what a real run's speed is calibrated against)."""
-    n = sum(_read_bytes(t, info) for t in info.tensors if t.name != "token_embd.weight")
-    if info.tensor("output.weight") is None and (emb := info.tensor("token_embd.weight")):
-        n += emb.n_bytes
-    return int(n)
+    return decode_bytes(info).per_token
 
 
 def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth: int = 0,
-                   type_k: str = "f16", type_v: str = "f16", calibration: Calibration | None = None) -> float:
+                   type_k: str = "f16", type_v: str = "f16", calibration: Calibration | None = None,
+                   n_cpu_moe: int = 0) -> float:
     """Predicted seconds per decoded token with `depth` tokens already in the KV cache.
 
-    `calibration` (default: the one probe() put into `hw`) replaces the fitted efficiencies."""
+    `calibration` (default: the one probe() put into `hw`) replaces the fitted efficiencies;
+    n_cpu_moe: the routed experts of the first N layers are read on the CPU (see memory())."""
     gpu = bool(hw.gpus) and n_gpu_layers != 0
     n_layer = info.n_layer
     ngl = 0 if not gpu else (n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1))
@@ -221,8 +270,9 @@ def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth
     gpu_bw = max((g.bandwidth_gbs or 0.0) for g in hw.gpus) if hw.gpus else 0.0
     gpu_bw = gpu_bw or 300.0
     t0_gpu = T0_GPU_BASE + T0_GPU_LAYER * max(0, ngl - 1)
-    t = t0_gpu if ngl >= n_layer + 1 else T0_CPU + (t0_gpu if ngl else 0.0)
-    if (ngl == 0 and cal_cpu) or (ngl >= n_layer + 1 and cal_gpu):
+    all_gpu = ngl >= n_layer + 1 and not (n_cpu_moe and any(is_routed_expert(x) for x in info.tensors))
+    t = t0_gpu if all_gpu else T0_CPU + (t0_gpu if ngl else 0.0)
+    if (ngl == 0 and cal_cpu) or (all_gpu and cal_gpu):
         t = 0.0  # a calibrated bandwidth comes from whole-token times: the fixed cost is inside it
 
     def cost(nbytes: float, on_gpu: bool, float_type: bool) -> float:
@@ -239,6 +289,8 @@ def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth
         if tt.name == "token_embd.weight":
             continue  # one row per token
         where = tt.layer >= first_gpu if tt.layer is not None else ngl >= 1
+        if tt.layer is not None and tt.layer < n_cpu_moe and is_routed_expert(tt):
+            where = False
         t += cost(_read_bytes(tt, info), where, tt.ggml_type in FLOAT_TYPES)
     if info.tensor("output.weight") is None and (emb := info.tensor("token_embd.weight")):
         t += cost(emb.n_bytes, ngl >= 1, emb.ggml_type in FLOAT_TYPES)
@@ -295,6 +347,10 @@ class Plan:
     pred_prefill_tok_s: float
     explanation: str
     advice: list[str] = field(default_factory=list)
+    # a mixture of experts too big for VRAM: every layer on the GPU but the routed experts of the
+    # first n_cpu_moe layers in RAM (llama.cpp's --n-cpu-moe); 0 = whole layers are split as usual
+    n_cpu_moe: int = 0
+    layer_split_decode_tok_s: float | None = None  # what the whole-layer split would have given
 
     def to_json(self) -> dict[str, Any]:
         m = self.memory
@@ -319,8 +375,13 @@ def _gib(n: float) -> str:
 
 def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo | None = None,
          type_k: str = "f16", type_v: str = "f16", n_gpu_layers: int | None = None,
-         n_ubatch: int = 512, flash_attn: str = "auto", swa_full: bool = True) -> Plan:
-    """Where the model goes on this machine and how fast it will run."""
+         n_ubatch: int = 512, flash_attn: str = "auto", swa_full: bool = True,
+         n_cpu_moe: int | None = None) -> Plan:
+    """Where the model goes on this machine and how fast it will run.
+
+    A mixture of experts that does not fit VRAM whole gets the split that keeps attention, shared
+    experts and the output on the GPU and as many routed experts as needed in RAM, when that is
+    predicted faster than splitting whole layers (n_cpu_moe None: chosen here; a number: as given)."""
     if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or not 16 <= n_ctx <= MAX_CTX:
         raise SettingsError(f"context length must be a whole number from 16 to {MAX_CTX}, got {n_ctx!r}")
     if isinstance(n_ubatch, bool) or not isinstance(n_ubatch, int) or not 1 <= n_ubatch <= 1 << 16:
@@ -338,8 +399,8 @@ def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo
     kw: dict[str, Any] = dict(n_ctx=n_ctx, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
               swa_full=swa_full, gpu=has_gpu)
 
-    def total(ngl: int) -> tuple[Memory, Memory | None]:
-        m = memory(info, n_gpu_layers=ngl, **kw)
+    def total(ngl: int, ncm: int = 0) -> tuple[Memory, Memory | None]:
+        m = memory(info, n_gpu_layers=ngl, n_cpu_moe=ncm, **kw)
         if draft is None:
             return m, None
         full = ngl < 0 or ngl >= info.n_layer + 1
@@ -348,24 +409,32 @@ def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo
             dm = replace(dm, cuda_context=0)
         return m, dm
 
-    def fits(ngl: int) -> bool:
-        m, dm = total(ngl)
+    def fits(ngl: int, ncm: int = 0) -> bool:
+        m, dm = total(ngl, ncm)
         s = m + dm if dm else m
         return s.ram <= ram_budget and s.vram <= vram_budget
+
+    def speed(ngl: int, ncm: int = 0, depth: int = 0) -> float:
+        return 1 / decode_seconds(info, hw, n_gpu_layers=ngl, depth=depth, type_k=type_k, type_v=type_v,
+                                  n_cpu_moe=ncm)
 
     top = info.n_layer + 1
     if n_gpu_layers is not None:
         ngl = top if n_gpu_layers < 0 else min(n_gpu_layers, top)
         ngl = ngl if has_gpu else 0
-        ok = fits(ngl)
     else:
-        ngl = next((k for k in range(top if has_gpu else 0, -1, -1) if fits(k)), 0)
-        ok = fits(ngl)
-    fit = "too_large" if not ok else "full_gpu" if has_gpu and ngl >= top else "partial" if ngl > 0 else "cpu"
-    m, dm = total(ngl)
+        ngl = next((k for k in range(top if has_gpu else 0, -1, -1) if fits(k, n_cpu_moe or 0)), 0)
+    ncm, layer_speed = n_cpu_moe or 0, None
+    if n_cpu_moe is None and n_gpu_layers is None and has_gpu and ngl < top:
+        split = experts_split(info, lambda k: fits(top, k))
+        if split is not None and (not fits(ngl) or speed(top, split) > speed(ngl)):
+            ncm, layer_speed, ngl = split, speed(ngl), top
+    ok = fits(ngl, ncm)
+    fit = ("too_large" if not ok else "full_gpu" if has_gpu and ngl >= top and not ncm
+           else "partial" if ngl > 0 else "cpu")
+    m, dm = total(ngl, ncm)
     s = m + dm if dm else m
-    dec = 1 / decode_seconds(info, hw, n_gpu_layers=ngl, type_k=type_k, type_v=type_v)
-    dec_full = 1 / decode_seconds(info, hw, n_gpu_layers=ngl, depth=n_ctx, type_k=type_k, type_v=type_v)
+    dec, dec_full = speed(ngl, ncm), speed(ngl, ncm, depth=n_ctx)
     pre = prefill_tok_s(info, hw, n_gpu_layers=ngl)
     quant = info.file_type or quants.quant_from_name(info.source)
     _check_figures(info, s, dec, dec_full, pre)
@@ -373,8 +442,25 @@ def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo
              draft_memory=dm, ram_bytes=s.ram, ram_resident_bytes=s.resident_ram(info, n_ubatch),
              vram_bytes=s.vram, ram_budget=ram_budget, vram_budget=vram_budget,
              pred_decode_tok_s=dec, pred_decode_tok_s_full=dec_full, pred_prefill_tok_s=pre,
-             explanation="")
+             explanation="", n_cpu_moe=ncm, layer_split_decode_tok_s=layer_speed)
     return replace(p, explanation=explain(p, hw), advice=advise(p, info, hw, type_k=type_k))
+
+
+def experts_split(info: GGUFInfo, fits: Callable[[int], bool]) -> int | None:
+    """The fewest first layers whose routed experts must stay in RAM for the rest to fit the GPU
+    (`fits(n)`: does the model fit with n?); None for a dense model or when even all do not fit."""
+    if not any(t.layer is not None and is_routed_expert(t) for t in info.tensors):
+        return None
+    lo, hi = 1, info.n_layer  # fits() only grows with n: the first n that fits, by bisection
+    if not fits(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def check_info(info: GGUFInfo) -> None:
@@ -415,6 +501,11 @@ def explain(p: Plan, hw: HardwareInfo) -> str:
     if p.fit == "full_gpu":
         gpu = max(hw.gpus, key=lambda g: g.vram_total)
         return f"{q} fits fully on your {gpu.vram_total / GiB:.0f} GB GPU with {ctx}; {speed}."
+    if p.fit == "partial" and p.n_cpu_moe:
+        return (f"{q} runs with experts on the CPU: every layer on the GPU but the experts of "
+                f"{p.n_cpu_moe} layers in RAM ({_gib(p.ram_bytes)}) with {ctx}; {speed}"
+                + (f" (whole layers split: ~{p.layer_split_decode_tok_s:.1f} tok/s)."
+                   if p.layer_split_decode_tok_s else "."))
     if p.fit == "partial":
         return (f"{q} fits with {p.n_gpu_layers} layers on the GPU and the rest in RAM "
                 f"({_gib(p.ram_bytes)}) with {ctx}; {speed}.")
@@ -469,7 +560,7 @@ class Ranked:
         return {"file": self.file, "quant": self.quant, "size": self.size, "ppl_delta": self.ppl_delta,
                 "quality": quants.describe(self.quant), "recommended": self.recommended,
                 **{k: v for k, v in self.plan.to_json().items()
-                   if k in ("fit", "n_gpu_layers", "ram_bytes", "vram_bytes", "pred_decode_tok_s",
+                   if k in ("fit", "n_gpu_layers", "n_cpu_moe", "ram_bytes", "vram_bytes", "pred_decode_tok_s",
                             "pred_prefill_tok_s", "explanation")}}
 
 

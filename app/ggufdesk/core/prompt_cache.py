@@ -187,7 +187,7 @@ def read_payload(entry: Entry) -> bytearray:
     return data
 
 
-def write_atomic(path: Path, parts: list[bytes | memoryview]) -> None:
+def write_atomic(path: Path, parts: list[bytes | bytearray | memoryview]) -> None:
     """Write parts to path through a temporary file and a rename; nothing is left behind on failure."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
@@ -289,7 +289,7 @@ class PromptStore:
                     out.append(entry)
             return out
 
-    def _entry(self, d: os.DirEntry) -> Entry | None:
+    def _entry(self, d: os.DirEntry[str]) -> Entry | None:
         try:
             st = d.stat()
         except OSError:
@@ -347,7 +347,7 @@ class PromptStore:
 
     # ---- writing --------------------------------------------------------------------------------
 
-    def save(self, key: CacheKey, tokens: list[int], payload: bytes | memoryview, *,
+    def save(self, key: CacheKey, tokens: list[int], payload: bytes | bytearray | memoryview, *,
              model_path: str = "") -> Entry | None:
         """Write a new entry (atomically), then drop the entries it supersedes and evict down to the
         cap. None when it was not written: no room under the cap or on the disk, a read-only or

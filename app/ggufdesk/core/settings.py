@@ -82,11 +82,15 @@ class LoadSettings:
     # (engine/batching/disk_cache.py); a cap of 0 bytes turns it off
     prompt_cache_bytes: int = PROMPT_CACHE_BYTES
     prompt_cache_min_tokens: int = PROMPT_CACHE_MIN_TOKENS
+    # a mixture of experts: the routed experts of the first N layers stay in RAM while the rest of
+    # those layers is on the GPU (llama.cpp's --n-cpu-moe; core/planner.py proposes N)
+    n_cpu_moe: int = 0
 
     def __post_init__(self) -> None:
         _int("context length (n_ctx)", self.n_ctx, 16, 1 << 20)
         _int("prompt cache size (prompt_cache_bytes)", self.prompt_cache_bytes, 0, 1 << 50)
         _int("shortest cached prompt (prompt_cache_min_tokens)", self.prompt_cache_min_tokens, 1, 1 << 20)
+        _int("layers with experts on the CPU (n_cpu_moe)", self.n_cpu_moe, 0, 100_000)
         _int("parallel sequences (n_parallel)", self.n_parallel, 1, MAX_PARALLEL)
         _int("prefill chunk (prefill_chunk)", self.prefill_chunk, 0, 1 << 16)
         _int("GPU layers (n_gpu_layers)", self.n_gpu_layers, -1, 100_000)
@@ -126,6 +130,14 @@ class LoadSettings:
         return self.n_threads_batch or default_threads()
 
 
+THINK_CHOICES = ("auto", "on", "off", "low", "medium", "high")
+
+
+def think_value(choice: str) -> bool | str | None:
+    """A `think` setting as the engine's Generate.think (None: the template's default)."""
+    return {"auto": None, "on": True, "off": False}.get(choice, choice)
+
+
 @dataclass(slots=True, kw_only=True)
 class SamplingSettings:
     """How the next token is chosen. temperature 0 = greedy."""
@@ -144,10 +156,17 @@ class SamplingSettings:
     # when the prompt outgrows the context: one of OVERFLOW_POLICIES (the window's default; the
     # server's is "error", `ggufdesk serve --context-overflow`)
     context_overflow: str = "rolling"
+    # reasoning models (core/reasoning.py): tokens of thinking before the engine closes the block
+    # (-1 = no limit), and thinking on/off/effort ("auto" = the template's default)
+    reasoning_budget: int = -1
+    think: str = "auto"
 
     def __post_init__(self) -> None:
         _float("temperature", self.temperature, 0.0, 5.0)
         _choice("context overflow policy (context_overflow)", self.context_overflow, OVERFLOW_POLICIES)
+        _int("reasoning budget", self.reasoning_budget, -1, 1 << 20)
+        if self.think not in THINK_CHOICES:
+            raise SettingsError(f"think must be one of {', '.join(THINK_CHOICES)}, got {self.think!r}")
         _int("top-k", self.top_k, 0, 1_000_000)
         _float("top-p", self.top_p, 0.0, 1.0)
         _float("min-p", self.min_p, 0.0, 1.0)

@@ -1,7 +1,12 @@
-"""Tool calling: the formats models are trained on, detecting a template's format, and parsing calls back.
+"""Tool calling: the formats models are trained on, detecting a template's format, checking tools.
 
-Formats (what the model writes when it calls a tool):
-- hermes:  <tool_call>{"name": ..., "arguments": {...}}</tool_call>   (Qwen 2.5, Hermes, generic)
+Formats (what the model writes when it calls a tool; core/toolcalls.py reads them back):
+- hermes:  <tool_call>{"name": ..., "arguments": {...}}</tool_call>   (Qwen 2.5/3, Hermes, generic)
+- qwen3_coder: <tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>
+- harmony: <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>   (gpt-oss)
+- deepseek_r1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```
+               <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>   (R1 and its distills, V3-0324)
+- deepseek_v3: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...   (V3.1)
 - llama3:  {"name": ..., "parameters": {...}}, optionally after <|python_tag|>   (Llama 3.1-3.3)
 - mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]   (Mistral 7B v0.3, Nemo, Small)
 Models whose template knows no tools (Gemma 3, Phi, base models) get the hermes format explained
@@ -12,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +24,8 @@ from ggufdesk.core.schema import SchemaError, check_schema, load_schema
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MAX_TOOLS = 128
+DS_CALLS, DS_CALL, DS_SEP = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"
+DS_CALL_END, DS_CALLS_END = "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"
 
 
 @dataclass(frozen=True)
@@ -28,20 +34,43 @@ class ToolFormat:
     marker: str  # the text that opens a call (the lazy grammar's trigger)
     args_key: str  # "arguments" or "parameters"
     native: bool  # the model's own template renders the tools
+    starts: tuple[str, ...] = ()  # texts that may open a call (streaming holds text back from them)
+    object_args: bool = True  # the template wants a call's arguments as an object, not JSON text
+    tokens: tuple[str, ...] = ()  # the format's special tokens (the engine shows them as text)
+
+    @property
+    def openers(self) -> tuple[str, ...]:
+        return self.starts or (self.marker,)
 
 
-HERMES = ToolFormat("hermes", "<tool_call>", "arguments", True)
+HERMES = ToolFormat("hermes", "<tool_call>", "arguments", True, tokens=("<tool_call>", "</tool_call>"))
 GENERIC = ToolFormat("generic", "<tool_call>", "arguments", False)
-LLAMA3 = ToolFormat("llama3", '{"name"', "parameters", True)
-MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "arguments", True)
-FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL)}
+QWEN3_CODER = ToolFormat("qwen3_coder", "<tool_call>", "arguments", True,
+                         tokens=("<tool_call>", "</tool_call>"))
+HARMONY = ToolFormat("harmony", "to=functions.", "arguments", True, starts=("<|", "to=functions."),
+                     object_args=False, tokens=("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>",
+                                                "<|end|>", "<|call|>", "<|return|>"))
+DEEPSEEK_R1 = ToolFormat("deepseek_r1", DS_CALLS, "arguments", True, starts=(DS_CALLS, DS_CALL),
+                         object_args=False, tokens=(DS_CALLS, DS_CALL, DS_SEP, DS_CALL_END, DS_CALLS_END))
+DEEPSEEK_V3 = ToolFormat("deepseek_v3", DS_CALLS, "arguments", True, starts=(DS_CALLS, DS_CALL),
+                         object_args=False, tokens=(DS_CALLS, DS_CALL, DS_SEP, DS_CALL_END, DS_CALLS_END))
+LLAMA3 = ToolFormat("llama3", '{"name"', "parameters", True, starts=('{"name"', "<|python_tag|>"),
+                    tokens=("<|python_tag|>",))
+MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "arguments", True, tokens=("[TOOL_CALLS]", "[ARGS]"))
+FORMATS = {f.name: f for f in (HERMES, GENERIC, QWEN3_CODER, HARMONY, DEEPSEEK_R1, DEEPSEEK_V3, LLAMA3, MISTRAL)}
 
 
 def detect_format(template: str | None) -> ToolFormat:
     """The tool format a chat template was written for (generic when it renders no tools)."""
     t = template or ""
+    if "<|channel|>" in t and "to=functions." in t:
+        return HARMONY
+    if "tool▁calls▁begin" in t:
+        return DEEPSEEK_R1 if "```json" in t else DEEPSEEK_V3
     if "tools" not in t:
         return GENERIC
+    if "<function=" in t and "<parameter=" in t:
+        return QWEN3_CODER
     if "<tool_call>" in t:
         return HERMES
     if "[TOOL_CALLS]" in t or "[AVAILABLE_TOOLS]" in t:
@@ -170,123 +199,3 @@ def call_text(call: dict[str, Any]) -> str:
     except ValueError:
         args_obj = {}
     return json.dumps({"name": fn.get("name", ""), "arguments": args_obj}, ensure_ascii=False)
-
-
-def _call(name: Any, args: Any) -> dict[str, Any] | None:
-    if not isinstance(name, str) or not name:
-        return None
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    if args is None:
-        args = {}
-    if not isinstance(args, dict):
-        return None
-    return {"id": "call_" + secrets.token_hex(12), "type": "function",
-            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
-
-
-def _from_obj(obj: Any) -> dict[str, Any] | None:
-    if not isinstance(obj, dict):
-        return None
-    args = obj["arguments"] if "arguments" in obj else obj.get("parameters")
-    return _call(obj.get("name"), args)
-
-
-def _json_prefix(text: str) -> tuple[Any, int]:
-    """Decode the JSON value at the start of text (after spaces); returns (value, end) or (None, 0)."""
-    s = len(text) - len(text.lstrip())
-    try:
-        value, end = json.JSONDecoder().raw_decode(text, s)
-    except ValueError:
-        return None, 0
-    return value, end
-
-
-def parse_calls(text: str, fmt: ToolFormat) -> tuple[str, list[dict[str, Any]]]:
-    """Split a model's output into (the text that is not a call, the calls)."""
-    calls: list[dict[str, Any]] = []
-    if fmt.name in ("hermes", "generic"):
-        rest = []
-        pos = 0
-        for m in re.finditer(r"<tool_call>(.*?)(?:</tool_call>|$)", text, re.S):
-            value, _ = _json_prefix(m.group(1))
-            call = _from_obj(value)
-            if call is None:
-                continue
-            rest.append(text[pos:m.start()])
-            pos = m.end()
-            calls.append(call)
-        rest.append(text[pos:])
-        return "".join(rest).strip() if calls else text, calls
-    if fmt.name == "mistral":
-        i = text.find("[TOOL_CALLS]")
-        if i < 0:
-            return text, []
-        body = text[i + len("[TOOL_CALLS]"):]
-        value, _ = _json_prefix(body)
-        if isinstance(value, dict):
-            value = [value]
-        if isinstance(value, list):
-            calls = [c for c in (_from_obj(v) for v in value) if c]
-        else:  # newer Mistral: [TOOL_CALLS]name[ARGS]{...}
-            for m in re.finditer(r"([A-Za-z0-9_.-]+)\[ARGS\]", body):
-                args, _ = _json_prefix(body[m.end():])
-                call = _call(m.group(1), args)
-                if call:
-                    calls.append(call)
-        return (text[:i].strip(), calls) if calls else (text, [])
-    # llama3: the whole answer is one JSON call (or a list of them), maybe after <|python_tag|>
-    body = text.replace("<|python_tag|>", "").strip()
-    value, end = _json_prefix(body)
-    if end and not body[end:].strip().strip(";"):
-        items = value if isinstance(value, list) else [value]
-        calls = [c for c in (_from_obj(v) for v in items) if c]
-        if calls and len(calls) == len(items):
-            return "", calls
-    return text, []
-
-
-class CallStream:
-    """Streams text while holding back anything that may be the start of a tool call.
-
-    push(text) -> text that is safe to show now; calls are parsed from the whole output at the end.
-    """
-
-    def __init__(self, fmt: ToolFormat) -> None:
-        self.fmt = fmt
-        self.text = ""
-        self._shown = 0
-        self.in_call = False
-
-    def push(self, piece: str) -> str:
-        self.text += piece
-        if self.in_call:
-            return ""
-        marker = self.fmt.marker
-        i = self.text.find(marker, self._shown) if self.fmt.name != "llama3" else (
-            0 if self.text.lstrip().startswith(("{", "<|python_tag|>")) else -1)
-        if i >= 0:
-            self.in_call = True
-            out, self._shown = self.text[self._shown:i], len(self.text)
-            return out
-        # keep back a tail that could still grow into the marker
-        keep = 0
-        for n in range(min(len(marker) - 1, len(self.text) - self._shown), 0, -1):
-            if marker.startswith(self.text[-n:]):
-                keep = n
-                break
-        if self.fmt.name == "llama3" and not self.text.strip():
-            keep = len(self.text) - self._shown
-        end = len(self.text) - keep
-        out, self._shown = self.text[self._shown:end], max(self._shown, end)
-        return out
-
-    def finish(self) -> tuple[str, list[dict[str, Any]]]:
-        """(text not yet shown that is not a call, the calls)."""
-        content, calls = parse_calls(self.text, self.fmt)
-        if calls:
-            return "", calls
-        return self.text[self._shown:], []

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -11,9 +11,10 @@ from starlette.routing import Route
 
 from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.settings import SamplingSettings
-from ggufdesk.core.tools import GENERIC, CallStream
+from ggufdesk.core.toolcalls import CallStream
+from ggufdesk.core.tools import GENERIC
 from ggufdesk.engine.link import protocol as P
-from ggufdesk.server import structured
+from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, read_body, service, sse
 from ggufdesk.server.schemas import MessagesRequest, parse, text_of
@@ -33,7 +34,7 @@ def sampling_for(svc: Service, req: MessagesRequest) -> SamplingSettings:
             top_p=d.top_p if req.top_p is None else req.top_p,
             top_k=d.top_k if req.top_k is None else req.top_k,
             min_p=d.min_p, repeat_penalty=d.repeat_penalty, repeat_last_n=d.repeat_last_n, seed=d.seed,
-            max_tokens=req.max_tokens, stop=stop,
+            max_tokens=req.max_tokens, stop=stop, think=d.think, reasoning_budget=d.reasoning_budget,
             context_overflow=d.context_overflow if req.context_overflow is None else req.context_overflow,
         )
     except SettingsError as e:
@@ -93,25 +94,28 @@ async def messages(request: Request) -> Response:
     svc = service(request)
     req: MessagesRequest = parse(MessagesRequest, await read_body(request, svc.config.max_body))
     extra = structured.anthropic_tools(req.tools, req.tool_choice)
-    if req.thinking and req.thinking.get("type") != "disabled":
-        raise not_supported("thinking")
+    think = reasoning.anthropic_fields(req.thinking)
     svc.check_model(req.model)
-    spec = GenSpec(endpoint="messages", messages=messages_of(req), sampling=sampling_for(svc, req), structured=extra)
+    spec = GenSpec(endpoint="messages", messages=messages_of(req), sampling=sampling_for(svc, req), structured=extra,
+                   reasoning=think)
     job = await svc.start(caller(request), spec, request.receive)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if req.stream:
-        calls = CallStream(svc.pool.tool_format or GENERIC) if extra else None
-        return event_stream(_stream(job, mid, svc.model_id, calls))
+        calls = CallStream(job.pool.tool_format or GENERIC) if extra else None
+        reasons = bool(getattr(job.pool.loaded, "reasoning", None))
+        return event_stream(_stream(job, mid, svc.model_id, calls, reasons))
     try:
         await job.collect()
     finally:
         job.close()
     if job.error is not None:
         raise engine_error(job.error)
-    content = [{"type": "text", "text": "".join(job.text)}]
+    content: list[dict[str, Any]] = [{"type": "text", "text": "".join(job.text)}]
     if job.done is not None and job.done.tool_calls:
         content = ([{"type": "text", "text": job.done.content}] if job.done.content else []) + [
             structured.anthropic_tool_use(c) for c in job.done.tool_calls]
+    if job.reasoning:  # a thinking block first, as Anthropic's extended thinking
+        content.insert(0, {"type": "thinking", "thinking": "".join(job.reasoning), "signature": ""})
     return JSONResponse({
         "id": mid, "type": "message", "role": "assistant", "model": svc.model_id,
         "content": content,
@@ -120,52 +124,103 @@ async def messages(request: Request) -> Response:
     })
 
 
-async def _stream(job: Job, mid: str, model: str, calls: CallStream | None) -> AsyncIterator[str]:
-    """Anthropic's event sequence; with tools, call text is held back and each call becomes a
-    tool_use block (content_block_start + one input_json_delta + content_block_stop) at the end."""
+class _Blocks:
+    """Anthropic's content blocks as a stream opens them: thinking (if the model reasons), text, tool uses."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.kind: str | None = None  # the open block's type
+        self.texts = 0  # text blocks opened
+
+    def open(self, kind: str) -> Iterator[str]:
+        if self.kind == kind:
+            return
+        yield from self.close()
+        self.index += 1
+        self.kind = kind
+        self.texts += kind == "text"
+        block = ({"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking"
+                 else {"type": "text", "text": ""})
+        yield sse({"type": "content_block_start", "index": self.index, "content_block": block}, "content_block_start")
+
+    def close(self) -> Iterator[str]:
+        if self.kind is None:
+            return
+        if self.kind == "thinking":
+            yield self.delta({"type": "signature_delta", "signature": ""})
+        yield sse({"type": "content_block_stop", "index": self.index}, "content_block_stop")
+        self.kind = None
+
+    def delta(self, delta: dict[str, Any]) -> str:
+        return sse({"type": "content_block_delta", "index": self.index, "delta": delta}, "content_block_delta")
+
+    def token(self, ev: P.Token, calls: CallStream | None) -> Iterator[str]:
+        if ev.reasoning:
+            yield from self.open("thinking")
+            yield self.delta({"type": "thinking_delta", "thinking": ev.text})
+            return
+        text = calls.push(ev.text) if calls is not None else ev.text
+        if text:
+            yield from self.open("text")
+            yield self.delta({"type": "text_delta", "text": text})
+
+    def ending(self, job: Job, ev: P.Done, calls: CallStream | None) -> Iterator[str]:
+        """The rest of the text (what the answer returned whole says), the tool uses, the message's end."""
+        rest = calls.finish(ev.content or "" if ev.tool_calls else None) if calls is not None else ""
+        if rest or (not self.texts and not ev.tool_calls):  # an answer, if only an empty one
+            yield from self.open("text")
+        if rest:
+            yield self.delta({"type": "text_delta", "text": rest})
+        yield from self.close()
+        for call in ev.tool_calls:
+            use = structured.anthropic_tool_use(call)
+            self.index += 1
+            k = self.index
+            yield sse({"type": "content_block_start", "index": k, "content_block": {**use, "input": {}}},
+                      "content_block_start")
+            yield sse({"type": "content_block_delta", "index": k,
+                       "delta": {"type": "input_json_delta", "partial_json": json.dumps(use["input"])}},
+                      "content_block_delta")
+            yield sse({"type": "content_block_stop", "index": k}, "content_block_stop")
+        yield sse({"type": "message_delta",
+                   "delta": {"stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job)},
+                   "usage": usage(job), **job.context_fields()}, "message_delta")
+        yield sse({"type": "message_stop"}, "message_stop")
+
+
+async def _stream(job: Job, mid: str, model: str, calls: CallStream | None, reasons: bool) -> AsyncIterator[str]:
+    """Anthropic's event sequence: a thinking block while the model reasons (`reasons`: it may), a text
+    block for the answer; with tools, call text is held back and each call becomes a tool_use block
+    (content_block_start + one input_json_delta + content_block_stop) at the end."""
     def message(usage_in: int) -> dict[str, Any]:
         return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
                 "stop_reason": None, "stop_sequence": None,
                 "usage": {"input_tokens": usage_in, "output_tokens": 0}}
 
     started = False
+    blocks = _Blocks()
     try:
         async for ev in job.events():
             if job.disconnected:
                 return  # nobody is reading: close() drains the rest
+            lines: Iterator[str] = iter(())
             if not started and not isinstance(ev, P.Error):
                 started = True
                 known = ev.total if isinstance(ev, P.Progress) else job.prompt_tokens
                 yield sse({"type": "message_start", "message": message(known)}, "message_start")
-                yield sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-                          "content_block_start")
+                if not reasons:  # the text block at once, as Anthropic sends it
+                    for line in blocks.open("text"):
+                        yield line
                 yield sse({"type": "ping"}, "ping")
             if isinstance(ev, P.Token) and ev.text:
-                text = calls.push(ev.text) if calls is not None else ev.text
-                if text:
-                    yield sse({"type": "content_block_delta", "index": 0,
-                               "delta": {"type": "text_delta", "text": text}}, "content_block_delta")
+                lines = blocks.token(ev, calls)
             elif isinstance(ev, P.Done):
-                rest = calls.finish()[0] if calls is not None and not ev.tool_calls else ""
-                if rest:
-                    yield sse({"type": "content_block_delta", "index": 0,
-                               "delta": {"type": "text_delta", "text": rest}}, "content_block_delta")
-                yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
-                for k, call in enumerate(ev.tool_calls, start=1):
-                    use = structured.anthropic_tool_use(call)
-                    yield sse({"type": "content_block_start", "index": k,
-                               "content_block": {**use, "input": {}}}, "content_block_start")
-                    yield sse({"type": "content_block_delta", "index": k,
-                               "delta": {"type": "input_json_delta", "partial_json": json.dumps(use["input"])}},
-                              "content_block_delta")
-                    yield sse({"type": "content_block_stop", "index": k}, "content_block_stop")
-                yield sse({"type": "message_delta",
-                           "delta": {"stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job)},
-                           "usage": usage(job), **job.context_fields()}, "message_delta")
-                yield sse({"type": "message_stop"}, "message_stop")
+                lines = blocks.ending(job, ev, calls)
             elif isinstance(ev, P.Error):
                 yield sse(engine_error(ev).anthropic(), "error")
                 return
+            for line in lines:
+                yield line
     finally:
         job.close()
 

@@ -10,10 +10,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ggufdesk.core.errors import SettingsError
-from ggufdesk.core.tools import GENERIC, CallStream
+from ggufdesk.core.toolcalls import CallStream
+from ggufdesk.core.tools import GENERIC
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
-from ggufdesk.server import structured
+from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import ApiError, invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, read_body, service, sse
 from ggufdesk.server.schemas import (ChatRequest, CompletionRequest, SamplingFields, parse, refuse_unsupported,
@@ -32,7 +33,8 @@ def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None) -> S
             top_k=pick(req.top_k, d.top_k), min_p=pick(req.min_p, d.min_p),
             repeat_penalty=pick(req.repeat_penalty, d.repeat_penalty), repeat_last_n=d.repeat_last_n,
             seed=pick(req.seed, d.seed), max_tokens=max_tokens or svc.config.default_max_tokens,
-            stop=stops(req.stop) or list(d.stop), context_overflow=pick(req.context_overflow, d.context_overflow),
+            stop=stops(req.stop) or list(d.stop), think=d.think, reasoning_budget=d.reasoning_budget,
+            context_overflow=pick(req.context_overflow, d.context_overflow),
         )
     except SettingsError as e:
         raise invalid(str(e)) from None
@@ -56,6 +58,8 @@ def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
             msg["tool_calls"] = m.tool_calls
         if m.tool_call_id:
             msg["tool_call_id"] = m.tool_call_id
+        if m.reasoning_content and m.role == "assistant":
+            msg["reasoning_content"] = m.reasoning_content
         out.append(msg)
     return out
 
@@ -111,12 +115,15 @@ async def chat_completions(request: Request) -> Response:
     top = req.top_logprobs or 0
     lp = want_logprobs(svc, top) if req.logprobs else 0
     sampling = sampling_for(svc, req, req.max_completion_tokens or req.max_tokens)
-    spec = GenSpec(endpoint="chat", messages=chat_messages(req), sampling=sampling, logprobs=lp, structured=extra)
+    think = reasoning.openai_fields(effort=req.reasoning_effort, template_kwargs=req.chat_template_kwargs,
+                                    budget=req.reasoning_budget, think=req.think)
+    spec = GenSpec(endpoint="chat", messages=chat_messages(req), sampling=sampling, logprobs=lp, structured=extra,
+                   reasoning=think)
     job = await svc.start(caller(request), spec, request.receive)
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        calls = CallStream(svc.pool.tool_format or GENERIC) if "tools" in extra else None
+        calls = CallStream(job.pool.tool_format or GENERIC) if "tools" in extra else None
         return event_stream(_chat_stream(job, cid, created, svc.model_id, top if lp else None, usage, calls))
     try:
         await job.collect()
@@ -128,6 +135,8 @@ async def chat_completions(request: Request) -> Response:
     if job.done is not None and job.done.tool_calls:
         message = {"role": "assistant", "content": job.done.content or None,
                    "tool_calls": openai_calls(job.done.tool_calls)}
+    if job.reasoning:  # as llama-server and DeepSeek: the thinking beside the answer
+        message["reasoning_content"] = "".join(job.reasoning)
     choice = {"index": 0, "message": message, "logprobs": chat_logprobs(job.logprobs, top) if lp else None,
               "finish_reason": job.finish_reason}
     return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": svc.model_id,
@@ -148,18 +157,21 @@ def _chat_stream(job: Job, cid: str, created: int, model: str, top: int | None,
     def lines(ev: P.Event) -> Iterator[str]:
         if isinstance(ev, P.Token):
             lps = getattr(ev, "logprobs", None)
+            lp = chat_logprobs(lps, top) if top is not None and lps else None
+            if ev.reasoning:
+                yield chunk({"reasoning_content": ev.text}, logprobs=lp)
+                return
             text = calls.push(ev.text) if calls is not None else ev.text
             if text or lps:
-                yield chunk({"content": text},
-                            logprobs=chat_logprobs(lps, top) if top is not None and lps else None)
+                yield chunk({"content": text}, logprobs=lp)
         elif isinstance(ev, P.Done):
+            if calls is not None:  # the rest of what the answer returned whole says (issue 34, finding 8)
+                rest = calls.finish(ev.content or "" if ev.tool_calls else None)
+                if rest:
+                    yield chunk({"content": rest})
             if ev.tool_calls:
                 deltas = [{"index": i, **c} for i, c in enumerate(openai_calls(ev.tool_calls))]
                 yield chunk({"tool_calls": deltas})
-            elif calls is not None:
-                rest = calls.finish()[0]
-                if rest:
-                    yield chunk({"content": rest})
             yield chunk({}, job.finish_reason)
 
     return _framed(job, head, include_usage, chunk({"role": "assistant", "content": ""}), lines)

@@ -29,6 +29,7 @@ class ChatMessage(Strict):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message answers this call
+    reasoning_content: str | None = None  # an assistant's earlier thinking (only templates that ask render it)
 
 
 class StreamOptions(Strict):
@@ -66,6 +67,10 @@ class ChatRequest(SamplingFields):
     tool_choice: Any | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
+    reasoning_effort: str | None = None  # server/reasoning.py
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_budget: int | None = None
+    think: bool | str | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -48,6 +48,7 @@ class GenSpec:
     messages: list[dict[str, Any]] | None = None
     logprobs: int = 0
     structured: dict[str, Any] = field(default_factory=dict)  # json_schema or tools/tool_choice/...
+    reasoning: dict[str, Any] = field(default_factory=dict)  # think / reasoning_budget (server/reasoning.py)
 
 
 def engine_error(ev: P.Error) -> ApiError:
@@ -157,7 +158,7 @@ class Service:
         self._inflight[caller] = self._inflight.get(caller, 0) + 1
         try:
             await pool.generate(rid, prompt=spec.prompt, messages=spec.messages, sampling=spec.sampling,
-                                     logprobs=spec.logprobs, **spec.structured)
+                                logprobs=spec.logprobs, **spec.structured, **spec.reasoning)
         except KnownError as e:
             job.finish(None)
             raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
@@ -291,7 +292,8 @@ class Job:
         self.stats: P.Stats | None = None
         self.overflow: P.Overflow | None = None  # the latest: what the overflow policy dropped so far
         self.n_tokens = 0
-        self.text: list[str] = []
+        self.text: list[str] = []  # the answer
+        self.reasoning: list[str] = []  # a reasoning model's thinking
         self.logprobs: list[dict[str, Any]] = []
         self.ttft_s: float | None = None
         self.disconnected = False
@@ -328,7 +330,7 @@ class Job:
             if self.ttft_s is None:
                 self.ttft_s = time.perf_counter() - self.t0
                 self.svc.metrics.ttft.labels(self.spec.endpoint).observe(self.ttft_s)
-            self.text.append(ev.text)
+            (self.reasoning if getattr(ev, "reasoning", False) else self.text).append(ev.text)
             lp = getattr(ev, "logprobs", None)
             self.n_tokens += len(lp) if lp else 1
             if lp:
@@ -391,10 +393,18 @@ class Job:
             return self.done.overflow
         return self.overflow.policy if self.overflow is not None else ""
 
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """Tokens spent reasoning (None: the model does not reason)."""
+        return self.done.usage.get("reasoning_tokens") if self.done is not None else None
+
     def usage(self) -> dict[str, Any]:
         p, c = self.prompt_tokens, self.completion_tokens
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        out: dict[str, Any] = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+                               "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        if self.reasoning_tokens is not None:
+            out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return out
 
     def context_fields(self) -> dict[str, Any]:
         """What a response adds when the overflow policy dropped tokens: their count and the policy."""

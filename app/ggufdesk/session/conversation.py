@@ -25,6 +25,7 @@ from ggufdesk.session.writer import HistoryWriter, SaveState
 log = logging.getLogger("ggufdesk.session")
 
 SAVE_PARTIAL_EVERY_S = 1.0
+THINKING = ("reasoning", "reasoning_tokens", "reasoning_s")  # an answer's stats about its thinking
 Phase = Literal["idle", "saving", "streaming", "stopping", "tool"]  # tool: calls being decided or run
 Level = Literal["info", "warning", "error"]
 
@@ -51,6 +52,9 @@ class SessionView:
     def turn_added(self, turn: Turn) -> None: ...
 
     def turn_grew(self, turn: Turn, piece: str) -> None: ...
+
+    def turn_thought(self, turn: Turn, piece: str) -> None:
+        """A reasoning model's thinking grew (turn.reasoning; its tokens and time in turn.stats)."""
 
     def turn_changed(self, turn: Turn) -> None:
         """A turn's text was replaced (an answer's tool call taken out of it when it ended)."""
@@ -115,6 +119,7 @@ class ChatSession(ToolTurns):
         self.model: P.Loaded | None = None
         self.no_model_reason = ""
         self._saved_at = 0.0
+        self._think_t0: float | None = None  # when the answer being written began to think
         self._pending_version: dict[str, int] | None = None
         self._init_tools(tools)
         if writer is not None:
@@ -401,7 +406,7 @@ class ChatSession(ToolTurns):
         answer = self.answer
         if answer is None:
             return
-        self.answer, self.rid, self._stream = None, None, None
+        self.answer, self.rid, self._stream, self._think_t0 = None, None, None, None
         answer.status, answer.finish_reason = status, finish_reason
         if finish_reason:
             answer.stats["finish_reason"] = finish_reason  # shown under the answer, also later
@@ -435,7 +440,10 @@ class ChatSession(ToolTurns):
     def on_event(self, ev: P.Event) -> None:
         answer, rid = self.answer, self.rid
         mine = rid is not None and getattr(ev, "id", None) == rid
-        if isinstance(ev, P.Token) and mine and answer is not None:
+        if isinstance(ev, P.Token) and mine and answer is not None and ev.reasoning:
+            self._thought(answer, ev)
+        elif isinstance(ev, P.Token) and mine and answer is not None:
+            self._thinking_ended(answer)
             piece = self._shown_piece(ev.text)
             if piece:
                 answer.content += piece
@@ -444,7 +452,7 @@ class ChatSession(ToolTurns):
                 self._saved_at = self.clock()
                 self._save_answer(answer, final=False)
         elif isinstance(ev, P.Stats) and mine and answer is not None:
-            kept = {k: answer.stats[k] for k in ("model", "context_note") if answer.stats.get(k)}
+            kept = {k: answer.stats[k] for k in ("model", "context_note", *THINKING) if k in answer.stats}
             answer.stats = {**dataclasses.asdict(ev), **kept}
         elif isinstance(ev, P.Overflow) and mine and answer is not None:
             answer.stats["context_note"] = context_note(ev)
@@ -453,6 +461,7 @@ class ChatSession(ToolTurns):
             self._settle_text(answer, ev)
             if ev.text and not answer.content and not (ev.tool_calls and self.offer is not None):
                 answer.content = ev.text
+            self._thinking_ended(answer, ev)
             if ev.tool_calls:  # shown as readable blocks under the answer (ui/message_widget.py)
                 answer.stats["tool_calls"] = ev.tool_calls
                 answer.stats["content"] = ev.content or ""
@@ -466,6 +475,25 @@ class ChatSession(ToolTurns):
             self._set_model(None, "")
         elif isinstance(ev, P.Lifecycle):
             self._on_lifecycle(ev)
+
+    def _thought(self, answer: Turn, ev: P.Token) -> None:
+        if self._think_t0 is None:
+            self._think_t0 = self.clock()
+        answer.reasoning += ev.text
+        answer.stats["reasoning"] = answer.reasoning
+        answer.stats["reasoning_tokens"] = int(answer.stats.get("reasoning_tokens") or 0) + 1
+        answer.stats["reasoning_s"] = round(self.clock() - self._think_t0, 1)
+        self.view.turn_thought(answer, ev.text)
+
+    def _thinking_ended(self, answer: Turn, done: P.Done | None = None) -> None:
+        """The answer began (or ended): the thinking's time is final; Done has its exact token count."""
+        if done is not None and done.reasoning and not answer.reasoning:
+            answer.reasoning = answer.stats["reasoning"] = done.reasoning
+        if done is not None and "reasoning_tokens" in done.usage:
+            answer.stats["reasoning_tokens"] = done.usage["reasoning_tokens"]
+        if self._think_t0 is not None:
+            answer.stats["reasoning_s"] = round(self.clock() - self._think_t0, 1)
+            self._think_t0 = None
 
     def _on_error(self, ev: P.Error, mine: bool) -> None:
         if ev.kind in P.STOP_KINDS:

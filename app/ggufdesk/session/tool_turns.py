@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from ggufdesk.core.mcp.host import McpFailure, McpTool
 from ggufdesk.core.mcp.offer import Offer
 from ggufdesk.core.mcp.results import ToolResult
-from ggufdesk.core.tools import CallStream, model_format
+from ggufdesk.core.toolcalls import CallStream
+from ggufdesk.core.tools import model_format
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.session.tool_loop import DENIED_TEXT, STOPPED_TEXT, Decision, ToolCall, ToolLoop, parse_call
 from ggufdesk.session.turns import Turn
@@ -107,13 +108,14 @@ class ToolTurns:
         stream, self._stream = self._stream, None
         if stream is None:
             return
-        rest, calls = stream.finish()
-        if ev.tool_calls or calls:
+        if ev.tool_calls:  # the engine read calls: the text is what it says is not a call
             content = (ev.content or "").strip()
             if content != answer.content:
                 answer.content = content
                 self.view.turn_changed(answer)
-        elif rest:
+            return
+        rest = stream.finish(None)  # no call: all of the text, held-back parts included
+        if rest:
             answer.content += rest
             self.view.turn_grew(answer, rest)
 

@@ -37,6 +37,9 @@ class Turn:
     row: Ref = field(default_factory=Ref)
     key: int = field(default_factory=lambda: next(_keys))
     created: float = field(default_factory=time.time)
+    # a reasoning model's thinking, kept apart from `content` (never sent back to the model) and
+    # saved in the message's stats: reasoning, reasoning_tokens, reasoning_s
+    reasoning: str = ""
 
     @property
     def id(self) -> int:
@@ -47,4 +50,4 @@ class Turn:
     def from_message(cls, m: Message, version: tuple[int, int] = (1, 1)) -> Turn:
         return cls(role=m.role, content=m.content, status=m.status, stats=dict(m.stats),
                    finish_reason=str(m.stats.get("finish_reason", "")), version=version,
-                   row=Ref(m.id), created=m.created)
+                   row=Ref(m.id), created=m.created, reasoning=str(m.stats.get("reasoning") or ""))

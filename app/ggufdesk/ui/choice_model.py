@@ -10,7 +10,8 @@ from ggufdesk.ui import theme
 from ggufdesk.ui.gauges import human_bytes
 from ggufdesk.ui.services import FIT_WORDS, ModelChoice
 
-COLUMNS = ("Model", "Size", "Fit", "GPU layers", "Reads prompt", "Writes answer")
+COLUMNS = ("Model", "Can", "Size", "Fit", "GPU layers", "Reads prompt", "Writes answer")
+BADGES = {"reasoning": "reasons", "tools": "tools", "vision": "images", "moe": "MoE"}
 FIT_HUES = {"full_gpu": theme.SUCCESS_HUE, "partial": 215, "cpu": theme.WARNING_HUE,
             "too_large": theme.ERROR_HUE}
 
@@ -25,6 +26,16 @@ Index = QModelIndex | QPersistentModelIndex
 
 def _speed(v: float | None) -> str:
     return f"~{v:.0f} tok/s" if v else "?"
+
+
+def badges(c: ModelChoice) -> str:
+    """The capability badges of a row: reasons · tools · images · MoE."""
+    return " · ".join(BADGES[k] for k in BADGES if k in c.capabilities)
+
+
+def gpu_layers(c: ModelChoice) -> str:
+    layers = "all" if c.n_gpu_layers == -1 else str(c.n_gpu_layers)
+    return f"{layers}, experts of {c.n_cpu_moe} on the CPU" if c.n_cpu_moe else layers
 
 
 class ChoiceTableModel(QAbstractTableModel):
@@ -51,24 +62,22 @@ class ChoiceTableModel(QAbstractTableModel):
         c = self._rows[index.row()]
         col = index.column()
         if role == Qt.ItemDataRole.DisplayRole:
-            if col == 0:
-                return ("★ " if c.recommended else "") + c.label
-            if col == 1:
-                return human_bytes(c.size_bytes) if c.size_bytes else "?"
-            if col == 2:
-                return FIT_WORDS.get(c.fit, c.fit)
-            if col == 3:
-                return "all" if c.n_gpu_layers == -1 else str(c.n_gpu_layers)
-            if col == 4:
-                return _speed(c.pred_prefill_tok_s)
-            if col == 5:
-                return _speed(c.pred_decode_tok_s)
-        if role == Qt.ItemDataRole.ForegroundRole and col == 2:
+            return self._cell(c, col)
+        if role == Qt.ItemDataRole.ForegroundRole and col == 3:
             return fit_colour(c.fit)
+        if role == Qt.ItemDataRole.ForegroundRole and col == 1:
+            return theme.tone(265, strong=True)
         if role == Qt.ItemDataRole.ToolTipRole:
             where = c.repo and f"{c.repo}/{c.filename}" or (str(c.path) if c.path else c.label)
             return f"{where}\n{c.note}".strip()
         return None
+
+    @staticmethod
+    def _cell(c: ModelChoice, col: int) -> Any:
+        if col == 0:
+            return ("★ " if c.recommended else "") + c.label
+        return (badges(c), human_bytes(c.size_bytes) if c.size_bytes else "?", FIT_WORDS.get(c.fit, c.fit),
+                gpu_layers(c), _speed(c.pred_prefill_tok_s), _speed(c.pred_decode_tok_s))[col - 1]
 
     def set_rows(self, rows: list[ModelChoice]) -> None:
         self.beginResetModel()

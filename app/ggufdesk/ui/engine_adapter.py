@@ -89,8 +89,9 @@ class EngineBridge(QObject):
         merged: list[Any] = []
         for ev in events:
             last = merged[-1] if merged else None
-            if isinstance(ev, p.Token) and isinstance(last, p.Token) and last.id == ev.id:
-                merged[-1] = p.Token(id=ev.id, text=last.text + ev.text)
+            if isinstance(ev, p.Token) and isinstance(last, p.Token) and last.id == ev.id \
+                    and last.reasoning == ev.reasoning:  # thinking and answer stay apart
+                merged[-1] = p.Token(id=ev.id, text=last.text + ev.text, reasoning=ev.reasoning)
             else:
                 merged.append(ev)
         for ev in merged:

@@ -316,6 +316,14 @@ class GaugePanel(QScrollArea):
         self.prefill_bar.setValue(ev.done)
         self.prefill_bar.setVisible(True)
 
+    def on_done(self, ev: p.Done) -> None:
+        """A reasoning model's answer: its thinking counted apart from the answer's tokens."""
+        n = ev.usage.get("reasoning_tokens")
+        done = ev.usage.get("completion_tokens", 0)
+        if n is not None and done > 1 and self.last_stats is not None and self.last_stats.final:
+            self.decode_note.setText(f"average of this answer ({done} tokens: {n} thinking, "
+                                     f"{done - n} answering)")
+
     def on_stats(self, ev: p.Stats) -> None:
         self.last_stats = ev
         recent = self.rate.add(ev)

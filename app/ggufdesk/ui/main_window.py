@@ -74,6 +74,10 @@ class _WindowView(SessionView, ModelView):
         if (widget := self.win.chat.widget_for(turn.key)) is not None:
             widget.append(piece)
 
+    def turn_thought(self, turn: Turn, piece: str) -> None:
+        if (widget := self.win.chat.widget_for(turn.key)) is not None:
+            widget.think(turn.stats)
+
     def turn_changed(self, turn: Turn) -> None:
         if (widget := self.win.chat.widget_for(turn.key)) is not None:
             widget.set_text(turn.content)
@@ -278,6 +282,7 @@ class MainWindow(QMainWindow):
         e.unloaded.connect(self.gauges.on_unloaded)
         e.stats.connect(self.gauges.on_stats)
         e.progress.connect(self.gauges.on_progress)
+        e.done.connect(self.gauges.on_done)
         self.sampler.sampled.connect(self.gauges.on_sample)
         self._draft_timer = QTimer(self, singleShot=True, interval=500)
         self._draft_timer.timeout.connect(lambda: self.save_draft())

@@ -34,6 +34,51 @@ FINISH_WORDS = {
 RENDER_INTERVAL_MS = 50  # a streaming body re-renders at most 20 times a second
 
 
+def thinking_title(stats: dict[str, Any], *, streaming: bool) -> str:
+    """'Thinking… · 120 tokens · 4.2 s' while it thinks, 'Thought for 4.2 s · 120 tokens' after."""
+    n, secs = int(stats.get("reasoning_tokens") or 0), float(stats.get("reasoning_s") or 0.0)
+    parts = [f"{n} tokens"] if n else []
+    if streaming:
+        return " · ".join(["Thinking…", *parts, *([f"{secs:.1f} s"] if secs else [])])
+    return " · ".join([f"Thought for {secs:.1f} s" if secs else "Thought", *parts])
+
+
+class ThinkingSection(QWidget):
+    """A reasoning model's thinking above its answer: one line (▸ Thinking… · N tokens · s) that
+    unfolds into the text. Folded by default, also while it streams."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.toggle = QToolButton()
+        self.toggle.setObjectName("thinkToggle")
+        self.toggle.setCheckable(True)
+        self.toggle.setAutoRaise(True)
+        self.toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.toggle.setArrowType(Qt.ArrowType.RightArrow)
+        self.toggle.toggled.connect(self._fold)
+        self.text = QLabel()
+        self.text.setObjectName("thinkText")
+        self.text.setWordWrap(True)
+        self.text.setTextFormat(Qt.TextFormat.PlainText)
+        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.text.setVisible(False)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(2)
+        lay.addWidget(self.toggle, 0, Qt.AlignmentFlag.AlignLeft)
+        lay.addWidget(self.text)
+        self.setVisible(False)
+
+    def _fold(self, open_: bool) -> None:
+        self.toggle.setArrowType(Qt.ArrowType.DownArrow if open_ else Qt.ArrowType.RightArrow)
+        self.text.setVisible(open_)
+
+    def show_thinking(self, reasoning: str, stats: dict[str, Any], *, streaming: bool) -> None:
+        self.setVisible(bool(reasoning))
+        self.toggle.setText(thinking_title(stats, streaming=streaming))
+        self.text.setText(reasoning)
+
+
 def tool_calls_html(calls: list[dict[str, Any]]) -> str:
     """Tool calls (OpenAI-style) as a block a person can read: the function and its arguments."""
     blocks = []
@@ -118,6 +163,7 @@ class MessageWidget(QFrame):
         self.context.setObjectName("msgContext")
         self.context.setWordWrap(True)
         self.context.setVisible(False)
+        self.thinking = ThinkingSection()  # a reasoning model's thinking, folded, above the answer
         self.body = MarkdownView()
         self.tools = QLabel()  # the answer's tool calls, when it made some
         self.tools.setTextFormat(Qt.TextFormat.RichText)
@@ -151,6 +197,7 @@ class MessageWidget(QFrame):
         lay.setSpacing(2)
         lay.addLayout(top)
         lay.addWidget(self.context)
+        lay.addWidget(self.thinking)
         lay.addWidget(self.body)
         lay.addWidget(self.tools)
         lay.addWidget(self.footer)
@@ -186,6 +233,7 @@ class MessageWidget(QFrame):
                  f" #msg_{self.role} QLabel {{ color: {theme.css(text)}; }}"
                  f" #msg_{self.role} QLabel#msgFooter {{ color: {theme.css(theme.muted(pal))}; }}"
                  f" #msg_{self.role} QLabel#msgContext {{ color: {theme.css(theme.muted(pal))}; }}"
+                 f" #msg_{self.role} QLabel#thinkText {{ color: {theme.css(theme.muted(pal))}; }}"
                  f" #msg_{self.role} QToolButton {{ color: {theme.css(text)}; }}")
         if style != self._style:
             self._style = style
@@ -219,6 +267,8 @@ class MessageWidget(QFrame):
         streaming = status == "streaming"
         self.regen_btn.setEnabled(not streaming)
         self.edit_btn.setEnabled(not streaming)
+        if hasattr(self, "thinking"):
+            self._show_thinking()
 
     def set_stats(self, stats: dict[str, Any]) -> None:
         """Why the answer ended and how fast it was written (assistant messages)."""
@@ -229,6 +279,7 @@ class MessageWidget(QFrame):
         note = str(self.stats.get("context_note") or "") if self.role == "assistant" else ""
         self.context.setText(note)
         self.context.setVisible(bool(note))
+        self._show_thinking()
         calls = self.stats.get("tool_calls") or [] if self.role == "assistant" else []
         if self.stats.get("tool_loop"):
             calls = []  # MCP calls: each has its own card below the answer (ui/tool_card.py)
@@ -253,6 +304,15 @@ class MessageWidget(QFrame):
         idx, count = self.version
         self.prev_btn.setEnabled(enabled and idx > 1)
         self.next_btn.setEnabled(enabled and idx < count)
+
+    def _show_thinking(self) -> None:
+        self.thinking.show_thinking(str(self.stats.get("reasoning") or ""), self.stats,
+                                    streaming=self.status == "streaming")
+
+    def think(self, stats: dict[str, Any]) -> None:
+        """Streaming: the thinking grew (stats: reasoning, reasoning_tokens, reasoning_s)."""
+        self.stats.update({k: stats[k] for k in ("reasoning", "reasoning_tokens", "reasoning_s") if k in stats})
+        self._show_thinking()
 
     def append(self, piece: str) -> None:
         """Streaming: add text now, re-render the Markdown soon (coalesced)."""

@@ -38,11 +38,13 @@ class ModelChoice:
     size_bytes: int = 0
     fit: str = "unknown"
     n_gpu_layers: int = 0
+    n_cpu_moe: int = 0  # a mixture of experts: the first N layers' experts stay in RAM (core/planner.py)
     n_ctx: int = 4096
     pred_prefill_tok_s: float | None = None
     pred_decode_tok_s: float | None = None
     recommended: bool = False
     note: str = ""
+    capabilities: tuple[str, ...] = ()  # reasoning, tools, vision, moe (core/catalog.py)
     draft: ModelChoice | None = None
 
     @property
@@ -222,6 +224,7 @@ class ModelServices:
                 continue
             best.recommended = not out
             best.source = "catalog"
+            best.capabilities = tuple(dict.fromkeys(e.capabilities + best.capabilities))
             if (d := cat.draft_for(e.id)) is not None:
                 best.draft = self._draft_choice(d.repo, d.name)
             out.append(best)
@@ -253,9 +256,13 @@ class ModelServices:
         info = read_gguf(f"hf://{repo}/{ref.first}")
         by_file = {m.first: m for m in models}
         ranked = planner.rank_quants([(m.first, m.size) for m in models], info, hw)
+        from ggufdesk.core.catalog import capabilities_of
+
+        caps = capabilities_of(info)
         return [ModelChoice(
             label=f"{label or repo.split('/')[-1]} {r.quant or r.file}", source="repo", repo=repo,
             filename=r.file, size_bytes=r.size, fit=r.plan.fit, n_gpu_layers=r.plan.n_gpu_layers,
+            n_cpu_moe=r.plan.n_cpu_moe, capabilities=caps,
             n_ctx=r.plan.n_ctx, pred_prefill_tok_s=r.plan.pred_prefill_tok_s,
             pred_decode_tok_s=r.plan.pred_decode_tok_s, recommended=r.recommended,
             note=r.plan.explanation + (f" ({len(by_file[r.file].files)} parts)"
@@ -289,11 +296,16 @@ class ModelServices:
 
         target = str(choice.path) if choice.path else f"hf://{choice.repo}/{choice.filename}"
         try:
-            pl = planner.plan(read_gguf(target), hw, n_ctx=choice.n_ctx)
+            info = read_gguf(target)
+            pl = planner.plan(info, hw, n_ctx=choice.n_ctx)
         except KnownError as e:
             log.info("planning %s failed: %s", choice.label, e)
             return replace(rough_plan(choice, hw), note=str(e))
-        return replace(choice, fit=pl.fit, n_gpu_layers=pl.n_gpu_layers, n_ctx=pl.n_ctx,
+        from ggufdesk.core.catalog import capabilities_of
+
+        caps = tuple(dict.fromkeys(choice.capabilities + capabilities_of(info)))
+        return replace(choice, fit=pl.fit, n_gpu_layers=pl.n_gpu_layers, n_cpu_moe=pl.n_cpu_moe, n_ctx=pl.n_ctx,
+                       capabilities=caps,
                        pred_prefill_tok_s=pl.pred_prefill_tok_s,
                        pred_decode_tok_s=pl.pred_decode_tok_s, note=pl.explanation)
 
@@ -343,7 +355,7 @@ class ModelServices:
             self.hw = hw
             pl = planner.plan(info, hw, n_ctx=load.n_ctx, n_gpu_layers=load.n_gpu_layers,
                               n_ubatch=load.n_ubatch, type_k=load.type_k, type_v=load.type_v,
-                              flash_attn=load.flash_attn)
+                              flash_attn=load.flash_attn, n_cpu_moe=load.n_cpu_moe)
         except KnownError as e:
             log.info("no memory estimate for %s: %s", model, e)
             return None
@@ -356,5 +368,6 @@ class ModelServices:
     def recommended_settings(self, model: str | None) -> tuple[LoadSettings, SpeculationSettings]:
         if model and self.hw is not None and Path(model).is_file():
             c = self.choice_for_file(Path(model), self.hw)
-            return LoadSettings(n_gpu_layers=c.n_gpu_layers, n_ctx=c.n_ctx), SpeculationSettings()
+            return (LoadSettings(n_gpu_layers=c.n_gpu_layers, n_cpu_moe=c.n_cpu_moe, n_ctx=c.n_ctx),
+                    SpeculationSettings())
         return LoadSettings(), SpeculationSettings()

@@ -451,7 +451,8 @@ class ModelWizard(QWizard):
             spec = (SpeculationSettings(mode="draft", draft_model=str(self.draft_path))
                     if self.draft_path else SpeculationSettings())
             self.selection = Selection(path=Path(self.model_path), speculation=spec,
-                                       load=LoadSettings(n_gpu_layers=c.n_gpu_layers, n_ctx=c.n_ctx))
+                                       load=LoadSettings(n_gpu_layers=c.n_gpu_layers, n_cpu_moe=c.n_cpu_moe,
+                                                         n_ctx=c.n_ctx))
         super().accept()
 
     def reject(self) -> None:

@@ -23,6 +23,7 @@ from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.batching.generate import Drafter, Generator, RunStats, llama_perf, make_sampler
 from ggufdesk.engine.structured.grammar import GrammarConstraint
+from ggufdesk.engine.structured.reasoning import ReasoningControl
 from ggufdesk.engine.structured.request import Structured
 from ggufdesk.engine.runtime.native import LoadedModel
 from ggufdesk.engine.batching.disk_cache import DiskCache
@@ -53,12 +54,14 @@ class Sequence:
     stream: TextStream | None = None
     n_done: int = 0  # prompt tokens in the KV cache
     last: int = -1  # the sampled token not yet in the KV cache
-    pieces: list[str] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)  # the answer's text
+    thoughts: list[str] = field(default_factory=list)  # a reasoning model's thinking
     pending_lp: list[dict[str, Any]] = field(default_factory=list)
     next_stats: float = 0.0
     alone: bool = True  # never shared a step with another request (then llama_perf is its own)
     constraint: GrammarConstraint | None = None  # structured output: every token must fit its grammar
     structured: Structured | None = None  # what the request asked for (tool calls are parsed at the end)
+    reasoning: ReasoningControl | None = None  # a reasoning model: its split and budget
     paused_steps: int = 0  # steps decoded in a batch while it had a drafter
     ctx: ContextUse = field(default_factory=ContextUse)  # overflow policy, what it dropped, what it restored
 
@@ -310,6 +313,12 @@ class BatchEngine:
     # ---- sampling and output ------------------------------------------------------------------
 
     def _sample(self, s: Sequence, row: int) -> int:
+        free = s.constraint is None or s.constraint.awaiting  # an active grammar decides every token
+        forced = s.reasoning.forced() if s.reasoning is not None and free else None
+        if forced is not None:  # the reasoning budget ran out: the tokens that close the block
+            if s.constraint is not None:
+                s.constraint.accept(forced)
+            return forced
         if s.constraint is not None:  # engine/structured/grammar.py: check the sampled token, resample if rejected
             t = s.constraint.sample(self.gen.logits_row(row), s.sampler)
         else:
@@ -355,11 +364,18 @@ class BatchEngine:
             s.next_stats = now + STATS_EVERY_S
         return True
 
-    def _text_out(self, s: Sequence, text: str) -> None:
-        if text:
-            s.pieces.append(text)
-            lp, s.pending_lp = (s.pending_lp or None), []
-            self.emit(P.Token(id=s.rid, text=text, logprobs=lp if s.logprobs else None))
+    def _text_out(self, s: Sequence, text: str, *, final: bool = False) -> None:
+        if s.reasoning is not None:  # a reasoning model: its thinking and its answer apart
+            parts = s.reasoning.take(text) if text else []
+            for is_reasoning, piece in parts + (s.reasoning.finish() if final else []):
+                self._emit_text(s, piece, is_reasoning)
+        elif text:
+            self._emit_text(s, text, False)
+
+    def _emit_text(self, s: Sequence, text: str, reasoning: bool) -> None:
+        (s.thoughts if reasoning else s.pieces).append(text)
+        lp, s.pending_lp = (s.pending_lp or None), []
+        self.emit(P.Token(id=s.rid, text=text, logprobs=lp if s.logprobs else None, reasoning=reasoning))
 
     def _stats(self, s: Sequence, *, final: bool) -> P.Stats:
         st = s.stats
@@ -398,20 +414,25 @@ class BatchEngine:
             self.disk.save(slot)
         if reason == "cancelled":
             self.emit(P.Done(id=s.rid, finish_reason="cancelled", text="".join(s.pieces), tokens=s.stats.tokens,
+                             reasoning="".join(s.thoughts) if s.reasoning is not None else None,
                              usage=usage(s), overflow=s.ctx.applied))
             return
         if s.stream is not None:
-            self._text_out(s, s.stream.flush())
+            self._text_out(s, s.stream.flush(), final=True)
         st = s.stats
         final = self._stats(s, final=True)
         self.emit(final)
         text = "".join(s.pieces)
-        content, calls = s.structured.parse(text) if s.structured is not None else (text, [])
+        parsed = s.structured.parse(text) if s.structured is not None else None
+        calls = parsed.calls if parsed is not None else []
         if calls and reason == "stop":
             reason = "tool_calls"
         self.emit(P.Done(id=s.rid, finish_reason=reason, text=text, tokens=st.tokens, usage=usage(s),
-                         overflow=s.ctx.applied, tool_calls=calls, content=content if calls else None,
-                         stop=s.stream.matched if s.stream is not None and reason == "stop" else None))
+                         overflow=s.ctx.applied, tool_calls=calls,
+                         content=parsed.content if calls and parsed is not None else None,
+                         stop=s.stream.matched if s.stream is not None and reason == "stop" else None,
+                         reasoning="".join(s.thoughts) if s.reasoning is not None else None,
+                         warnings=parsed.warnings if parsed is not None else []))
         if started and s.alone and s.drafter is None and self.on_plain_done is not None:
             self.on_plain_done(final)  # the figures the user saw
 
@@ -473,8 +494,11 @@ def fill_batch(batch: internals.LlamaBatch, rows: list[tuple[int, int, int, bool
 def usage(s: Sequence) -> dict[str, int]:
     """A Done's usage: token counts, what came from a cache, what the overflow policy dropped."""
     st, c = s.stats, s.ctx
-    return {"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen, "cached_tokens": st.n_reused,
-            "restored_tokens": c.restored, "truncated_tokens": c.truncated}
+    out = {"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen, "cached_tokens": st.n_reused,
+           "restored_tokens": c.restored, "truncated_tokens": c.truncated}
+    if s.reasoning is not None:
+        out["reasoning_tokens"] = s.reasoning.tokens
+    return out
 
 
 def context_error(n: int, room: int) -> KnownError:

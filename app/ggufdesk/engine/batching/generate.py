@@ -138,6 +138,18 @@ class Generator:
             p = self._pieces[token] = token_piece(self.lm.vocab, token, self._piece_buf)
         return p
 
+    def show_as_text(self, texts: tuple[str, ...] | list[str]) -> list[str]:
+        """Make these special tokens (a format's markers: <think>, [TOOL_CALLS], harmony's channels)
+        come out as their text, where llama.cpp renders control tokens as nothing; returns the ones
+        changed."""
+        shown = []
+        for text in dict.fromkeys(texts):
+            toks = self.tokenize(text, add_bos=False)
+            if len(toks) == 1 and not self.piece(toks[0]):
+                self._pieces[toks[0]] = text.encode("utf-8")
+                shown.append(text)
+        return shown
+
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.lm.vocab, token))
 

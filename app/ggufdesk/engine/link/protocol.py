@@ -77,6 +77,10 @@ class Generate:
     tools: list[dict[str, Any]] | None = None  # OpenAI-style function tools (chat requests)
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
     parallel_tool_calls: bool = False  # up to 4 calls in one answer (off: one, as llama-server)
+    # reasoning models (core/reasoning.py): None = the template's default; True/False; or an effort
+    # "low"|"medium"|"high"; an off switch the template lacks becomes a budget of 0
+    think: bool | str | None = None
+    reasoning_budget: int | None = None  # reasoning tokens before the engine closes the block (None: no limit)
     # tools whose parameters the grammar cannot enforce: offered, their arguments only held to be an object
     tools_without_grammar: list[str] | None = None
 
@@ -141,6 +145,8 @@ class Loaded:
     n_layer: int = 0
     n_gpu_layers: int = 0
     chat_format: str = "completion"  # "template" | "builtin:<name>" | "completion"
+    reasoning: str | None = None  # the template's reasoning format (core/reasoning.py), None: none
+    tool_format: str = "generic"  # the template's tool-call format (core/tools.py)
     memory: dict[str, int] = field(default_factory=dict)  # weights/kv/compute/draft bytes
     load_s: float = 0.0
     draft: str | None = None
@@ -183,6 +189,7 @@ class Token:
     # with Generate.logprobs: one entry per token behind `text`:
     # {"token": str, "logprob": float, "top": [{"token": str, "logprob": float}, ...]}
     logprobs: list[dict[str, Any]] | None = None
+    reasoning: bool = False  # a reasoning model's thinking, not its answer
 
 
 @dataclass(kw_only=True)
@@ -232,6 +239,8 @@ class Done:
     content: str | None = None  # with tool calls: the text that is not a call
     stop: str | None = None  # finish_reason "stop" because of this stop string (None: end of generation)
     overflow: str = ""  # the overflow policy that dropped usage["truncated_tokens"] ("" when none was dropped)
+    reasoning: str | None = None  # a reasoning model's thinking (`text` is then the answer alone)
+    warnings: list[str] = field(default_factory=list)  # e.g. a tool call that could not be read
 
 
 @dataclass(kw_only=True)

@@ -54,3 +54,29 @@ def ggml_devices() -> list[dict]:
     except (OSError, AttributeError) as e:
         log.warning("ggml device list unavailable: %s", e)
         return []
+
+
+class _BuftOverride(ctypes.Structure):
+    """struct llama_model_tensor_buft_override {const char * pattern; ggml_backend_buffer_type_t buft;}"""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def experts_on_cpu(n_layers: int) -> tuple[list[bytes], ctypes.Array]:
+    """The tensor buffer overrides that keep the routed experts of layers 0..n_layers-1 in host memory
+    (llama.cpp's --n-cpu-moe N): one pattern per layer, as llama.cpp's own option writes them, the
+    CPU device's buffer type, NULL-terminated. Returns (the patterns, the array): both must outlive
+    the model load, which reads them (llama_model_params.tensor_buft_overrides, a pointer in
+    llama-cpp-python 0.3.36's struct, which binds no helper for it)."""
+    lib = _libggml()
+    lib.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    lib.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    cpu = lib.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    buft = lib.ggml_backend_dev_buffer_type(cpu) if cpu else None
+    if not buft:
+        raise OSError("ggml has no CPU buffer type")
+    patterns = [rf"blk\.{i}\.ffn_(up|down|gate|gate_up)_(ch|)exps".encode() for i in range(n_layers)]
+    arr = (_BuftOverride * (len(patterns) + 1))(*[_BuftOverride(p, buft) for p in patterns], _BuftOverride(None, None))
+    return patterns, arr

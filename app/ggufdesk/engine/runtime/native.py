@@ -200,6 +200,15 @@ def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog, *,
                          (False, True): llama_cpp.LLAMA_LOAD_MODE_MLOCK,
                          (False, False): llama_cpp.LLAMA_LOAD_MODE_NONE}[(settings.use_mmap, settings.use_mlock)]
     _keep = apply_offload(mparams, offload) if offload is not None else []  # arrays llama.cpp reads
+    if settings.n_cpu_moe:  # routed experts of the first N layers in RAM, the rest of them on the GPU
+        from ggufdesk.engine.runtime.devices import experts_on_cpu
+
+        try:
+            patterns, overrides = experts_on_cpu(settings.n_cpu_moe)
+        except (OSError, AttributeError) as e:
+            raise KnownError(f"cannot keep the experts on the CPU with this llama.cpp build: {e}") from None
+        mparams.tensor_buft_overrides = ctypes.addressof(overrides)
+        _keep += [patterns, overrides]
     try:
         model = internals.LlamaModel(path_model=path, params=mparams, verbose=True)
     except ValueError:

@@ -48,6 +48,7 @@ class Fitted:
     truncated_tokens: int = 0  # prompt tokens dropped to fit
     dropped_messages: int = 0  # whole messages dropped (rolling)
     n_keep: int = 0  # leading tokens a context shift never discards (BOS, the system prompt)
+    messages: Messages | None = None  # a chat's messages as they were rendered into `tokens`
 
     @property
     def applied(self) -> str:
@@ -123,7 +124,7 @@ def fit_chat(messages: Messages, policy: str, *, render: Render, budget: int, to
     known() gives the token sequences the KV caches hold, which rolling prefers to cut at)."""
     tokens = render(messages)
     if len(tokens) <= budget:
-        fitted = Fitted(tokens, policy)
+        fitted = Fitted(tokens, policy, messages=messages)
     elif policy == "error":
         raise too_long(len(tokens), budget)
     elif policy == "truncate-middle":
@@ -132,10 +133,11 @@ def fit_chat(messages: Messages, policy: str, *, render: Render, budget: int, to
                                   tokenize=tokenize, detokenize=detokenize)
     else:  # rolling, shift
         kept, kept_tokens, dropped = roll(messages, render, budget, too_long, known=known)
-        fitted = Fitted(kept_tokens, policy, dropped_messages=dropped, truncated_tokens=len(tokens) - len(kept_tokens))
-        messages = kept
+        fitted = Fitted(kept_tokens, policy, dropped_messages=dropped, truncated_tokens=len(tokens) - len(kept_tokens),
+                        messages=kept)
     if policy == "shift":
-        fitted.n_keep = system_keep(messages, fitted.tokens, render, bos=fitted.tokens[:1] == [bos_id])
+        fitted.n_keep = system_keep(fitted.messages or messages, fitted.tokens, render,
+                                    bos=fitted.tokens[:1] == [bos_id])
     return fitted
 
 
@@ -179,26 +181,27 @@ def _truncate_middle(messages: Messages, tokens: list[int], *, render: Render, b
     """Cut the middle of the longest message (one long prompt); when that is not enough, leave out
     whole messages from the middle of the conversation (the system prompt, the first message and the
     newest ones stay), then cut the longest message that is left."""
-    def cut(msgs: Messages) -> list[int] | None:
+    def cut(msgs: Messages) -> tuple[Messages, list[int]] | None:
         return _cut_longest(msgs, render=render, budget=budget, tokenize=tokenize, detokenize=detokenize)
 
     kept = cut(messages)
     dropped = 0
     if kept is None:
         middle, dropped = drop_middle(messages, lambda m: len(render(m)), budget)
-        kept = render(middle)
-        if len(kept) > budget:
+        kept = middle, render(middle)
+        if len(kept[1]) > budget:
             kept = cut(middle)
     if kept is None:
         raise too_long(len(tokens), budget)
-    return Fitted(kept, "truncate-middle", truncated_tokens=len(tokens) - len(kept), dropped_messages=dropped)
+    return Fitted(kept[1], "truncate-middle", truncated_tokens=len(tokens) - len(kept[1]), dropped_messages=dropped,
+                  messages=kept[0])
 
 
 def _cut_longest(messages: Messages, *, render: Render, budget: int, tokenize: Callable[[str], list[int]],
-                 detokenize: Callable[[list[int]], str]) -> list[int] | None:
-    """The prompt with the middle of its longest message cut so that it fits (None: that message
-    cannot give enough and keep MIN_KEPT of its tokens)."""
-    texts = [m.get("content") if isinstance(m.get("content"), str) else "" for m in messages]
+                 detokenize: Callable[[list[int]], str]) -> tuple[Messages, list[int]] | None:
+    """The messages with the middle of the longest one cut so that they fit, and their prompt (None:
+    that message cannot give enough and keep MIN_KEPT of its tokens)."""
+    texts = [c if isinstance(c := m.get("content"), str) else "" for m in messages]
     i = max(range(len(messages)), key=lambda j: len(texts[j]))
     body = tokenize(texts[i])
     keep = len(body) - (len(render(messages)) - budget)
@@ -208,10 +211,10 @@ def _cut_longest(messages: Messages, *, render: Render, budget: int, tokenize: C
         text = detokenize(cut_middle(body, keep))
         if text[:1].isspace() and not texts[i][:1].isspace():
             text = text[1:]  # the tokenizer's own leading space (SentencePiece's dummy prefix)
-        shorter = {**messages[i], "content": text}
-        kept = render([*messages[:i], shorter, *messages[i + 1:]])
+        shorter = [*messages[:i], {**messages[i], "content": text}, *messages[i + 1:]]
+        kept = render(shorter)
         if len(kept) <= budget:
-            return kept
+            return shorter, kept
         keep -= len(kept) - budget
     return None
 

@@ -136,6 +136,9 @@ class Engine:
         self.lm = None
         self.gen = None
         self.template = None
+        self.reasoning: Any = None  # core.reasoning.ReasoningFormat of the loaded model's template
+        self.tool_format: Any = None  # core.tools.ToolFormat of it
+        self._prompt_text = ""  # the last chat prompt rendered (where a reasoning block starts)
         self.speculation = SpeculationSettings()
         self.draft = None  # speculative.DraftModel
         self.batch = None  # batch.BatchEngine: runs the admitted requests step by step
@@ -207,6 +210,7 @@ class Engine:
         except KnownError as e:
             self.emit(P.Error(kind="template", id=req.id, message=str(e)))
             self.template = ChatTemplate(None, bos=bos, eos=eos)
+        self._formats()
         memory = dict(lm.memory)
         if spec.mode == "draft":
             self.emit(P.Loading(id=req.id, stage="draft", path=str(spec.draft_model)))
@@ -231,9 +235,39 @@ class Engine:
             id=req.id, model=req.model, arch=lm.arch, n_ctx=lm.n_ctx, n_ctx_train=lm.model.n_ctx_train(),
             n_vocab=lm.n_vocab, n_layer=lm.n_layer, n_gpu_layers=settings.n_gpu_layers,
             chat_format=chat_format, memory=memory, load_s=round(lm.load_s, 3),
+            reasoning=self.reasoning.name if self.reasoning else None, tool_format=self.tool_format.name,
             draft=self.draft.path if self.draft else None, settings=P.fields_of(settings),
             rpc=offload.plan if offload else {}, n_embd=_n_embd(lm), embedding_only=self.embedding_only,
         ))
+
+    def _formats(self) -> None:
+        """The template's reasoning and tool-call formats; their special tokens are shown as text."""
+        from ggufdesk.core import reasoning, tools
+
+        source = None if self.template.builtin else self.template.source
+        self.reasoning = reasoning.detect(source)
+        self.tool_format = tools.detect_format(source)
+        markers = self.tool_format.tokens + (self.reasoning.tokens if self.reasoning else ())
+        shown = self.gen.show_as_text(markers)
+        if shown:
+            log.info("shown as text: %s", " ".join(shown))
+
+    def _reasoning(self, req: P.Generate, sampling: SamplingSettings, prompt_text: str) -> Any:
+        """The request's ReasoningControl (engine/structured/reasoning.py), None for a model that does not reason."""
+        from ggufdesk.core.reasoning import starts_inside, template_switches
+        from ggufdesk.engine.structured.reasoning import ReasoningControl
+
+        if self.reasoning is None or req.messages is None:
+            return None
+        budget = req.reasoning_budget if req.reasoning_budget is not None else sampling.reasoning_budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < -1:
+            raise KnownError(f"reasoning_budget must be a whole number of tokens (-1: no limit), got {budget!r}")
+        _, honoured = template_switches(self.template.source, _think(req, sampling))
+        if not honoured:
+            budget = 0  # the template has no off switch: end the reasoning at once
+        close = self.gen.tokenize(self.reasoning.force_close, add_bos=False)
+        return ReasoningControl(self.reasoning, inside=starts_inside(self.reasoning, prompt_text),
+                                budget=None if budget in (None, -1) else budget, close_tokens=close)
 
     def unload(self, quiet: bool = False) -> None:
         if self.batch is not None:
@@ -307,15 +341,17 @@ class Engine:
                 sampling = dataclasses.replace(sampling, stop=sampling.stop + stops)
             constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=self.gen.piece,
                                                tokenize=lambda t: self.gen.tokenize(t, add_bos=False))
+            thinking = self._reasoning(req, sampling, self._prompt_text)
             try:  # from here on the grammar's C sampler is ours to free if the request never runs
-                drafter = None if constraint else self._drafter(spec, prompt, sampling.max_tokens)
+                budgeted = thinking is not None and thinking.budget is not None
+                drafter = None if constraint or budgeted else self._drafter(spec, prompt, sampling.max_tokens)
                 if spec.lookup_history and self.ngrams is not None:
                     self._lookup_prompts[req.id] = prompt
                 room = sampling.max_tokens if use.shifting else self.lm.n_ctx - len(prompt)  # shift: no edge
                 seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs,
                                drafter=drafter, max_gen=min(sampling.max_tokens, room),
                                stats=RunStats(n_prompt=len(prompt), t_start=t_start),
-                               constraint=constraint, structured=structured, ctx=use)
+                               constraint=constraint, structured=structured, reasoning=thinking, ctx=use)
                 self.batch.submit(seq)
                 if use.truncated or use.note:
                     self._emit(self.batch.overflow_event(seq))
@@ -451,7 +487,7 @@ class Engine:
             return structured.plan(**fields, parallel_tool_calls=req.parallel_tool_calls,
                                    tools_without_grammar=req.tools_without_grammar,
                                    template_source=self.template.source,
-                                   chat=req.messages is not None)
+                                   chat=req.messages is not None, reasoning=self.reasoning is not None)
         except KnownError as e:
             e.kind = "schema"  # type: ignore[attr-defined]
             raise
@@ -470,6 +506,7 @@ class Engine:
         (engine/runtime/overflow.py), and the template's stop strings."""
         import llama_cpp
 
+        from ggufdesk.core.reasoning import strip_reasoning, template_switches
         from ggufdesk.engine.batching.batch import context_error
         from ggufdesk.engine.runtime import overflow
         from ggufdesk.engine.structured.request import prepare_messages
@@ -481,10 +518,17 @@ class Engine:
             tools = structured.tools if structured is not None and structured.fmt is not None \
                 and structured.fmt.native else None
             msgs = prepare_messages(req.messages, structured) if structured is not None else req.messages
+            msgs = strip_reasoning(msgs, self.reasoning)
+            switches, _ = template_switches(self.template.source, _think(req, sampling))
+
+            def render(m: list[dict[str, Any]]) -> list[int]:
+                return self._chat_tokens(m, tools, switches)
+
             fitted = overflow.fit_chat(
-                msgs, policy, render=lambda m: self._chat_tokens(m, tools), budget=budget, too_long=context_error,
+                msgs, policy, render=render, budget=budget, too_long=context_error,
                 tokenize=lambda t: gen.tokenize(t, add_bos=False), detokenize=self._detokenize, bos_id=bos,
                 known=self._cached_sequences)
+            render(fitted.messages)  # (the text of the prompt that runs: the reasoning reads it)
             return fitted, list(self.template.stops)
         if req.prompt is None:
             raise KnownError("a generate request needs a prompt or messages")
@@ -503,8 +547,10 @@ class Engine:
     def _detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.gen.piece(t) for t in tokens).decode("utf-8", "replace")
 
-    def _chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        text = self.template.render(messages, tools=tools)
+    def _chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                     switches: dict[str, Any] | None = None) -> list[int]:
+        text = self.template.render(messages, tools=tools, **(switches or {}))
+        self._prompt_text = text
         bos = llama_bos_text(self.gen)
         return self.gen.tokenize(text, add_bos=not (bos and text.startswith(bos)))
 
@@ -552,6 +598,13 @@ def out_of_memory(reason: str) -> bool:
     """Does llama.cpp's reason for a failure say that memory ran out? (Read once, here, where
     llama.cpp's words are known; the receivers branch on Error.out_of_memory.)"""
     return bool(_OOM.search(reason))
+
+
+def _think(req: P.Generate, sampling: SamplingSettings) -> bool | str | None:
+    """The request's `think`, else the conversation's setting."""
+    from ggufdesk.core.settings import think_value
+
+    return req.think if req.think is not None else think_value(sampling.think)
 
 
 def _n_embd(lm: Any) -> int:

@@ -140,8 +140,12 @@ class ToolGrammar:
     lazy: bool  # auto: free text until the marker, then the grammar
 
 
-def _openings(fmt: ToolFormat) -> list[bytes]:
-    """Every way the grammar lets a call begin, up to the function name's opening quote."""
+def _openings(fmt: ToolFormat, tools: list[dict[str, Any]] | None = None) -> list[bytes]:
+    """Every way the grammar lets a call begin, as far as the triggering token may reach: up to the
+    function name's opening quote (JSON formats) or through the name (harmony's text trigger)."""
+    if fmt.name == "harmony":
+        tails = ("", " ", " <|constrain|>json", " json", "<|channel|>commentary")
+        return [(fmt.marker + t["function"]["name"] + tail).encode() for t in tools or [] for tail in tails]
     heads = [fmt.marker + w for w in ("", " ", "\n")] if fmt.name != "llama3" else [""]
     out = []
     for head in heads:
@@ -150,9 +154,95 @@ def _openings(fmt: ToolFormat) -> list[bytes]:
     return out
 
 
+def _lit(text: str) -> str:
+    """A GBNF string literal."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _schema_rules(schemas: dict[str, dict[str, Any]]) -> str:
+    """GBNF rules named after the keys of `schemas`, one grammar sharing the JSON primitives (no root)."""
+    conv = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    try:
+        for name, schema in schemas.items():
+            S.check_schema(schema)
+            ref = conv.visit(conv.resolve_refs(json.loads(json.dumps(schema)), "input"), name)
+            if ref != name:  # a primitive comes back under its own rule's name
+                conv._add_rule(name, ref)
+    except S.SchemaError:
+        raise
+    except (AssertionError, ValueError, KeyError, TypeError, RecursionError, NotImplementedError) as e:
+        raise S.SchemaError(f"the schema cannot be turned into a grammar: {e or type(e).__name__}") from None
+    return conv.format_grammar()
+
+
+def _params(tools: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(t["function"]["name"], t["function"].get("parameters") or {"type": "object"}) for t in tools]
+
+
+def _deepseek_grammar(tools: list[dict[str, Any]], fmt: ToolFormat, parallel: bool) -> str:
+    named = _params(tools)
+    rules = _schema_rules({f"args{i}": p for i, (_, p) in enumerate(named)})
+    if fmt.name == "deepseek_r1":
+        alts = [f'{_lit(n + chr(10) + "```json" + chr(10))} args{i} {_lit(chr(10) + "```")}'
+                for i, (n, _) in enumerate(named)]
+        tc = f'tc ::= {_lit(T.DS_CALL + "function" + T.DS_SEP)} ({" | ".join(alts)}) {_lit(T.DS_CALL_END)}'
+    else:
+        alts = [f"{_lit(n + T.DS_SEP)} args{i}" for i, (n, _) in enumerate(named)]
+        tc = f'tc ::= {_lit(T.DS_CALL)} ({" | ".join(alts)}) {_lit(T.DS_CALL_END)}'
+    more = ' ("\\n"? tc){0,3}' if parallel else ""
+    root = f'root ::= {_lit(T.DS_CALLS)} tc{more} {_lit(T.DS_CALLS_END)}'
+    return "\n".join([root, tc, rules])
+
+
+def _harmony_grammar(tools: list[dict[str, Any]]) -> str:
+    """`to=functions.NAME`, the rest of the header (either order harmony allows), the JSON arguments."""
+    named = _params(tools)
+    rules = _schema_rules({f"args{i}": p for i, (_, p) in enumerate(named)})
+    alts = [f"{_lit(n)} hdr {_lit('<|message|>')} args{i}" for i, (n, _) in enumerate(named)]
+    hdr = 'hdr ::= ([ ]? ("<|channel|>commentary" | "<|constrain|>" | "json"))*'
+    return "\n".join([f'root ::= "to=functions." ({" | ".join(alts)})', hdr, rules])
+
+
+def _xml_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
+    """Qwen3-Coder: <tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function></tool_call>;
+    a string value is raw text, any other value the JSON its schema says. The required parameters
+    come first, in the schema's order (as the template lists them), then any optional ones."""
+    schemas: dict[str, dict[str, Any]] = {}
+    funcs = []
+    for i, (name, params) in enumerate(_params(tools)):
+        props = params.get("properties") or {}
+        required = [k for k in props if k in (params.get("required") or [])]
+        ps, req = [], []
+        for k, (key, sub) in enumerate(props.items()):
+            plain = isinstance(sub, dict) and not ({"enum", "const", "pattern"} & sub.keys())
+            words = sub.get("enum", [sub.get("const")]) if isinstance(sub, dict) else None
+            if plain and sub.get("type") == "string":
+                value = "xml-text"
+            elif isinstance(words, list) and words and all(isinstance(w, str) for w in words):
+                value = "(" + " | ".join(_lit(w) for w in words) + ")"  # raw text, as XML values are
+            else:
+                value = f"v{i}-{k}"
+                schemas[value] = sub if isinstance(sub, dict) else {}
+            one = f'{_lit("<parameter=" + key + ">")} nl {value} nl "</parameter>" nl'
+            (req if key in required else ps).append(one)
+        body = " ".join(f"({r})" for r in req) + (f' ({" | ".join(ps)})*' if ps else "")
+        funcs.append(f'{_lit("<function=" + name + ">")} nl {body} "</function>"')
+    rules = _schema_rules(schemas) if schemas else ""
+    more = " (nl tc){0,3}" if parallel else ""
+    return "\n".join([f"root ::= tc{more}", f'tc ::= "<tool_call>" nl ({" | ".join(funcs)}) nl "</tool_call>"',
+                      'nl ::= "\\n"?', 'xml-text ::= ([^<] | "<" [^/])*', rules])
+
+
 def tool_grammar(tools: list[dict[str, Any]], fmt: ToolFormat, mode: str, *,
                  parallel: bool = False) -> ToolGrammar:
     """The grammar of one call (parallel: one to four) to `tools` in `fmt` (mode: "required" or "auto")."""
+    lazy = mode == "auto"
+    if fmt.name in ("deepseek_r1", "deepseek_v3"):
+        return ToolGrammar(gbnf=_deepseek_grammar(tools, fmt, parallel), marker=fmt.marker, lazy=lazy)
+    if fmt.name == "harmony":
+        return ToolGrammar(gbnf=_harmony_grammar(tools), marker=fmt.marker, lazy=True)
+    if fmt.name == "qwen3_coder":
+        return ToolGrammar(gbnf=_xml_grammar(tools, parallel), marker=fmt.marker, lazy=lazy)
     call = schema_to_gbnf(T.call_schema(tools, fmt))
     call = re.sub(r"^root ::=", "call ::=", call, flags=re.M)
     ws = '[ \\n]?'
@@ -165,7 +255,7 @@ def tool_grammar(tools: list[dict[str, Any]], fmt: ToolFormat, mode: str, *,
         more = f" ({ws} tc){{0,3}}" if parallel else ""
         root = (f'root ::= tc{more}\n'
                 f'tc ::= "<tool_call>" {ws} call {ws} "</tool_call>"')
-    return ToolGrammar(gbnf=root + "\n" + call, marker=fmt.marker, lazy=mode == "auto")
+    return ToolGrammar(gbnf=root + "\n" + call, marker=fmt.marker, lazy=lazy)
 
 
 # ---- the sampler ------------------------------------------------------------------------------

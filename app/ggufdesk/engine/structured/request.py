@@ -6,11 +6,13 @@ explained in a system message) and builds the grammar; after generation `finish`
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ggufdesk.core import tools as T
 from ggufdesk.core.schema import SchemaError, json_object_schema
+from ggufdesk.core.toolcalls import Parsed, parse
 from ggufdesk.engine.structured.grammar import GrammarConstraint, _openings, schema_to_gbnf, tool_grammar
 
 
@@ -44,12 +46,13 @@ class Structured:
             marker_tokens = toks if len(toks) == 1 else None
         return GrammarConstraint(
             vocab, n_vocab, self.gbnf, piece=piece, marker=self.marker, marker_tokens=marker_tokens,
-            openings=_openings(self.fmt) if self.fmt is not None and self.marker else None)
+            openings=_openings(self.fmt, self.tools) if self.fmt is not None and self.marker else None)
 
-    def parse(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+    def parse(self, text: str) -> Parsed:
+        """The tool calls in an answer (core/toolcalls.py); none without tools."""
         if not self.tools or self.fmt is None:
-            return text, []
-        return T.parse_calls(text, self.fmt)
+            return Parsed(text)
+        return parse(text, self.fmt, self.tools)
 
 
 def prepare_messages(messages: list[dict[str, Any]], st: Structured) -> list[dict[str, Any]]:
@@ -64,6 +67,8 @@ def prepare_messages(messages: list[dict[str, Any]], st: Structured) -> list[dic
             out.append({"role": "assistant", "content": (m.get("content") or "") + calls})
         elif not native and m.get("role") == "tool":
             out.append({"role": "user", "content": f"<tool_response>\n{m.get('content', '')}\n</tool_response>"})
+        elif native and st.fmt is not None and st.fmt.object_args and m.get("tool_calls"):
+            out.append({**m, "tool_calls": [_object_args(c) for c in m["tool_calls"]]})
         else:
             out.append(m)
     extra = st.system_message()
@@ -75,10 +80,23 @@ def prepare_messages(messages: list[dict[str, Any]], st: Structured) -> list[dic
     return out
 
 
+def _object_args(call: dict[str, Any]) -> dict[str, Any]:
+    """A call with its arguments as an object (templates that write them with `tojson` want one)."""
+    fn = call.get("function") or {}
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except (ValueError, RecursionError):
+            return call
+    return {**call, "function": {**fn, "arguments": args}}
+
+
 def plan(*, json_schema: Any = None, grammar: str | None = None, tools: Any = None,
          tool_choice: Any = None, parallel_tool_calls: bool = False, template_source: str | None,
-         chat: bool, tools_without_grammar: list[str] | None = None) -> Structured:
-    """Resolve a request's structured-output fields; raises SchemaError on anything unsupported."""
+         chat: bool, tools_without_grammar: list[str] | None = None, reasoning: bool = False) -> Structured:
+    """Resolve a request's structured-output fields; raises SchemaError on anything unsupported.
+    reasoning: the model thinks first, so even a required call's grammar waits for its marker."""
     asked = [n for n, v in (("json_schema", json_schema), ("grammar", grammar), ("tools", tools))
              if v is not None]
     if len(asked) > 1:
@@ -103,4 +121,5 @@ def plan(*, json_schema: Any = None, grammar: str | None = None, tools: Any = No
     if mode == "none":
         return Structured()
     tg = tool_grammar(T.loosen(chosen, loose), fmt, mode, parallel=parallel_tool_calls)
-    return Structured(gbnf=tg.gbnf, marker=tg.marker if tg.lazy else None, tools=chosen, fmt=fmt, mode=mode)
+    lazy = tg.lazy or reasoning
+    return Structured(gbnf=tg.gbnf, marker=tg.marker if lazy else None, tools=chosen, fmt=fmt, mode=mode)
