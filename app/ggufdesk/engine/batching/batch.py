@@ -93,6 +93,9 @@ class Memory:
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
         llama_cpp.llama_memory_seq_add(self._mem, seq, p0, p1, delta)
 
+    def seq_pos_min(self, seq: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_min(self._mem, seq))
+
     def can_shift(self) -> bool:
         return bool(llama_cpp.llama_memory_can_shift(self._mem))
 
@@ -119,7 +122,7 @@ class BatchEngine:
         self.n_parallel = s.n_parallel
         self.n_batch = s.n_batch
         self.mem = Memory(lm)
-        self.slots = Slots(s.n_parallel, lm.n_ctx, self.mem)
+        self.slots = Slots(s.n_parallel, lm.n_ctx, self.mem, n_swa=int(llama_cpp.llama_model_n_swa(lm.model.model)))
         self.sched: Scheduler[Sequence] = Scheduler(n_slots=s.n_parallel, n_cells=lm.n_ctx, n_batch=s.n_batch,
                                                     prefill_chunk=s.prefill_chunk)
         self._batch = internals.LlamaBatch(n_tokens=max(s.n_batch, lm.n_outputs, 1), embd=0, n_seq_max=1)
@@ -274,6 +277,8 @@ class BatchEngine:
             self._take(s, self._sample(s, i))
         if completes:
             prefill.stats.t_prefill_end = time.perf_counter()
+            if self.disk is not None:
+                self.disk.prefilled(prefill.slot)
             self._take(prefill, self._sample(prefill, len(rows) - 1))
         return len(part)
 
@@ -411,7 +416,7 @@ class BatchEngine:
         started, slot = s.slot is not None, s.slot
         self._release(s)
         if self.disk is not None and slot is not None:
-            self.disk.save(slot)
+            self.disk.finished(slot)
         if reason == "cancelled":
             self.emit(P.Done(id=s.rid, finish_reason="cancelled", text="".join(s.pieces), tokens=s.stats.tokens,
                              reasoning="".join(s.thoughts) if s.reasoning is not None else None,

@@ -8,6 +8,12 @@ app or the server. The key holds the model file's sha256 (remembered by path, si
 file not hashed before is hashed once, on a thread if it is large, and the cache waits for it).
 Nothing here raises for the disk's sake: a failed save loses that entry, a failed restore is a
 normal prefill.
+
+When: a model without a sliding window saves a sequence when it finishes (its prompt and answer: a
+conversation's next turn after a restart finds both); a model with one (Gemma 3) saves the prompt as
+soon as it is prefilled, because llama.cpp keeps the window's layers only for a sequence's last
+n_swa positions: a later prompt can then start from the saved state only where it ends (or one token
+before), never after cutting the answer off again (engine/batching/prefix_cache.py).
 """
 from __future__ import annotations
 
@@ -46,6 +52,7 @@ class DiskCache:
         self._writer = threading.Thread(target=self._write_loop, name="prompt-cache-writer", daemon=True)
         self._writer.start()
         self.saved = self.restored = 0  # entries, for the log and tests
+        self.swa = bool(llama_cpp.llama_model_n_swa(lm.model.model))  # saved when prefilled, not at the end
 
     @classmethod
     def open(cls, lm: LoadedModel, root: Path | None = None) -> DiskCache | None:
@@ -109,11 +116,22 @@ class DiskCache:
             self.store.remove(entry)
             return 0
         slots.extend(slot, entry.tokens)
+        if not slots.window_holds(slot, n):  # its sliding-window layers end too far after n
+            slots.clear(slot)
+            return 0
         slots.truncate(slot, n)
         self.restored += 1
         return n
 
     # ---- save -------------------------------------------------------------------------------------
+
+    def prefilled(self, slot: Slot) -> bool:
+        """A prompt was prefilled into `slot`: saved now for a sliding-window model."""
+        return self.save(slot) if self.swa else False
+
+    def finished(self, slot: Slot) -> bool:
+        """A sequence ended: what `slot` holds is saved, unless the model has a sliding window."""
+        return False if self.swa else self.save(slot)
 
     def save(self, slot: Slot) -> bool:
         """Queue the KV of what `slot` holds for the disk, unless it is short, already saved (all but

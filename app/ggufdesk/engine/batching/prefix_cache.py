@@ -10,6 +10,13 @@ first when cells run short.
 
 `Slots` mirrors llama.cpp's cell bookkeeping exactly (a cell is free when no sequence holds it)
 so the scheduler knows the free cells without asking llama.cpp, which has no call for it.
+
+Sliding-window attention (Gemma 3: `n_swa` 512): llama.cpp keeps a sequence's sliding-window layers
+only for its last n_swa positions, so a prefix cut back further than that lacks what the next token
+must see. Such a prefix is not reused (llama-server's rule: the smallest position the sequence
+holds must be at most n - n_swa + 1); the whole prompt is prefilled instead. (A sequence in memory
+holds all its positions: llama.cpp's SWA cache is full-size here; a state read back from the disk
+prompt cache holds only the last window.)
 """
 from __future__ import annotations
 
@@ -27,6 +34,8 @@ class Memory(Protocol):
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None: ...
 
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None: ...
+
+    def seq_pos_min(self, seq: int) -> int: ...
 
 
 @dataclass
@@ -57,10 +66,11 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class Slots:
     """The sequences of one context and the cells they hold."""
 
-    def __init__(self, n_slots: int, n_cells: int, memory: Memory) -> None:
+    def __init__(self, n_slots: int, n_cells: int, memory: Memory, *, n_swa: int = 0) -> None:
         self.slots = [Slot(seq=i) for i in range(n_slots)]
         self.n_cells = n_cells
         self.mem = memory
+        self.n_swa = n_swa  # the model's sliding window (0: none)
         self._refs: Counter[int] = Counter()  # cell id -> sequences holding it
         self._ids = itertools.count()
         self._tick = itertools.count(1)
@@ -134,6 +144,14 @@ class Slots:
                 best, n_best = s, n
         return best, n_best
 
+    def window_holds(self, slot: Slot, n: int) -> bool:
+        """Whether `slot` cut back to n positions still holds, in its sliding-window layers, the
+        n_swa positions before n that the next token attends to (always, without a window)."""
+        if not self.n_swa or n >= len(slot.tokens) or not slot.tokens:
+            return True
+        # the token at position n sees positions p with n - p < n_swa (llama.cpp's is_masked_swa)
+        return self.mem.seq_pos_min(slot.seq) <= max(0, n - self.n_swa + 1)
+
     def idle(self) -> list[Slot]:
         return [s for s in self.slots if not s.busy]
 
@@ -148,6 +166,8 @@ class Slots:
             raise RuntimeError("no idle slot")  # the scheduler admits only when one is
         src, n = self.best_match(prompt)
         n = min(n, len(prompt) - 1)
+        if src is not None and n > 0 and not self.window_holds(src, n):
+            n = 0  # its sliding-window layers no longer hold what follows position n
         others = [s for s in idle if s is not src]
         if src is not None and not src.busy and n > 0 and (n == len(src.tokens) or not others):
             slot = src  # continue where it left off (a conversation's next turn)
