@@ -19,7 +19,8 @@ FAKE_ENGINE = [sys.executable, str(ROOT / "tests" / "fixtures" / "fake_engine.py
 class ServeProcess:
     """`python -m ggufdesk serve MODEL --port 0 ...` as a child; waits for its 'ready' line."""
 
-    def __init__(self, model: Path | str, *args: str, home: Path, timeout: float = 120.0) -> None:
+    def __init__(self, model: Path | str, *args: str, home: Path, timeout: float = 120.0,
+                 preexec_fn=None) -> None:
         env = dict(os.environ)
         for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
             env[var] = str(home / var.lower())
@@ -27,6 +28,7 @@ class ServeProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ggufdesk", "serve", str(model), "--port", "0", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT),
+            preexec_fn=preexec_fn,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.stderr: list[str] = []

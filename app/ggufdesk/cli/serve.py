@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import asyncio
+import dataclasses
+import re
 import sys
 import threading
 
@@ -29,6 +30,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body", type=int, default=4 * 1024 * 1024, help="largest request body in bytes")
     # --context-overflow (from add_model_arguments) is each request's default; a request's own
     # "context_overflow" field wins
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web page origin allowed to call the API from a browser, e.g. http://localhost:3000 "
+                        "(repeatable; none by default)")
+    p.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds one generation may take before it is stopped with a 504 (0 = no limit)")
+    p.add_argument("--read-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a request's headers and body may take to arrive")
+    p.add_argument("--max-connections", type=int, default=0, metavar="N",
+                   help="open connections at most (0 = sized from the process's file descriptor limit)")
 
 
 def build(args: argparse.Namespace):
@@ -41,13 +51,22 @@ def build(args: argparse.Namespace):
         raise KnownError("--parallel must be at least 1")
     if args.queue < 0 or args.rate_limit < 0 or args.max_body < 1 or args.prefill_chunk < 0:
         raise KnownError("--queue, --rate-limit and --prefill-chunk cannot be negative, --max-body must be positive")
+    if not args.request_timeout >= 0 or not args.read_timeout > 0 or args.max_connections < 0:
+        raise KnownError("--request-timeout cannot be negative, --read-timeout must be positive and "
+                         "--max-connections cannot be negative")
+    origins = tuple(o.rstrip("/") for o in args.cors_origin if o)
+    bad = [o for o in origins if not re.match(r"^https?://[^/\s]+$", o)]
+    if bad:
+        raise KnownError(f"--cors-origin takes an origin such as http://localhost:3000 (scheme and host, no path), "
+                         f"not {bad[0]!r}")
     keys = tuple(k for k in args.api_key if k)
     check_exposure(args.host, keys)
     load, sampling, spec = settings_from_args(args)
     load = dataclasses.replace(load, n_parallel=args.parallel, prefill_chunk=args.prefill_chunk)
     config = ServerConfig(api_keys=keys, rate_limit=args.rate_limit, parallel=args.parallel,
                           max_queue=args.queue, max_body=args.max_body, default_max_tokens=args.max_tokens,
-                          sampling=sampling)
+                          sampling=sampling, request_timeout=args.request_timeout, cors_origins=origins,
+                          read_timeout=args.read_timeout, max_connections=args.max_connections)
     pool = EnginePool(model=resolve_model(args.model), load=load, speculation=spec)
     service = Service(pool=pool, config=config)
     return service, ServerRunner(service, host=args.host, port=args.port)

@@ -156,6 +156,25 @@ def check_filename(filename: str) -> str:
     return filename
 
 
+_REF_FORBIDDEN = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|//|@\{")
+
+
+def check_revision(revision: str | None) -> str | None:
+    """A branch, tag, commit or hub ref (refs/pr/1), by git's check-ref-format rules; never a path.
+
+    huggingface_hub writes the revision's commit to `refs/<revision>` in the cache: `../../x` had written
+    outside it (issue 34)."""
+    if revision is None:
+        return None
+    parts = revision.split("/")
+    if (not revision or len(revision) > 255 or _REF_FORBIDDEN.search(revision) or revision.startswith("/")
+            or revision.endswith(("/", ".", ".lock")) or revision == "@"
+            or any(not p or p.startswith(".") or p.endswith(".lock") for p in parts)):
+        raise KnownError(f"refusing revision {revision!r}: a revision is a branch, tag or commit name "
+                         "(such as main, v1.0 or a commit hash)")
+    return revision
+
+
 # ----------------------------------------------------------------------------------- listing
 
 
@@ -173,6 +192,7 @@ def list_gguf(repo_id: str, *, revision: str | None = None, token: str | bool | 
         validate_repo_id(repo_id)
     except ValueError as e:
         raise KnownError(f"{repo_id!r} is not a repository id (owner/name): {e}") from None
+    check_revision(revision)
     try:
         entries = [e for e in HfApi(endpoint=endpoint).list_repo_tree(
             repo_id, revision=revision, recursive=True, token=token) if hasattr(e, "size")]
@@ -387,7 +407,7 @@ def partial_path(repo_id: str, filename: str, *, revision: str | None = None,
                  cache_dir: str | Path | None = None, endpoint: str | None = None,
                  token: str | bool | None = None) -> Path | None:
     """Where an unfinished download of this file is kept (None if there is none)."""
-    meta = _metadata(repo_id, check_filename(filename), revision, token, endpoint)
+    meta = _metadata(repo_id, check_filename(filename), check_revision(revision), token, endpoint)
     p = _storage(repo_id, cache_dir) / "blobs" / f"{meta.etag}.incomplete"
     return p if p.exists() else None
 
@@ -461,6 +481,7 @@ def download(repo_id: str, filename: str, *, revision: str | None = None, token:
     from huggingface_hub.errors import HfHubHTTPError, HFValidationError
 
     check_filename(filename)
+    check_revision(revision)
     try:
         from huggingface_hub.utils import validate_repo_id
 

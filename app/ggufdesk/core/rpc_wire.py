@@ -5,6 +5,10 @@ to connect ...")`), so we ask first, with timeouts, and name the worker that doe
 Wire format (ggml/src/ggml-rpc/ggml-rpc.cpp, protocol 7.x): request = command byte, u64 size, payload;
 response = u64 size, payload. HELLO (14) must come first. A worker serves one client at a time: while
 an engine holds the connection, a second client is accepted only when the first one leaves.
+
+A worker is a program on the network, so nothing it says is trusted (issue 34): every answer must have
+its command's exact size, a device count is at most MAX_DEVICES, and one probe has a total deadline
+besides the per-answer timeout (a worker dribbling bytes cannot hold it longer than that).
 """
 from __future__ import annotations
 
@@ -28,6 +32,8 @@ CMD_DEVICE_COUNT = 15
 CONN_CAPS = 24  # rpc_msg_hello_req: conn_caps[24]; all zero = plain TCP
 TENSOR_SIZE = 296  # sizeof(struct rpc_tensor), packed
 GGML_TYPE_I8 = 24
+MAX_DEVICES = 64  # devices one worker may report (ggml's RPC server serves one backend device per process)
+PROBE_BUDGET_S = 20.0  # one whole probe_worker, link measurement included
 _HOST = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)$")
 
 
@@ -94,8 +100,10 @@ class WorkerInfo:
 class RpcConnection:
     """One connection to a worker, speaking just enough of the protocol for probing."""
 
-    def __init__(self, endpoint: str, *, timeout: float = 3.0) -> None:
+    def __init__(self, endpoint: str, *, timeout: float = 3.0, budget: float | None = None) -> None:
         self.endpoint = endpoint
+        self.timeout = timeout
+        self.deadline = time.monotonic() + (budget if budget is not None else max(PROBE_BUDGET_S, timeout))
         host, port = split_endpoint(endpoint)
         try:
             self.sock = socket.create_connection((host, port), timeout=timeout)
@@ -123,20 +131,27 @@ class RpcConnection:
         except OSError as e:
             raise WorkerDown(self.endpoint, e.strerror or str(e)) from None
 
-    def call(self, cmd: int, payload: bytes = b"") -> bytes:
+    def call(self, cmd: int, payload: bytes = b"", *, expect: int | None = None) -> bytes:
+        """Send a command and read its answer; `expect`: the answer's exact size (anything else is refused)."""
         self.send(cmd, payload)
         size = struct.unpack("<Q", self._recv(8))[0]
-        if size > 1 << 20:
-            raise WorkerDown(self.endpoint, "it answered with a malformed message")
+        if size > 1 << 20 or (expect is not None and size != expect):
+            want = f" ({expect} bytes expected)" if expect is not None else ""
+            raise WorkerDown(self.endpoint, f"it answered with a malformed message of {size} bytes{want}")
         return self._recv(size)
 
     def _recv(self, n: int) -> bytes:
         buf = bytearray()
+        late = WorkerDown(self.endpoint, "it did not finish answering in time (timed out)")
         while len(buf) < n:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise late
             try:
+                self.sock.settimeout(min(self.timeout, left))
                 chunk = self.sock.recv(n - len(buf))
             except TimeoutError:
-                raise WorkerDown(self.endpoint, "timed out") from None
+                raise (late if left < self.timeout else WorkerDown(self.endpoint, "timed out")) from None
             except OSError as e:
                 raise WorkerDown(self.endpoint, e.strerror or str(e)) from None
             if not chunk:
@@ -145,20 +160,22 @@ class RpcConnection:
         return bytes(buf)
 
     def device_count(self) -> int:
-        count: int = struct.unpack("<I", self.call(CMD_DEVICE_COUNT))[0]
+        count: int = struct.unpack("<I", self.call(CMD_DEVICE_COUNT, expect=4))[0]
+        if count > MAX_DEVICES:
+            raise WorkerDown(self.endpoint, f"it claims {count} devices (at most {MAX_DEVICES} are believed)")
         return count
 
     def device_memory(self, device: int) -> tuple[int, int]:
-        free, total = struct.unpack("<QQ", self.call(CMD_GET_DEVICE_MEMORY, struct.pack("<I", device)))
+        free, total = struct.unpack("<QQ", self.call(CMD_GET_DEVICE_MEMORY, struct.pack("<I", device), expect=16))
         return free, total
 
     def link_gbs(self, nbytes: int = 4 << 20) -> float:
         """Send nbytes into a scratch buffer on device 0 and time it (GB/s, round trip excluded)."""
-        remote, size = struct.unpack("<QQ", self.call(CMD_ALLOC_BUFFER, struct.pack("<IQ", 0, nbytes)))
+        remote, size = struct.unpack("<QQ", self.call(CMD_ALLOC_BUFFER, struct.pack("<IQ", 0, nbytes), expect=16))
         if not remote or size < nbytes:
             return 0.0
         try:
-            base = struct.unpack("<Q", self.call(CMD_BUFFER_GET_BASE, struct.pack("<Q", remote)))[0]
+            base = struct.unpack("<Q", self.call(CMD_BUFFER_GET_BASE, struct.pack("<Q", remote), expect=8))[0]
             t0 = time.perf_counter()
             self.device_memory(0)
             rtt = time.perf_counter() - t0
@@ -188,9 +205,11 @@ def _tensor(buffer: int, data: int, nbytes: int) -> bytes:
     return t
 
 
-def probe_worker(endpoint: str, *, timeout: float = 3.0, measure_link: bool = True) -> WorkerInfo:
-    """Connect, check the protocol version, read each device's memory and time the link."""
-    conn = RpcConnection(endpoint, timeout=timeout)
+def probe_worker(endpoint: str, *, timeout: float = 3.0, measure_link: bool = True,
+                 budget: float = PROBE_BUDGET_S) -> WorkerInfo:
+    """Connect, check the protocol version, read each device's memory and time the link; WorkerDown for a
+    worker that does not answer, answers nonsense, or takes more than `budget` seconds in all."""
+    conn = RpcConnection(endpoint, timeout=timeout, budget=budget)
     try:
         n = conn.device_count()
         devices = [conn.device_memory(i) for i in range(n)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from ggufdesk.core.errors import KnownError
@@ -30,10 +31,21 @@ TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 MAX_DEPTH = 64
 MAX_NODES = 5000
 INT_DIGITS = 16  # an integer without an upper bound has at most this many digits
+# Bounded work before unbounded work (issue 34): the size of a schema as plain JSON is counted first,
+# in one pass without recursion, before jsonschema's meta-schema check (about 80 us per value here:
+# 100,000 properties had frozen the server for 74 s) and before any grammar is built.
+MAX_VALUES = 4 * MAX_NODES  # JSON values (objects, arrays, strings, numbers...) in one schema
+MAX_TOOL_VALUES = MAX_VALUES  # all tools of one request together (their call schema is one schema)
+MAX_JSON_DEPTH = 2 * MAX_DEPTH + 8  # a schema level is two JSON levels ("properties" -> name -> schema)
+MAX_REPEAT = 1000  # minItems/maxItems/minLength/maxLength and {m,n} in patterns: each unit is a grammar rule
+MAX_PATTERN = 4096  # characters in one `pattern`
+MAX_PATTERN_GROUPS = 32  # nested parentheses in one `pattern`
 
 
 class SchemaError(KnownError):
     """A schema we cannot enforce (or not a schema at all); the message names the feature."""
+
+    kind = "schema"  # the engine's error kind for it (a 400 at the server)
 
 
 def load_schema(text: str | bytes, *, source: str = "the schema") -> dict[str, Any]:
@@ -47,10 +59,42 @@ def load_schema(text: str | bytes, *, source: str = "the schema") -> dict[str, A
     return checked
 
 
-def check_schema(schema: Any) -> None:
-    """Raise SchemaError naming the first feature the grammar could not enforce."""
+def check_size(value: Any, *, what: str, max_values: int = MAX_VALUES, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Raise SchemaError when `value` (plain JSON) holds more than max_values values or nests deeper than
+    max_depth; one pass, no recursion, so it is cheap on anything a request body can hold."""
+    count, todo = 0, [(value, 1)]
+    while todo:
+        node, depth = todo.pop()
+        count += 1
+        if count > max_values:
+            raise SchemaError(f"{what} is too large (more than {max_values} values)")
+        if depth > max_depth:
+            raise SchemaError(f"{what} is too large (nested more than {max_depth} levels deep)")
+        if isinstance(node, dict):
+            todo.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, (list, tuple)):
+            todo.extend((v, depth + 1) for v in node)
+
+
+def check_schema(schema: Any, *, meta: bool = True) -> None:
+    """Raise SchemaError naming the first feature the grammar could not enforce.
+
+    meta=False skips jsonschema's meta-schema check, for a schema made of parts that passed it already
+    (the call schema of checked tools): it is the one costly step, and the engine should not repeat it.
+    """
     if not isinstance(schema, dict):
         raise SchemaError("a JSON schema must be an object (for example {\"type\": \"object\"})")
+    check_size(schema, what="the schema")
+    if meta:
+        _meta_check(schema)
+    count = [0]
+    try:
+        _walk(schema, "#", 0, count, schema)
+    except (AttributeError, TypeError) as e:  # a keyword of the wrong type that only meta-checking catches
+        raise SchemaError(f"not a valid JSON schema: {e}") from None
+
+
+def _meta_check(schema: dict[str, Any]) -> None:
     from jsonschema import exceptions, validators
 
     try:
@@ -60,8 +104,6 @@ def check_schema(schema: Any) -> None:
     except exceptions.SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path) or "the top level"
         raise SchemaError(f"not a valid JSON schema at {where}: {e.message}") from None
-    count = [0]
-    _walk(schema, "#", 0, count, schema)
 
 
 def _walk(node: Any, where: str, depth: int, count: list[int], root: dict[str, Any]) -> None:
@@ -88,6 +130,9 @@ def _walk(node: Any, where: str, depth: int, count: list[int], root: dict[str, A
     if ref is not None:
         _resolve(root, ref, where)
     _check_bounds(node, where, type_list)
+    _check_counts(node, where)
+    if "pattern" in node:
+        check_pattern(node["pattern"], where)
     if node.get("format") in ENFORCED_FORMATS and "pattern" in node:
         raise SchemaError(f"{where}: `format` together with `pattern` is not supported")
     if "pattern" in node and ("minLength" in node or "maxLength" in node):
@@ -132,10 +177,98 @@ def _resolve(root: dict[str, Any], ref: str, where: str) -> Any:
     return node
 
 
+def _check_counts(node: dict[str, Any], where: str) -> None:
+    """minItems/maxItems/minLength/maxLength: whole numbers up to MAX_REPEAT (each unit becomes a grammar
+    rule: a billion had raised MemoryError while the grammar was written)."""
+    for key in ("minItems", "maxItems", "minLength", "maxLength"):
+        v = node.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) or v < 0:
+            raise SchemaError(f"{where}: `{key}` must be a whole number >= 0, not {v!r}")
+        if v > MAX_REPEAT:
+            raise SchemaError(f"{where}: `{key}` {int(v)} is more than this server can enforce "
+                              f"(at most {MAX_REPEAT})")
+
+
+# Regular-expression features the grammar converter cannot express. Each is refused by name: a
+# backreference or a lookaround would otherwise reach llama.cpp as a broken grammar (a 500).
+_PATTERN_REFUSED = (
+    (re.compile(r"\\[1-9k]|\(\?P="), "backreferences"),
+    (re.compile(r"\(\?<?[=!]"), "lookarounds"),
+    (re.compile(r"\(\?"), "groups of the form (?...) (named, non-capturing or with flags)"),
+)
+_PATTERN_REPEAT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+
+
+def check_pattern(pattern: Any, where: str) -> None:
+    """A `pattern` we can turn into a grammar: valid, anchored features only, bounded repeats and nesting."""
+    if not isinstance(pattern, str):
+        raise SchemaError(f"{where}: `pattern` must be a string")
+    if len(pattern) > MAX_PATTERN:
+        raise SchemaError(f"{where}: `pattern` is longer than {MAX_PATTERN} characters")
+    plain = _without_escapes_and_classes(pattern)
+    for rx, what in _PATTERN_REFUSED:
+        if rx.search(plain):
+            raise SchemaError(f"{where}: `pattern` uses {what}, which structured output cannot enforce")
+    depth = deepest = 0
+    for c in plain:
+        depth += (c == "(") - (c == ")")
+        deepest = max(deepest, depth)
+    if deepest > MAX_PATTERN_GROUPS:
+        raise SchemaError(f"{where}: `pattern` nests groups more than {MAX_PATTERN_GROUPS} deep")
+    for m in _PATTERN_REPEAT.finditer(plain):
+        if max(int(m.group(1)), int(m.group(2) or 0)) > MAX_REPEAT:
+            raise SchemaError(f"{where}: `pattern` repeats something {m.group(0)} times; at most {MAX_REPEAT}")
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise SchemaError(f"{where}: `pattern` is not a valid regular expression: {e}") from None
+
+
+def _without_escapes_and_classes(pattern: str) -> str:
+    """The pattern with [...] classes and escaped characters blanked out (so their brackets do not count);
+    the escapes that are references (\\1-\\9, \\k) are kept, for check_pattern to find."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            nxt = pattern[i + 1:i + 2]
+            out.append("\\" + nxt if nxt in ("k", *"123456789") else "__")
+            i += 2
+        elif c == "[":
+            j = i + 1
+            if j < n and pattern[j] == "^":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            out.append("_" * (min(j, n - 1) - i + 1))
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _finite(node: dict[str, Any], key: str, where: str) -> None:
+    v = node[key]
+    if isinstance(v, bool) and key.startswith("exclusive"):
+        return  # draft 4's boolean exclusiveMinimum/exclusiveMaximum
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise SchemaError(f"{where}: `{key}` must be a finite number, not {v!r}")
+    if abs(v) >= 10 ** INT_DIGITS:
+        raise SchemaError(f"{where}: `{key}` {v!r} is beyond what structured output enforces "
+                          f"(at most {INT_DIGITS} digits)")
+
+
 def _check_bounds(node: dict[str, Any], where: str, types: list[Any]) -> None:
     keys = [k for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") if k in node]
     if not keys:
         return
+    for key in keys:
+        _finite(node, key, where)
     if types == ["integer"]:
         lo, hi = int_bounds(node)
         if lo is not None and hi is not None and lo > hi:

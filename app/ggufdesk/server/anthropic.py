@@ -16,8 +16,8 @@ from ggufdesk.core.tools import GENERIC
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import invalid, not_supported
-from ggufdesk.server.http import caller, event_stream, read_body, service, sse
-from ggufdesk.server.schemas import MessagesRequest, parse, text_of
+from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
+from ggufdesk.server.schemas import MessagesRequest, text_of
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -92,8 +92,8 @@ def stop_sequence(job: Job) -> str | None:
 
 async def messages(request: Request) -> Response:
     svc = service(request)
-    req: MessagesRequest = parse(MessagesRequest, await read_body(request, svc.config.max_body))
-    extra = structured.anthropic_tools(req.tools, req.tool_choice)
+    req = await parse_body(request, MessagesRequest)
+    extra = await off_loop(structured.anthropic_tools, req.tools, req.tool_choice)
     think = reasoning.anthropic_fields(req.thinking)
     svc.check_model(req.model)
     spec = GenSpec(endpoint="messages", messages=messages_of(req), sampling=sampling_for(svc, req), structured=extra,

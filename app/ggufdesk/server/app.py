@@ -2,33 +2,27 @@
 from __future__ import annotations
 
 import hmac
-
 import logging
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ggufdesk.server import anthropic, embeddings, openai
-from ggufdesk.server.errors import ApiError
+from ggufdesk.server.errors import ApiError, error_response, is_anthropic
+from ggufdesk.server.guard import Guard, with_cors
 from ggufdesk.server.service import ClientGone, Service
 
 log = logging.getLogger("ggufdesk.server")
 OPEN_PATHS = ("/health",)
 
 
-def is_anthropic(path: str) -> bool:
-    return path.startswith("/v1/messages")
-
-
-def error_response(path: str, err: ApiError) -> JSONResponse:
-    body = err.anthropic() if is_anthropic(path) else err.openai()
-    return JSONResponse(body, status_code=err.status, headers=err.headers())
+__all__ = ["build_app", "error_response", "is_anthropic"]
 
 
 class ApiKeys:
@@ -58,10 +52,10 @@ class ApiKeys:
 
 
 async def health(request: Request) -> Response:
-    pool = request.app.state.service.pool
-    if pool.state == "ready":
+    state, error = request.app.state.service.pool.health()
+    if state == "ready":
         return JSONResponse({"status": "ok"})
-    body = {"status": "error", "error": pool.error} if pool.state == "failed" else {"status": "loading"}
+    body = {"status": "error", "error": error} if state == "failed" else {"status": "loading"}
     return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
 
@@ -93,14 +87,17 @@ async def on_bug(request: Request, exc: Exception) -> Response:
     return error_response(request.url.path, ApiError(500, f"internal error: {exc}", reason="bug"))
 
 
-def build_app(service: Service) -> ASGIApp:
+def build_app(service: Service, *, host: str = "127.0.0.1") -> ASGIApp:
+    """The routes behind, from the outside in: CORS (answers preflights without a key), the Host/Origin/
+    content-type guard (server/guard.py), the API-key check."""
     app = Starlette(
         routes=[Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
                 *openai.ROUTES, *anthropic.ROUTES, *embeddings.ROUTES],
-        exception_handlers={ApiError: on_api_error, ClientGone: on_client_gone, HTTPException: on_http_error,
-                            Exception: on_bug},
+        exception_handlers={ApiError: on_api_error, ClientGone: on_client_gone, ClientDisconnect: on_client_gone,
+                            HTTPException: on_http_error, Exception: on_bug},
     )
     app.state.service = service
-    return ApiKeys(app, service=service)
+    origins = service.config.cors_origins
+    return with_cors(Guard(ApiKeys(app, service=service), bound_host=host, cors_origins=origins), origins)
 
 

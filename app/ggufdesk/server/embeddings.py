@@ -11,8 +11,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ggufdesk.server.errors import invalid
-from ggufdesk.server.http import caller, read_body, service
-from ggufdesk.server.schemas import Strict, parse
+from ggufdesk.server.http import caller, parse_body, service
+from ggufdesk.server.schemas import Strict
 
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
 
@@ -58,7 +58,7 @@ def pack(vector: list[float], encoding: str) -> list[float] | str:
 
 async def embeddings(request: Request) -> Response:
     svc = service(request)
-    req: EmbeddingsRequest = parse(EmbeddingsRequest, await read_body(request, svc.config.max_body))
+    req = await parse_body(request, EmbeddingsRequest)
     inputs = embedding_inputs(req.input if req.input is not None else req.content)
     model = svc.check_model(req.model)
     pool = svc.pool_for(model)

@@ -3,15 +3,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from starlette.responses import JSONResponse
+
 # Our error kinds -> (OpenAI type, Anthropic type).
 _TYPES = {
     400: ("invalid_request_error", "invalid_request_error"),
     401: ("invalid_request_error", "authentication_error"),
+    403: ("invalid_request_error", "permission_error"),
     404: ("invalid_request_error", "not_found_error"),
+    408: ("invalid_request_error", "invalid_request_error"),
     413: ("invalid_request_error", "request_too_large"),
+    415: ("invalid_request_error", "invalid_request_error"),
     429: ("rate_limit_error", "rate_limit_error"),
     500: ("server_error", "api_error"),
     503: ("server_error", "overloaded_error"),
+    504: ("server_error", "timeout_error"),
 }
 
 
@@ -38,6 +44,15 @@ class ApiError(Exception):
     def anthropic(self) -> dict[str, Any]:
         kind = _TYPES.get(self.status, _TYPES[500])[1]
         return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+
+def is_anthropic(path: str) -> bool:
+    return path.startswith("/v1/messages")
+
+
+def error_response(path: str, err: ApiError) -> JSONResponse:
+    body = err.anthropic() if is_anthropic(path) else err.openai()
+    return JSONResponse(body, status_code=err.status, headers=err.headers())
 
 
 def invalid(message: str, *, param: str | None = None, code: str | None = None) -> ApiError:

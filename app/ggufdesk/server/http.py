@@ -1,14 +1,53 @@
-"""Helpers the routes share: the body under a size limit, who is calling, SSE framing."""
+"""Helpers the routes share: the body under a size limit, checks off the event loop, who is calling, SSE framing."""
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
-from typing import Any, AsyncIterator
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from ggufdesk.server.errors import ApiError
 from ggufdesk.server.service import Service
+
+T = TypeVar("T")
+CHECK_DEADLINE_S = 15.0  # parsing and validating one body, queueing included; the work itself is bounded
+CHECK_WORKERS = 2  # a flood of hostile bodies waits here, not in the pool that starts generations
+_checks: ThreadPoolExecutor | None = None
+_checks_lock = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _checks
+    with _checks_lock:
+        if _checks is None:
+            _checks = ThreadPoolExecutor(CHECK_WORKERS, thread_name_prefix="ggufdesk-checks")
+        return _checks
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) on the checks threads: JSON parsing, schema and tool validation are CPU-bound, and on the
+    event loop one large schema had frozen /health for 74 s (issue 34). Past CHECK_DEADLINE_S the caller
+    gets a 503 (the check finishes in the background: its work is bounded, it cannot be interrupted)."""
+    fut = asyncio.get_running_loop().run_in_executor(_executor(), functools.partial(fn, *args))
+    try:
+        return await asyncio.wait_for(fut, CHECK_DEADLINE_S)
+    except asyncio.TimeoutError:
+        raise ApiError(503, f"checking the request took more than {CHECK_DEADLINE_S:g} s; the server is busy, "
+                            "try again later", code="overloaded", retry_after=5, reason="overloaded") from None
+
+
+async def parse_body(request: Request, model: type[T]) -> T:
+    """The request's body read under the size limit and parsed into `model` (schemas.parse) off the loop."""
+    from ggufdesk.server.schemas import parse
+
+    body = await read_body(request, service(request).config.max_body)
+    parsed: T = await off_loop(parse, model, body)
+    return parsed
 
 
 def service(request: Request) -> Service:

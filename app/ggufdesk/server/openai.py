@@ -16,9 +16,8 @@ from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import ApiError, invalid, not_supported
-from ggufdesk.server.http import caller, event_stream, read_body, service, sse
-from ggufdesk.server.schemas import (ChatRequest, CompletionRequest, SamplingFields, parse, refuse_unsupported,
-                                     stops, text_of)
+from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
+from ggufdesk.server.schemas import ChatRequest, CompletionRequest, SamplingFields, refuse_unsupported, stops, text_of
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
 def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None) -> SamplingSettings:
@@ -108,9 +107,9 @@ async def models(request: Request) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     svc = service(request)
-    req: ChatRequest = parse(ChatRequest, await read_body(request, svc.config.max_body))
+    req = await parse_body(request, ChatRequest)
     refuse_unsupported(req)
-    extra = chat_structured(req)
+    extra = await off_loop(chat_structured, req)
     svc.check_model(req.model)
     top = req.top_logprobs or 0
     lp = want_logprobs(svc, top) if req.logprobs else 0
@@ -179,7 +178,7 @@ def _chat_stream(job: Job, cid: str, created: int, model: str, top: int | None,
 
 async def completions(request: Request) -> Response:
     svc = service(request)
-    req: CompletionRequest = parse(CompletionRequest, await read_body(request, svc.config.max_body))
+    req = await parse_body(request, CompletionRequest)
     refuse_unsupported(req)
     if req.echo:
         raise not_supported("echo")

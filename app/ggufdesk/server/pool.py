@@ -84,6 +84,15 @@ class EnginePool:
             except Exception:
                 log.exception("state listener failed")
 
+    def health(self) -> tuple[str, str | None]:
+        """(state, error) as /health tells them: a client that lost a thread is failed even before
+        any event says so (issue 34: /health said ok while every request got 503)."""
+        problem = getattr(self._client, "problem", None)
+        why = problem() if callable(problem) else None
+        if why:
+            return "failed", why
+        return self.state, self.error
+
     def wait_ready(self, timeout: float | None = None) -> bool:
         return self._ready.wait(timeout)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 import socket
@@ -11,6 +12,8 @@ import uvicorn
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.server.app import build_app
+from ggufdesk.server.connections import BACKLOG, ConnectionLimits, GuardedH11Protocol, default_max_connections
+from ggufdesk.server.logs import limit_server_logs
 from ggufdesk.server.service import Service
 
 log = logging.getLogger("ggufdesk.server")
@@ -55,7 +58,7 @@ class ServerRunner:
         except OSError as e:
             sock.close()
             raise KnownError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
-        sock.listen(128)
+        sock.listen(BACKLOG)
         sock.setblocking(False)
         self._sock = sock
         self.port = sock.getsockname()[1]
@@ -67,8 +70,21 @@ class ServerRunner:
         return f"http://{host}:{self.port}"
 
     def _make_server(self) -> uvicorn.Server:
-        config = uvicorn.Config(build_app(self.service), log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2, timeout_keep_alive=30)
+        cfg = self.service.config
+        limits = ConnectionLimits(read_timeout=cfg.read_timeout,
+                                  max_connections=cfg.max_connections or default_max_connections())
+        config = uvicorn.Config(
+            build_app(self.service, host=self.host), log_level="warning", access_log=False, lifespan="off",
+            timeout_graceful_shutdown=2, timeout_keep_alive=30,
+            # uvicorn's own limits: a request head over 16 KiB is refused (h11's); requests in progress are
+            # capped by limit_concurrency (a 503 past it), set above the connection cap plus one accept burst
+            # since it counts connections too, which our protocol caps (server/connections.py: uvicorn
+            # lacks that); backlog bounds how many connections asyncio accepts in one go
+            h11_max_incomplete_event_size=16 * 1024, backlog=BACKLOG,
+            limit_concurrency=limits.max_connections + BACKLOG,
+            http=functools.partial(GuardedH11Protocol, limits=limits),  # type: ignore[arg-type]
+        )
+        limit_server_logs()  # after uvicorn's dictConfig, which replaces its handlers
         self._server = uvicorn.Server(config)
         return self._server
 

@@ -2,15 +2,22 @@
 from __future__ import annotations
 
 import json
+import math
+import sys
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ggufdesk.core.schema import MAX_JSON_DEPTH, SchemaError, check_size
 from ggufdesk.server.errors import invalid, not_supported
 
 Stop = str | list[str] | None
 # our extra field on every endpoint: what to do with a prompt longer than the context (docs/context.md)
 ContextOverflow = Literal["error", "rolling", "truncate-middle", "shift"] | None
+# Nesting levels in a request body: room for a schema at core/schema.py's own limit inside tools; every
+# walker after json.loads (pydantic, the protocol's encoder, jsonschema) recurses once per level, and a
+# 600-deep tool argument had killed the engine link (issue 34).
+MAX_BODY_DEPTH = MAX_JSON_DEPTH + 24
 
 
 class Strict(BaseModel):
@@ -116,12 +123,36 @@ class MessagesRequest(Strict):
     context_overflow: ContextOverflow = None
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def load_json(body: bytes) -> Any:
+    """The body as plain JSON: strict (no NaN/Infinity, no number that overflows) and at most
+    MAX_BODY_DEPTH levels deep; a 400 otherwise. CPU-bound on a large body: call it off the event loop."""
+    try:
+        data = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise invalid(f"the request body is nested too deeply (more than {MAX_BODY_DEPTH} levels)") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise invalid(f"the request body is not valid JSON: {str(e)[:200]}") from None
+    try:
+        check_size(data, what="the request body", max_values=sys.maxsize, max_depth=MAX_BODY_DEPTH)
+    except SchemaError:
+        raise invalid(f"the request body is nested too deeply (more than {MAX_BODY_DEPTH} levels)") from None
+    return data
+
+
 def parse(model: type[Strict], body: bytes) -> Any:
     """The body as `model`, or a 400 that names the first bad field."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise invalid(f"the request body is not valid JSON: {str(e)[:200]}") from None
+    data = load_json(body)
     if not isinstance(data, dict):
         raise invalid("the request body must be a JSON object")
     try:

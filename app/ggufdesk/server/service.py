@@ -35,6 +35,10 @@ class ServerConfig:
     default_max_tokens: int = 1024
     # defaults for omitted fields; an API refuses what does not fit unless asked (`context_overflow`)
     sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(context_overflow="error"))
+    request_timeout: float = 600.0  # seconds one generation may take in the engine (0 = no limit): then a 504
+    cors_origins: tuple[str, ...] = ()  # web pages allowed to call the API (CORS); none by default
+    read_timeout: float = 30.0  # seconds a request's head and body may take to arrive (server/connections.py)
+    max_connections: int = 0  # open connections at most (0: sized from the descriptor limit)
 
 
 @dataclass(kw_only=True)
@@ -63,6 +67,10 @@ def engine_error(ev: P.Error) -> ApiError:
         return ApiError(400, ev.message, reason="invalid")
     if ev.kind == "schema":
         return ApiError(400, ev.message, code="unsupported_schema", reason="invalid")
+    if ev.kind == "protocol":  # the request could not even be written to the engine (too deep, not JSON)
+        return ApiError(400, ev.message, reason="invalid")
+    if ev.kind == "timeout":
+        return ApiError(504, ev.message, code="timeout", reason="timeout")
     return ApiError(500, ev.message, code=ev.kind, reason="engine_error")
 
 
@@ -102,12 +110,14 @@ class Service:
 
     def snapshot(self) -> dict[str, Any]:
         """Live counts for the GUI (read from another thread: plain ints, no locking needed)."""
-        return {"state": self.pool.state, "clients": self.clients(), "running": self.admission.running,
-                "queued": self.admission.queued, "kv_usage": self.kv_usage(), "error": self.pool.error}
+        state, error = self.pool.health()
+        return {"state": state, "clients": self.clients(), "running": self.admission.running,
+                "queued": self.admission.queued, "kv_usage": self.kv_usage(), "error": error}
 
     def require_ready(self) -> None:
-        if self.pool.state != "ready":
-            why = self.pool.error if self.pool.state == "failed" else "the model is loading"
+        state, error = self.pool.health()
+        if state != "ready":
+            why = error if state == "failed" else "the model is loading"
             raise ApiError(503, why or "the model is not loaded", code="not_ready", retry_after=5,
                            reason="not_ready")
 
@@ -151,30 +161,42 @@ class Service:
         Raises ApiError for refusals (429, 503) and for engine errors that come first (400 context).
         A client that goes away while queued leaves the queue.
         """
-        t0, gone = await self._admit(caller, receive)
+        reserved = estimate_prompt_tokens(spec) + spec.sampling.max_tokens
+        t0, gone = await self._admit(caller, receive, reserve=reserved)
         pool = self.pool_for(spec.model or self.model_id)
         rid, q = pool.open()
-        job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone, pool=pool)
+        job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone, pool=pool, reserved=reserved)
         self._inflight[caller] = self._inflight.get(caller, 0) + 1
         try:
             await pool.generate(rid, prompt=spec.prompt, messages=spec.messages, sampling=spec.sampling,
-                                logprobs=spec.logprobs, **spec.structured, **spec.reasoning)
+                                logprobs=spec.logprobs, deadline_s=self.config.request_timeout or None,
+                                **spec.structured, **spec.reasoning)
         except KnownError as e:
             job.finish(None)
             raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
         await job.peek()
         return job
 
-    async def _admit(self, caller: str, receive: Receive) -> tuple[float, asyncio.Future]:
+    async def _admit(self, caller: str, receive: Receive, *, reserve: int) -> tuple[float, asyncio.Future]:
         """Readiness, the rate limit and a slot (waiting in the queue); returns the start time and a
         future that completes when the client disconnects. A client that goes away while queued
-        leaves the queue (ClientGone)."""
+        leaves the queue (ClientGone).
+
+        `reserve` tokens are taken from the caller's rate-limit bucket now (server/ratelimit.py) and
+        given back if the request is refused here; once admitted, the caller settles them at its end."""
         self.require_ready()
-        wait = self.limiter.retry_after(caller)
+        wait = self.limiter.reserve(caller, reserve)
         if wait is not None:
-            raise ApiError(429, f"rate limit of {int(self.limiter.capacity)} tokens per minute reached; "
-                                f"try again in {wait} s", code="rate_limit_exceeded", retry_after=wait,
-                           reason="rate_limited")
+            raise ApiError(429, f"rate limit of {int(self.limiter.capacity)} tokens per minute reached "
+                                f"(this request may use {reserve}); try again in {wait} s",
+                           code="rate_limit_exceeded", retry_after=wait, reason="rate_limited")
+        try:
+            return await self._take_slot(caller, receive)
+        except BaseException:
+            self.limiter.settle(caller, reserve, 0)  # refused or gone before it started: all of it back
+            raise
+
+    async def _take_slot(self, caller: str, receive: Receive) -> tuple[float, asyncio.Future]:
         self._seen[caller] = time.monotonic()
         t0 = time.perf_counter()
         gone = asyncio.ensure_future(_until_disconnect(receive))
@@ -198,7 +220,8 @@ class Service:
                     receive: Receive, endpoint: str = "embeddings") -> P.Embeddings:
         """Embeddings of `inputs` by the served model `model`, admitted like a generation (a slot, the
         rate limit). Raises ApiError (engine refusals: 400; a crash: 503) or ClientGone."""
-        t0, gone = await self._admit(caller, receive)
+        reserved = sum(len(x) if isinstance(x, list) else len(x.encode("utf-8", "replace")) // 3 + 1 for x in inputs)
+        t0, gone = await self._admit(caller, receive, reserve=reserved)
         pool = self.pool_for(model)
         rid, q = pool.open()
         self._inflight[caller] = self._inflight.get(caller, 0) + 1
@@ -234,7 +257,7 @@ class Service:
             self.metrics.latency.labels(endpoint).observe(seconds)
             self.metrics.requests.labels(endpoint, outcome).inc()
             self.metrics.prompt_tokens.inc(n_tokens)
-            self.limiter.charge(caller, n_tokens)
+            self.limiter.settle(caller, reserved, n_tokens)
 
     def _done_with(self, caller: str) -> None:
         n = self._inflight.get(caller, 1) - 1
@@ -259,7 +282,18 @@ class Service:
         m.context(job.cached_tokens, job.restored_tokens, job.overflow_policy, job.truncated_tokens)
         if job.stats is not None:
             m.speculation(job.stats.drafted, job.stats.accepted)
-        self.limiter.charge(job.caller, job.prompt_tokens + job.completion_tokens)
+        self.limiter.settle(job.caller, job.reserved, job.prompt_tokens + job.completion_tokens)
+
+
+def estimate_prompt_tokens(spec: GenSpec) -> int:
+    """The prompt's tokens before the engine has counted them, for the rate limit's reservation: a third
+    of its UTF-8 bytes (tokenizers average 3-4 bytes a token on prose; settled with the real count)."""
+    if spec.prompt is not None:
+        text = spec.prompt
+    else:
+        text = "".join(str(m.get("content") or "") + str(m.get("tool_calls") or "") for m in spec.messages or [])
+    extra = len(str(spec.structured.get("tools") or ""))
+    return (len(text.encode("utf-8", "replace")) + extra) // 3 + 1
 
 
 class ClientGone(Exception):
@@ -281,8 +315,9 @@ class Job:
     """
 
     def __init__(self, svc: Service, *, rid: str, queue: asyncio.Queue, caller: str, spec: GenSpec,
-                 t0: float, gone: asyncio.Future, pool: EnginePool | None = None) -> None:
+                 t0: float, gone: asyncio.Future, pool: EnginePool | None = None, reserved: int = 0) -> None:
         self.svc, self.rid, self.caller, self.spec, self.t0 = svc, rid, caller, spec, t0
+        self.reserved = reserved  # rate-limit tokens taken at admission, settled when it ends
         self.pool = pool or svc.pool  # the engine pool running it
         self._q = queue
         self._first: Any = None
@@ -421,6 +456,7 @@ class Job:
         else:  # never started in the engine
             self.svc.admission.release()
             self.pool.close(self.rid)
+            self.svc.limiter.settle(self.caller, self.reserved, 0)
 
     def _on_gone(self, fut: asyncio.Future) -> None:
         if fut.cancelled() or self._ended:

@@ -5,7 +5,7 @@ import json
 from typing import Any
 
 from ggufdesk.core import tools as T
-from ggufdesk.core.schema import SchemaError, check_schema
+from ggufdesk.core.schema import MAX_TOOL_VALUES, SchemaError, check_schema, check_size
 from ggufdesk.server.errors import invalid
 
 
@@ -37,6 +37,8 @@ def openai_tools(tools: list[Any] | None, choice: Any, parallel: bool | None) ->
             raise invalid("tool_choice needs tools", param="tool_choice")
         return {}
     try:
+        # all tools together first: each tool's own limit would let 128 of them cost 128 times as much
+        check_size(tools, what="the tool list", max_values=MAX_TOOL_VALUES)
         checked = T.check_tools(tools)
         T.pick_tools(checked, choice)
     except SchemaError as e:

@@ -64,6 +64,8 @@ class Sequence:
     reasoning: ReasoningControl | None = None  # a reasoning model: its split and budget
     paused_steps: int = 0  # steps decoded in a batch while it had a drafter
     ctx: ContextUse = field(default_factory=ContextUse)  # overflow policy, what it dropped, what it restored
+    deadline: float | None = None  # BatchEngine.clock() time past which the request is ended (Generate.deadline_s)
+    limit_s: float | None = None  # the deadline_s it came with (for the message)
 
     @property
     def reserve(self) -> int:
@@ -113,8 +115,10 @@ class BatchEngine:
     def __init__(self, lm: LoadedModel, gen: Generator, *, emit: Callable[[Any], None],
                  cancelled: Callable[[str], bool], set_batch: Callable[[list[str]], None],
                  on_plain_done: Callable[[P.Stats], None] | None = None, spec_label: str = "off",
-                 flush: Callable[[], None] | None = None, disk: DiskCache | None = None) -> None:
+                 flush: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic,
+                 disk: DiskCache | None = None) -> None:
         s = lm.settings
+        self.clock = clock  # for request deadlines
         self.lm, self.gen, self.emit, self.flush = lm, gen, emit, flush
         self.cancelled, self.set_batch, self.on_plain_done = cancelled, set_batch, on_plain_done
         self.spec_label = spec_label
@@ -170,10 +174,13 @@ class BatchEngine:
     # ---- the step -----------------------------------------------------------------------------
 
     def step(self) -> None:
-        """One engine step: reap cancelled, admit, one llama_decode, sample, emit."""
+        """One engine step: reap cancelled and expired, admit, one llama_decode, sample, emit."""
+        now = self.clock()
         for seq in list(self.sched.running) + list(self.sched.waiting):
             if self.cancelled(seq.rid):
                 self._finish(seq, "cancelled")
+            elif seq.deadline is not None and now >= seq.deadline:
+                self._expire(seq)
         for seq in self.sched.admit():
             self._start(seq)
         plan = self.sched.plan()
@@ -440,6 +447,15 @@ class BatchEngine:
                          warnings=parsed.warnings if parsed is not None else []))
         if started and s.alone and s.drafter is None and self.on_plain_done is not None:
             self.on_plain_done(final)  # the figures the user saw
+
+    def _expire(self, s: Sequence) -> None:
+        """Past its deadline: end it with a timeout error (what it produced so far has been streamed)."""
+        if s.stream is not None:
+            self._text_out(s, s.stream.flush())
+        self._release(s)
+        self.emit(P.Error(kind="timeout", id=s.rid, message=(
+            f"the request was stopped after {s.limit_s:g} s ({s.stats.n_gen} tokens generated): it took "
+            "longer than the engine allows it (ggufdesk serve --request-timeout)")))
 
     def _fail(self, s: Sequence, e: KnownError) -> None:
         slot = s.slot

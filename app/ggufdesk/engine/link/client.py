@@ -66,7 +66,7 @@ class _Proc:
     ping_out: float = 0.0  # when the unanswered Ping was sent (0: none out)
 
 
-_Job = Literal["start", "exited", "close"]
+_Job = Literal["start", "exited", "close", "watch"]  # "watch": no job came, the watchdog runs
 
 
 class EngineClient:
@@ -145,6 +145,16 @@ class EngineClient:
         p = self._proc
         return p is not None and p.popen.poll() is None
 
+    def problem(self) -> str | None:
+        """What keeps the client from serving although its state may not say so yet (one of its
+        threads is gone), else None. Read by health checks: cheap, from any thread."""
+        if self._closing:
+            return None
+        for t in (self._supervisor, self._writer):
+            if t is not None and not t.is_alive():
+                return f"the engine client's {t.name} thread stopped; restart the app"
+        return None
+
     def _set_state(self, state: P.EngineState, reason: str = "", *, restarted: bool = False) -> None:
         with self._cond:
             if state == self.state and reason == self.reason and not restarted:
@@ -181,20 +191,34 @@ class EngineClient:
     def _supervise(self) -> None:
         """The one long-lived thread that spawns engines (so that the parent-death signal, which
         Linux ties to the spawning thread, fires only when the client itself goes), restarts them
-        after a crash and runs the watchdog."""
+        after a crash and runs the watchdog. A bug in one job is reported and the thread goes on:
+        no thread of the client may die (issue 34)."""
         while True:
             try:
                 job, gen = self._jobs.get(timeout=min(0.5, self.ping_interval))
             except queue.Empty:
-                self._watch()
-                continue
+                job, gen = "watch", 0
             if job == "close":
                 return
-            if job == "start":
-                self._spawn(restarted=False)
-            elif job == "exited" and gen == self._gen:
-                self._exited()
-            self._watch()
+            try:
+                if job == "start":
+                    self._spawn(restarted=False)
+                elif job == "exited" and gen == self._gen:
+                    self._exited()
+                self._watch()
+            except Exception as e:  # reported; the engine is then restarted or failed
+                log.exception("engine supervisor: %s failed", job)
+                self._supervisor_failed(job, e)
+
+    def _supervisor_failed(self, job: str, e: Exception) -> None:
+        """A bug in the supervisor's job: the engine's state can no longer be trusted, so it is
+        killed (its exit restarts it as a crash would) or, if none runs, the client fails."""
+        why = f"internal error in the engine supervisor ({job}): {e}"
+        proc = self._proc
+        if proc is not None and proc.popen.poll() is None:
+            self.kill(reason=why)
+        else:
+            self._set_state("failed", why)
 
     def _spawn(self, *, restarted: bool, reload: P.Load | None = None) -> bool:
         self._accepting.clear()
@@ -242,30 +266,44 @@ class EngineClient:
 
     def _read_stderr(self, popen: subprocess.Popen[bytes]) -> None:
         assert popen.stderr is not None
-        for raw in popen.stderr:
-            line = raw.decode("utf-8", "replace").rstrip()
-            if line:
-                self.stderr_tail.append(line)
-                log.debug("engine: %s", line)
+        try:
+            for raw in popen.stderr:
+                line = raw.decode("utf-8", "replace").rstrip()
+                if line:
+                    self.stderr_tail.append(line)
+                    log.debug("engine: %s", line)
+        except (OSError, ValueError) as e:  # the pipe went away under us: the process is ending
+            log.debug("engine stderr closed: %s", e)
 
     def _read_events(self, proc: _Proc) -> None:
+        """The reader thread: one engine's events until its stdout closes, then its exit is reported.
+        A line that breaks our handling is reported and skipped; the thread always reaches the end."""
         assert proc.popen.stdout is not None
-        for raw in proc.popen.stdout:
-            proc.last_seen = time.monotonic()
-            proc.ping_out = 0.0
+        try:
+            for raw in proc.popen.stdout:
+                proc.last_seen = time.monotonic()
+                proc.ping_out = 0.0
+                try:
+                    event = P.decode_event(raw)
+                except P.ProtocolError as e:
+                    log.warning("engine sent a bad line: %s", e)
+                    continue
+                if isinstance(event, P.Pong):
+                    continue
+                try:
+                    self._handle(event)
+                except Exception:  # one event we could not handle; the next ones still count
+                    log.exception("could not handle the engine's %s event", event.TYPE)
+        except (OSError, ValueError) as e:  # the pipe went away under us
+            log.info("engine event pipe closed: %s", e)
+        finally:
             try:
-                event = P.decode_event(raw)
-            except P.ProtocolError as e:
-                log.warning("engine sent a bad line: %s", e)
-                continue
-            if isinstance(event, P.Pong):
-                continue
-            self._handle(event)
-        proc.popen.wait()
-        time.sleep(0.05)  # let the stderr reader catch the last words
-        with self._cond:
-            self._cond.notify_all()  # a start waiting for Ready learns that it never comes
-        self._jobs.put(("exited", proc.gen))
+                proc.popen.wait()
+                time.sleep(0.05)  # let the stderr reader catch the last words
+                with self._cond:
+                    self._cond.notify_all()  # a start waiting for Ready learns that it never comes
+            finally:
+                self._jobs.put(("exited", proc.gen))
 
     def _handle(self, event: P.Event) -> None:
         ended_load: str | None = None  # the message of an error that ended the pending load
@@ -428,21 +466,34 @@ class EngineClient:
     # ---- sending ------------------------------------------------------------------------------
 
     def _write_loop(self) -> None:
-        """The writer thread: requests leave in order; a caller never waits for the pipe or a restart."""
+        """The writer thread: requests leave in order; a caller never waits for the pipe or a restart.
+        Whatever goes wrong with one request ends that request with an error, never this thread."""
         while True:
             msg = self._outbox.get()
             if msg is None:
                 return
-            while not self._accepting.wait(0.5):
-                if self.state in ("failed", "stopped") or self._closing:
-                    break
-            proc = self._proc
-            if self._accepting.is_set() and proc is not None and self._write(proc, msg):
-                continue
-            self._undeliverable(msg)
+            try:
+                self._write_one(msg)
+            except Exception as e:  # one request fails, the writer goes on
+                log.exception("engine writer: could not send %s", msg.TYPE)
+                self._failed_request(msg, "bug", f"internal error sending the request to the engine: {e}")
+
+    def _write_one(self, msg: P.Request) -> None:
+        while not self._accepting.wait(0.5):
+            if self.state in ("failed", "stopped") or self._closing:
+                break
+        proc = self._proc
+        if self._accepting.is_set() and proc is not None and self._write(proc, msg):
+            return
+        self._undeliverable(msg)
 
     def _write(self, proc: _Proc, msg: P.Request) -> bool:
-        data = P.encode(msg).encode("utf-8")
+        try:
+            data = P.encode(msg).encode("utf-8")
+        except (ValueError, TypeError) as e:  # (RecursionError is turned into ValueError by encode)
+            log.warning("a %s request cannot be sent to the engine: %s", msg.TYPE, e)
+            self._failed_request(msg, "protocol", f"the request cannot be passed to the engine: {e}")
+            return True
         stdin = proc.popen.stdin
         assert stdin is not None
         with self._write_lock:
@@ -456,10 +507,13 @@ class EngineClient:
 
     def _undeliverable(self, msg: P.Request) -> None:
         """The engine is down for good: a request that expects an answer gets one."""
+        self._failed_request(msg, "crash", self._not_running())
+
+    def _failed_request(self, msg: P.Request, kind: P.ErrorKind, message: str) -> None:
+        """A request that expects an answer (Generate, Load, Embed) gets this error as its answer."""
         rid = getattr(msg, "id", None)
         if isinstance(msg, (P.Generate, P.Load, P.Embed)) and rid is not None:
-            kind: P.ErrorKind = "load" if isinstance(msg, P.Load) else "crash"
-            self._handle(P.Error(kind=kind, id=rid, message=self._not_running()))
+            self._handle(P.Error(kind="load" if isinstance(msg, P.Load) else kind, id=rid, message=message))
 
     def _not_running(self) -> str:
         return "the engine is not running" + (f": {self.reason}" if self.reason else "")

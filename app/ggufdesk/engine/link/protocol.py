@@ -25,6 +25,7 @@ ErrorKind = Literal[
     "schema",  # a JSON schema, grammar or tool list the engine cannot follow (server: 400)
     "crash",  # (client) the engine process died
     "hung",  # (client) the engine stopped answering, or did not stop when asked; it was killed
+    "timeout",  # the request ran past its Generate.deadline_s and was stopped (server: 504)
     "protocol",  # a line that is not a valid message
     "bug",  # an internal error of ours, with a trace in `detail`
 ]
@@ -83,6 +84,9 @@ class Generate:
     reasoning_budget: int | None = None  # reasoning tokens before the engine closes the block (None: no limit)
     # tools whose parameters the grammar cannot enforce: offered, their arguments only held to be an object
     tools_without_grammar: list[str] | None = None
+    # seconds the request may take in the engine, queueing included; past it the engine ends it with
+    # Error(kind="timeout") between two steps, so a request stuck in slow sampling frees its slot
+    deadline_s: float | None = None
 
 
 @dataclass(kw_only=True)
@@ -346,8 +350,22 @@ def encode(msg: Message) -> str:
     Text that is not valid Unicode (lone surrogates, as Python decodes invalid UTF-8 or binary
     input with `surrogateescape`) is replaced by U+FFFD here, so the line can always be written.
     """
-    line = json.dumps({"type": msg.TYPE, **dataclasses.asdict(msg)}, ensure_ascii=False) + "\n"
+    # Not dataclasses.asdict: it copies every nested list and dict in Python recursion, and a 600-deep
+    # tool-call argument made it raise RecursionError where json's own encoder manages (issue 34).
+    # Raises ValueError (or TypeError) for what cannot be a JSON line; the client turns that into
+    # an error for the one request.
+    try:
+        line = json.dumps({"type": msg.TYPE, **fields_of(msg)}, ensure_ascii=False, default=_plain) + "\n"
+    except RecursionError:
+        raise ValueError(f"a {msg.TYPE} message is nested too deeply to be sent") from None
     return _SURROGATES.sub("\ufffd", line)
+
+
+def _plain(obj: Any) -> Any:
+    """json.dumps's fallback: a settings dataclass inside a message becomes its fields."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return fields_of(obj)
+    raise TypeError(f"{type(obj).__name__} cannot be sent to the engine")
 
 
 def decode_event(line: str | bytes) -> Event:

@@ -216,7 +216,11 @@ def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog, *,
         raise KnownError(f"llama.cpp could not load {os.path.basename(path)}: {why}") from None
     # An SPM vocab without its 256 byte tokens makes llama.cpp throw std::out_of_range (and
     # terminate) on the first character it cannot spell; find out now, while loading, not mid-chat.
-    model.tokenize("\x01\u0378\U000e0001 probe".encode(), add_bos=False, special=False)
+    # (Not LlamaModel.tokenize: it allocates n_ctx_train tokens, and a GGUF claiming a context of
+    # 2**31 - 1 made that a MemoryError with an empty message, issue 34.)
+    probe = "\x01\u0378\U000e0001 probe".encode()
+    out = (llama_cpp.llama_token * (len(probe) + 8))()
+    llama_cpp.llama_tokenize(model.vocab, probe, len(probe), out, len(out), False, False)
     n_ctx_train = model.n_ctx_train()
     ctx_mark = llama_log.mark()
     cparams = llama_cpp.llama_context_default_params()

@@ -179,6 +179,11 @@ class Engine:
             offload = _rpc_offload(req.model, settings)
             lm = load_model(req.model, settings, self.llama_log,
                             n_outputs=max(spec.k_max + 1, settings.n_parallel + 1), offload=offload)
+        except MemoryError:  # (the memory ceiling above turns a runaway allocation into this)
+            self.emit(P.Error(kind="load", id=req.id, out_of_memory=True, message=(
+                f"ran out of memory loading {os.path.basename(req.model)}; try a smaller context (--ctx) "
+                "or a smaller model")))
+            return
         except KnownError as e:
             self.emit(P.Error(kind="load", id=req.id, message=str(e), out_of_memory=out_of_memory(str(e)),
                               detail="\n".join(self.llama_log.since(0)[-30:])))
@@ -325,6 +330,9 @@ class Engine:
             sampling = SamplingSettings(**req.sampling)
             if isinstance(req.logprobs, bool) or not isinstance(req.logprobs, int) or not 0 <= req.logprobs <= 100:
                 raise KnownError(f"logprobs must be a whole number from 0 to 100, got {req.logprobs!r}")
+            limit = req.deadline_s
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0):
+                raise KnownError(f"deadline_s must be a positive number of seconds, got {limit!r}")
             spec = self.speculation if req.speculation is None else dataclasses.replace(
                 self.speculation, **req.speculation)
             cap = self.lm.n_outputs - 1  # logits rows reserved at load: [last] + K max
@@ -351,7 +359,8 @@ class Engine:
                 seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs,
                                drafter=drafter, max_gen=min(sampling.max_tokens, room),
                                stats=RunStats(n_prompt=len(prompt), t_start=t_start),
-                               constraint=constraint, structured=structured, reasoning=thinking, ctx=use)
+                               constraint=constraint, structured=structured, reasoning=thinking, limit_s=limit,
+                               deadline=None if limit is None else self.batch.clock() + limit, ctx=use)
                 self.batch.submit(seq)
                 if use.truncated or use.note:
                     self._emit(self.batch.overflow_event(seq))
@@ -430,13 +439,13 @@ class Engine:
                     with getattr(self.emit, "held", contextlib.nullcontext)():
                         self.batch.step()
                 except Exception as e:  # noqa: BLE001 - a bug of ours ends the requests, not the engine
-                    self.batch.fail_all(f"internal error: {e}", traceback.format_exc())
+                    self.batch.fail_all(f"internal error: {e or type(e).__name__}", traceback.format_exc())
             if self._embeds:
                 try:
                     self._embed_step()
                 except Exception as e:  # noqa: BLE001 - a bug of ours ends the request, not the engine
                     job = self._embeds.popleft()
-                    self._emit(P.Error(kind="bug", id=job.req.id, message=f"internal error: {e}",
+                    self._emit(P.Error(kind="bug", id=job.req.id, message=f"internal error: {e or type(e).__name__}",
                                        detail=traceback.format_exc()))
         if self.batch is not None:
             self.batch.idle()
@@ -651,6 +660,9 @@ def llama_bos_text(gen: Any) -> str:
     return _piece(gen, str(llama_cpp.llama_vocab_bos(gen.lm.vocab)))
 
 
+_LINE_ID = re.compile(r'\{"type": "[a-z]+", "id": "([^"\\]{1,200})"')
+
+
 def _read_requests(stdin: TextIO, inbox: queue.Queue[P.Message], book: CancelBook, emit: Emitter) -> None:
     """The reader thread: Cancel and Ping are answered here, at once, even while the main thread is
     busy in a decode; everything else queues for the main loop. EOF means the client is gone."""
@@ -659,8 +671,9 @@ def _read_requests(stdin: TextIO, inbox: queue.Queue[P.Message], book: CancelBoo
             continue
         try:
             msg = P.decode(line)
-        except P.ProtocolError as e:
-            emit(P.Error(kind="protocol", message=str(e)))
+        except P.ProtocolError as e:  # answered under the request's id when one can be read, so it does not wait
+            m = _LINE_ID.match(line)
+            emit(P.Error(kind="protocol", id=m.group(1) if m else None, message=str(e)))
             continue
         if isinstance(msg, P.Ping):
             emit(P.Pong(id=msg.id))
@@ -717,7 +730,7 @@ def main() -> int:
             else:
                 emit(P.Error(kind="protocol", message=f"not a request: {msg.TYPE}"))
         except Exception as e:  # noqa: BLE001 - a bug of ours must not kill the engine
-            emit(P.Error(kind="bug", id=getattr(msg, "id", None), message=f"internal error: {e}",
+            emit(P.Error(kind="bug", id=getattr(msg, "id", None), message=f"internal error: {e or type(e).__name__}",
                          detail=traceback.format_exc()))
 
 

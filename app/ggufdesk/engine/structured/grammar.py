@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import functools
 import itertools
 import json
 import re
@@ -116,18 +117,40 @@ class _Converter(llama_grammar.SchemaConverter):
         return super().visit(schema, name)
 
 
-def schema_to_gbnf(schema: dict[str, Any]) -> str:
-    """GBNF for a checked schema; SchemaError names what cannot be enforced."""
-    S.check_schema(schema)
+def schema_to_gbnf(schema: dict[str, Any], *, meta: bool = True) -> str:
+    """GBNF for a checked schema; SchemaError names what cannot be enforced. meta: see S.check_schema."""
+    S.check_schema(schema, meta=meta)
     conv = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     try:
         resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "input")
         conv.visit(resolved, "")
     except S.SchemaError:
         raise
-    except (AssertionError, ValueError, KeyError, TypeError, RecursionError, NotImplementedError) as e:
+    except Exception as e:  # noqa: BLE001 - llama-cpp-python's converter on input a client wrote: any failure is "cannot"
         raise S.SchemaError(f"the schema cannot be turned into a grammar: {e or type(e).__name__}") from None
     return conv.format_grammar()
+
+
+def check_bounded(gbnf: str) -> str:
+    """The grammar, once its stack growth on a probe is under engine/structured/bounds.py's limits;
+    SchemaError (a 400) otherwise, before llama.cpp builds it."""
+    why = _probe(gbnf)
+    if why is not None:
+        raise S.SchemaError(f"{why}; simplify the schema (patterns with nested optional or repeated parts are "
+                            "the usual cause)")
+    return gbnf
+
+
+@functools.lru_cache(maxsize=32)
+def _probe(gbnf: str) -> str | None:
+    """Why the grammar is refused, or None (remembered: an agent sends the same tools every turn)."""
+    from ggufdesk.engine.structured.bounds import GrammarTooComplex, stack_peak
+
+    try:
+        stack_peak(gbnf)
+    except GrammarTooComplex as e:
+        return str(e)
+    return None
 
 
 # ---- tool calls -------------------------------------------------------------------------------
@@ -243,7 +266,7 @@ def tool_grammar(tools: list[dict[str, Any]], fmt: ToolFormat, mode: str, *,
         return ToolGrammar(gbnf=_harmony_grammar(tools), marker=fmt.marker, lazy=True)
     if fmt.name == "qwen3_coder":
         return ToolGrammar(gbnf=_xml_grammar(tools, parallel), marker=fmt.marker, lazy=lazy)
-    call = schema_to_gbnf(T.call_schema(tools, fmt))
+    call = schema_to_gbnf(T.call_schema(tools, fmt), meta=False)  # each tool passed the meta check in check_tools
     call = re.sub(r"^root ::=", "call ::=", call, flags=re.M)
     ws = '[ \\n]?'
     if fmt.name == "mistral":
@@ -294,7 +317,7 @@ class GrammarConstraint:
         else:
             self._smp = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
         if not self._smp:
-            raise KnownError("llama.cpp could not parse the grammar (see the engine log)")
+            raise S.SchemaError("llama.cpp could not parse the grammar (see the engine log)")
         self._one = np.zeros(1, dtype=_TOKEN_DATA)
         self._all = np.zeros(n_vocab, dtype=_TOKEN_DATA)
         self.rejections = 0  # how often the fast check failed and the full vocabulary was used

@@ -13,7 +13,8 @@ from typing import Any, Callable
 from ggufdesk.core import tools as T
 from ggufdesk.core.schema import SchemaError, json_object_schema
 from ggufdesk.core.toolcalls import Parsed, parse
-from ggufdesk.engine.structured.grammar import GrammarConstraint, _openings, schema_to_gbnf, tool_grammar
+from ggufdesk.engine.structured.grammar import (GrammarConstraint, _openings, check_bounded, schema_to_gbnf,
+                                                tool_grammar)
 
 
 @dataclass
@@ -104,10 +105,10 @@ def plan(*, json_schema: Any = None, grammar: str | None = None, tools: Any = No
     if grammar is not None:
         if not isinstance(grammar, str) or "root" not in grammar:
             raise SchemaError("a grammar must be GBNF text with a `root` rule")
-        return Structured(gbnf=grammar)
+        return Structured(gbnf=check_bounded(grammar))
     if json_schema is not None:
         schema = json_object_schema() if json_schema == "json_object" else json_schema
-        return Structured(gbnf=schema_to_gbnf(schema))
+        return Structured(gbnf=check_bounded(schema_to_gbnf(schema)))
     if tools is None:
         if tool_choice not in (None, "none", "auto"):
             raise SchemaError("tool_choice needs tools")
@@ -122,4 +123,5 @@ def plan(*, json_schema: Any = None, grammar: str | None = None, tools: Any = No
         return Structured()
     tg = tool_grammar(T.loosen(chosen, loose), fmt, mode, parallel=parallel_tool_calls)
     lazy = tg.lazy or reasoning
-    return Structured(gbnf=tg.gbnf, marker=tg.marker if lazy else None, tools=chosen, fmt=fmt, mode=mode)
+    return Structured(gbnf=check_bounded(tg.gbnf), marker=tg.marker if lazy else None, tools=chosen, fmt=fmt,
+                      mode=mode)
