@@ -9,12 +9,17 @@ threads (medians over rounds; the machine is shared, so read the ratios, not the
 2. aggregate tok/s with 1, 4 and 8 concurrent streams through the engine process, against the
    same batches driven in-process through the low-level API (a quiet machine: 79 / 118 / 178 tok/s);
 3. one stream: an engine loaded for 8 sequences vs one loaded for 1 (what `ggufdesk run` uses)
-   vs the pre-batching decode loop in-process (generate.Generator.run);
+   vs the same step loop in-process, without the process and its pipes (tests/engine/live.py);
 4. 4 streams decoding while a 3,000-token prompt arrives: their worst inter-token gap vs their
    undisturbed median, and that prompt's time to first token vs alone;
-5. a second request sharing a 1,500-token system prompt: its TTFT vs the first's.
+5. a second request sharing a 1,500-token system prompt: its TTFT vs the first's;
+6. 4 concurrent clients with and without prompt lookup (adaptive, drafting inside the batched
+   steps): copy/edit-heavy work (bench/spec_workloads.py's code, RAG and copy prompts, greedy) and
+   free writing (its sampled writing prompts); aggregate decode tok/s from the moment all four are
+   decoding until the last is done (targets: >= 1.3x on copy/edit, >= 0.97x on free writing).
 
-    .venv/bin/python bench/batch.py [MODEL] [--rounds N] [--threads N] [--chunk C]
+    .venv/bin/python bench/batch.py [MODEL] [--rounds N] [--threads N] [--chunk C] [--parts 123456]
+        [--max-tokens N]
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.spec_workloads import WORKLOADS
 from ggufdesk.core.settings import LoadSettings, SamplingSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.link.client import EngineClient
@@ -62,11 +68,14 @@ def stream_times(client: EngineClient, rid: str, t0: float, out: dict) -> None:
     out[rid] = {"t0": t0, "times": times}
 
 
-def run_together(client: EngineClient, prompts: list[str], gen: int) -> list[dict]:
+def run_together(client: EngineClient, prompts: list[str], gen: int, *, sampling: list[dict] | None = None,
+                 speculation: dict | None = None) -> list[dict]:
     out: dict = {}
     threads = []
     t0 = time.perf_counter()
-    rids = [client.generate(prompt=p, sampling=greedy(gen)) for p in prompts]
+    spec = speculation or {"mode": "off"}  # (the engine that serves part 6 is loaded with lookup)
+    rids = [client.generate(prompt=p, sampling=sampling[i] if sampling else greedy(gen), speculation=spec)
+            for i, p in enumerate(prompts)]
     for rid in rids:
         th = threading.Thread(target=stream_times, args=(client, rid, t0, out))
         th.start()
@@ -77,6 +86,29 @@ def run_together(client: EngineClient, prompts: list[str], gen: int) -> list[dic
     if errors:
         raise SystemExit(f"engine error: {errors[0]}")
     return [out[r] for r in rids]
+
+
+def busy_rate(results: list[dict]) -> float:
+    """Tokens per second from the moment every stream has its first token until the last token of
+    any (streams that finish early, as a copying one does with lookup, leave the others running)."""
+    start = max(r["times"][0] for r in results)
+    end = max(r["times"][-1] for r in results)
+    n = sum(sum(1 for t in r["times"] if start < t <= end) for r in results)
+    return n / (end - start) if end > start else 0.0
+
+
+COPY_EDIT = [w for w in WORKLOADS if w.category in ("code", "rag", "copy")]
+FREE = [w for w in WORKLOADS if w.category == "writing"]
+
+
+def four_clients(client: EngineClient, r: int, work: list, tokens: int, lookup: bool) -> float:
+    """Round r: 4 prompts of `work` (rotating) at once, with adaptive lookup or without."""
+    chosen = [work[(4 * r + i) % len(work)] for i in range(4)]
+    sampling = [{"temperature": w.temperature, "seed": 1 + i, "max_tokens": tokens, "stop": ["never-stop-here"]}
+                for i, w in enumerate(chosen)]
+    spec = {"mode": "lookup", "adaptive": True, "lookup_history": False} if lookup else {"mode": "off"}
+    # (the second mode of a round finds the prompts cached: only the decode span is measured)
+    return busy_rate(run_together(client, [w.prompt for w in chosen], tokens, sampling=sampling, speculation=spec))
 
 
 def aggregate(results: list[dict]) -> float:
@@ -150,7 +182,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--chunk", type=int, default=-1, help="prefill_chunk for the engine (0 = auto, the default)")
-    ap.add_argument("--parts", default="12345", help="which parts to run, e.g. 4 or 145")
+    ap.add_argument("--parts", default="123456", help="which parts to run, e.g. 4 or 145")
+    ap.add_argument("--max-tokens", type=int, default=128, help="tokens per stream in part 6")
     args = ap.parse_args()
     if args.model is None:
         from ggufdesk.core.starter import starter_model_path
@@ -186,15 +219,15 @@ def main() -> int:
     run1 = EngineClient(auto_restart=False)
     serve.start()
     run1.start()
-    serve.load(args.model, settings=LoadSettings(n_ctx=12288, n_parallel=8, **base))
+    # (loaded with lookup: verification costs are measured at load; requests choose per request)
+    serve.load(args.model, settings=LoadSettings(n_ctx=12288, n_parallel=8, **base),
+               speculation={"mode": "lookup", "k_max": 16})
     run1.load(args.model, settings=LoadSettings(n_ctx=4096, n_parallel=1, **base))
-    from ggufdesk.engine.batching.generate import Generator
-    from ggufdesk.engine.runtime.native import LlamaLog, load_model
+    from tests.engine.live import Live
 
-    old = Generator(load_model(args.model, LoadSettings(n_ctx=4096, **{k: v for k, v in base.items()
-                                                                      if k != "prefill_chunk"}), LlamaLog()))
+    inproc = Live(args.model, LoadSettings(n_ctx=4096, **base))
     rows: dict[str, list[float]] = {}
-    n_long, n_system = len(old.tokenize(text(LONG, "r0longA"))), len(old.tokenize(text(SYSTEM, "r0system")))
+    n_long, n_system = len(inproc.tokens(text(LONG, "r0longA"))), len(inproc.tokens(text(SYSTEM, "r0system")))
 
     def add(key: str, v: float) -> None:
         rows.setdefault(key, []).append(v)
@@ -211,18 +244,12 @@ def main() -> int:
             ms = statistics.median(low.step_ms(n, 0, extra_logits=False, reps=1) for _ in range(GEN // 4))
             add(f"low{n}", n * 1000 / ms)
         # 3. one stream three ways (order alternates by round)
-        order = ["serve", "run", "old"] if r % 2 == 0 else ["old", "run", "serve"]
+        order = ["serve", "run", "inproc"] if r % 2 == 0 else ["inproc", "run", "serve"]
         for who in order if "3" in args.parts else ():
             p = text(20, f"{tag}one{who}")
-            if who == "old":
-                times: list[float] = []
-
-                def stamp(_text: str, times: list[float] = times) -> None:
-                    times.append(time.perf_counter())
-
-                old.truncate(0)
-                old.run(old.tokenize(p), greedy(GEN), emit_text=stamp)
-                add("one_old", (len(times) - 1) / (times[-1] - times[0]))
+            if who == "inproc":
+                st = inproc.plain(p, GEN, stop=("never-stop-here",)).stats
+                add("one_inproc", st.decode_tok_s)
             else:
                 res = run_together(serve if who == "serve" else run1, [p], GEN)[0]
                 add(f"one_{who}", (len(res["times"]) - 1) / (res["times"][-1] - res["times"][0]))
@@ -236,7 +263,8 @@ def main() -> int:
             t0 = time.perf_counter()
             for i in range(4):
                 # (prompt + max_tokens of all four and the long prompt must fit the cells, or it waits)
-                rid = serve.generate(prompt=text(20, f"{tag}bg{i}"), sampling=greedy(1000))
+                rid = serve.generate(prompt=text(20, f"{tag}bg{i}"), sampling=greedy(1000),
+                                     speculation={"mode": "off"})
                 th_ = threading.Thread(target=stream_times, args=(serve, rid, t0, out))
                 th_.start()
                 ths.append(th_)
@@ -268,9 +296,16 @@ def main() -> int:
             second = run_together(serve, [system + " Question: who argued about grain?"], 2)[0]
             add("pfx_first", first["times"][0] - first["t0"])
             add("pfx_second", second["times"][0] - second["t0"])
+        if "6" in args.parts:
+            # 6. 4 clients with and without lookup (order alternates by round)
+            for lookup in (False, True) if r % 2 == 0 else (True, False):
+                name = "lookup" if lookup else "plain"
+                add(f"copy_{name}", four_clients(serve, r, COPY_EDIT, args.max_tokens, lookup))
+                add(f"free_{name}", four_clients(serve, r, FREE, args.max_tokens, lookup))
         print(f"round {r + 1}/{args.rounds} done (load average {os.getloadavg()[0]:.1f})", flush=True)
     serve.shutdown()
     run1.shutdown()
+    inproc.close()
 
     def m(key: str) -> float:
         return statistics.median(rows[key])
@@ -284,11 +319,11 @@ def main() -> int:
         print(f"   4 streams vs one: {m('agg4') / m('agg1'):.2f}x; 8 streams vs one: {m('agg8') / m('agg1'):.2f}x")
     if "3" in args.parts:
         print("\n3. one stream, decode tok/s")
-        print("| engine n_parallel=8 | engine n_parallel=1 (ggufdesk run) | pre-batching loop in-process |")
+        print("| engine n_parallel=8 | engine n_parallel=1 (ggufdesk run) | the same loop in-process |")
         print("|---:|---:|---:|")
-        print(f"| {m('one_serve'):.1f} | {m('one_run'):.1f} | {m('one_old'):.1f} |")
-        print(f"   n_parallel=8 vs run: {m('one_serve') / m('one_run'):.3f}x; run vs the old loop: "
-              f"{m('one_run') / m('one_old'):.3f}x (target >= 0.95x)")
+        print(f"| {m('one_serve'):.1f} | {m('one_run'):.1f} | {m('one_inproc'):.1f} |")
+        print(f"   n_parallel=8 vs run: {m('one_serve') / m('one_run'):.3f}x; run vs in-process: "
+              f"{m('one_run') / m('one_inproc'):.3f}x (target >= 0.95x)")
     if "4" in args.parts:
         print(f"\n4. a {n_long}-token prompt arriving while 4 streams decode (prefill_chunk {chunk or 'auto'})")
         print(f"   running streams: undisturbed median gap {m('gap_median') * 1000:.0f} ms, worst gap during the "
@@ -298,6 +333,14 @@ def main() -> int:
     if "5" in args.parts:
         print(f"\n5. shared {n_system}-token system prompt: TTFT first {m('pfx_first'):.2f} s, second "
               f"{m('pfx_second'):.3f} s = {m('pfx_second') / m('pfx_first'):.3f}x (target <= 0.25x)")
+    if "6" in args.parts:
+        print(f"\n6. 4 concurrent clients, {args.max_tokens} tokens each, aggregate decode tok/s (n_parallel=8)")
+        print("| work | without lookup | with adaptive lookup | ratio | target |")
+        print("|---|---:|---:|---:|---:|")
+        for key, label, target in (("copy", "copy/edit (code, RAG, copy)", ">= 1.3x"),
+                                   ("free", "free writing (sampled)", ">= 0.97x")):
+            a, b = m(f"{key}_plain"), m(f"{key}_lookup")
+            print(f"| {label} | {a:.1f} | {b:.1f} | {b / a:.2f}x | {target} |")
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
     return 0
 

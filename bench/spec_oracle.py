@@ -1,7 +1,8 @@
 """How close adaptive prompt lookup comes to the best any lookup policy could do, per category of the suite.
 
 bench/speculative.py measures wall time. This replays instead: each greedy prompt of
-bench/spec_workloads.py is answered once by plain decoding (the starter, in process); then the
+bench/spec_workloads.py is answered once by plain decoding (the starter, on the engine's step loop in
+process, tests/engine/live.py); then the
 engine's own drafter (`engine/speculation/lookup.py`: adaptive, and fixed K) is driven over that answer with
 each step charged what this machine measured for its row count (a verification decode at a
 400-token context, rows 1 to 32; a plain step = 1). Greedy speculation emits exactly the plain
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.spec_workloads import CATEGORIES, WORKLOADS
 
-from ggufdesk.core.settings import LoadSettings, SamplingSettings
+from ggufdesk.core.settings import LoadSettings
 from ggufdesk.core.starter import starter_model_path
 from ggufdesk.engine.speculation.lookup import NgramCache, PromptLookup
 
@@ -45,44 +46,48 @@ CONTEXT = 400  # tokens in the KV cache while the costs are measured (a prompt o
 SHORT = 3  # matches shorter than this get foresight in the "short foresight" replay
 
 
-def decode_times(gen, cases: list[tuple[int, str]], reps: int) -> list[float]:
+def decode_times(lm, cases: list[tuple[int, str]], reps: int) -> list[float]:
     """Median seconds of each case's decode at CONTEXT tokens, the cases interleaved in every pass (the
     first pass warms up). A case is (rows, which rows want logits: "every", "last" or "none")."""
     import llama_cpp
     from llama_cpp import _internals as internals
 
-    from ggufdesk.engine.batching.batch import fill_batch
+    from ggufdesk.engine.batching.runner import fill_batch
 
-    gen.truncate(0)
-    gen.prefill([1000 + i for i in range(CONTEXT)])
-    batch = internals.LlamaBatch(n_tokens=max(r for r, _ in cases), embd=0, n_seq_max=1)
+    mem = llama_cpp.llama_get_memory(lm.ctx.ctx)
+    llama_cpp.llama_memory_clear(mem, True)
+    batch = internals.LlamaBatch(n_tokens=max(CONTEXT, *(r for r, _ in cases)), embd=0, n_seq_max=1)
+    for i in range(0, CONTEXT, lm.settings.n_batch):  # the context the rows attend to
+        n = min(lm.settings.n_batch, CONTEXT - i)
+        fill_batch(batch, [(1000 + i + j, i + j, 0, False) for j in range(n)])
+        llama_cpp.llama_decode(lm.ctx.ctx, batch.batch)
     times: list[list[float]] = [[] for _ in cases]
     for rep in range(reps + 1):
         for (r, logits), ts in zip(cases, times):
             fill_batch(batch, [(500 + i, CONTEXT + i, 0, logits == "every" or (logits == "last" and i == r - 1))
                                for i in range(r)])
             t = time.perf_counter()
-            llama_cpp.llama_decode(gen.lm.ctx.ctx, batch.batch)
+            llama_cpp.llama_decode(lm.ctx.ctx, batch.batch)
             dt = time.perf_counter() - t
-            llama_cpp.llama_memory_seq_rm(gen._mem, 0, CONTEXT, -1)
+            llama_cpp.llama_memory_seq_rm(mem, 0, CONTEXT, -1)
             if rep:
                 ts.append(dt)
-    gen.truncate(0)
+    llama_cpp.llama_memory_clear(mem, True)
     return [statistics.median(ts) for ts in times]
 
 
-def measure_costs(gen, reps: int = 4, *, every_row: bool = True) -> dict[int, float]:
+def measure_costs(lm, reps: int = 4, *, every_row: bool = True) -> dict[int, float]:
     """k -> seconds of a decode of k + 1 rows with logits (for every row, or for the last only) / a
     one-row decode's, at CONTEXT tokens."""
-    times = decode_times(gen, [(r, "every" if every_row else "last") for r in ROWS], reps)
+    times = decode_times(lm, [(r, "every" if every_row else "last") for r in ROWS], reps)
     one = times[ROWS.index(1)]
     return {r - 1: t / one for r, t in zip(ROWS, times)}
 
 
-def one_row_ms(gen, reps: int = 10) -> tuple[float, float]:
+def one_row_ms(lm, reps: int = 10) -> tuple[float, float]:
     """Milliseconds of a one-row decode at CONTEXT tokens with its logits and without (no output
     layer at all): what the vocabulary's output layer costs a plain step."""
-    with_head, without = decode_times(gen, [(1, "every"), (1, "none")], reps)
+    with_head, without = decode_times(lm, [(1, "every"), (1, "none")], reps)
     return with_head * 1e3, without * 1e3
 
 
@@ -165,25 +170,24 @@ def main() -> int:
     ap.add_argument("--lengths", default="1,3,7,15", help="draft lengths the oracle may choose")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    from ggufdesk.engine.batching.generate import Generator
-    from ggufdesk.engine.runtime.native import LlamaLog, load_model
     from ggufdesk.engine.speculation.speculative import Numbers, QuoteMarks, SentenceEnds
     from ggufdesk.engine.speculation.verify_cost import Calibration
+    from tests.engine.live import Live
 
     s = LoadSettings(n_ctx=8192, n_threads=args.threads, n_threads_batch=args.threads)
-    gen = Generator(load_model(str(starter_model_path()), s, LlamaLog(), n_outputs=max(ROWS) + 1))
-    table = measure_costs(gen)
-    last_only = measure_costs(gen, every_row=False)
-    cal = Calibration(gen.lm, 16)  # what the engine itself measures at load (an empty KV cache)
+    live = Live(starter_model_path(), s, n_outputs=max(ROWS) + 1)  # the engine's step loop, in process
+    lm = live.lm
+    table = measure_costs(lm)
+    last_only = measure_costs(lm, every_row=False)
+    cal = Calibration(lm, 16)  # what the engine itself measures at load (an empty KV cache)
     while not cal.done:
         cal.step()
-    gen.truncate(0)
-    ends, quotes, nums = SentenceEnds(gen.lm), QuoteMarks(gen.lm), Numbers(gen.lm)
+    ends, quotes, nums = SentenceEnds(lm), QuoteMarks(lm), Numbers(lm)
     print("verification cost at a 400-token context (plain steps): "
           + ", ".join(f"{k + 1} rows {c:.2f}" for k, c in sorted(table.items()) if k))
     print("the same rows, logits for the last row only: "
           + ", ".join(f"{k + 1} rows {c:.2f}" for k, c in sorted(last_only.items()) if k))
-    with_head, without = one_row_ms(gen)
+    with_head, without = one_row_ms(lm)
     print(f"a one-row step: {with_head:.1f} ms with its logits, {without:.1f} ms without "
           f"(the output layer: {1 - without / with_head:.0%} of a plain step)")
     print("the engine's own measurement at load: " + ", ".join(f"k={k} {c:.2f}" for k, c in (cal.costs or {}).items()))
@@ -193,11 +197,9 @@ def main() -> int:
     for w in WORKLOADS:
         if w.category not in cats or w.temperature:
             continue
-        gen.truncate(0)
-        prompt = gen.tokenize(w.prompt)
-        _, st = gen.run(prompt, SamplingSettings(temperature=0.0, max_tokens=args.max_tokens),
-                        emit_text=lambda t: None)
-        out = st.tokens
+        live.forget()
+        prompt = live.tokens(w.prompt)
+        out = live.plain(prompt, args.max_tokens).tokens  # plain decoding on the live loop
         if len(out) < 2:
             print(f"  {w.category}/{w.name}: skipped (a {len(out)}-token answer)", file=sys.stderr)
             continue

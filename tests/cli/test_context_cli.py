@@ -10,6 +10,7 @@ import sys
 
 from ggufdesk.cli import build_parser
 from ggufdesk.cli import chat as chat_cmd
+from ggufdesk.cli.run import settings_from_args
 
 LONG = " ".join(["the cat"] * 200)
 
@@ -32,10 +33,22 @@ def test_run_refuses_by_default_and_rolls_when_asked(tiny_model):
     assert "was left out to fit the 256-token context" in said.stderr  # said on stderr, not in the text
 
 
+def test_the_overflow_default_is_the_commands_then_a_preset_then_the_flag():
+    from ggufdesk.core.settings import Preset
+
+    def policy(*argv: str, preset: Preset | None = None) -> str:
+        return settings_from_args(build_parser().parse_args(list(argv)), preset)[1].context_overflow
+
+    rolling = Preset(sampling={"context_overflow": "rolling"})
+    assert policy("run", "m", "--prompt", "x") == "error" and policy("serve", "m") == "error"
+    assert policy("chat", "m") == "rolling" and policy("run", "m", "--prompt", "x", preset=rolling) == "rolling"
+    assert policy("chat", "m", "--context-overflow", "shift", preset=rolling) == "shift"
+
+
 def test_chat_rolls_by_default(tiny_model):
     args = build_parser().parse_args(["chat", str(tiny_model), "--ctx", "256", "--max-tokens", "4",
                                       "--temperature", "0"])
-    assert args.context_overflow == "rolling"
+    assert settings_from_args(args)[1].context_overflow == "rolling"  # (a flag or the model's preset wins)
     out = io.StringIO()
     lines = "\n".join(f"{i} {LONG[:300]}" for i in range(4)) + "\n/exit\n"
     assert chat_cmd.run(args, stdin=io.StringIO(lines), stdout=out) == 0

@@ -72,3 +72,28 @@ def test_run_takes_a_library_id(tiny_model, capsys, tmp_path, monkeypatch):
                        capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["model"] == str(tiny_model.resolve())
+
+
+def test_run_uses_the_models_preset_and_a_flag_wins_over_it(tiny_model, tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    library.add_path(tiny_model)
+    settings = tmp_path / "cfg" / "ggufdesk" / "settings.json"
+    settings.parent.mkdir(parents=True)
+    settings.write_text(json.dumps({"presets": {"tiny-target": {"sampling": {"max_tokens": 3, "temperature": 0},
+                                                                "load": {"n_ctx": 256}}}}))
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+
+    def run(*extra: str) -> dict:
+        p = subprocess.run([sys.executable, "-m", "ggufdesk", "run", "tiny-target", "--prompt", "the cat", *extra,
+                            "--json"], capture_output=True, text=True, timeout=180, env=env)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    assert run()["tokens"] == 3
+    assert run("--max-tokens", "5")["tokens"] == 5
+    settings.write_text("{broken")
+    p = subprocess.run([sys.executable, "-m", "ggufdesk", "run", "tiny-target", "--prompt", "x", "--max-tokens", "1",
+                        "--json"], capture_output=True, text=True, timeout=180, env=env)
+    assert p.returncode == 0 and "presets not used" in p.stderr  # a broken settings file never stops a run

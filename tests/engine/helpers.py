@@ -16,7 +16,8 @@ class Result:
     tokens: int = 0
 
 
-def collect(client, rid: str, timeout: float = 120.0) -> Result:
+def collect(client, rid: str, timeout: float = 600.0) -> Result:
+    """A request's events to its end (timeout: a hang guard, generous for a loaded machine)."""
     r = Result()
     for ev in client.stream(rid, timeout=timeout):
         if isinstance(ev, P.Token):

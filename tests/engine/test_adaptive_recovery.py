@@ -13,7 +13,8 @@ PLAIN_S, FIXED_S, ROW_S = 0.010, 0.015, 0.003  # a CPU as measured: verifying k 
 
 
 def simulate(drafter, prompt: list[int], truth: list[int], rejected: list[int] | None = None) -> list[bool]:
-    """Drive a drafter the way engine/batching/generate.py does, against a model that emits `truth`.
+    """Drive a drafter the way the step loop does (engine/speculation/planner.py), against a model that
+    emits `truth`, each step charged by a CPU cost model in seconds.
 
     Returns, per emitted token, whether it came from an accepted draft; appends to `rejected` the
     position of every rejected draft.

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import pytest
 
 from ggufdesk.engine.batching.prefix_cache import Slots
+from ggufdesk.engine.batching.sequence import SequenceStatus
 from ggufdesk.engine.batching.scheduler import Overloaded, Scheduler
 
 
@@ -80,7 +81,7 @@ def test_eviction_is_least_recently_used_and_never_touches_busy_slots():
 @dataclass(eq=False)
 class Req:
     reserve: int
-    prefilling: bool = True
+    status: SequenceStatus = SequenceStatus.WAITING
 
 
 def test_admission_waits_for_cells_in_fifo_order_and_refuses_when_the_queue_is_full():
@@ -110,20 +111,24 @@ def test_plan_decodes_everyone_and_prefills_one_chunk_under_the_budget():
     sched.submit(p2)
     sched.admit()
     plan = sched.plan()
+    assert p1.status is p2.status is SequenceStatus.PREFILLING  # admission starts their prefill
     assert plan.decode == [] and plan.prefill is p1 and plan.chunk == 64  # nobody waits: whole batch
-    p1.prefilling = False
+    p1.status = SequenceStatus.DECODING
     plan = sched.plan()
-    assert plan.decode == [p1] and plan.prefill is p2 and plan.chunk == 16  # p1 decodes: small chunk
-    p2.prefilling = False
+    assert [r.seq for r in plan.decode] == [p1] and plan.prefill is p2 and plan.chunk == 16  # p1 decodes: small chunk
+    p2.status = SequenceStatus.VERIFYING  # (last step it carried drafts: it runs all the same)
     plan = sched.plan()
-    assert plan.decode == [p1, p2] and plan.prefill is None
+    assert [r.seq for r in plan.decode] == [p1, p2] and plan.prefill is None
+    assert plan.decode_rows == 2 and plan.sequences() == [p1, p2] and not plan.empty
 
 
 def test_the_batch_size_bounds_the_chunk():
     sched: Scheduler[Req] = Scheduler(n_slots=4, n_cells=1000, n_batch=4, prefill_chunk=16)
-    reqs = [Req(10, prefilling=False) for _ in range(3)] + [Req(10)]
+    reqs = [Req(10) for _ in range(4)]
     for r in reqs:
         sched.submit(r)
     sched.admit()
+    for r in reqs[:3]:
+        r.status = SequenceStatus.DECODING
     plan = sched.plan()
     assert len(plan.decode) == 3 and plan.chunk == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ggufdesk.engine.batching.chunking import FALLBACK, ChunkSizer
+from ggufdesk.engine.batching.sequence import SequenceStatus
 from ggufdesk.engine.batching.scheduler import Scheduler
 
 
@@ -67,18 +68,19 @@ def test_an_unmeasured_row_count_borrows_the_nearest_measured_one():
 @dataclass(eq=False)
 class Req:
     reserve: int
-    prefilling: bool = True
+    status: SequenceStatus = SequenceStatus.WAITING
 
 
 def test_the_scheduler_asks_the_sizer_only_when_someone_decodes():
     sched: Scheduler[Req] = Scheduler(n_slots=4, n_cells=1000, n_batch=512, prefill_chunk=0)
     assert sched.sizer is not None
-    a, b = Req(10, prefilling=False), Req(10)
+    a, b = Req(10), Req(10)
     sched.submit(b)
     sched.admit()
     assert sched.plan().chunk == 512  # alone: the whole batch
     sched.submit(a)
     sched.admit()
+    a.status = SequenceStatus.DECODING
     sched.sizer.observe(1, 0, 0.010)
     sched.sizer.observe(1, 63, 0.010 + 63 * 0.001)
     # 8 plain steps of prompt work fit 80 tokens; 1 + 80 rows round down to 64: 63 tokens

@@ -80,7 +80,7 @@ def test_a_raw_prompt_rolls_to_its_newest_tokens(live):
     budget = N_CTX - 40
     text = " ".join(ggufs.WORDS[i % len(ggufs.WORDS)] for i in range(300))
     events = live.run("r", prompt=text, sampling=greedy(40, "rolling"))
-    full = live.engine.gen.tokenize(text)
+    full = live.engine.vocab.tokenize(text)
     ran = live.prompts["r"]
     assert ran == full[:1] + full[len(full) - (budget - 1) + int(budget * ROLL_SLACK):]
     assert one(events, P.Done).usage["truncated_tokens"] == len(full) - len(ran)
@@ -144,8 +144,7 @@ def test_shift_generates_past_the_window_and_equals_a_run_on_the_kept_tokens(one
 
 def _run_tokens(live: Live, rid: str, prompt: list[int], n: int) -> list[int]:
     """Greedy tokens for a prompt given as token ids (a fresh prefill: the engine holds nothing of it)."""
-    from ggufdesk.engine.batching.batch import Sequence
-    from ggufdesk.engine.batching.generate import RunStats
+    from ggufdesk.engine.batching.sequence import RunStats, Sequence
 
     batch = live.engine.batch
     batch.slots.evict(N_CTX)

@@ -11,14 +11,14 @@ SCRIPT = textwrap.dedent('''
     import json, sys
     from ggufdesk.core import tools as T
     from ggufdesk.core.settings import LoadSettings
-    from ggufdesk.engine.batching.generate import Generator
+    from ggufdesk.engine.batching.vocab import Vocab
     from ggufdesk.engine.structured.grammar import _openings, tool_grammar
     from ggufdesk.engine.structured.grammar import GrammarConstraint
     from ggufdesk.engine.runtime.native import LlamaLog, load_model
 
     lm = load_model(sys.argv[1], LoadSettings(n_ctx=256, n_batch=32, n_ubatch=32, n_threads=1,
                                               n_threads_batch=1), LlamaLog())
-    gen = Generator(lm)
+    gen = Vocab(lm)
     tools = T.check_tools([{"type": "function", "function": {"name": "now", "parameters": {
         "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"]}}}])
     g = tool_grammar(tools, T.GENERIC, "auto")
@@ -72,7 +72,7 @@ SCRIPT = textwrap.dedent('''
 
 def test_lazy_grammar_token_by_token(tiny_model):
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model)], capture_output=True, text=True,
-                       timeout=120)
+                       timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["all_allowed"] and out["triggered"] and out["eos_allowed_at_end"]

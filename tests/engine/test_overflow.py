@@ -62,7 +62,7 @@ def test_a_prompt_that_fits_is_untouched_under_every_policy():
     msgs = chat(2)
     for policy in ("error", "rolling", "truncate-middle", "shift"):
         f = fit(msgs, policy, 1000)
-        assert f.tokens == render(msgs) and f.truncated_tokens == 0 and f.applied == ""
+        assert f.tokens == render(msgs) and f.truncated_tokens == 0 and f.applied is None
 
 
 def test_error_refuses_with_the_numbers():

@@ -1,8 +1,6 @@
 """The real starter model (Gemma 3 270M Q4_K_M): parity with llama-cpp-python, long-prefill cancel, chat."""
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from ggufdesk.core.settings import LoadSettings
@@ -10,7 +8,7 @@ from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.link.client import EngineClient
 from tests.engine.helpers import collect, greedy
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # (a hang guard: the starter on a loaded 2-core machine takes minutes)
 
 PROMPT = "The three largest cities in France are"
 SETTINGS = LoadSettings(n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=2, n_threads_batch=2)
@@ -40,19 +38,23 @@ def test_greedy_matches_llama_cpp_python_token_for_token(gemma, starter_model):
 
 
 def test_cancel_during_a_long_prefill_is_fast(gemma):
-    long_prompt = "The quick brown fox jumps over the lazy dog. " * 300  # ~3000 tokens, several seconds
+    """A cancel stops a long prefill at once (the chunk being computed is aborted, or, if the cancel
+    arrives between chunks, the next one never starts): the rest of the prompt is not evaluated.
+    (100 ms is the target, which bench/engine.py measures; a time here would measure the machine's load.)"""
+    long_prompt = "The quick brown fox jumps over the lazy dog. " * 300  # ~3000 tokens in 512-token chunks
     rid = gemma.generate(prompt=long_prompt, sampling=greedy(4))
-    latency = None
-    for ev in gemma.stream(rid):
-        if isinstance(ev, P.Progress) and latency is None:
-            t = time.perf_counter()
-            gemma.cancel(rid)
-            latency = -1
+    progress_after, cancelled, done = 0, False, None
+    for ev in gemma.stream(rid, timeout=600):  # (a hang guard)
+        if isinstance(ev, P.Progress):
+            if cancelled:
+                progress_after += 1
+            else:
+                gemma.cancel(rid)  # while the second chunk computes
+                cancelled = True
         if isinstance(ev, P.Done):
-            latency = time.perf_counter() - t
-            assert ev.finish_reason == "cancelled"
-    # 100 ms is the target (bench/engine.py measures it); a loaded CI machine gets slack here
-    assert 0 <= latency < 1.0
+            done = ev
+    assert done is not None and done.finish_reason == "cancelled"
+    assert progress_after <= 1  # at most the chunk already on its way out when the cancel arrived
     r = collect(gemma, gemma.generate(prompt=PROMPT, sampling=greedy(8)))
     assert r.error is None and r.stats.n_gen == 8
 

@@ -14,7 +14,7 @@ from ggufdesk.engine.link.client import EngineClient
 from tests.engine.helpers import collect, greedy
 from tests.fixtures.schemas import SCHEMAS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # (a hang guard: the starter on a loaded 2-core machine takes minutes)
 PICK = ["int range 7-1234", "enum strings", "date", "person", "$ref to $defs", "array of objects"]
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import queue
 
+import pytest
+
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.speculation.adaptive import DraftLength
 from ggufdesk.engine.runtime.worker import CancelBook, Engine
@@ -57,7 +59,16 @@ def test_lengths_outside_the_request_s_bounds_are_ignored():
     assert c.lengths() == [3, 7] and c._k in (3, 7)  # (k itself is 0 until a plain step was timed)
 
 
-def test_a_load_with_speculation_measures_before_it_reports_loaded(tiny_model):
+@pytest.fixture
+def unhurried(monkeypatch):
+    """No time budget for the measurement: on a busy machine the real one (1.5 s) can run out in the
+    first round and leave the larger row counts unmeasured (the budget itself is tested on a fake clock)."""
+    from ggufdesk.engine.speculation import verify_cost
+
+    monkeypatch.setattr(verify_cost, "BUDGET_S", float("inf"))
+
+
+def test_a_load_with_speculation_measures_before_it_reports_loaded(tiny_model, unhurried):
     events: list = []
     engine = Engine(events.append, CancelBook())  # type: ignore[arg-type]
     engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256},
@@ -67,11 +78,12 @@ def test_a_load_with_speculation_measures_before_it_reports_loaded(tiny_model):
     assert costs is not None and sorted(costs) == [1, 3, 7]  # rows 2, 4, 8: up to K max + 1 = 9
     assert all(c > 0 for c in costs.values()) and engine._calibration is None
     assert engine.batch.slots.used == 0  # nothing of the measurement is left in the KV cache
+    assert engine.batch.drafts.costs.lengths(16) == [1, 3, 7]  # the step loop prices drafts with it
     engine.unload(quiet=True)
     assert engine.verify_costs is None
 
 
-def test_measuring_later_runs_while_idle_and_yields_to_requests(tiny_model):
+def test_measuring_later_runs_while_idle_and_yields_to_requests(tiny_model, unhurried):
     engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
     engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256}))
     assert engine._calibration is None  # speculation off: nothing measured

@@ -17,16 +17,17 @@ FAKE_ENGINE = [sys.executable, str(ROOT / "tests" / "fixtures" / "fake_engine.py
 
 
 class ServeProcess:
-    """`python -m ggufdesk serve MODEL --port 0 ...` as a child; waits for its 'ready' line."""
+    """`python -m ggufdesk serve MODEL [MODEL ...] --port 0 ...` as a child; waits for its 'ready' line."""
 
-    def __init__(self, model: Path | str, *args: str, home: Path, timeout: float = 120.0,
+    def __init__(self, model: Path | str | list[Path | str], *args: str, home: Path, timeout: float = 120.0,
                  preexec_fn=None) -> None:
         env = dict(os.environ)
         for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
             env[var] = str(home / var.lower())
         env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ggufdesk", "serve", str(model), "--port", "0", *args],
+            [sys.executable, "-m", "ggufdesk", "serve", *map(str, model if isinstance(model, list) else [model]),
+             "--port", "0", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT),
             preexec_fn=preexec_fn,
         )

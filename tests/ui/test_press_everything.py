@@ -27,6 +27,22 @@ def presser(qtbot, monkeypatch, tmp_path):
         p.close()
 
 
+@pytest.fixture(autouse=True)
+def small_library(monkeypatch, tmp_path):
+    """The model switcher lists two small models (not the installed starters, which pressing would
+    check or assemble: hundreds of MB)."""
+    from ggufdesk.core.library import LocalModel
+    from ggufdesk.ui import model_switcher
+
+    models = []
+    for name in ("tiny-a", "tiny-b"):
+        f = tmp_path / f"{name}.gguf"
+        f.write_bytes(b"GGUF" + b"\0" * 64)
+        models.append(LocalModel(f, f.name, 68, "user", None, id=name))
+    monkeypatch.setattr(model_switcher, "list_library", lambda: list(models))
+    return models
+
+
 @pytest.fixture
 def app_window(qtbot, fake_command, tmp_path):
     """The window as the app builds it (build_main_window), on the fake engine and fake services."""
@@ -94,7 +110,8 @@ def test_main_window_with_a_model(qtbot, app_window, presser, tmp_path):
     p.assert_clean()
     names = " ".join(pressed)
     for expected in ("Copy", "Edit", "Regenerate", "Send", "Delete", "Export", "‹", "New chat",
-                     "Search conversations", "Go to the message box", "Enter sends", "Quit"):
+                     "Search conversations", "Go to the message box", "Enter sends", "Quit",
+                     "tiny-a  —", "tiny-b  —", "Choose or download a model", "Load in the server"):
         assert expected in names, (expected, pressed)
     assert pressed[-1].endswith("Quit") and not win.isVisible()
 

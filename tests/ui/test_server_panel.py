@@ -5,6 +5,7 @@ import httpx
 import pytest
 
 from ggufdesk.core.settings import LoadSettings
+from ggufdesk.server.budget import Need
 from tests.server.serving import fake_pool
 
 
@@ -13,7 +14,8 @@ def panel(qtbot):
     from ggufdesk.ui.server_panel import ServerPanel
 
     source = {"value": None}
-    p = ServerPanel(model_source=lambda: source["value"], pool_factory=lambda model, load: fake_pool(model))
+    p = ServerPanel(model_source=lambda: source["value"], pool_factory=lambda model, load: fake_pool(model),
+                    need=lambda path, entry: Need(100 << 20))
     p.port.setValue(0)
     p.source = source
     qtbot.addWidget(p)
@@ -58,6 +60,7 @@ def test_the_chat_keeps_answering_while_the_server_is_busy(qtbot, loaded_window,
     w = loaded_window
     panel = w.server_panel
     panel._pool_factory = lambda model, load: fake_pool(model, env={"FAKE_ENGINE_TOKENS_PER_S": "20"})
+    panel._need = lambda path, entry: Need(100 << 20)
     panel.port.setValue(0)
     with qtbot.waitSignals([panel.state_changed, panel.state_changed], timeout=30_000):
         panel.toggle.setChecked(True)

@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ggufdesk.cli import mcp_tools
-from ggufdesk.cli.run import add_model_arguments, resolve_model, settings_from_args
+from ggufdesk.cli.run import add_model_arguments, preset_for, resolve_model, settings_from_args
 from ggufdesk.cli.worker import describe_split
 from ggufdesk.core.errors import KnownError
 from ggufdesk.session import ChatSession, Refused, Turn
@@ -28,7 +28,8 @@ EVENT_SILENCE_S = 600.0  # the engine client's watchdog ends a silent engine lon
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.set_defaults(context_overflow="rolling")  # a long chat goes on, as in the window (and says what it dropped)
+    # a long chat goes on, as in the window (and says what it dropped)
+    p.set_defaults(default_context_overflow="rolling")
     p.add_argument("--system", default="", help="system prompt")
     p.add_argument("--completion", action="store_true",
                    help="plain text continuation instead of chat turns (for base models)")
@@ -95,8 +96,11 @@ def run(args: argparse.Namespace, *, stdin: TextIO | None = None, stdout: TextIO
 
     stdin = stdin or readable(sys.stdin)
     out = stdout or sys.stdout
-    load, sampling, spec = settings_from_args(args)
     model = resolve_model(args.model)
+    _, preset = preset_for(model)
+    load, sampling, spec = settings_from_args(args, preset)
+    if not args.system and preset is not None and preset.system_prompt:
+        args.system = preset.system_prompt  # the model's own system prompt, unless one is given
     host = mcp_tools.open_host(args, err=out)
     try:
         with EngineClient() as client:

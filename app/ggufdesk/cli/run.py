@@ -7,46 +7,69 @@ from typing import Any
 
 from ggufdesk.cli.worker import add_rpc_argument, describe_split, rpc_from_args
 from ggufdesk.core.errors import KnownError
-from ggufdesk.core.settings import OVERFLOW_POLICIES, LoadSettings, SamplingSettings, SpeculationSettings
+from ggufdesk.core.settings import OVERFLOW_POLICIES, LoadSettings, Preset, SamplingSettings, SpeculationSettings
 
 NAME = "run"
 HELP = "generate once from a prompt (through the engine process) and print text or JSON stats"
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """Load and sampling flags shared by `run` and `chat`."""
-    p.add_argument("model", nargs="?", help="a .gguf path or a library id (`ggufdesk library`; default: the "
-                                            "offline chat starter, smollm2-135m-instruct)")
-    p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
-    p.add_argument("--threads", type=int, default=0, help="decode threads (0 = physical cores)")
-    p.add_argument("--threads-batch", type=int, default=0, help="prefill threads (0 = physical cores)")
-    p.add_argument("--batch", type=int, default=512, help="n_batch: prompt tokens per decode call")
-    p.add_argument("--ubatch", type=int, default=512, help="n_ubatch: physical micro-batch")
-    p.add_argument("--gpu-layers", type=int, default=0, help="layers to offload (-1 = all)")
-    p.add_argument("--n-cpu-moe", type=int, default=0, metavar="N",
-                   help="mixture of experts: keep the experts of the first N layers in RAM (`plan` proposes N)")
-    p.add_argument("--flash-attn", default="auto", choices=("auto", "on", "off"))
-    p.add_argument("--kv-type", default="f16", help="KV cache type (f16, q8_0, q4_0, ...)")
+# Flags that a model's preset may set: given on the command line they win; left out, the preset (its
+# section of the settings file, keyed by library id) applies, then the defaults. flag -> (section, fields)
+PRESET_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ctx": ("load", ("n_ctx",)), "gpu_layers": ("load", ("n_gpu_layers",)), "batch": ("load", ("n_batch",)),
+    "ubatch": ("load", ("n_ubatch",)), "threads": ("load", ("n_threads",)),
+    "threads_batch": ("load", ("n_threads_batch",)), "flash_attn": ("load", ("flash_attn",)),
+    "kv_type": ("load", ("type_k", "type_v")), "temperature": ("sampling", ("temperature",)),
+    "top_k": ("sampling", ("top_k",)), "top_p": ("sampling", ("top_p",)), "min_p": ("sampling", ("min_p",)),
+    "repeat_penalty": ("sampling", ("repeat_penalty",)), "seed": ("sampling", ("seed",)),
+    "max_tokens": ("sampling", ("max_tokens",)), "draft_max": ("speculation", ("k_max",)),
+    "n_cpu_moe": ("load", ("n_cpu_moe",)), "reasoning_budget": ("sampling", ("reasoning_budget",)),
+    "think": ("sampling", ("think",)), "context_overflow": ("sampling", ("context_overflow",)),
+}
+
+
+def add_model_arguments(p: argparse.ArgumentParser, *, many: bool = False) -> None:
+    """Load and sampling flags shared by `run`, `chat` and `serve` (defaults in brackets: a model's preset
+    in the settings file comes before them, a flag given here before the preset)."""
+    if many:
+        p.add_argument("model", nargs="*", help="model paths or library ids (`ggufdesk library`); none: the "
+                                                "whole library, each loaded when a request names it")
+    else:
+        p.add_argument("model", nargs="?", help="a .gguf path or a library id (`ggufdesk library`; default: "
+                                                "the offline chat starter, smollm2-135m-instruct)")
+    p.add_argument("--ctx", type=int, help="context length in tokens [4096]")
+    p.add_argument("--threads", type=int, help="decode threads (0 = physical cores) [0]")
+    p.add_argument("--threads-batch", type=int, help="prefill threads (0 = physical cores) [0]")
+    p.add_argument("--batch", type=int, help="n_batch: prompt tokens per decode call [512]")
+    p.add_argument("--ubatch", type=int, help="n_ubatch: physical micro-batch [512, at most --batch]")
+    p.add_argument("--gpu-layers", type=int, help="layers to offload (-1 = all) [0]")
+    p.add_argument("--n-cpu-moe", type=int, metavar="N",
+                   help="mixture of experts: keep the experts of the first N layers in RAM (`plan` proposes N) [0]")
+    p.add_argument("--flash-attn", choices=("auto", "on", "off"), help="[auto]")
+    p.add_argument("--kv-type", help="KV cache type (f16, q8_0, q4_0, ...) [f16]")
     p.add_argument("--no-mmap", action="store_true", help="read the whole model into RAM")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=-1)
+    p.add_argument("--max-tokens", type=int, help="[256; serve: 1024]")
+    p.set_defaults(default_max_tokens=256)
+    p.add_argument("--temperature", type=float, help="[0.8]")
+    p.add_argument("--top-k", type=int, help="[40]")
+    p.add_argument("--top-p", type=float, help="[0.95]")
+    p.add_argument("--min-p", type=float, help="[0.05]")
+    p.add_argument("--repeat-penalty", type=float, help="[1.0]")
+    p.add_argument("--seed", type=int, help="[-1: a new one each time]")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--context-overflow", choices=OVERFLOW_POLICIES, default="error",
+    p.add_argument("--context-overflow", choices=OVERFLOW_POLICIES,
                    help="a prompt longer than the context: error (refuse), rolling (drop older turns), "
-                        "truncate-middle (cut its middle), shift (drop the oldest tokens while generating)")
-    p.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
-                   help="reasoning models: tokens of thinking before the answer is forced (-1 = no limit)")
-    p.add_argument("--think", default="auto", choices=("auto", "on", "off", "low", "medium", "high"),
-                   help="reasoning models: thinking on or off, or its effort (auto = the template's default)")
+                        "truncate-middle (cut its middle), shift (drop the oldest tokens while generating) "
+                        "[run, serve: error; chat: rolling]")
+    p.set_defaults(default_context_overflow="error")
+    p.add_argument("--reasoning-budget", type=int, metavar="N",
+                   help="reasoning models: tokens of thinking before the answer is forced (-1 = no limit) [-1]")
+    p.add_argument("--think", choices=("auto", "on", "off", "low", "medium", "high"),
+                   help="reasoning models: thinking on or off, or its effort (auto = the template's default) [auto]")
     spec = p.add_mutually_exclusive_group()
-    spec.add_argument("--draft", help="draft model (.gguf) for speculative decoding")
+    spec.add_argument("--draft", help="draft model (.gguf path or library id) for speculative decoding")
     spec.add_argument("--lookup", action="store_true", help="prompt-lookup speculative decoding")
-    p.add_argument("--draft-max", type=int, default=16, help="longest draft (K max)")
+    p.add_argument("--draft-max", type=int, help="longest draft (K max) [16]")
     p.add_argument("--no-adaptive", action="store_true", help="keep the draft length fixed at --draft-max")
     add_rpc_argument(p)
 
@@ -100,24 +123,58 @@ def structured_from_args(args: argparse.Namespace) -> dict:
     return {}
 
 
-def settings_from_args(args: argparse.Namespace) -> tuple[LoadSettings, SamplingSettings, SpeculationSettings]:
-    load = LoadSettings(
-        n_ctx=args.ctx, n_gpu_layers=args.gpu_layers, n_batch=args.batch,
-        n_ubatch=min(args.ubatch, args.batch) if args.ubatch == 512 else args.ubatch,
-        n_threads=args.threads, n_threads_batch=args.threads_batch, flash_attn=args.flash_attn,
-        type_k=args.kv_type, type_v=args.kv_type, use_mmap=not args.no_mmap, rpc=rpc_from_args(args),
-        n_cpu_moe=args.n_cpu_moe,
-    )
-    sampling = SamplingSettings(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-        repeat_penalty=args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
-        context_overflow=args.context_overflow,
-        reasoning_budget=args.reasoning_budget, think=args.think,
-    )
-    mode = "draft" if args.draft else "lookup" if args.lookup else "off"
-    spec = SpeculationSettings(mode=mode, draft_model=library_file(args.draft), k_max=args.draft_max,
-                               k_min=min(1, args.draft_max), adaptive=not args.no_adaptive)
-    return load, sampling, spec
+def given_settings(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The settings the command line sets explicitly, by section (what a preset must not override)."""
+    given: dict[str, dict[str, Any]] = {"load": {}, "sampling": {}, "speculation": {}}
+    for flag, (section, names) in PRESET_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            given[section].update(dict.fromkeys(names, value))
+    if getattr(args, "no_mmap", False):
+        given["load"]["use_mmap"] = False
+    if getattr(args, "rpc", None):
+        given["load"]["rpc"] = rpc_from_args(args)
+    if getattr(args, "stop", None):
+        given["sampling"]["stop"] = list(args.stop)
+    if getattr(args, "draft", None):
+        given["speculation"].update(mode="draft", draft_model=library_file(args.draft))
+    elif getattr(args, "lookup", False):
+        given["speculation"]["mode"] = "lookup"
+    if getattr(args, "no_adaptive", False):
+        given["speculation"]["adaptive"] = False
+    return given
+
+
+def settings_from_args(args: argparse.Namespace, preset: Preset | None = None,
+                       ) -> tuple[LoadSettings, SamplingSettings, SpeculationSettings]:
+    """Defaults, then the model's preset, then what the command line says."""
+    given = given_settings(args)
+    layers = [preset.known(name) if preset else {} for name in ("load", "sampling", "speculation")]
+    load = {**layers[0], **given["load"]}
+    if "n_ubatch" not in load:  # the micro-batch follows a smaller batch unless set
+        load["n_ubatch"] = min(LoadSettings().n_ubatch, load.get("n_batch", LoadSettings().n_batch))
+    sampling = {"max_tokens": getattr(args, "default_max_tokens", 256),
+                "context_overflow": getattr(args, "default_context_overflow", "error"),
+                **layers[1], **given["sampling"]}
+    spec = {**layers[2], **given["speculation"]}
+    if spec.get("draft_model"):
+        spec["draft_model"] = library_file(spec["draft_model"])
+    return LoadSettings(**load), SamplingSettings(**sampling), SpeculationSettings(**spec)
+
+
+def preset_for(model: str) -> tuple[str, Preset | None]:
+    """The model's library id and its preset from the settings file (a broken file: a warning, no preset)."""
+    from ggufdesk.core import library
+    from ggufdesk.core.errors import SettingsError
+    from ggufdesk.core.settings import load_settings
+
+    model_id = library.id_for(model)
+    try:
+        settings = load_settings()
+    except SettingsError as e:
+        print(f"ggufdesk: presets not used: {e}", file=sys.stderr)
+        return model_id, None
+    return model_id, settings.presets.get(model_id)
 
 
 def library_file(name: str | None) -> str | None:
@@ -152,7 +209,11 @@ def mcp_host(args: argparse.Namespace, structured: dict) -> Any:
 def run(args: argparse.Namespace) -> int:
     from ggufdesk.cli import preflight
 
-    load, sampling, spec = settings_from_args(args)
+    model = resolve_model(args.model)
+    _, preset = preset_for(model)
+    load, sampling, spec = settings_from_args(args, preset)
+    if not args.system and preset is not None and preset.system_prompt:
+        args.system = preset.system_prompt  # the model's own system prompt, unless one is given
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     structured = structured_from_args(args)
     if structured.get("tools") and not args.chat:
@@ -160,7 +221,6 @@ def run(args: argparse.Namespace) -> int:
     host = mcp_host(args, structured)
     if host is not None:
         args.chat = True
-    model = resolve_model(args.model)
     info = preflight.check(model, load, spec)  # before the engine: broken files, a plan that cannot fit
     try:
         return _run(args, model, info, load, sampling, spec, prompt, structured, host)

@@ -281,6 +281,17 @@ def probe(*, remeasure: bool = False) -> HardwareInfo:
                         unified_memory=unified, notes=tuple(notes), calibration=calibration())
 
 
+def memory_now() -> HardwareInfo:
+    """GPUs and free RAM now, without the one-off bandwidth measurement (a fit needs no speeds)."""
+    import psutil
+
+    gpus, driver, notes = probe_nvidia()
+    vm = psutil.virtual_memory()
+    return HardwareInfo(gpus=tuple(gpus), cpu=cpu_info(), ram_total=int(vm.total),
+                        ram_available=int(vm.available), ram_bandwidth_gbs=20.0,
+                        ram_bandwidth_source="assumed", driver=driver, notes=tuple(notes))
+
+
 def with_ggml_devices(hw: HardwareInfo, devices: list[dict[str, Any]]) -> HardwareInfo:
     """Add the GPUs the engine's llama.cpp build sees (Metal, Vulkan, ROCm, CUDA without NVML) when
     NVML found none; `devices` is the engine's Ready.devices. Bandwidth stays unknown for them."""

@@ -315,10 +315,6 @@ def remember_verified(path: Path, size: int, mtime_ns: int, sha256: str) -> None
 
 ID_STRAY = re.compile(r"[^a-z0-9._:-]+")
 HF_NAME = re.compile(r"^(?:hf\.co/|huggingface\.co/)?(?P<repo>[\w.-]+/[\w.-]+)(?::(?P<quant>[\w.-]+))?$", re.IGNORECASE)
-# Architectures that only embed (llama.cpp's encoder-only models); others embed when their header
-# names a pooling type.
-EMBEDDING_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "neo-bert",
-                             "modern-bert", "t5encoder", "gemma-embedding"})
 
 
 def slug(text: str) -> str:
@@ -400,6 +396,25 @@ def find(name: str, models: list[LocalModel]) -> LocalModel | None:
     return min(same, key=lambda m: (m.quant or "").upper() != "Q4_K_M", default=None)
 
 
+def id_for(path: str | Path, models: list[LocalModel] | None = None) -> str:
+    """The library id of a model file; a file outside the library gets its stem as an id, the same way."""
+    try:
+        real = os.path.realpath(path)
+    except (OSError, ValueError):
+        real = str(path)
+    for m in entries() if models is None else models:
+        try:
+            if os.path.realpath(m.path) == real:
+                return m.id
+        except (OSError, ValueError):
+            continue
+    p = Path(path)
+    from ggufdesk.core import starter
+
+    known = starter.by_filename(p.name)  # a starter's file, wherever it is: its fixed id
+    return known.id if known is not None else _base_id(LocalModel(p, p.name, 0, "user", None))
+
+
 def file_for(m: LocalModel) -> Path:
     """The file to load for a library entry (a starter is assembled or verified the first time)."""
     if m.source == "starter":
@@ -447,7 +462,7 @@ def facts(m: LocalModel) -> dict[str, Any]:
 
     Read from the header once per (path, size, mtime); an unreadable header gives the file facts only.
     """
-    from ggufdesk.core.gguf_meta import read_gguf
+    from ggufdesk.core.gguf_meta import embedding_only, read_gguf
     from ggufdesk.core.tools import detect_format
 
     try:
@@ -474,12 +489,11 @@ def facts(m: LocalModel) -> dict[str, Any]:
         log.info("cannot read the header of %s: %s", m.path, e)
         return out
     arch, md = info.architecture, info.metadata
-    pooling = md.get(f"{arch}.pooling_type")
     out.update(architecture=arch, family=str(md.get("general.basename") or arch), parameters=info.n_params,
                context_length=info.context_length,
                capabilities={"chat_template": info.chat_template is not None,
                              "tools": detect_format(info.chat_template).native,
-                             "embedding": arch in EMBEDDING_ARCHS or (isinstance(pooling, int) and pooling > 0)})
+                             "embedding": embedding_only(arch, md.get(f"{arch}.pooling_type"))})
     with _lock:
         _facts[key] = out
     return out

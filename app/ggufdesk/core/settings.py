@@ -223,6 +223,92 @@ class SpeculationSettings:
 LOGITS_ROWS = SpeculationSettings().k_max + 1
 
 SECTIONS = {"load": LoadSettings, "sampling": SamplingSettings, "speculation": SpeculationSettings}
+MAX_PRESET_KEY = 200
+
+
+@dataclass(slots=True, kw_only=True)
+class Preset:
+    """One model's own settings, keyed by its library id: only what differs from the defaults.
+
+    Each section is a partial dict of that section's fields (context, GPU layers, KV type, threads;
+    sampling defaults; a draft model or lookup), plus a system prompt. Applied over the defaults
+    wherever the model is loaded: the window, `run`/`chat`/`serve`, and the server's JIT loads.
+    Unknown keys are kept and ignored (a newer version's); values are checked against the defaults.
+    """
+
+    load: dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)
+    speculation: dict[str, Any] = field(default_factory=dict)
+    system_prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, kind in SECTIONS.items():
+            part = getattr(self, name)
+            if not isinstance(part, dict):
+                raise SettingsError(f"{name} must be a JSON object of {name} settings, got {part!r}")
+            _section(name, kind, {**dataclasses.asdict(kind()), **part})
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise SettingsError(f"system_prompt must be text, got {self.system_prompt!r}")
+
+    def __bool__(self) -> bool:
+        return bool(self.load or self.sampling or self.speculation or self.system_prompt is not None)
+
+    def known(self, name: str) -> dict[str, Any]:
+        """The section's fields this version knows (unknown keys stay in the file, unused)."""
+        fields = {f.name for f in dataclasses.fields(SECTIONS[name])}
+        part: dict[str, Any] = getattr(self, name)
+        return {k: v for k, v in part.items() if k in fields}
+
+    def apply(self, load: LoadSettings, sampling: SamplingSettings, speculation: SpeculationSettings,
+              ) -> tuple[LoadSettings, SamplingSettings, SpeculationSettings]:
+        """The three sections with this preset over them; SettingsError if the mix cannot work."""
+        try:
+            return (dataclasses.replace(load, **self.known("load")),
+                    dataclasses.replace(sampling, **self.known("sampling")),
+                    dataclasses.replace(speculation, **self.known("speculation")))
+        except SettingsError as e:
+            raise SettingsError(f"the model's preset cannot be used with these settings: {e}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {name: dict(getattr(self, name)) for name in SECTIONS if getattr(self, name)}
+        if self.system_prompt is not None:
+            out["system_prompt"] = self.system_prompt
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Preset:
+        if not isinstance(data, dict):
+            raise SettingsError(f"a preset must be a JSON object, got {data!r}")
+        return cls(**{k: data[k] for k in (*SECTIONS, "system_prompt") if k in data})
+
+    @classmethod
+    def between(cls, defaults: Settings, chosen: Settings) -> Preset:
+        """What `chosen` changes of `defaults`: the preset that turns one into the other."""
+        parts = {}
+        for name in SECTIONS:
+            a, b = dataclasses.asdict(getattr(defaults, name)), dataclasses.asdict(getattr(chosen, name))
+            parts[name] = {k: v for k, v in b.items() if a.get(k) != v}
+        prompt = chosen.system_prompt if chosen.system_prompt != defaults.system_prompt else None
+        return cls(**parts, system_prompt=prompt)
+
+
+def check_preset_key(key: Any) -> str:
+    """A preset is keyed by a library id: text, no path separators (ids never have them)."""
+    if not isinstance(key, str) or not key.strip() or len(key) > MAX_PRESET_KEY or "/" in key or "\\" in key:
+        raise SettingsError(f"presets are keyed by a model's library id (see `ggufdesk library`), got {key!r}")
+    return key
+
+
+def _presets(data: Any) -> dict[str, Preset]:
+    if not isinstance(data, dict):
+        raise SettingsError(f"presets must be a JSON object of model id -> preset, got {data!r}")
+    out = {}
+    for key, value in data.items():
+        try:
+            out[check_preset_key(key)] = Preset.from_dict(value)
+        except SettingsError as e:
+            raise SettingsError(f"presets[{key!r}]: {e}") from None
+    return out
 
 
 @dataclass(slots=True, kw_only=True)
@@ -234,13 +320,33 @@ class Settings:
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
     model: str | None = None  # last model used
     system_prompt: str = ""
+    presets: dict[str, Preset] = field(default_factory=dict)  # library id -> that model's own settings
     # keys this version does not know (a newer ggufdesk's, or hand-written): kept and written back
     unknown: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def for_model(self, model_id: str | None) -> Settings:
+        """These settings with the model's preset over them (a copy; itself when there is none)."""
+        preset = self.presets.get(model_id or "")
+        if not preset:
+            return self
+        load, sampling, speculation = preset.apply(self.load, self.sampling, self.speculation)
+        prompt = self.system_prompt if preset.system_prompt is None else preset.system_prompt
+        return dataclasses.replace(self, load=load, sampling=sampling, speculation=speculation, system_prompt=prompt)
+
+    def set_preset(self, model_id: str, preset: Preset | None) -> None:
+        """Save (or, with None or an empty preset, drop) a model's preset."""
+        check_preset_key(model_id)
+        if preset:
+            self.presets[model_id] = preset
+        else:
+            self.presets.pop(model_id, None)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"load": dataclasses.asdict(self.load), "sampling": dataclasses.asdict(self.sampling),
                                "speculation": dataclasses.asdict(self.speculation), "model": self.model,
                                "system_prompt": self.system_prompt}
+        if self.presets:
+            out["presets"] = {k: p.to_dict() for k, p in self.presets.items()}
         for key, extra in self.unknown.items():
             if key in SECTIONS and isinstance(extra, dict):
                 out[key] = {**extra, **out[key]}
@@ -265,7 +371,8 @@ class Settings:
             raise SettingsError(f"model must be a file path, got {model!r}")
         if not isinstance(prompt, str):
             raise SettingsError(f"system_prompt must be text, got {prompt!r}")
-        return cls(**sections, model=model, system_prompt=prompt, unknown=unknown)
+        presets = _presets(data.get("presets", {}))
+        return cls(**sections, model=model, system_prompt=prompt, presets=presets, unknown=unknown)
 
 
 def _section(name: str, kind: type, data: Any) -> tuple[Any, dict[str, Any]]:
@@ -353,7 +460,14 @@ def _salvage(path: Path) -> tuple[Settings | None, list[str]]:
             setattr(out, key, value)
         elif key in data and value is not None:
             reset.append(key)
-    out.unknown.update({k: v for k, v in data.items() if k not in SECTIONS and k not in ("model", "system_prompt")})
+    presets = data.get("presets", {})
+    for key, value in (presets.items() if isinstance(presets, dict) else [("presets", None)]):
+        try:
+            out.presets.update(_presets({key: value}))
+        except SettingsError:
+            reset.append(f"the preset for {key}")
+    skip = (*SECTIONS, "model", "system_prompt", "presets")
+    out.unknown.update({k: v for k, v in data.items() if k not in skip})
     return out, reset
 
 

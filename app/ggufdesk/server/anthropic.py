@@ -23,8 +23,8 @@ from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
-def sampling_for(svc: Service, req: MessagesRequest) -> SamplingSettings:
-    d = svc.config.sampling
+def sampling_for(svc: Service, req: MessagesRequest, model: str) -> SamplingSettings:
+    d = svc.sampling_defaults(model)
     stop = [s for s in (req.stop_sequences or []) if s]
     if len(stop) > 16:
         raise invalid("stop_sequences: at most 16", param="stop_sequences")
@@ -95,15 +95,15 @@ async def messages(request: Request) -> Response:
     req = await parse_body(request, MessagesRequest)
     extra = await off_loop(structured.anthropic_tools, req.tools, req.tool_choice)
     think = reasoning.anthropic_fields(req.thinking)
-    svc.check_model(req.model)
-    spec = GenSpec(endpoint="messages", messages=messages_of(req), sampling=sampling_for(svc, req), structured=extra,
-                   reasoning=think)
+    model = svc.check_model(req.model)
+    spec = GenSpec(endpoint="messages", messages=messages_of(req), sampling=sampling_for(svc, req, model),
+                   structured=extra, reasoning=think, model=model)
     job = await svc.start(caller(request), spec, request.receive)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if req.stream:
         calls = CallStream(job.pool.tool_format or GENERIC) if extra else None
         reasons = bool(getattr(job.pool.loaded, "reasoning", None))
-        return event_stream(_stream(job, mid, svc.model_id, calls, reasons))
+        return event_stream(_stream(job, mid, model, calls, reasons))
     try:
         await job.collect()
     finally:
@@ -117,7 +117,7 @@ async def messages(request: Request) -> Response:
     if job.reasoning:  # a thinking block first, as Anthropic's extended thinking
         content.insert(0, {"type": "thinking", "thinking": "".join(job.reasoning), "signature": ""})
     return JSONResponse({
-        "id": mid, "type": "message", "role": "assistant", "model": svc.model_id,
+        "id": mid, "type": "message", "role": "assistant", "model": model,
         "content": content,
         "stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job), "usage": usage(job),
         **job.context_fields(),

@@ -52,11 +52,8 @@ class ApiKeys:
 
 
 async def health(request: Request) -> Response:
-    state, error = request.app.state.service.pool.health()
-    if state == "ready":
-        return JSONResponse({"status": "ok"})
-    body = {"status": "error", "error": error} if state == "failed" else {"status": "loading"}
-    return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+    status, body = request.app.state.service.health()
+    return JSONResponse(body, status_code=status, headers={} if status == 200 else {"Retry-After": "5"})
 
 
 async def metrics(request: Request) -> Response:

@@ -1,9 +1,10 @@
 """Prometheus metrics of one server (its own registry, so several servers can live in one process)."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 60)
@@ -45,12 +46,22 @@ class Metrics:
                                        "Prompt tokens read from the disk prompt cache", registry=r)
         self.truncated_tokens = Counter("ggufdesk_truncated_tokens",
                                         "Tokens the context overflow policy dropped, by policy", ["policy"], registry=r)
+        self.model_loads = Counter("ggufdesk_model_loads", "Model loads completed, by model", ["model"], registry=r)
+        self.model_unloads = Counter("ggufdesk_model_unloads", "Models unloaded, by model and reason "
+                                     "(idle, evicted, requested, keep_alive, failed)", ["model", "reason"], registry=r)
+        self._models: Callable[[], list[dict[str, Any]]] = list
+        r.register(_ModelStates(lambda: self._models()))
 
     def bind(self, *, running: Callable[[], float], queued: Callable[[], float],
              kv_usage: Callable[[], float]) -> None:
         self.running.set_function(running)
         self.queued.set_function(queued)
         self.kv_usage.set_function(kv_usage)
+
+    def bind_models(self, models: Callable[[], list[dict[str, Any]]]) -> None:
+        """Where the per-model gauges are read from at scrape time: dicts with id, state, waiting,
+        loading_s and need (a budget.Need while loaded)."""
+        self._models = models
 
     def speculation(self, drafted: int, accepted: int) -> None:
         self._drafted += drafted
@@ -70,3 +81,37 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _ModelStates:
+    """The router's gauges, read when scraped: models loaded and loading, each load's waiters and time."""
+
+    def __init__(self, models: Callable[[], list[dict[str, Any]]]) -> None:
+        self.models = models
+
+    def describe(self) -> Iterator[Metric]:
+        return self._families([])
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families(self.models())
+
+    @staticmethod
+    def _families(models: list[dict[str, Any]]) -> Iterator[Metric]:
+        loaded = GaugeMetricFamily("ggufdesk_models_loaded", "Models loaded and ready")
+        loaded.add_metric([], sum(1 for m in models if m["state"] == "ready"))
+        loading = GaugeMetricFamily("ggufdesk_models_loading", "Models being loaded")
+        loading.add_metric([], sum(1 for m in models if m["state"] == "loading"))
+        waiting = GaugeMetricFamily("ggufdesk_model_load_waiting_requests",
+                                    "Requests waiting for the model's load to finish", labels=["model"])
+        seconds = GaugeMetricFamily("ggufdesk_model_load_elapsed_seconds", "Time the model's load in progress "
+                                    "has taken so far", labels=["model"])
+        memory = GaugeMetricFamily("ggufdesk_model_memory_bytes", "The planner's estimate for a loaded model",
+                                   labels=["model", "kind"])
+        for m in models:
+            if m["state"] == "loading":
+                waiting.add_metric([m["id"]], m["waiting"])
+                seconds.add_metric([m["id"]], m["loading_s"])
+            if m.get("need") is not None:
+                memory.add_metric([m["id"], "ram"], m["need"].ram)
+                memory.add_metric([m["id"], "vram"], m["need"].vram)
+        yield from (loaded, loading, waiting, seconds, memory)

@@ -20,8 +20,8 @@ from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, ser
 from ggufdesk.server.schemas import ChatRequest, CompletionRequest, SamplingFields, refuse_unsupported, stops, text_of
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
-def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None) -> SamplingSettings:
-    d = svc.config.sampling
+def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None, model: str) -> SamplingSettings:
+    d = svc.sampling_defaults(model)
 
     def pick(value: Any, default: Any) -> Any:
         return default if value is None else value
@@ -31,7 +31,7 @@ def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None) -> S
             temperature=pick(req.temperature, d.temperature), top_p=pick(req.top_p, d.top_p),
             top_k=pick(req.top_k, d.top_k), min_p=pick(req.min_p, d.min_p),
             repeat_penalty=pick(req.repeat_penalty, d.repeat_penalty), repeat_last_n=d.repeat_last_n,
-            seed=pick(req.seed, d.seed), max_tokens=max_tokens or svc.config.default_max_tokens,
+            seed=pick(req.seed, d.seed), max_tokens=max_tokens or d.max_tokens,
             stop=stops(req.stop) or list(d.stop), think=d.think, reasoning_budget=d.reasoning_budget,
             context_overflow=pick(req.context_overflow, d.context_overflow),
         )
@@ -39,9 +39,9 @@ def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None) -> S
         raise invalid(str(e)) from None
 
 
-def want_logprobs(svc: Service, n: int) -> int:
+def want_logprobs(svc: Service, model: str, n: int) -> int:
     """top-N for the engine (N >= 1 so the chosen token's own logprob comes back)."""
-    if not svc.pool.logprobs_supported:
+    if not svc.pool_for(model).logprobs_supported:
         raise not_supported("logprobs (needs the batched engine)")
     return max(1, n)
 
@@ -99,10 +99,17 @@ def completion_logprobs(items: list[dict[str, Any]], top: int, offset: int) -> d
 # ---- routes -----------------------------------------------------------------------------------
 
 
+LISTING_SKIPS = ("id", "metadata", "chat_template")  # /api/show's business: kilobytes per model
+
+
 async def models(request: Request) -> Response:
+    """Every servable model; beside OpenAI's fields, llama-server's router `status` and ours (loaded,
+    memory, expiry: what `ggufdesk ps` shows)."""
     svc = service(request)
     return JSONResponse({"object": "list", "data": [
-        {"id": svc.model_id, "object": "model", "created": svc.created, "owned_by": "ggufdesk"}]})
+        {"id": m["id"], "object": "model", "created": svc.created, "owned_by": "ggufdesk",
+         "status": {"value": m["state"]}, **{k: v for k, v in m.items() if k not in LISTING_SKIPS}}
+        for m in svc.models()]})
 
 
 async def chat_completions(request: Request) -> Response:
@@ -110,20 +117,20 @@ async def chat_completions(request: Request) -> Response:
     req = await parse_body(request, ChatRequest)
     refuse_unsupported(req)
     extra = await off_loop(chat_structured, req)
-    svc.check_model(req.model)
+    model = svc.check_model(req.model)
     top = req.top_logprobs or 0
-    lp = want_logprobs(svc, top) if req.logprobs else 0
-    sampling = sampling_for(svc, req, req.max_completion_tokens or req.max_tokens)
+    lp = want_logprobs(svc, model, top) if req.logprobs else 0
+    sampling = sampling_for(svc, req, req.max_completion_tokens or req.max_tokens, model)
     think = reasoning.openai_fields(effort=req.reasoning_effort, template_kwargs=req.chat_template_kwargs,
                                     budget=req.reasoning_budget, think=req.think)
     spec = GenSpec(endpoint="chat", messages=chat_messages(req), sampling=sampling, logprobs=lp, structured=extra,
-                   reasoning=think)
+                   reasoning=think, model=model)
     job = await svc.start(caller(request), spec, request.receive)
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
         calls = CallStream(job.pool.tool_format or GENERIC) if "tools" in extra else None
-        return event_stream(_chat_stream(job, cid, created, svc.model_id, top if lp else None, usage, calls))
+        return event_stream(_chat_stream(job, cid, created, model, top if lp else None, usage, calls))
     try:
         await job.collect()
     finally:
@@ -138,7 +145,7 @@ async def chat_completions(request: Request) -> Response:
         message["reasoning_content"] = "".join(job.reasoning)
     choice = {"index": 0, "message": message, "logprobs": chat_logprobs(job.logprobs, top) if lp else None,
               "finish_reason": job.finish_reason}
-    return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": svc.model_id,
+    return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model,
                          "choices": [choice], "usage": job.usage(), "system_fingerprint": None,
                          **job.context_fields()})
 
@@ -191,16 +198,16 @@ async def completions(request: Request) -> Response:
         if len(prompt) != 1:
             raise not_supported("prompt as a list of several prompts")
         prompt = prompt[0]
-    svc.check_model(req.model)
+    model = svc.check_model(req.model)
     top = req.logprobs
-    lp = want_logprobs(svc, top) if top is not None else 0
-    spec = GenSpec(endpoint="completions", prompt=prompt, sampling=sampling_for(svc, req, req.max_tokens),
-                   logprobs=lp)
+    lp = want_logprobs(svc, model, top) if top is not None else 0
+    spec = GenSpec(endpoint="completions", prompt=prompt, sampling=sampling_for(svc, req, req.max_tokens, model),
+                   logprobs=lp, model=model)
     job = await svc.start(caller(request), spec, request.receive)
     cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return event_stream(_completion_stream(job, cid, created, svc.model_id, top, usage))
+        return event_stream(_completion_stream(job, cid, created, model, top, usage))
     try:
         await job.collect()
     finally:
@@ -210,7 +217,7 @@ async def completions(request: Request) -> Response:
     choice = {"text": "".join(job.text), "index": 0,
               "logprobs": completion_logprobs(job.logprobs, top or 0, 0) if lp else None,
               "finish_reason": job.finish_reason}
-    return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": svc.model_id,
+    return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": model,
                          "choices": [choice], "usage": job.usage(), "system_fingerprint": None,
                          **job.context_fields()})
 

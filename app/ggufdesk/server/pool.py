@@ -31,15 +31,16 @@ class EnginePool:
     """
 
     def __init__(self, *, model: str, load: LoadSettings, speculation: SpeculationSettings | None = None,
-                 client_factory: Callable[..., Any] = default_client) -> None:
+                 client_factory: Callable[..., Any] = default_client, model_id: str | None = None) -> None:
         self.model = model
-        self.model_id = os.path.splitext(os.path.basename(model))[0]
+        self.model_id = model_id or os.path.splitext(os.path.basename(model))[0]
         self.load_settings = load
         self.speculation = speculation or SpeculationSettings()
         self.state = "starting"
         self.error: str | None = None
         self.loaded: P.Loaded | None = None
         self.status: dict[str, Any] = {}  # the engine's latest Status event, when it sends them
+        self.stage = ""  # while loading: "starting" (the process), then the engine's Loading stage
         self.tool_format: Any = None  # core.tools.ToolFormat the engine uses for this model's calls
         self._client = client_factory(on_event=self._on_event)
         self._routes: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -53,6 +54,7 @@ class EnginePool:
 
     def start(self) -> None:
         """Spawn the engine and load the model (blocking: run it on a thread). Raises KnownError."""
+        self.stage = "starting"
         self._set_state("loading")
         from ggufdesk.core.tools import model_format
 
@@ -137,7 +139,10 @@ class EnginePool:
     def _on_event(self, event: Any) -> None:
         if isinstance(event, P.Loaded):
             self.loaded = event
+            self.stage = ""
             self._set_state("ready")
+        elif isinstance(event, P.Loading):
+            self.stage = event.stage
         elif isinstance(event, P.Status):
             self.status = P.fields_of(event)
         elif isinstance(event, P.Lifecycle):

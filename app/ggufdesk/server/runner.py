@@ -94,6 +94,7 @@ class ServerRunner:
             self.bind()
         assert self._sock is not None
         try:
+            self.service.ensure_background()  # the router's idle reaper, in this loop
             await self._make_server().serve(sockets=[self._sock])
         finally:
             self._close_socket()
@@ -103,8 +104,12 @@ class ServerRunner:
         url = self.bind() if self._sock is None else self.url
         server, sock = self._make_server(), self._sock
         assert sock is not None
-        self._thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
-                                        name="ggufdesk-server", daemon=True)
+
+        async def serve() -> None:
+            self.service.ensure_background()  # the router's idle reaper, in this loop
+            await server.serve(sockets=[sock])
+
+        self._thread = threading.Thread(target=lambda: asyncio.run(serve()), name="ggufdesk-server", daemon=True)
         self._thread.start()
         return url
 

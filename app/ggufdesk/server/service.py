@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import dataclasses
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping, TypeVar
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import SamplingSettings
@@ -14,12 +18,15 @@ from ggufdesk.server.admission import Admission, MemoryGuard
 from ggufdesk.server.errors import ApiError
 from ggufdesk.server.metrics import Metrics
 from ggufdesk.server.pool import EnginePool
+from ggufdesk.server.budget import Need
 from ggufdesk.server.ratelimit import RateLimiter
+from ggufdesk.server.router import Router, Slot
 
 log = logging.getLogger("ggufdesk.server")
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 CLIENT_WINDOW_S = 60.0  # a caller counts as a client for this long after its last request
+T = TypeVar("T")
 DRAIN_TIMEOUT_S = 30.0  # how long a cancelled request may take to confirm before its slot is freed anyway
 
 
@@ -47,11 +54,12 @@ class GenSpec:
 
     endpoint: str  # "chat" | "completions" | "messages": the metrics label
     sampling: SamplingSettings
-    model: str = ""  # the served model's id (Service.check_model), "" = the only one
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     logprobs: int = 0
     structured: dict[str, Any] = field(default_factory=dict)  # json_schema or tools/tool_choice/...
+    model: str = ""  # the model id (svc.check_model's answer) that start() routes on; "" = the default
+    keep_alive: float | None = None  # seconds the model stays loaded after this (Ollama); None = the server's
     reasoning: dict[str, Any] = field(default_factory=dict)  # think / reasoning_budget (server/reasoning.py)
 
 
@@ -75,154 +83,225 @@ def engine_error(ev: P.Error) -> ApiError:
 
 
 class Service:
-    """Everything a route needs; one per server. Runs in one event loop."""
+    """Everything a route needs; one per server. Runs in one event loop.
 
-    def __init__(self, *, pool: EnginePool, config: ServerConfig, admission: Admission | None = None,
-                 limiter: RateLimiter | None = None, metrics: Metrics | None = None) -> None:
-        self.pool = pool
+    Models come from a Router (many, loaded when asked) or, for the window's server, one EnginePool
+    that someone else starts (`pool=`). Routes reach them only through check_model (name -> id),
+    pool_for (what a model's engine offers), models() (the listing) and start() (which loads)."""
+
+    def __init__(self, *, pool: EnginePool | None = None, router: Router | None = None, config: ServerConfig,
+                 admission: Admission | None = None, limiter: RateLimiter | None = None,
+                 metrics: Metrics | None = None) -> None:
+        if router is None:
+            if pool is None:
+                raise ValueError("a Service needs a router or a pool")
+            router = Router.single(pool)
+        self.router = router
         self.config = config
+        gpu = any(s.entry.load.n_gpu_layers != 0 for s in router.slots.values())
         self.admission = admission or Admission(
-            slots=config.parallel, max_queue=config.max_queue,
-            memory_check=MemoryGuard(gpu=pool.load_settings.n_gpu_layers != 0))
+            slots=config.parallel, max_queue=config.max_queue, memory_check=MemoryGuard(gpu=gpu))
         self.limiter = limiter or RateLimiter(config.rate_limit)
         self.metrics = metrics or Metrics()
         self.metrics.bind(running=lambda: self.admission.running, queued=lambda: self.admission.queued,
                           kv_usage=self.kv_usage)
+        self.metrics.bind_models(self._model_metrics)
+        router.on_load = lambda model_id: self.metrics.model_loads.labels(model_id).inc()
+        router.on_unload = lambda model_id, why: self.metrics.model_unloads.labels(model_id, why).inc()
         self.created = int(time.time())  # the model's "created" in /v1/models
         self._seen: dict[str, float] = {}
         self._inflight: dict[str, int] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._reaper: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._serving = threading.Event()
 
     # ---- facts ----------------------------------------------------------------------------------
 
     @property
+    def pool(self) -> EnginePool | None:
+        """The default model's engine (the only one of a single-model server), if loaded."""
+        return self.router.slots[self.router.default_id].pool
+
+    @property
     def model_id(self) -> str:
-        return self.pool.model_id
+        return self.router.default_id
 
     def kv_usage(self) -> float:
-        st = self.pool.status
-        total = st.get("kv_cells_total") or 0
-        return st.get("kv_cells_used", 0) / total if total else 0.0
+        used = total = 0
+        for slot in self.router.held():
+            used += slot.status.get("kv_cells_used", 0)
+            total += slot.status.get("kv_cells_total") or 0
+        return used / total if total else 0.0
 
     def clients(self) -> int:
         now = time.monotonic()
         return sum(1 for k, t in self._seen.items() if self._inflight.get(k) or now - t < CLIENT_WINDOW_S)
 
     def snapshot(self) -> dict[str, Any]:
-        """Live counts for the GUI (read from another thread: plain ints, no locking needed)."""
-        state, error = self.pool.health()
-        return {"state": state, "clients": self.clients(), "running": self.admission.running,
-                "queued": self.admission.queued, "kv_usage": self.kv_usage(), "error": error}
+        """Live counts for the GUI (read from another thread: plain values, no locking needed)."""
+        slot = self.router.slots[self.router.default_id]
+        loaded = [{"id": s.id, "path": s.entry.path, "state": s.state, "active": s.active,
+                   "ram_bytes": (s.need or Need()).ram,
+                   "vram_bytes": (s.need or Need()).vram} for s in list(self.router.slots.values())
+                  if s.state != "unloaded"]
+        return {"state": slot.state, "clients": self.clients(), "running": self.admission.running,
+                "queued": self.admission.queued, "kv_usage": self.kv_usage(), "error": slot.error,
+                "models": loaded}
 
-    def require_ready(self) -> None:
-        state, error = self.pool.health()
-        if state != "ready":
-            why = error if state == "failed" else "the model is loading"
-            raise ApiError(503, why or "the model is not loaded", code="not_ready", retry_after=5,
-                           reason="not_ready")
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """/health: a single-model server is ready when its model is (or unloaded: it loads when asked);
+        a router is ready when it runs."""
+        if len(self.router.slots) > 1:
+            return 200, {"status": "ok"}
+        slot = self.router.slots[self.router.default_id]
+        if slot.state in ("ready", "unloaded", "unloading"):
+            return 200, {"status": "ok"}
+        if slot.state == "failed":
+            return 503, {"status": "error", "error": slot.error}
+        return 503, {"status": "loading"}
 
     def check_model(self, name: str | None, *, exact: bool = False) -> str:
-        """The id of the served model a request's `model` names. With one model served, any name (or
-        none) answers with it, as llama-server and LM Studio do; `exact` (Ollama's model-management
-        routes) wants its id, with or without Ollama's ":latest" tag. Raises a 404 ApiError."""
-        if not exact or name in (self.model_id, f"{self.model_id}:latest"):
-            return self.model_id
-        raise ApiError(404, f"the model {name!r} does not exist; this server has {self.model_id!r}",
-                       code="model_not_found", param="model", reason="unknown_model")
+        """The id of the served model a request's `model` names: an id, alias, file stem or
+        hf.co/owner/repo:QUANT. With one model served, any name (or none) answers with it, as
+        llama-server and LM Studio do; `exact` (Ollama's model-management routes) wants a real name,
+        with or without Ollama's ":latest" tag. Raises ApiError: 404 listing the ids, 400 for a path."""
+        return self.router.resolve(name or "", exact=exact)
 
-    def pool_for(self, model_id: str) -> EnginePool:
-        """The engine pool serving `model_id` (its tool format, Loaded event, state)."""
-        return self.pool
+    def pool_for(self, model_id: str) -> Slot:
+        """What a model's engine offers the routes: tool_format, loaded, status, logprobs_supported, state."""
+        return self.router.slots[model_id]
+
+    def sampling_defaults(self, model_id: str) -> SamplingSettings:
+        """The server's sampling defaults (max_tokens: its default) with the model's preset over them."""
+        base = dataclasses.replace(self.config.sampling, max_tokens=self.config.default_max_tokens)
+        over = self.router.slots[model_id].entry.sampling if model_id in self.router.slots else {}
+        return dataclasses.replace(base, **over) if over else base
 
     def models(self) -> list[dict[str, Any]]:
-        """Every model this server can answer with, for the listings (server/models.py's facts plus
-        `loaded`, `n_ctx` and, once loaded, `embedding_only` from the engine)."""
-        from ggufdesk.server.models import describe
+        """Every servable model with what the listings show (OpenAI, Ollama, `ggufdesk ps`): the header
+        facts of server/models.py, then its state here (loaded, n_ctx, memory, expiry, a load's progress)."""
+        return [model_facts(self.router, slot) for slot in self.router.slots.values()]
 
-        pool = self.pool
-        facts = describe(pool.model, self.model_id)
-        loaded = pool.loaded
-        facts.update(loaded=pool.state == "ready" and loaded is not None, state=pool.state,
-                     n_ctx=loaded.n_ctx if loaded else 0, memory=dict(loaded.memory) if loaded else {})
-        if loaded is not None and loaded.embedding_only:
-            facts.update(embedding_only=True, capabilities=["embedding"])
-        return [facts]
+    def _model_metrics(self) -> list[dict[str, Any]]:
+        return [{"id": s.id, "state": s.state, "waiting": s.waiting if s.state == "loading" else 0,
+                 "loading_s": self.router.loading_seconds(s), "need": s.need if s.pool is not None else None}
+                for s in self.router.slots.values()]
 
     def spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def ensure_background(self) -> None:
+        """Start the idle reaper in the running loop (once; again in a new loop), and remember the loop
+        for request_load()."""
+        loop = asyncio.get_running_loop()
+        if self._reaper is None or self._reaper.done() or self._reaper.get_loop() is not loop:
+            self._reaper = asyncio.ensure_future(self.router.run())
+        self._loop = loop
+        self._serving.set()
+
+    def request_load(self, model_id: str, timeout: float = 10.0) -> concurrent.futures.Future[None]:
+        """Load a model from another thread (the window's server dock): a future of the load, whose
+        refusal is a KnownError (the API's words). Waits up to `timeout` s for the server's loop."""
+        if not self._serving.wait(timeout) or self._loop is None:
+            raise KnownError("the server is not running")
+
+        async def load() -> None:
+            try:
+                await self.load_model(model_id)
+            except ApiError as e:
+                raise KnownError(e.message) from None
+
+        return asyncio.run_coroutine_threadsafe(load(), self._loop)
+
+    def shutdown(self) -> None:
+        """Stop every engine (blocking)."""
+        self.router.shutdown()
+
+    async def load_model(self, model_id: str, keep_alive: float | None = None) -> None:
+        """Load a model without generating (Ollama: a request with no prompt)."""
+        await self.router.load(model_id, keep_alive)
+
+    async def unload_model(self, model_id: str) -> None:
+        """Unload now, or after its last request (Ollama: keep_alive 0 with no prompt)."""
+        await self.router.unload(model_id)
+
     # ---- one generation ---------------------------------------------------------------------------
 
     async def start(self, caller: str, spec: GenSpec, receive: Receive) -> Job:
-        """Admit and start a generation; returns once its first event is known.
+        """Load the model if needed (waiting for its one load), admit and start a generation; returns
+        once its first event is known.
 
-        Raises ApiError for refusals (429, 503) and for engine errors that come first (400 context).
-        A client that goes away while queued leaves the queue.
+        Raises ApiError for refusals (400 never fits, 404, 429, 500 load failed, 503) and for engine
+        errors that come first (400 context). A client that goes away while waiting leaves the queue.
         """
         reserved = estimate_prompt_tokens(spec) + spec.sampling.max_tokens
-        t0, gone = await self._admit(caller, receive, reserve=reserved)
-        pool = self.pool_for(spec.model or self.model_id)
+        t0, gone, slot = await self._admit(caller, receive, spec.model, reserve=reserved)
+        pool = slot.pool
+        assert pool is not None  # _admit checked it is ready
         rid, q = pool.open()
-        job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone, pool=pool, reserved=reserved)
+        job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone, slot=slot, reserved=reserved)
         self._inflight[caller] = self._inflight.get(caller, 0) + 1
         try:
-            await pool.generate(rid, prompt=spec.prompt, messages=spec.messages, sampling=spec.sampling,
-                                logprobs=spec.logprobs, deadline_s=self.config.request_timeout or None,
-                                **spec.structured, **spec.reasoning)
+            await pool.generate(rid, prompt=spec.prompt, messages=with_system(spec.messages, slot),
+                                sampling=spec.sampling, logprobs=spec.logprobs,
+                                deadline_s=self.config.request_timeout or None, **spec.structured, **spec.reasoning)
         except KnownError as e:
             job.finish(None)
             raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
         await job.peek()
         return job
 
-    async def _admit(self, caller: str, receive: Receive, *, reserve: int) -> tuple[float, asyncio.Future]:
-        """Readiness, the rate limit and a slot (waiting in the queue); returns the start time and a
-        future that completes when the client disconnects. A client that goes away while queued
-        leaves the queue (ClientGone).
+    async def _admit(self, caller: str, receive: Receive, model: str, *,
+                     reserve: int) -> tuple[float, asyncio.Future, Slot]:
+        """The rate limit, the model (loaded if needed, waiting for its one load) and a slot (waiting
+        in the queue); returns the start time, a future that completes when the client disconnects,
+        and the model in use (released by the caller). A client that goes away while waiting leaves.
 
         `reserve` tokens are taken from the caller's rate-limit bucket now (server/ratelimit.py) and
         given back if the request is refused here; once admitted, the caller settles them at its end."""
-        self.require_ready()
+        self.ensure_background()
+        model_id = model if model in self.router.slots else self.check_model(model)
         wait = self.limiter.reserve(caller, reserve)
         if wait is not None:
             raise ApiError(429, f"rate limit of {int(self.limiter.capacity)} tokens per minute reached "
                                 f"(this request may use {reserve}); try again in {wait} s",
                            code="rate_limit_exceeded", retry_after=wait, reason="rate_limited")
         try:
-            return await self._take_slot(caller, receive)
+            return await self._take_slot(caller, receive, model_id)
         except BaseException:
             self.limiter.settle(caller, reserve, 0)  # refused or gone before it started: all of it back
             raise
 
-    async def _take_slot(self, caller: str, receive: Receive) -> tuple[float, asyncio.Future]:
+    async def _take_slot(self, caller: str, receive: Receive, model_id: str) -> tuple[float, asyncio.Future, Slot]:
         self._seen[caller] = time.monotonic()
         t0 = time.perf_counter()
         gone = asyncio.ensure_future(_until_disconnect(receive))
-        admit = asyncio.ensure_future(self.admission.acquire())
+        slot = await _unless_gone(gone, self.router.acquire(model_id), self.router.release)
         try:
-            await asyncio.wait({admit, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not admit.done():
-                admit.cancel()
-                await asyncio.gather(admit, return_exceptions=True)
-        if gone.done():
-            if not admit.cancelled() and admit.exception() is None:
-                self.admission.release()
-            raise ClientGone()
-        if admit.cancelled() or admit.exception() is not None:
+            await _unless_gone(gone, self.admission.acquire(), lambda _: self.admission.release())
+        except BaseException:
+            self.router.release(slot)
+            raise
+        pool = slot.pool
+        if pool is None or slot.state != "ready":  # its engine crashed meanwhile and is coming back
+            self.admission.release()
+            self.router.release(slot)
             gone.cancel()
-            admit.result()  # raises the 503 (or the cancellation)
-        return t0, gone
+            raise ApiError(503, slot.error or "the model is loading", code="not_ready", retry_after=5,
+                           reason="not_ready")
+        return t0, gone, slot
 
     async def embed(self, caller: str, model: str, inputs: list[str | list[int]], *, truncate: bool,
                     receive: Receive, endpoint: str = "embeddings") -> P.Embeddings:
-        """Embeddings of `inputs` by the served model `model`, admitted like a generation (a slot, the
-        rate limit). Raises ApiError (engine refusals: 400; a crash: 503) or ClientGone."""
+        """Embeddings of `inputs` by the served model `model` (loaded if needed), admitted like a
+        generation (a slot, the rate limit). Raises ApiError (engine refusals: 400; a crash: 503) or ClientGone."""
         reserved = sum(len(x) if isinstance(x, list) else len(x.encode("utf-8", "replace")) // 3 + 1 for x in inputs)
-        t0, gone = await self._admit(caller, receive, reserve=reserved)
-        pool = self.pool_for(model)
+        t0, gone, slot = await self._admit(caller, receive, model, reserve=reserved)
+        pool = slot.pool
+        assert pool is not None
         rid, q = pool.open()
         self._inflight[caller] = self._inflight.get(caller, 0) + 1
         outcome, n_tokens = "error", 0
@@ -253,6 +332,7 @@ class Service:
             pool.close(rid)
             seconds = time.perf_counter() - t0
             self.admission.release(seconds)
+            self.router.release(slot)
             self._done_with(caller)
             self.metrics.latency.labels(endpoint).observe(seconds)
             self.metrics.requests.labels(endpoint, outcome).inc()
@@ -272,6 +352,7 @@ class Service:
         seconds = time.perf_counter() - job.t0
         self.admission.release(seconds)
         job.pool.close(job.rid)
+        self.router.release(job.slot, spec.keep_alive)
         self._done_with(job.caller)
         m.latency.labels(spec.endpoint).observe(seconds)
         m.requests.labels(spec.endpoint, outcome).inc()
@@ -296,6 +377,54 @@ def estimate_prompt_tokens(spec: GenSpec) -> int:
     return (len(text.encode("utf-8", "replace")) + extra) // 3 + 1
 
 
+def with_system(messages: list[dict[str, Any]] | None, slot: Slot) -> list[dict[str, Any]] | None:
+    """The model's preset system prompt first, when the request brings none (as an Ollama Modelfile's)."""
+    prompt = slot.entry.system_prompt
+    if not prompt or messages is None or any(m.get("role") == "system" for m in messages):
+        return messages
+    return [{"role": "system", "content": prompt}, *messages]
+
+
+def model_facts(router: Router, slot: Slot) -> dict[str, Any]:
+    from ggufdesk.server.models import describe
+
+    e = slot.entry
+    facts = describe(e.path, e.id)
+    need = slot.need if slot.pool is not None else None
+    loaded = slot.loaded
+    facts.update(
+        name=e.name or Path(e.path).name, source=e.source, size_bytes=facts["size_bytes"] or e.size,
+        state=slot.state, loaded=slot.state == "ready" and loaded is not None,
+        n_ctx=loaded.n_ctx if loaded else 0, memory=dict(loaded.memory) if loaded else {},
+        expires_at=router.expires_at_wall(slot), ram_bytes=need.ram if need else 0,
+        vram_bytes=need.vram if need else 0, active=slot.active, loads=slot.loads, error=slot.error,
+        load=({"stage": slot.stage, "elapsed_s": round(router.loading_seconds(slot), 3), "waiting": slot.waiting}
+              if slot.state == "loading" else None),
+        aliases=sorted(a for a, t in router.aliases.items() if t == e.id))
+    if loaded is not None and getattr(loaded, "embedding_only", False):
+        facts.update(embedding_only=True, capabilities=["embedding"])
+    return facts
+
+
+async def _unless_gone(gone: asyncio.Future, coro: Awaitable[T], undo: Callable[[T], Any]) -> T:
+    """`coro`'s result, unless the client leaves first: then ClientGone (and `undo` of a result that
+    arrived at the same moment). Its errors are raised as they are."""
+    task = asyncio.ensure_future(coro)
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if gone.done():
+        if not task.cancelled() and task.exception() is None:
+            undo(task.result())
+        raise ClientGone()
+    if task.cancelled() or task.exception() is not None:
+        gone.cancel()
+    return task.result()  # raises its error (or the cancellation)
+
+
 class ClientGone(Exception):
     """The client closed its connection before its request was admitted."""
 
@@ -315,10 +444,11 @@ class Job:
     """
 
     def __init__(self, svc: Service, *, rid: str, queue: asyncio.Queue, caller: str, spec: GenSpec,
-                 t0: float, gone: asyncio.Future, pool: EnginePool | None = None, reserved: int = 0) -> None:
+                 t0: float, gone: asyncio.Future, slot: Slot, reserved: int = 0) -> None:
         self.svc, self.rid, self.caller, self.spec, self.t0 = svc, rid, caller, spec, t0
         self.reserved = reserved  # rate-limit tokens taken at admission, settled when it ends
-        self.pool = pool or svc.pool  # the engine pool running it
+        self.slot = slot
+        self.pool: EnginePool = slot.pool  # type: ignore[assignment]  # start() checked it is loaded
         self._q = queue
         self._first: Any = None
         self._gone = gone
@@ -456,6 +586,7 @@ class Job:
         else:  # never started in the engine
             self.svc.admission.release()
             self.pool.close(self.rid)
+            self.svc.router.release(self.slot)
             self.svc.limiter.settle(self.caller, self.reserved, 0)
 
     def _on_gone(self, fut: asyncio.Future) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal, Protocol
 
-from ggufdesk.core.errors import KnownError
+from ggufdesk.core.errors import KnownError, SettingsError
 from ggufdesk.core.settings import LoadSettings, Settings, SpeculationSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.session.conversation import Level
@@ -27,11 +27,13 @@ ModelPhase = Literal["none", "loading", "recovering", "loaded", "restarting", "f
 
 @dataclass(frozen=True, slots=True)
 class ModelChoice:
-    """A model and the settings it is (to be) loaded with."""
+    """A model and the settings it is (to be) loaded with (`preset`: the library id whose preset
+    made them, so they are not taken for the defaults)."""
 
     path: str
     load: LoadSettings
     speculation: SpeculationSettings
+    preset: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,21 +125,31 @@ class ModelSession:
     # ---- commands -------------------------------------------------------------------------------
 
     def load(self, path: str, load: LoadSettings | None = None,
-             speculation: SpeculationSettings | None = None) -> None:
-        """Load `path` (with new settings, or the current ones); the answer comes as events."""
+             speculation: SpeculationSettings | None = None, *, preset: str | None = None) -> None:
+        """Load `path` (with new default settings, or the current ones); the answer comes as events.
+
+        `preset`: the model's library id; its preset in `settings.presets` (if any) goes over the
+        defaults for this load, and the defaults stay as they are."""
         if load is not None:
             self.settings.load = load
         if speculation is not None:
             self.settings.speculation = speculation
-        self.loading = ModelChoice(path, self.settings.load, self.settings.speculation)
+        try:
+            used = self.settings.for_model(preset)
+        except SettingsError as e:  # a preset that cannot work with these defaults: say so, use the defaults
+            self.view.notice(f"{e}; loading with the default settings", "warning")
+            used = self.settings
+        self.loading = ModelChoice(path, used.load, used.speculation,
+                                   preset if used is not self.settings else None)
         self.recovering = False
         self.path = path
         self._set("loading", path)
-        self.engine.load(path, self.settings.load, self.settings.speculation)
+        self.engine.load(path, used.load, used.speculation)
 
     def _load_again(self, good: ModelChoice) -> None:
         self.recovering = True
-        self.settings.load, self.settings.speculation = good.load, good.speculation
+        if good.preset is None:  # the defaults it loaded with become the defaults again
+            self.settings.load, self.settings.speculation = good.load, good.speculation
         self.path = good.path
         self._set("recovering", good.path)
         self.engine.load(good.path, good.load, good.speculation)

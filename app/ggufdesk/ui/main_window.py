@@ -6,6 +6,7 @@ failed load) live there, testable without Qt.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from concurrent.futures import Future
@@ -20,7 +21,8 @@ from PySide6.QtWidgets import (
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.history import Conversation, History, Message
-from ggufdesk.core.settings import LoadSettings, Settings, SpeculationSettings, save_settings
+from ggufdesk.core.errors import SettingsError
+from ggufdesk.core.settings import LoadSettings, Preset, Settings, SpeculationSettings, save_settings
 from ggufdesk.engine.link import protocol as p
 from ggufdesk.session import ChatSession, HistoryWriter, Refused, SaveState, SessionView, Turn
 from ggufdesk.session.conversation import Level, Phase
@@ -32,6 +34,7 @@ from ggufdesk.ui.conversation_dialog import ConversationDialog
 from ggufdesk.ui.engine_adapter import EngineBridge
 from ggufdesk.ui.gauges import GaugePanel, SystemSampler
 from ggufdesk.ui.header import Header
+from ggufdesk.ui.model_switcher import ModelSwitcher
 from ggufdesk.ui.notify import Banner
 from ggufdesk.ui.services import ContextEstimate
 from ggufdesk.ui.settings_dialog import SettingsDialog
@@ -124,6 +127,8 @@ class _WindowView(SessionView, ModelView):
 
     def model_state_changed(self, state: ModelState) -> None:
         self.win.header.set_model_state(state)
+        memory = sum(v for v in state.loaded.memory.values() if isinstance(v, int)) if state.loaded else 0
+        self.win.switcher.set_current(state.path, memory)
         if state.phase == "loaded":
             self.win.show_mode()
 
@@ -195,6 +200,8 @@ class MainWindow(QMainWindow):
     def _build(self) -> None:
         self.sidebar = Sidebar()
         self.header = Header()
+        self.switcher = ModelSwitcher(server_models=self._server_models)
+        self.header.set_switcher(self.switcher)
         self.banner = Banner()
         self.chat = ChatView()
         self.composer = Composer(enter_sends=enter_sends())
@@ -237,7 +244,8 @@ class MainWindow(QMainWindow):
         self._build_menus()
         from ggufdesk.ui import server_panel  # the "Local server" dock (off by default)
         self.server_panel = server_panel.attach(
-            self, tb, lambda: (self.model_path, self.settings.load) if self.model_path else None)
+            self, tb, lambda: (self.model_path, self.model_settings().load) if self.model_path else None,
+            settings_source=lambda: self.settings)
         self.sampler = SystemSampler(lambda: self.engine.pid, parent=self)
         self.show_mode()
         self.resize(1180, 760)
@@ -303,6 +311,8 @@ class MainWindow(QMainWindow):
         self.chat.tool_decided.connect(lambda key, decision: self.session.decide(key, decision))
         self.mcp_action.triggered.connect(lambda: self.open_mcp_servers())
         self.model_action.triggered.connect(lambda: self._choose_model and self._choose_model())
+        self.switcher.chosen.connect(lambda path, model_id: self.switch_model(path, model_id))
+        self.switcher.choose_other.connect(lambda: self._choose_model and self._choose_model())
         self.settings_action.triggered.connect(lambda: self.open_settings())
         self.conv_settings_action.triggered.connect(lambda: self.open_conversation_settings())
 
@@ -394,7 +404,40 @@ class MainWindow(QMainWindow):
 
     def load_model(self, path: str, load: LoadSettings | None = None,
                    speculation: SpeculationSettings | None = None) -> None:
-        self.models.load(path, load, speculation)
+        """Load `path` (new default settings, if given), with the model's preset over them."""
+        self.models.load(path, load, speculation, preset=self.switcher.model_id(path))
+
+    def switch_model(self, path: str, model_id: str = "") -> None:
+        """Load another model from the switcher; the conversation stays (its next answer comes from
+        the new model). A starter's file is checked or assembled first, off the GUI thread."""
+        from ggufdesk.core import library
+
+        entry = next((m for m in self.switcher.models if m.id == model_id), None)
+
+        def done(fut: Future[Path]) -> None:
+            if (msg := describe_failure(fut)) is not None:
+                self.banner.notify(msg, "error")
+                return
+            self.models.load(str(fut.result()), preset=model_id or self.switcher.model_id(path))
+
+        run_in_background(lambda: library.file_for(entry) if entry is not None else Path(path), done, owner=self)
+
+    @property
+    def model_id(self) -> str:
+        """The library id of the window's model ("" when none): what its preset is keyed by."""
+        return self.switcher.model_id(self.model_path)
+
+    def model_settings(self) -> Settings:
+        """The settings with the window's model's preset over them (the defaults when it has none)."""
+        try:
+            return self.settings.for_model(self.model_id)
+        except SettingsError:
+            return self.settings
+
+    def _server_models(self) -> list[dict[str, object]]:
+        panel = getattr(self, "server_panel", None)
+        service = panel.service if panel is not None else None
+        return list(service.snapshot()["models"]) if service is not None else []
 
     # ---- conversations ------------------------------------------------------------------------
 
@@ -412,8 +455,9 @@ class MainWindow(QMainWindow):
 
     def new_conversation(self, title: str = "New chat") -> Conversation | None:
         try:
-            return self.session.new_conversation(title=title, system_prompt=self.settings.system_prompt,
-                                                 sampling=self.settings.sampling)
+            ms = self.model_settings()
+            return self.session.new_conversation(title=title, system_prompt=ms.system_prompt,
+                                                 sampling=ms.sampling)
         except Refused as e:
             self.banner.notify(str(e), "warning")
             return None
@@ -498,8 +542,8 @@ class MainWindow(QMainWindow):
         if not text:
             return False
         try:
-            self.session.send(text, system_prompt=self.settings.system_prompt,
-                              sampling=self.settings.sampling)
+            ms = self.model_settings()
+            self.session.send(text, system_prompt=ms.system_prompt, sampling=ms.sampling)
         except Refused as e:
             self.banner.notify(str(e), "warning")
             return False
@@ -540,17 +584,40 @@ class MainWindow(QMainWindow):
         return self._estimate_for(self.model_path, load)
 
     def open_settings(self) -> None:
+        """Engine settings: the defaults, or (a model loaded) this model's own preset."""
         loaded = self.engine.loaded_event
-        dlg = SettingsDialog(self.settings.load, self.settings.speculation,
-                             recommended=self._recommended,
+        model_id = self.model_id
+        ms = self.model_settings()
+        preset = self.settings.presets.get(model_id)
+        dlg = SettingsDialog(ms.load, ms.speculation, recommended=self._recommended,
                              n_ctx_train=loaded.n_ctx_train if loaded else 0,
-                             estimate=self._estimate if self.model_path else None, parent=self)
+                             estimate=self._estimate if self.model_path else None, parent=self,
+                             model_id=model_id or None, for_model=bool(preset and (preset.load or preset.speculation)))
         if dlg.exec():
             load, spec = dlg.values()
+            if model_id and dlg.scope() == "model":
+                self._set_preset(model_id, load, spec)
+                if self.model_path:
+                    self.models.load(self.model_path, preset=model_id)
+                return
+            if preset:  # "for every model": this model follows the defaults again
+                self._set_preset(model_id, self.settings.load, self.settings.speculation)
             if self.model_path:
                 self.load_model(self.model_path, load, spec)
             else:
                 self.settings.load, self.settings.speculation = load, spec
+
+    def _set_preset(self, model_id: str, load: LoadSettings, spec: SpeculationSettings) -> None:
+        """The model's preset with what `load`/`spec` change of the defaults (its sampling and system
+        prompt kept), saved."""
+        old = self.settings.presets.get(model_id) or Preset()
+        diff = Preset.between(self.settings, dataclasses.replace(self.settings, load=load, speculation=spec))
+        self.settings.set_preset(model_id, Preset(load=diff.load, speculation=diff.speculation,
+                                                  sampling=old.sampling, system_prompt=old.system_prompt))
+        try:
+            self._save_settings(self.settings)
+        except OSError as e:
+            self.banner.notify(f"could not save settings: {e}", "error")
 
     def open_conversation_settings(self) -> None:
         if not self.conv:

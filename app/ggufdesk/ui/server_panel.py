@@ -1,10 +1,13 @@
 """The "Local server" dock: run ggufdesk's OpenAI/Anthropic-compatible API from the app (off by default).
 
-The server runs in this process on a thread with its own event loop, over its own engine process
+The server runs in this process on a thread with its own event loop, over its own engine processes
 (the chat's engine stays the chat's): a client that crashes or saturates the server's engine cannot
 stall or kill the conversation on screen, and the server can decode several sequences at once while
-the chat keeps its one. The model file is mapped, not copied, so the weights' pages are shared
-between the two engines; what is doubled is the KV cache and compute buffers.
+the chat keeps its one. It serves the window's model (loaded when the server starts) and every other
+model of the library, each loaded in an engine of its own when a request names it (or when "Load in
+the server" is pressed) and unloaded when idle: the window's model is never taken away. Model files
+are mapped, not copied, so the weights' pages are shared between engines; what is doubled is the KV
+cache and compute buffers.
 """
 from __future__ import annotations
 
@@ -16,13 +19,13 @@ from typing import Any, Callable
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
-    QCheckBox, QDockWidget, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QMainWindow, QPlainTextEdit,
-    QPushButton, QSpinBox, QVBoxLayout, QWidget,
+    QCheckBox, QComboBox, QDockWidget, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QMainWindow,
+    QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
 from ggufdesk.core.errors import KnownError
-from ggufdesk.core.settings import LoadSettings
-from ggufdesk.ui.tasks import run_in_background
+from ggufdesk.core.settings import LoadSettings, Settings
+from ggufdesk.ui.tasks import describe_failure, run_in_background
 
 log = logging.getLogger("ggufdesk.ui.server")
 
@@ -48,12 +51,19 @@ class ServerPanel(QDockWidget):
     state_changed = Signal(str)  # "off" | "loading" | "ready" | "failed"
 
     def __init__(self, *, model_source: ModelSource, parallel: int = 4, parent: QWidget | None = None,
-                 pool_factory: Callable[..., Any] | None = None) -> None:
+                 pool_factory: Callable[..., Any] | None = None,
+                 settings_source: Callable[[], Settings] | None = None, idle_unload_s: float = 600.0,
+                 need: Callable[..., Any] | None = None) -> None:
+        """`pool_factory(model=, load=)` and `need(path, entry)` (the router's memory estimate) are for
+        tests: stand-in engines, made-up sizes."""
         super().__init__("Local server", parent)
         self.setObjectName("serverDock")
         self._model_source = model_source
+        self._settings_source = settings_source
         self._parallel = parallel
         self._pool_factory = pool_factory
+        self._idle_unload_s = idle_unload_s
+        self._need = need
         self.service: Any = None
         self.runner: Any = None
         self.state = "off"
@@ -68,6 +78,12 @@ class ServerPanel(QDockWidget):
         self.status = QLabel("")
         self.status.setWordWrap(True)
         self.counts = QLabel("")
+        self.loaded_label = QLabel("")
+        self.loaded_label.setWordWrap(True)
+        self.load_box = QComboBox()
+        self.load_box.setToolTip("Any model of the library: the server loads it in an engine of its own")
+        self.load_btn = QPushButton("Load in the server")
+        self.load_btn.setEnabled(False)
         self.snippet = QPlainTextEdit(readOnly=True)
         self.snippet.setMinimumHeight(150)
         self.copy = QPushButton("Copy")
@@ -83,6 +99,11 @@ class ServerPanel(QDockWidget):
         form.addRow("API key", key_row)
         form.addRow("URL", self.url_label)
         form.addRow("Now", self.counts)
+        form.addRow("Models", self.loaded_label)
+        load_row = QHBoxLayout()
+        load_row.addWidget(self.load_box, 1)
+        load_row.addWidget(self.load_btn)
+        form.addRow("Load", load_row)
         lay.addLayout(form)
         lay.addWidget(self.status)
         lay.addWidget(self.snippet, 1)
@@ -94,6 +115,7 @@ class ServerPanel(QDockWidget):
         self.toggle.toggled.connect(self._on_toggle)
         self.new_key.clicked.connect(lambda: self.key.setText(secrets.token_urlsafe(24)))
         self.copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.snippet.toPlainText()))
+        self.load_btn.clicked.connect(lambda _checked=False: self.load_other())
 
     # ---- start / stop ---------------------------------------------------------------------------
 
@@ -104,34 +126,82 @@ class ServerPanel(QDockWidget):
             self.stop()
 
     def start(self) -> bool:
+        source = self._model_source()
+        if source is None:
+            return self._refuse("Load a model first: the server serves the model the chat has loaded "
+                                "(and loads the library's others when asked).")
+        model, load = source
+        load = dataclasses.replace(load, n_parallel=self._parallel)
+        key = self.key.text().strip()
+        for w in (self.port, self.key, self.new_key):
+            w.setEnabled(False)
+        self._set_state("loading")
+        settings = self._settings_source() if self._settings_source is not None else None
+        run_in_background(lambda: self._entries(model, load, settings), lambda fut: self._serve(fut, key),
+                          owner=self)
+        return True
+
+    def _entries(self, model: str, load: LoadSettings, settings: Settings | None) -> list[Any]:
+        """The window's model first, then the library's others (each with its preset), off the GUI thread."""
+        from ggufdesk.core import library
+        from ggufdesk.server.router import ModelEntry
+
+        from ggufdesk.ui import model_switcher
+
+        found = model_switcher.list_library()  # the same list as the window's model switcher
+        first = library.id_for(model, found)
+        out = [ModelEntry(id=first, path=model, load=load, name=model.rsplit("/", 1)[-1])]
+        for m in found:
+            if m.id == first:
+                continue
+            try:
+                ms = settings.for_model(m.id) if settings is not None else None
+            except KnownError as e:
+                log.warning("preset of %s not used: %s", m.id, e)
+                ms = settings
+            preset = settings.presets.get(m.id) if settings is not None else None
+            out.append(ModelEntry(
+                id=m.id, path=str(m.path), name=m.name, size=m.size, source=m.source, quant=m.quant,
+                load=dataclasses.replace(ms.load if ms else load, n_parallel=self._parallel),
+                sampling=preset.known("sampling") if preset else {},
+                system_prompt=preset.system_prompt if preset else None,
+                file=lambda m=m: str(library.file_for(m))))
+        return out
+
+    def _serve(self, fut: Any, key: str) -> None:
+        if self.state != "loading":
+            return  # stopped meanwhile
+        if (msg := describe_failure(fut)) is not None:
+            self.stop()
+            self._refuse(msg)
+            return
         from ggufdesk.server.pool import EnginePool
+        from ggufdesk.server.router import Router
         from ggufdesk.server.runner import ServerRunner
         from ggufdesk.server.service import ServerConfig, Service
 
-        source = self._model_source()
-        if source is None:
-            return self._refuse("Load a model first: the server serves the model the chat has loaded.")
-        model, load = source
-        load = dataclasses.replace(load, n_parallel=self._parallel)
+        entries = fut.result()
         factory = self._pool_factory or EnginePool
-        pool = factory(model=model, load=load)
-        key = self.key.text().strip()
-        self.service = Service(pool=pool, config=ServerConfig(api_keys=(key,) if key else (),
-                                                             parallel=self._parallel))
+        router = Router(entries=entries, idle_unload_s=self._idle_unload_s, need=self._need,
+                        pool_factory=lambda e, path: factory(model=path, load=e.load))
+        self.service = Service(router=router, config=ServerConfig(api_keys=(key,) if key else (),
+                                                                  parallel=self._parallel))
         try:
             self.runner = ServerRunner(self.service, host="127.0.0.1", port=self.port.value())
             self.url = self.runner.start_thread()
         except KnownError as e:
-            self.service = self.runner = None
-            return self._refuse(str(e))
-        for w in (self.port, self.key, self.new_key):
-            w.setEnabled(False)
+            self.stop()
+            self._refuse(str(e))
+            return
         self.url_label.setText(self.url)
-        self.snippet.setPlainText(snippets(self.url, pool.model_id, key))
-        self._set_state("loading")
+        self.snippet.setPlainText(snippets(self.url, router.default_id, key))
+        self.load_box.clear()
+        for e in entries:
+            self.load_box.addItem(e.id, e.id)
+        self.load_btn.setEnabled(True)
         self.timer.start()
-        run_in_background(pool.start, self._loaded)
-        return True
+        service = self.service
+        run_in_background(lambda: service.request_load(router.default_id).result(), self._loaded, owner=self)
 
     def _loaded(self, fut: Any) -> None:
         if self.service is None:
@@ -140,6 +210,23 @@ class ServerPanel(QDockWidget):
         self._set_state("failed" if err else "ready")
         if err:
             self.status.setText(f"The server's model did not load: {err}")
+
+    def load_other(self, model_id: str | None = None) -> None:
+        """Have the server load a model (the chosen one) in an engine of its own; the window's stays."""
+        service = self.service
+        model_id = model_id or self.load_box.currentData()
+        if service is None or not model_id:
+            return
+        self.status.setText(f"Loading {model_id} in the server…")
+
+        def done(fut: Any) -> None:
+            if self.service is not service:
+                return
+            msg = describe_failure(fut)
+            self.status.setText(f"{model_id}: {msg}" if msg else f"{model_id} is loaded in the server.")
+            self.refresh()
+
+        run_in_background(lambda: service.request_load(model_id).result(), done, owner=self)
 
     def _refuse(self, message: str) -> bool:
         self.status.setText(message)
@@ -155,11 +242,14 @@ class ServerPanel(QDockWidget):
         if runner is not None:
             runner.stop()
         if service is not None:
-            run_in_background(service.pool.shutdown)
+            run_in_background(service.shutdown)
         for w in (self.port, self.key, self.new_key):
             w.setEnabled(True)
+        self.load_btn.setEnabled(False)
+        self.load_box.clear()
         self.url_label.setText("off")
         self.counts.setText("")
+        self.loaded_label.setText("")
         self._set_state("off")
 
     def _set_state(self, state: str) -> None:
@@ -176,6 +266,9 @@ class ServerPanel(QDockWidget):
             return
         s = self.service.snapshot()
         self.counts.setText(f"{s['clients']} clients · {s['running']} running · {s['queued']} queued")
+        self.loaded_label.setText(" · ".join(
+            f"{m['id']} ({m['state']}" + (f", {m['ram_bytes'] / 2**20:.0f} MB" if m["ram_bytes"] else "") + ")"
+            for m in s["models"]) or "none loaded")
 
 
 class _StopOnClose(QObject):
@@ -189,9 +282,10 @@ class _StopOnClose(QObject):
         return False
 
 
-def attach(window: QMainWindow, toolbar: Any, model_source: ModelSource) -> ServerPanel:
+def attach(window: QMainWindow, toolbar: Any, model_source: ModelSource,
+           settings_source: Callable[[], Settings] | None = None) -> ServerPanel:
     """Add the panel to a main window: a hidden dock, a toolbar toggle, and stop-on-close."""
-    panel = ServerPanel(model_source=model_source, parent=window)
+    panel = ServerPanel(model_source=model_source, parent=window, settings_source=settings_source)
     window.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, panel)
     panel.hide()
     action = panel.toggleViewAction()

@@ -62,11 +62,21 @@ class SettingsDialog(QDialog):
                  recommended: Callable[[], tuple[LoadSettings, SpeculationSettings]] | None = None,
                  n_ctx_train: int = 0,
                  estimate: Callable[[LoadSettings], Any] | None = None,
-                 parent: QWidget | None = None) -> None:
+                 parent: QWidget | None = None, model_id: str | None = None, for_model: bool = False) -> None:
         """`n_ctx_train` bounds the context (the model's trained length); `estimate(load)` returns
-        the planner's ContextEstimate (runs off the GUI thread) for the memory warning."""
+        the planner's ContextEstimate (runs off the GUI thread) for the memory warning. With a
+        `model_id`, the settings can be saved for that model only (its preset) or as the defaults;
+        `for_model` starts on the former (the model has its own settings already)."""
         super().__init__(parent)
         self.setWindowTitle("Engine settings")
+        self.scope_box = QComboBox()
+        self.scope_box.addItem("Defaults, for every model", "defaults")
+        if model_id:
+            self.scope_box.addItem(f"For this model only ({model_id})", "model")
+            self.scope_box.setCurrentIndex(1 if for_model else 0)
+        self.scope_box.setToolTip("A model's own settings (its preset) apply wherever it is loaded: "
+                                  "here, `ggufdesk run` and the server")
+        self.scope_box.setVisible(bool(model_id))
         screen = QGuiApplication.primaryScreen()
         avail = screen.availableGeometry() if screen is not None else None
         self.resize(min(900, avail.width() - 40) if avail else 900,
@@ -158,6 +168,11 @@ class SettingsDialog(QDialog):
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
         scroll.setWidget(body)
         lay = QVBoxLayout(self)
+        if model_id:
+            scope_row = QHBoxLayout()
+            scope_row.addWidget(QLabel("Save these settings as"))
+            scope_row.addWidget(self.scope_box, 1)
+            lay.addLayout(scope_row)
         lay.addWidget(scroll, 1)
         lay.addWidget(self.error_label)
         lay.addWidget(self.buttons)
@@ -250,6 +265,10 @@ class SettingsDialog(QDialog):
     def reset_to_recommended(self) -> None:
         self.set_values(*self._recommended())
         self.validate()
+
+    def scope(self) -> str:
+        """"model" (this model's preset) or "defaults"."""
+        return str(self.scope_box.currentData())
 
     def accept(self) -> None:
         if self.validate():

@@ -11,18 +11,21 @@ next token is never far away; a whole `n_batch` when nobody is waiting for a tok
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from ggufdesk.engine.batching.chunking import ChunkSizer
+from ggufdesk.engine.batching.sequence import SequenceStatus
 
 QUEUE_PER_SLOT = 16  # queued requests allowed per sequence slot before new ones are refused
 MIN_QUEUE = 16
 
 
 class Schedulable(Protocol):
-    reserve: int  # KV cells it may need in all: prompt + tokens it may still generate
-    prefilling: bool  # still has prompt tokens to evaluate
+    status: SequenceStatus  # set to PREFILLING here at admission; the loop moves it on from there
+
+    @property
+    def reserve(self) -> int: ...  # KV cells it may need in all: prompt + tokens it may still generate
 
 
 S = TypeVar("S", bound=Schedulable)
@@ -33,10 +36,38 @@ class Overloaded(Exception):
 
 
 @dataclass
+class DecodeRow(Generic[S]):
+    """A running sequence's part of a step: its last sampled token, then any forced tokens (taken
+    as written) and draft tokens (verified), all at its next positions."""
+
+    seq: S
+    forced: list[int] = field(default_factory=list)
+    draft: list[int] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return 1 + len(self.forced) + len(self.draft)
+
+
+@dataclass
 class Plan(Generic[S]):
-    decode: list[S]  # one token each
+    """What one step computes (engine/batching/batch.py): a row per running sequence (plus its draft
+    rows, engine/speculation/planner.py) and at most one prefill chunk."""
+
+    decode: list[DecodeRow[S]]
     prefill: S | None  # the sequence whose prompt advances this step
     chunk: int  # how many of its prompt tokens
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and self.prefill is None
+
+    @property
+    def decode_rows(self) -> int:
+        return sum(r.rows for r in self.decode)
+
+    def sequences(self) -> list[S]:
+        return [r.seq for r in self.decode] + ([self.prefill] if self.prefill is not None else [])
 
 
 class Scheduler(Generic[S]):
@@ -74,6 +105,7 @@ class Scheduler(Generic[S]):
             if self.running and self.reserved + head.reserve > self.n_cells:
                 break  # strictly FIFO: wait for cells rather than let later requests pass
             self.running.append(self.waiting.popleft())
+            head.status = SequenceStatus.PREFILLING
             started.append(head)
         return started
 
@@ -84,9 +116,10 @@ class Scheduler(Generic[S]):
             self.waiting.remove(seq)
 
     def plan(self) -> Plan[S]:
-        """The next step: every decoding sequence, plus one prefill chunk under the token budget."""
-        decode = [s for s in self.running if not s.prefilling]
-        prefill = next((s for s in self.running if s.prefilling), None)
+        """The next step: a row for every running sequence, plus one prefill chunk under the token budget."""
+        decode = [DecodeRow(s) for s in self.running
+                  if s.status is SequenceStatus.DECODING or s.status is SequenceStatus.VERIFYING]
+        prefill = next((s for s in self.running if s.status is SequenceStatus.PREFILLING), None)
         chunk = 0
         if prefill is not None:
             if not decode:

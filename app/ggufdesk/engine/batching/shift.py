@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ggufdesk.engine.batching.prefix_cache import Slot, Slots
+from ggufdesk.engine.link.protocol import OverflowPolicy
 
 NO_SHIFT_NOTE = "this model's context cannot shift (llama_memory_can_shift is false); rolling was used instead"
 
@@ -22,13 +23,14 @@ NO_SHIFT_NOTE = "this model's context cannot shift (llama_memory_can_shift is fa
 class ContextUse:
     """A request's dealings with its context: the overflow policy, what it dropped, what came from a cache."""
 
-    policy: str = "error"  # the request's overflow policy, after any fallback
+    policy: OverflowPolicy = "error"  # the request's overflow policy, after any fallback
     n_keep: int = 0  # leading tokens a shift never drops (BOS, system prompt)
     truncated: int = 0  # prompt tokens dropped to fit, plus tokens shifted out
     dropped_messages: int = 0
-    applied: str = ""  # the policy that dropped tokens ("" none yet)
+    applied: OverflowPolicy | None = None  # the policy that dropped tokens (None: none yet)
     note: str = ""
     shifts: int = 0
+    shifted: int = 0  # of `truncated`, the tokens shifts dropped from the KV cache
     restored: int = 0  # prompt tokens read from the disk prompt cache
     cells: int = 0  # the most KV cells it may hold (a shifting sequence: the context; 0 = no cap)
 
@@ -52,6 +54,7 @@ def shift(slots: Slots, slot: Slot, use: ContextUse, n_ctx: int) -> int:
         return 0
     slots.shift(slot, n_keep, n_discard)
     use.truncated += n_discard
+    use.shifted += n_discard
     use.shifts += 1
     use.applied = "shift"
     return n_discard

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal, get_args
 
+from ggufdesk.core.errors import KnownError
+
 # ---- the kinds a receiver branches on --------------------------------------------------------
 
 ErrorKind = Literal[
@@ -280,7 +282,7 @@ class Status:
     kv_cells_used: int = 0
     kv_cells_total: int = 0
     n_parallel: int = 1
-    spec: str = "off"  # speculation now: "off" | "lookup" | "draft" | "paused" (several running)
+    spec: str = "off"  # speculation now: "off" | "lookup" | "draft" | "paused" (every drafter paused or disabled)
 
 
 @dataclass(kw_only=True)
@@ -342,6 +344,23 @@ def fields_of(obj: Any) -> dict[str, Any]:
 
 class ProtocolError(ValueError):
     """A line that is not a valid message."""
+
+
+class EngineRequestError(KnownError):
+    """A request the engine refuses or cannot finish, and the kind of Error it answers with (the
+    receivers branch on `kind`: a 'context' error is the server's 400, 'overloaded' its 503)."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind: ErrorKind = kind
+
+    def event(self, rid: str | None) -> Error:
+        return Error(kind=self.kind, id=rid, message=str(self))
+
+
+def error_kind(e: BaseException, default: ErrorKind = "generate") -> ErrorKind:
+    """The kind of Error an exception answers a request with."""
+    return e.kind if isinstance(e, EngineRequestError) else default
 
 
 def encode(msg: Message) -> str:

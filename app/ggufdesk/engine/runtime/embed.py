@@ -19,6 +19,7 @@ from llama_cpp import _internals as internals
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.gguf_meta import EMBEDDING_ARCHS, embedding_only
+from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.runtime.native import FLASH_ATTN_IDS, LlamaLog, LoadedModel
 
 log = logging.getLogger("ggufdesk.engine")
@@ -188,11 +189,9 @@ class Embedder:
         self._batch.close()
 
 
-def refusal(message: str, kind: str) -> KnownError:
-    """A KnownError with the protocol ErrorKind the engine reports it as ("settings": 400, "context": 400)."""
-    e = KnownError(message)
-    e.kind = kind  # type: ignore[attr-defined]
-    return e
+def refusal(message: str, kind: P.ErrorKind) -> P.EngineRequestError:
+    """A refusal with the protocol ErrorKind the engine reports it as ("settings": 400, "context": 400)."""
+    return P.EngineRequestError(kind, message)
 
 
 def check_inputs(inputs: object) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ggufdesk.core.errors import KnownError
+from ggufdesk.engine.link.protocol import OverflowPolicy
 
 Messages = list[dict[str, Any]]
 Render = Callable[[Messages], list[int]]  # messages -> prompt tokens (template + tokenizer)
@@ -44,16 +45,16 @@ class Fitted:
     """A prompt that fits, and what fitting it cost."""
 
     tokens: list[int]
-    policy: str  # the policy asked for
+    policy: OverflowPolicy  # the policy asked for
     truncated_tokens: int = 0  # prompt tokens dropped to fit
     dropped_messages: int = 0  # whole messages dropped (rolling)
     n_keep: int = 0  # leading tokens a context shift never discards (BOS, the system prompt)
     messages: Messages | None = None  # a chat's messages as they were rendered into `tokens`
 
     @property
-    def applied(self) -> str:
-        """The policy that dropped tokens ("" when nothing was dropped)."""
-        return self.policy if self.truncated_tokens else ""
+    def applied(self) -> OverflowPolicy | None:
+        """The policy that dropped tokens (None when nothing was dropped)."""
+        return self.policy if self.truncated_tokens else None
 
 
 def budget_for(n_ctx: int, max_tokens: int) -> int:
@@ -82,7 +83,7 @@ def cut_middle(tokens: list[int], keep: int) -> list[int]:
 # ---- raw prompts ------------------------------------------------------------------------------------
 
 
-def fit_text(tokens: list[int], policy: str, *, n_ctx: int, budget: int, bos_id: int | None,
+def fit_text(tokens: list[int], policy: OverflowPolicy, *, n_ctx: int, budget: int, bos_id: int | None,
              too_long: TooLong, known: Known = _nothing) -> Fitted:
     """A completion prompt's tokens under `policy`. `error` refuses only what can never fit (the
     answer then gets the room that is left, as llama-server does); the others keep room for it."""
@@ -116,7 +117,7 @@ def _held_start(tokens: list[int], n_keep: int, first: int, cached: list[list[in
 # ---- chats ------------------------------------------------------------------------------------------
 
 
-def fit_chat(messages: Messages, policy: str, *, render: Render, budget: int, too_long: TooLong,
+def fit_chat(messages: Messages, policy: OverflowPolicy, *, render: Render, budget: int, too_long: TooLong,
              tokenize: Callable[[str], list[int]] | None = None,
              detokenize: Callable[[list[int]], str] | None = None, bos_id: int | None = None,
              known: Known = _nothing) -> Fitted:

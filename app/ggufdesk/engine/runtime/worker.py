@@ -134,7 +134,7 @@ class Engine:
         self.book = book
         self.llama_log = LlamaLog()
         self.lm = None
-        self.gen = None
+        self.vocab = None  # batching.vocab.Vocab of the loaded model
         self.template = None
         self.reasoning: Any = None  # core.reasoning.ReasoningFormat of the loaded model's template
         self.tool_format: Any = None  # core.tools.ToolFormat of it
@@ -156,8 +156,8 @@ class Engine:
 
     def load(self, req: P.Load) -> None:
         from ggufdesk.engine.batching.batch import BatchEngine
+        from ggufdesk.engine.batching.vocab import Vocab
         from ggufdesk.engine.runtime.chat import ChatTemplate
-        from ggufdesk.engine.batching.generate import Generator
         from ggufdesk.engine.runtime.native import load_model
 
         try:
@@ -175,7 +175,8 @@ class Engine:
         memlimit.apply(memlimit.limit_for(req.model, settings, spec.draft_model if spec.mode == "draft" else None))
         self.emit(P.Loading(id=req.id, stage="model", path=req.model))
         try:
-            # logits rows one decode may ask for: a verification batch [last] + K, or every sequence + a prefill
+            # logits rows one decode may ask for: a verification batch [last] + K, or every sequence + a
+            # prefill; beside others, the sequences' draft rows share what is left (engine/speculation/planner.py)
             offload = _rpc_offload(req.model, settings)
             lm = load_model(req.model, settings, self.llama_log,
                             n_outputs=max(spec.k_max + 1, settings.n_parallel + 1), offload=offload)
@@ -200,7 +201,7 @@ class Engine:
                 lm.close()
                 self.emit(P.Error(kind="load", id=req.id, message=str(e)))
                 return
-        self.lm, self.gen, self.speculation = lm, Generator(lm), spec
+        self.lm, self.vocab, self.speculation = lm, Vocab(lm), spec
         from ggufdesk.engine.speculation.lookup import NgramCache
 
         self.ngrams = NgramCache(spec.ngram)
@@ -208,8 +209,8 @@ class Engine:
         self._bytes_per_token = None
         self.verify_costs = self._calibration = None
         meta = lm.metadata
-        bos = _piece(self.gen, meta.get("tokenizer.ggml.bos_token_id"))
-        eos = _piece(self.gen, meta.get("tokenizer.ggml.eos_token_id"))
+        bos = _piece(lm, meta.get("tokenizer.ggml.bos_token_id"))
+        eos = _piece(lm, meta.get("tokenizer.ggml.eos_token_id"))
         try:
             self.template = ChatTemplate(lm.chat_template, bos=bos, eos=eos)
         except KnownError as e:
@@ -220,14 +221,14 @@ class Engine:
         if spec.mode == "draft":
             self.emit(P.Loading(id=req.id, stage="draft", path=str(spec.draft_model)))
             try:
-                from ggufdesk.engine.speculation.speculative import DraftModel
+                from ggufdesk.engine.speculation.draft_model import DraftModel
 
                 self.draft = DraftModel.load(spec, target=lm, llama_log=self.llama_log)
                 memory["draft"] = self.draft.memory_bytes
             except KnownError as e:
                 self.emit(P.Error(kind="draft", id=req.id, message=str(e)))
                 self.speculation = dataclasses.replace(spec, mode="off", draft_model=None)
-        self.batch = BatchEngine(lm, self.gen, emit=self._emit, cancelled=self.book.is_cancelled,
+        self.batch = BatchEngine(lm, self.vocab, emit=self._emit, cancelled=self.book.is_cancelled,
                                  set_batch=self.book.set_batch, flush=getattr(self.emit, "flush", None),
                                  on_plain_done=lambda st: self._calibrate(st.n_gen, st.decode_tok_s),
                                  disk=None if self.embedding_only else _disk_cache(lm))
@@ -253,7 +254,7 @@ class Engine:
         self.reasoning = reasoning.detect(source)
         self.tool_format = tools.detect_format(source)
         markers = self.tool_format.tokens + (self.reasoning.tokens if self.reasoning else ())
-        shown = self.gen.show_as_text(markers)
+        shown = self.vocab.show_as_text(markers)
         if shown:
             log.info("shown as text: %s", " ".join(shown))
 
@@ -270,7 +271,7 @@ class Engine:
         _, honoured = template_switches(self.template.source, _think(req, sampling))
         if not honoured:
             budget = 0  # the template has no off switch: end the reasoning at once
-        close = self.gen.tokenize(self.reasoning.force_close, add_bos=False)
+        close = self.vocab.tokenize(self.reasoning.force_close, add_bos=False)
         return ReasoningControl(self.reasoning, inside=starts_inside(self.reasoning, prompt_text),
                                 budget=None if budget in (None, -1) else budget, close_tokens=close)
 
@@ -292,7 +293,7 @@ class Engine:
             self.embedder = None
         self.embedding_only = False
         if self.lm is not None:
-            self.gen = None
+            self.vocab = None
             self.ngrams = self._token_text = None
             self._lookup_prompts.clear()
             self.lm.close()
@@ -312,15 +313,14 @@ class Engine:
 
     def generate(self, req: P.Generate) -> None:
         """Check and queue a request; the step loop (next_request) runs it beside the others."""
-        from ggufdesk.engine.batching.batch import Sequence
-        from ggufdesk.engine.batching.generate import RunStats
+        from ggufdesk.engine.batching.sequence import RunStats, Sequence
 
         t_start = time.perf_counter()
         if self.book.is_cancelled(req.id):
             self._emit(P.Done(id=req.id, finish_reason="cancelled"))
             return
         try:
-            if self.gen is None or self.batch is None:
+            if self.vocab is None or self.batch is None:
                 raise KnownError("no model is loaded")
             if self.embedding_only:
                 from ggufdesk.engine.runtime.embed import refusal
@@ -347,8 +347,9 @@ class Engine:
             use.cells = self.lm.n_ctx if use.shifting else 0
             if stops:
                 sampling = dataclasses.replace(sampling, stop=sampling.stop + stops)
-            constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=self.gen.piece,
-                                               tokenize=lambda t: self.gen.tokenize(t, add_bos=False))
+            vocab = self.vocab
+            constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=vocab.piece,
+                                               tokenize=lambda t: vocab.tokenize(t, add_bos=False))
             thinking = self._reasoning(req, sampling, self._prompt_text)
             try:  # from here on the grammar's C sampler is ours to free if the request never runs
                 budgeted = thinking is not None and thinking.budget is not None
@@ -369,8 +370,7 @@ class Engine:
                     constraint.close()
                 raise
         except (KnownError, TypeError) as e:
-            kind = getattr(e, "kind", "generate")
-            self._emit(P.Error(kind=kind, id=req.id, message=str(e)))
+            self._emit(P.Error(kind=P.error_kind(e), id=req.id, message=str(e)))
 
     # ---- embeddings ------------------------------------------------------------------------------
 
@@ -388,7 +388,7 @@ class Engine:
             if self.embedder is None:
                 self.embedder = Embedder(self.lm, self.llama_log)
         except KnownError as e:
-            self._emit(P.Error(kind=getattr(e, "kind", "generate"), id=req.id, message=str(e)))
+            self._emit(P.Error(kind=P.error_kind(e), id=req.id, message=str(e)))
             return
         self._embeds.append(EmbedJob(req))
 
@@ -412,7 +412,7 @@ class Engine:
             return
         except KnownError as e:
             self._embeds.popleft()
-            self._emit(P.Error(kind=getattr(e, "kind", "generate"), id=rid, message=str(e)))
+            self._emit(P.Error(kind=P.error_kind(e), id=rid, message=str(e)))
             return
         finally:
             self.book.set_batch([])
@@ -478,6 +478,7 @@ class Engine:
             return
         if cal.done:
             self.verify_costs, self._calibration = cal.costs, None
+            self.batch.set_verify_costs(cal.costs)
             if cal.costs:
                 log.info("verification cost in plain steps: %s",
                          ", ".join(f"k={k}: {c:.2f}" for k, c in cal.costs.items()))
@@ -498,8 +499,7 @@ class Engine:
                                    template_source=self.template.source,
                                    chat=req.messages is not None, reasoning=self.reasoning is not None)
         except KnownError as e:
-            e.kind = "schema"  # type: ignore[attr-defined]
-            raise
+            raise P.EngineRequestError("schema", str(e)) from e
 
     def _overflow_policy(self, sampling: SamplingSettings) -> tuple[SamplingSettings, Any]:
         """The request's overflow policy as this model can follow it (engine/batching/shift.py)."""
@@ -520,7 +520,7 @@ class Engine:
         from ggufdesk.engine.runtime import overflow
         from ggufdesk.engine.structured.request import prepare_messages
 
-        gen, n_ctx, policy = self.gen, self.lm.n_ctx, sampling.context_overflow
+        vocab, n_ctx, policy = self.vocab, self.lm.n_ctx, sampling.context_overflow
         budget = overflow.budget_for(n_ctx, sampling.max_tokens)
         bos = llama_cpp.llama_vocab_bos(self.lm.vocab)
         if req.messages is not None:
@@ -535,13 +535,13 @@ class Engine:
 
             fitted = overflow.fit_chat(
                 msgs, policy, render=render, budget=budget, too_long=context_error,
-                tokenize=lambda t: gen.tokenize(t, add_bos=False), detokenize=self._detokenize, bos_id=bos,
+                tokenize=lambda t: vocab.tokenize(t, add_bos=False), detokenize=self._detokenize, bos_id=bos,
                 known=self._cached_sequences)
             render(fitted.messages)  # (the text of the prompt that runs: the reasoning reads it)
             return fitted, list(self.template.stops)
         if req.prompt is None:
             raise KnownError("a generate request needs a prompt or messages")
-        tokens = gen.tokenize(req.prompt)
+        tokens = vocab.tokenize(req.prompt)
         return overflow.fit_text(tokens, policy, n_ctx=n_ctx, budget=budget, bos_id=bos, too_long=context_error,
                                  known=self._cached_sequences), []
 
@@ -554,14 +554,14 @@ class Engine:
         return held
 
     def _detokenize(self, tokens: list[int]) -> str:
-        return b"".join(self.gen.piece(t) for t in tokens).decode("utf-8", "replace")
+        return b"".join(self.vocab.piece(t) for t in tokens).decode("utf-8", "replace")
 
     def _chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                      switches: dict[str, Any] | None = None) -> list[int]:
         text = self.template.render(messages, tools=tools, **(switches or {}))
         self._prompt_text = text
-        bos = llama_bos_text(self.gen)
-        return self.gen.tokenize(text, add_bos=not (bos and text.startswith(bos)))
+        bos = llama_bos_text(self.lm)
+        return self.vocab.tokenize(text, add_bos=not (bos and text.startswith(bos)))
 
     def _calibrate(self, n_gen: int, tok_s: float) -> None:
         """Feed a plain run's real decode speed back to the planner (hardware.record_decode_run),
@@ -643,21 +643,21 @@ def _rpc_offload(model: str, settings: LoadSettings) -> Any:
     return prepare_offload(model, settings)
 
 
-def _piece(gen: Any, token_id: str | None) -> str:
+def _piece(lm: Any, token_id: str | None) -> str:
     if token_id in (None, ""):
         return ""
     import llama_cpp
 
     try:
-        return llama_cpp.llama_vocab_get_text(gen.lm.vocab, int(token_id)).decode("utf-8", "replace")
+        return llama_cpp.llama_vocab_get_text(lm.vocab, int(token_id)).decode("utf-8", "replace")
     except (ValueError, TypeError):
         return ""
 
 
-def llama_bos_text(gen: Any) -> str:
+def llama_bos_text(lm: Any) -> str:
     import llama_cpp
 
-    return _piece(gen, str(llama_cpp.llama_vocab_bos(gen.lm.vocab)))
+    return _piece(lm, str(llama_cpp.llama_vocab_bos(lm.vocab)))
 
 
 _LINE_ID = re.compile(r'\{"type": "[a-z]+", "id": "([^"\\]{1,200})"')

@@ -1,7 +1,10 @@
 """Adaptive draft length: pick K from measured acceptance and measured step costs, or switch off.
 
-The loop reports every step: how many tokens were drafted, how many accepted, and the wall time
-(propose + verify). Plain steps (nothing drafted) give the plain cost t0. The cost of verifying k
+The loop reports every step: how many tokens were drafted, how many accepted, and what the step
+cost (engine/speculation/planner.py: in units of the sequence's share of a plain step, its drafting time
+included; a controller driven by hand may report seconds). Plain steps (nothing drafted) give the
+plain cost t0. In the step loop the planner prices draft rows before every step (`price`): the
+cost of k drafts beside the step's other rows, from measured whole steps. The cost of verifying k
 drafted tokens comes from the engine's measurement of this machine (engine/speculation/verify_cost.py: a table
 of k -> cost in plain steps, for k = 1, 3, 7, 15), scaled by how recent speculative steps compared
 with it; only those measured lengths are drafted. Before that table exists, t(k) is fitted as a
@@ -46,10 +49,12 @@ class DraftLength:
         self.k_min, self.k_max, self.adaptive, self.label = k_min, k_max, adaptive, label
         self.sizes_drafts = sizes_drafts
         # measured cost of drafting k, in plain steps (engine/speculation/verify_cost.py); None: fit a line
-        self.costs = {k: c for k, c in sorted((costs or {}).items()) if k_min <= k <= k_max and c > 0} or None
+        self.costs = self._usable(costs)
+        self.unit_s: float | None = None  # seconds of a cost unit, when the loop prices the steps
         self._k = self.snap(min(k_max, max(k_min, k_start or k_max)))
         self.plain: deque[float] = deque(maxlen=8)  # recent plain step seconds
-        self.samples: deque[tuple[int, float]] = deque(maxlen=32)  # recent (n drafted, step seconds)
+        self.samples: deque[tuple[int, float]] = deque(maxlen=32)  # recent (n drafted, step cost)
+        self.predicted: deque[float] = deque(maxlen=32)  # ... and the table's ratio for it then
         self.window: deque[tuple[int, int, float]] = deque(maxlen=WINDOW)
         self.since_plain = 0
         self.disabled = ""  # for good (e.g. the draft's context is full)
@@ -84,6 +89,15 @@ class DraftLength:
             return f"disabled: {self.paused}; retrying after {self.resume_at - self.tokens} more tokens"
         return self.label
 
+    def _usable(self, costs: dict[int, float] | None) -> dict[int, float] | None:
+        return {k: c for k, c in sorted((costs or {}).items()) if self.k_min <= k <= self.k_max and c > 0} or None
+
+    def price(self, costs: dict[int, float], unit_s: float | None = None) -> None:
+        """The cost of drafting k in the coming step, in plain steps (its share of the step), from
+        the step loop (engine/speculation/planner.py); unit_s: what a plain step is in seconds now."""
+        self.costs = self._usable(costs) or self.costs
+        self.unit_s = unit_s
+
     def disable(self, why: str) -> None:
         """Off for the rest of the request (something that will not change, like a full context)."""
         if not self.disabled:
@@ -117,6 +131,7 @@ class DraftLength:
         self.since_plain += 1
         self.spec_steps += 1
         self.samples.append((n_drafted, seconds))
+        self.predicted.append(self.ratio(n_drafted) if self.costs else 0.0)
         self.window.append((n_drafted, n_accepted, seconds))
         if self.adaptive and self.t0 is not None:
             self._adapt()
@@ -192,7 +207,7 @@ class DraftLength:
         t0 = self.t0
         if not self.costs or t0 is None or len(self.samples) < 3:
             return 1.0
-        r = statistics.median(t / (t0 * self.ratio(n)) for n, t in self.samples)
+        r = statistics.median(t / (t0 * (p or self.ratio(n))) for (n, t), p in zip(self.samples, self.predicted))
         return min(max(r, CORRECTION[0]), CORRECTION[1])
 
     def step_cost(self, k: int) -> float:
@@ -247,5 +262,4 @@ class DraftLength:
         if len(self.window) >= MIN_EVIDENCE and a < n:  # never right after a draft that was all accepted
             measured = self.measured_rate()
             if measured < plain and predicted < plain:
-                self.pause(f"slower than plain ({measured:.1f} vs {plain:.1f} tok/s, "
-                           f"acceptance {self.alpha():.0%})")
+                self.pause(f"slower than plain ({measured / plain:.2f}x its rate, acceptance {self.alpha():.0%})")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ggufdesk.engine.speculation.adaptive import DraftLength
+from ggufdesk.engine.speculation.drafter import Controlled
 from ggufdesk.engine.speculation.evidence import Evidence
 
 SEP = -1  # between documents in the arena: never equal to a token, so no match crosses it
@@ -179,7 +180,7 @@ class NgramCache:
         return out
 
 
-class PromptLookup:
+class PromptLookup(Controlled):
     """Drafter: the continuation of the last n-gram's latest earlier occurrence, in this request or
     (`history`, shared by the worker and only read here, so that concurrent requests do not
     disturb each other) in an earlier one.
@@ -242,14 +243,6 @@ class PromptLookup:
         self.numbers = numbers
         self.reached = self.crossed = 0  # drafts that reached a sentence end / got past it
         self._end_at = -1  # index of the first sentence end in the draft in flight
-
-    @property
-    def k(self) -> int:
-        return self.control.k
-
-    @property
-    def status(self) -> str:
-        return self.control.status
 
     def propose(self, history: list[int], last: int, k: int) -> list[int]:
         own = self.cache
@@ -379,7 +372,7 @@ class PromptLookup:
             return 1
         return m
 
-    def feedback(self, n_drafted: int, n_accepted: int, seconds: float) -> None:
+    def feedback(self, n_drafted: int, n_accepted: int, seconds: float, drafting: float = 0.0) -> None:
         if self._end_at >= 0 and n_drafted and n_accepted >= self._end_at:  # the draft got to the sentence end
             self.reached += 1
             self.crossed += n_accepted >= self._end_at + 2  # ... and the model went on past it

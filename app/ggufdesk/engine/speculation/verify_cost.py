@@ -25,7 +25,7 @@ import time
 import llama_cpp
 from llama_cpp import _internals as internals
 
-from ggufdesk.engine.batching.batch import fill_batch
+from ggufdesk.engine.batching.runner import fill_batch
 from ggufdesk.engine.runtime.native import LoadedModel
 
 ROWS = (1, 2, 4, 8, 16)  # rows per verification call measured (k = rows - 1 drafted tokens)

@@ -1,0 +1,142 @@
+"""Draft rows in a batched step: which running sequences speculate, how far, priced by whole-step costs.
+
+Every running sequence with a drafter may add draft rows to its decode row, in the same
+`llama_decode` as the others' rows, within the step's budget (the logits rows reserved at load and
+n_batch). A draft pays when the tokens it is expected to add outweigh what its rows add to the step:
+beside N decode rows, a sequence's own plain token costs its share of the step, T(N) / N, and k
+draft rows add T(R + k) - T(R) (R: the rows already planned), both from engine/speculation/step_cost.py.
+Alone (N = 1) that is the verification table itself; beside others a draft row costs about half a
+decode row's share (bench/batch.py part 1 measured 0.54-0.59x on the 2-core CPU), so a short draft is
+cheaper there than alone (where the first row turns a one-row step into a two-row one, +0.8), and
+the controller sees the difference.
+
+Each drafter's controller (engine/speculation/adaptive.py) gets those prices as its cost table in
+units of its plain share (`DraftLength.price`) and decides its length, or to draft nothing; after
+the step it is told what the step cost it in the same units: the measured step over the predicted
+one, times its share plus what its rows added, plus its drafting time. The controllers keep their
+own ways back from a pause (engine/speculation/adaptive.py, evidence.py): no price makes them stop
+for good. Sequences take turns at the front of the queue for rows, so a long drafter cannot
+starve the others.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ggufdesk.engine.batching.runner import StepResult
+from ggufdesk.engine.batching.scheduler import DecodeRow, Plan
+from ggufdesk.engine.batching.sequence import Sequence, SequenceStatus
+from ggufdesk.engine.speculation.step_cost import StepCosts
+
+
+@dataclass
+class _Bill:
+    share: float  # predicted seconds of the sequence's plain share of the step
+    extra: float  # predicted seconds its draft rows add
+    drafting: float  # seconds its drafter spent proposing (setup excluded)
+
+
+class DraftPlanner:
+    """Adds draft rows to plans and settles what they cost."""
+
+    def __init__(self, costs: StepCosts, *, n_outputs: int, n_batch: int, n_ctx: int,
+                 set_batch: Callable[[list[str]], None] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.costs = costs
+        self.n_outputs, self.n_batch, self.n_ctx = n_outputs, n_batch, n_ctx
+        self.set_batch, self.clock = set_batch, clock
+        self._turn = 0
+        self._bills: dict[int, _Bill] = {}  # id(decode row) -> its bill, for this step
+
+    def plan(self, plan: Plan[Sequence]) -> None:
+        """Give the plan's decode rows their drafts (and mark them VERIFYING)."""
+        self._bills.clear()
+        rows = [r for r in plan.decode if r.seq.drafter is not None]
+        if not rows:
+            return
+        n = len(plan.decode)
+        p = plan.prefill
+        part = 0 if p is None else min(plan.chunk, len(p.prompt) - p.n_done)
+        completes = p is not None and p.n_done + part == len(p.prompt)  # its last row wants logits too
+        budget = min(self.n_outputs - n - int(completes), self.n_batch - plan.decode_rows - part)
+        plain = self.costs.predict(n)
+        total = plan.decode_rows
+        turn = self._turn % len(rows)
+        self._turn += 1
+        for r in rows[turn:] + rows[:turn]:
+            used = self._draft(r, budget, total, plain / n if plain else None)
+            budget -= used
+            total += used
+
+    def _draft(self, r: DecodeRow[Sequence], budget: int, total: int, share: float | None) -> int:
+        """Price r's draft rows beside the `total` rows planned so far, let its drafter choose, propose."""
+        s, d = r.seq, r.seq.drafter
+        assert d is not None
+        room = self._room(r, budget)
+        base = self.costs.predict(total) if share else None
+        draft: list[int] = []
+        spent = 0.0
+        extra = 0.0
+        if share and base is not None and room >= 1:
+            # k drafts cost what they add to the step, in units of the sequence's share of it
+            ks = [k for k in self.costs.lengths(d.control.k_max) if k <= room] or [1]
+            d.control.price({k: 1.0 + (self._predict(total + k) - base) / share for k in ks}, share)
+            k = min(d.k, room)
+            if k > 0:
+                draft, spent = self._propose(s, k)
+                extra = self._predict(total + len(draft)) - base
+        r.draft = draft
+        s.status = SequenceStatus.VERIFYING if draft else SequenceStatus.DECODING
+        self._bills[id(r)] = _Bill(share or 1.0, extra, spent)
+        return len(draft)
+
+    def _room(self, r: DecodeRow[Sequence], budget: int) -> int:
+        """Draft rows r may have: within the step's budget, max_tokens and the context."""
+        s = r.seq
+        if r.forced or s.slot is None:
+            return 0
+        return min(budget, s.max_gen - s.stats.n_gen - 1, self.n_ctx - len(s.slot.tokens) - 2)
+
+    def _propose(self, s: Sequence, k: int) -> tuple[list[int], float]:
+        """s's drafter's proposal of at most k tokens, and the seconds it took (its setup left out)."""
+        d = s.drafter
+        assert d is not None and s.slot is not None
+        t = self.clock()
+        if self.set_batch is not None:
+            self.set_batch([s.rid])  # a cancel of this request stops a draft model's catching up
+        try:
+            draft = d.propose(s.slot.tokens, s.last, k)[:k]
+        finally:
+            if self.set_batch is not None:
+                self.set_batch([])
+        return draft, max(self.clock() - t - d.setup_s, 0.0)
+
+    def _predict(self, rows: int) -> float:
+        t = self.costs.predict(rows)
+        assert t is not None
+        return t
+
+    def settle(self, plan: Plan[Sequence], result: StepResult) -> None:
+        """The step ran: learn its cost and tell each drafter what it got and what it paid. (Steps
+        without a drafter in them are not learnt from: a drafter's first step is a plain one.)"""
+        if not self._bills:
+            return
+        scale = 1.0
+        if result.n_prompt == 0:
+            predicted = self.costs.predict(result.rows)
+            self.costs.observe(result.rows, result.seconds)
+            if predicted:
+                scale = result.seconds / predicted
+        outputs = {id(o.seq): o for o in result.outputs}
+        for r in plan.decode:
+            s, bill = r.seq, self._bills.get(id(r))
+            if s.drafter is None or bill is None:
+                continue
+            out = outputs[id(s)]
+            cost = (scale * (bill.share + bill.extra) + bill.drafting) / bill.share
+            s.drafter.feedback(len(r.draft), out.accepted, cost, bill.drafting / bill.share)
+            st = s.stats
+            st.drafted += len(r.draft)
+            st.accepted += out.accepted
+            st.draft_len, st.speculation = s.drafter.k, s.drafter.status

@@ -1,0 +1,74 @@
+"""What a decode step costs by its number of rows: measured on every step, shaped by the verification table.
+
+A step's cost is mostly one pass over the weights plus, per row with logits, the output layer (for
+Gemma 3 its 262k-word vocabulary) and attention; whose sequence a row belongs to matters little.
+So one curve serves a sequence alone verifying k drafts (1 + k rows) and N sequences decoding
+side by side (N rows), or both (N + the drafts): its shape comes from engine/speculation/verify_cost.py's
+table (rows 1, 2, 4, 8, 16, measured at load), its level from the steps the engine actually runs
+(every step without a prompt chunk is timed and kept per row count). A row count not yet seen is
+predicted from the nearest recently seen one, scaled by the table's shape between the two.
+"""
+from __future__ import annotations
+
+import math
+
+EMA = 0.2  # steps of one row count are steady: average over about five
+FRESH = 64  # steps: an older measurement gives way to a fresher one as the anchor of a prediction
+# Without a table (before it is measured, or a failed measurement): verifying costs a fixed 1.5
+# plain steps plus a quarter per row, the CPU-ish prior engine/speculation/adaptive.py's line starts from.
+PRIOR_FIXED, PRIOR_ROW = 1.5, 0.25
+
+
+class StepCosts:
+    """Seconds of a decode step of `rows` rows (all with logits), measured and predicted."""
+
+    def __init__(self, table: dict[int, float] | None = None) -> None:
+        self.seconds: dict[int, float] = {}  # rows -> measured seconds (EMA)
+        self.seen: dict[int, int] = {}  # rows -> the step it was last measured at
+        self.steps = 0
+        self.set_table(table)
+
+    def set_table(self, table: dict[int, float] | None) -> None:
+        """k -> cost of verifying k drafts alone (k + 1 rows), in one-row steps."""
+        pts = sorted((k + 1, c) for k, c in (table or {}).items() if k >= 1 and c > 0)
+        self._points = [(1, 1.0)] + pts if pts else []
+
+    def lengths(self, k_max: int) -> list[int]:
+        """The draft lengths to offer: those the table measured (k = rows - 1), else every k."""
+        ks = [r - 1 for r, _ in self._points if r > 1]
+        return [k for k in ks if k <= k_max] if ks else list(range(1, k_max + 1))
+
+    def shape(self, rows: int) -> float:
+        """A step of `rows` rows in one-row steps, by the table (or the prior without one)."""
+        if rows <= 1:
+            return 1.0
+        pts = self._points
+        if not pts:
+            return PRIOR_FIXED + PRIOR_ROW * (rows - 1)
+        for (r0, c0), (r1, c1) in zip(pts, pts[1:]):
+            if rows <= r1:
+                return c0 + (c1 - c0) * (rows - r0) / (r1 - r0)
+        if len(pts) == 1:
+            return 1.0 + PRIOR_ROW * (rows - 1)
+        (r0, c0), (r1, c1) = pts[-2], pts[-1]  # beyond the table: its last slope
+        return c1 + (c1 - c0) / (r1 - r0) * (rows - r1)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """A step of `rows` rows without a prompt chunk took `seconds`."""
+        self.steps += 1
+        if rows < 1 or seconds <= 0:
+            return
+        old = self.seconds.get(rows)
+        self.seconds[rows] = seconds if old is None else old + EMA * (seconds - old)
+        self.seen[rows] = self.steps
+
+    def predict(self, rows: int) -> float | None:
+        """Seconds of a step of `rows` rows (None before any step was measured)."""
+        rows = max(rows, 1)
+        if rows in self.seconds and self.steps - self.seen[rows] <= FRESH:
+            return self.seconds[rows]
+        if not self.seconds:
+            return None
+        fresh = [r for r in self.seconds if self.steps - self.seen[r] <= FRESH] or list(self.seconds)
+        anchor = min(fresh, key=lambda r: (abs(math.log(r / rows)), -self.seen[r]))
+        return self.seconds[anchor] * self.shape(rows) / self.shape(anchor)

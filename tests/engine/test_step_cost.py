@@ -1,0 +1,102 @@
+"""Draft rows priced from whole-step costs (engine/speculation/step_cost.py, planner.py), without llama.cpp."""
+from __future__ import annotations
+
+import pytest
+
+from ggufdesk.core.settings import SamplingSettings
+from ggufdesk.engine.batching.prefix_cache import Slot
+from ggufdesk.engine.batching.runner import SeqOutput, StepResult
+from ggufdesk.engine.batching.scheduler import DecodeRow, Plan
+from ggufdesk.engine.batching.sequence import Sequence, SequenceStatus
+from ggufdesk.engine.speculation.adaptive import DraftLength
+from ggufdesk.engine.speculation.drafter import Controlled
+from ggufdesk.engine.speculation.planner import DraftPlanner
+from ggufdesk.engine.speculation.step_cost import PRIOR_FIXED, PRIOR_ROW, StepCosts
+
+TABLE = {1: 1.8, 3: 2.4, 7: 3.6, 15: 6.0}  # rows 2, 4, 8, 16 in one-row steps
+
+
+def test_the_table_shapes_the_curve_and_measurements_set_its_level():
+    c = StepCosts(TABLE)
+    assert c.predict(1) is None  # nothing measured: no prediction, no drafting
+    assert c.shape(1) == 1.0 and c.shape(4) == 2.4 and c.shape(3) == pytest.approx(2.1)
+    assert c.shape(24) == pytest.approx(6.0 + (6.0 - 3.6) / 8 * 8)  # beyond the table: its last slope
+    c.observe(1, 0.010)
+    assert c.predict(16) == pytest.approx(0.060)
+    c.observe(4, 0.030)  # four rows measured dearer than the table says: it anchors rows near it
+    assert c.predict(4) == pytest.approx(0.030) and c.predict(5) == pytest.approx(0.030 * c.shape(5) / 2.4)
+    assert c.predict(1) == pytest.approx(0.010)
+    assert StepCosts(None).shape(3) == PRIOR_FIXED + 2 * PRIOR_ROW and StepCosts(None).lengths(4) == [1, 2, 3, 4]
+    assert c.lengths(8) == [1, 3, 7]
+
+
+def test_an_old_measurement_gives_way_to_a_fresh_one():
+    c = StepCosts(TABLE)
+    c.observe(2, 0.018)
+    for _ in range(70):
+        c.observe(8, 0.072)  # (twice the table's level: the context grew)
+    assert c.predict(2) == pytest.approx(0.072 * 1.8 / 3.6)  # scaled from the fresh 8-row steps
+
+
+class Fixed(Controlled):
+    """A drafter that proposes `tokens` and records its feedback."""
+
+    def __init__(self, tokens: list[int], **kw) -> None:
+        self.control = DraftLength(k_min=1, k_max=16, adaptive=False, label="lookup", costs=TABLE, **kw)
+        self.tokens, self.fed, self.asked = tokens, [], []
+
+    def propose(self, history: list[int], last: int, k: int) -> list[int]:
+        self.asked.append(k)
+        return self.tokens[:k]
+
+    def feedback(self, n_drafted: int, n_accepted: int, cost: float, drafting: float = 0.0) -> None:
+        self.fed.append((n_drafted, n_accepted, round(cost, 6)))
+
+
+def seq(i: int, drafter=None) -> Sequence:
+    s = Sequence(rid=f"r{i}", prompt=[1, 2, 3], sampling=SamplingSettings(), max_gen=100, drafter=drafter,
+                 status=SequenceStatus.DECODING, slot=Slot(seq=i, tokens=[1, 2, 3]), last=5)
+    return s
+
+
+def planner(costs: StepCosts, n_outputs: int = 17) -> DraftPlanner:
+    return DraftPlanner(costs, n_outputs=n_outputs, n_batch=64, n_ctx=1000, clock=lambda: 0.0)
+
+
+def test_a_draft_row_beside_others_is_priced_by_what_it_adds_to_the_step():
+    costs = StepCosts(TABLE)
+    for rows in (1, 4, 8):
+        costs.observe(rows, 0.010 * costs.shape(rows))
+    d = Fixed(list(range(100, 116)))
+    alone = Plan(decode=[DecodeRow(seq(0, d))], prefill=None, chunk=0)
+    planner(costs).plan(alone)
+    assert d.control.costs == pytest.approx(TABLE)  # alone: the verification table itself
+    plain = [DecodeRow(seq(i)) for i in range(1, 4)]
+    d2 = Fixed(list(range(100, 116)))
+    beside = Plan(decode=[DecodeRow(seq(0, d2)), *plain], prefill=None, chunk=0)
+    planner(costs).plan(beside)
+    share = 0.010 * 2.4 / 4  # four rows: each one's share of the step
+    assert d2.control.costs[3] == pytest.approx(1 + 0.010 * (costs.shape(7) - 2.4) / share)
+    # beside others the first draft row costs half a share (alone: 0.8 of a plain step)
+    assert d2.control.costs[1] == pytest.approx(1.5) and d2.control.costs[1] < TABLE[1]
+    assert beside.decode[0].draft == list(range(100, 116))[:13] and beside.decode[0].seq.status is SequenceStatus.VERIFYING
+    assert d2.asked == [13]  # the logits rows left beside 4 decode rows: 17 - 4
+
+
+def test_rows_are_shared_in_turns_and_feedback_is_in_units_of_the_share():
+    costs = StepCosts(TABLE)
+    costs.observe(2, 0.018)
+    a, b = Fixed([7] * 16), Fixed([8] * 16)
+    pl = planner(costs, n_outputs=2 + 9)
+    plans = []
+    for _ in range(2):
+        p = Plan(decode=[DecodeRow(seq(0, a)), DecodeRow(seq(1, b))], prefill=None, chunk=0)
+        pl.plan(p)
+        plans.append([len(r.draft) for r in p.decode])
+        rows = 2 + sum(len(r.draft) for r in p.decode)
+        outs = [SeqOutput(seq=r.seq, accepted=len(r.draft)) for r in p.decode]
+        pl.settle(p, StepResult(outputs=outs, seconds=costs.predict(rows), rows=rows, n_prompt=0))
+    assert plans == [[9, 0], [0, 9]]  # the first in line took the rows; next step the other is first
+    assert [f[0] for f in a.fed] == [9, 0] and [f[0] for f in b.fed] == [0, 9]
+    assert a.fed[1][2] == pytest.approx(1.0)  # a plain step costs one share (measured as predicted)
+    assert a.fed[0][2] > 1.0 and a.fed[0][1] == 9
