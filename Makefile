@@ -25,7 +25,11 @@ $(VENV)/.dev: $(VENV)/.llama $(DEPS)
 	touch $@ $(VENV)/.run
 
 # The GUI needs a display; on a headless Linux machine `make run` opens the terminal chat instead.
-run: $(VENV)/.run
+# The window's X11 libraries are checked first (seconds, with the system's python3), not after the
+# minutes of set-up; then again against the installed Qt plugin itself.
+run:
+	@$(PYTHON) app/ggufdesk/ui/platform_check.py
+	@$(MAKE) --no-print-directory $(VENV)/.run
 	@if [ "$$(uname -s)" = Linux ] && [ -z "$$DISPLAY$$WAYLAND_DISPLAY" ] && [ -z "$$QT_QPA_PLATFORM" ]; then \
 	  echo "make run: no display found; starting the terminal chat on the starter model (ggufdesk chat)"; \
 	  exec $(VENV)/bin/ggufdesk chat; \

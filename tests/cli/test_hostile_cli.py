@@ -174,3 +174,21 @@ def test_internal_errors_are_one_line(monkeypatch, capsys, tiny_model):
     assert main(["plan", str(tiny_model)]) == 70
     err = capsys.readouterr().err
     assert "internal error (ZeroDivisionError" in err and "Traceback" not in err
+
+
+def test_recommend_offline_says_so_once_without_retrying(tmp_path):
+    """It retried five times (about 25 s), printing every retry twice."""
+    env = dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9")  # nothing listens on the discard port
+    p = subprocess.run([sys.executable, "-m", "ggufdesk", "recommend", "org/model"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "could not reach the Hugging Face hub at http://127.0.0.1:9" in lines[0]
+    assert "Retry" not in p.stderr
+
+
+def test_huggingface_hub_lines_are_printed_once():
+    import logging
+
+    main(["probe", "--json"])
+    assert logging.getLogger("huggingface_hub").propagate is False  # its own handler prints them

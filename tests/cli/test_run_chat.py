@@ -27,6 +27,14 @@ def test_run_json(tiny_model):
     assert out["decode_tok_s"] > 0 and out["ttft_s"] > 0
 
 
+def test_run_ends_its_text_with_a_newline(tiny_model):
+    p = ggufdesk("run", str(tiny_model), "--prompt", "hello the cat", "--max-tokens", "5",
+                 "--temperature", "0", "--ctx", "256")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.endswith("\n") and not p.stdout.endswith("\n\n") and p.stdout.strip()
+    assert p.stderr.startswith("[5 tokens")  # the figures on their own line, after the text
+
+
 def test_run_bad_settings_and_bad_model_exit_cleanly(tiny_model, tmp_path):
     p = ggufdesk("run", str(tiny_model), "--prompt", "x", "--batch", "16", "--ubatch", "64")
     assert p.returncode == 1 and "micro-batch" in p.stderr and "Traceback" not in p.stderr

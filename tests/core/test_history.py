@@ -182,9 +182,24 @@ def test_export_markdown_and_json(hist):
     md = hist.export_markdown(c.id)
     assert md.startswith("# Code\n")
     assert "**System:**\n\nYou write Python." in md
-    assert "**Assistant:** _(partial)_\n\n```python\nprint('hello')\n```" in md
+    assert "**You:**\n\nprint hello" in md  # the window's words, not "User"
+    assert "**Assistant:** _(partial: the engine stopped)_\n\n```python\nprint('hello')\n```" in md
     data = hist.export_json(c.id)
     json.dumps(data)  # serialisable
     assert data["title"] == "Code" and data["schema_version"] == hmod.SCHEMA_VERSION
     assert [m["role"] for m in data["messages"]] == ["user", "assistant"]
     assert data["sampling"]["temperature"] == SamplingSettings().temperature
+
+
+def test_export_markdown_says_what_the_window_says(hist):
+    c = hist.new_conversation("Story", mode="completion")
+    hist.add_message(c.id, "user", "Once upon a time")
+    m = hist.add_message(c.id, "assistant", " there was", status="cancelled")
+    hist.update_message(m.id, stats={"finish_reason": "cancelled"})
+    cut = hist.add_message(c.id, "assistant", " a cat")
+    hist.update_message(cut.id, stats={"finish_reason": "length"})
+    md = hist.export_markdown(c.id)
+    assert "**Your text:**\n\nOnce upon a time" in md
+    assert "**Continued by the model:** _(stopped by you)_\n\n there was" in md
+    assert "**Continued by the model:** _(stopped at the token limit)_" in md
+    assert "cancelled" not in md and "User" not in md

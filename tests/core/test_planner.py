@@ -177,6 +177,21 @@ def test_rank_quants(info):
     assert ranked[0].to_json()["quality"] == "practically lossless"
 
 
+def test_tips_name_only_quants_that_exist(info):
+    slow = hw(bw=0.0001)  # every plan is slower than reading speed
+    alone = planner.plan(info, slow, n_ctx=512)
+    tip = next(a for a in alone.advice if "slower than reading speed" in a)
+    assert "a smaller model reads fewer bytes" in tip and "quant" not in tip  # none is known
+    ref = replace(info, file_bytes=info.weight_bytes)
+    files = [("m-Q8_0.gguf", ref.file_bytes * 6), ("m-Q4_K_M.gguf", ref.file_bytes * 3),
+             ("m-Q2_K.gguf", ref.file_bytes * 2)]
+    tips = {r.quant: next(a for a in r.plan.advice if "reading speed" in a)
+            for r in planner.rank_quants(files, ref, slow, n_ctx=512)}
+    assert "a smaller quant (Q4_K_M, Q2_K) reads" in tips["Q8_0"]
+    assert "a smaller quant (Q2_K) reads" in tips["Q4_K_M"]
+    assert "a smaller model reads" in tips["Q2_K"]  # the smallest file: no smaller quant to offer
+
+
 def test_quant_names():
     assert quants.quant_from_name("Qwen2.5-7B-Instruct-Q4_K_M.gguf") == "Q4_K_M"
     assert quants.quant_from_name("google_gemma-3-4b-it-IQ4_XS.gguf") == "IQ4_XS"

@@ -152,3 +152,13 @@ def test_auto_tool_choice_lets_the_model_answer_in_text(tool_engine):
     assert r.error is None and r.done is not None
     # a random model does not open a call by itself: the text comes back untouched
     assert r.done.finish_reason in ("stop", "length") and r.done.tool_calls == []
+
+
+def test_the_windows_tool_choice_setting_forces_the_named_tool(tool_engine):
+    """The conversation's settings (no tools in the request): tool_choice reaches the engine."""
+    fmt, engine = tool_engine
+    sampling = greedy(1500, structured=json.dumps(TOOLS), tool_choice="set_alarm")
+    r = collect(engine, engine.generate(messages=[{"role": "user", "content": "weather in oslo?"}],
+                                        sampling=sampling))
+    assert r.error is None and r.done.finish_reason == "tool_calls", (fmt, r.text)
+    assert [c["function"]["name"] for c in r.done.tool_calls] == ["set_alarm"]

@@ -46,3 +46,22 @@ def test_the_stop_string_that_ended_the_text_is_named():
     feed(plain, [b"no stop here"])
     plain.flush()
     assert not plain.stopped and plain.matched is None
+
+
+def test_a_chat_answer_has_no_whitespace_at_its_ends():
+    """" Hi!" (a SentencePiece first token carries its word's space) and '{"a": 1} ' (a JSON
+    grammar's trailing space) were shown as they came."""
+    s = TextStream(trim=True)
+    out = feed(s, [b" ", b" Hi", b"!", b" How", b"? ", b"Fine", b" ", b"\n"])
+    assert "".join(out) == "Hi! How? Fine" == s.text
+    assert out[:2] == ["", "Hi"] and out[4:6] == ["?", " Fine"]  # an inner space waits for its word
+    assert out[6:] == ["", "", ""]  # the trailing ones never come
+    s = TextStream(trim=True)
+    assert "".join(feed(s, [b'{"a"', b": 1}", b" "])) == '{"a": 1}'
+    s = TextStream(["<end>"], trim=True)
+    assert "".join(feed(s, [b"\nok", b" \n<en", b"d>"])) == "ok" and s.stopped
+
+
+def test_a_continued_text_keeps_its_spaces():
+    s = TextStream()
+    assert "".join(feed(s, [b" there", b" was "])) == " there was "

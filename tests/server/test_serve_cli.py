@@ -41,3 +41,38 @@ def test_nonsense_numbers_are_refused_before_anything_starts(tiny_model):
     r = serve(str(tiny_model), "--port", "0", "--prefill-chunk", "-5")
     assert r.returncode == 1 and "--prefill-chunk cannot be negative" in r.stderr
     assert "listening" not in r.stdout
+
+
+def test_sigterm_to_the_terminals_job_is_a_normal_shutdown(tiny_model):
+    """SIGTERM to the process group (as a terminal or a service manager sends it) logged 'the
+    engine stopped (killed by SIGTERM); restarting' and restarted the engine."""
+    import os
+    import signal
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([sys.executable, "-m", "ggufdesk", "serve", str(tiny_model), "--port", str(port),
+                          "--ctx", "512"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        os.killpg(p.pid, signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    assert "restarting" not in err and "engine stopped" not in err, err
+    assert "stopped" in out + err  # said it stopped, as on Ctrl-C

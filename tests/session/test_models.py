@@ -188,3 +188,40 @@ def test_words_without_the_name_when_a_switcher_shows_it():
 def test_base_model_advice_names_the_model():
     assert base_model_advice(P.Loaded(model="/m/base.gguf")).startswith(
         "base.gguf is a base model: it continues the text you start")
+
+
+def local(name: str, size: int = 1000, *, source: str = "user", mid: str = ""):
+    from pathlib import Path
+
+    from ggufdesk.core.library import LocalModel
+
+    return LocalModel(path=Path(f"/models/{name}"), name=name, size=size, source=source, quant=None,
+                      id=mid)
+
+
+def test_the_base_model_banner_names_only_a_model_that_can_be_had():
+    from ggufdesk.core import catalog
+    from ggufdesk.session.models import chat_models_here
+
+    base = P.Loaded(model="/models/gemma-3-270m-q4_k_m.gguf", chat_format="completion")
+    here = chat_models_here([
+        local("gemma-3-270m-q4_k_m.gguf"), local("Qwen2.5-7B-Instruct-Q4_K_M.gguf", 4 << 30),
+        local("SmolLM2 135M Instruct", 98 << 20, source="starter", mid="smollm2-135m-instruct"),
+        local("phi-2.Q4_0.gguf")])
+    text = base_model_advice(base, local=here, online=True, catalog=catalog.load())
+    assert text.endswith("e.g. SmolLM2 135M Instruct (smollm2-135m-instruct), which is on this "
+                         "computer (Model ▸ Choose model…).")  # the chat starter, not a download
+    offline = base_model_advice(base, online=False, catalog=catalog.load())
+    assert offline.endswith("choose a chat-tuned model (Model ▸ Choose model…).")  # no name
+    online = base_model_advice(base, online=True, catalog=catalog.load())
+    assert "(Model ▸ Choose model… downloads it)" in online
+
+
+def test_chat_tuned_names():
+    from ggufdesk.session.models import chat_models_here
+
+    names = ["gemma-3-1b-it-Q4_K_M.gguf", "Llama-3.2-3B-Instruct-Q4_K_M.gguf", "mistral-7b-chat.gguf",
+             "gemma-3-270m-q4_k_m.gguf", "llama-2-7b.Q4_0.gguf", "tiny-llama-kit.gguf"]
+    assert {m.name for m in chat_models_here([local(n) for n in names])} == set(names[:3])
+    gemma = local("Gemma 3 270M", source="starter", mid="gemma-3-270m")  # a starter that does not chat
+    assert chat_models_here([gemma]) == []

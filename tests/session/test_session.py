@@ -200,6 +200,24 @@ def test_a_base_model_gets_completion_mode(rig):
                                       "messages": None}
 
 
+def test_continue_with_nothing_typed_writes_on_from_where_the_text_ends(rig):
+    s = rig.session
+    s.on_event(P.Loaded(id="l2", model="/m/gemma-base.gguf", chat_format="completion"))
+    s.new_conversation()
+    with pytest.raises(Refused, match="write the beginning of a text first"):
+        s.continue_text()  # nothing to continue yet
+    rig.answer(rig.send("Once upon a time"), " there was a cat.")
+    s.continue_text()
+    rig.until(lambda: len(rig.engine.requests) == 2)
+    assert rig.engine.requests[1]["prompt"] == "Once upon a time there was a cat."
+    rig.answer("r2", " It slept.")
+    assert rig.rows() == [("user", "Once upon a time", "done"),
+                          ("assistant", " there was a cat.", "done"), ("assistant", " It slept.", "done")]
+    s.update_conversation(mode="chat")
+    with pytest.raises(Refused):
+        s.continue_text()  # a chat needs a message
+
+
 def test_open_shows_stored_messages_and_continues(rig):
     rig.answer(rig.send("stored question"), "stored answer")
     conv = rig.session.conv

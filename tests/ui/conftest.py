@@ -10,6 +10,20 @@ FAKE_ENGINE = Path(__file__).resolve().parents[1] / "fixtures" / "fake_engine.py
 
 
 @pytest.fixture(autouse=True)
+def _window_choices_forgotten():
+    """A test that presses View ▸ Theme ▸ Dark or Chat ▸ Enter sends must not leave later tests
+    dark or making new lines on Enter (Qt keeps one settings file per process)."""
+    yield
+    from PySide6.QtCore import QSettings
+
+    from ggufdesk.ui import theme
+    from ggufdesk.ui.composer import ENTER_SENDS_KEY
+
+    for key in (theme.THEME_KEY, ENTER_SENDS_KEY):
+        QSettings().remove(key)
+
+
+@pytest.fixture(autouse=True)
 def _no_mcp_imports_from_home(monkeypatch):
     """The MCP page offers to import other apps' servers found in the home folder: not the developer's."""
     monkeypatch.setattr("ggufdesk.core.mcp.config.import_sources", lambda *a, **k: [])

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from ggufdesk.ui import tasks
+from tests.fixtures.ggufs import write_tiny_llama
 
 
 class BugLog(logging.Handler):
@@ -49,7 +50,7 @@ class Presser:
         self.extra_settle = settle
         self.skip = skip or (lambda c: False)
         self.open_file = tmp_path / "picked-model.gguf"
-        self.open_file.write_bytes(b"GGUF" + b"\0" * 64)
+        write_tiny_llama(self.open_file)
         self.depth = 0
         self.bugs = BugLog()
         logging.getLogger("ggufdesk").addHandler(self.bugs)
@@ -58,6 +59,12 @@ class Presser:
             mp.setattr(QMessageBox, name, staticmethod(self._message_box(name)))
         mp.setattr(QFileDialog, "getOpenFileName",
                    staticmethod(lambda *a, **k: (str(self.open_file), "GGUF models (*.gguf)")))
+        self.docs_dir = tmp_path / "picked-docs"  # Attach files… / Attach folder… (ui/docs_attach.py)
+        self.docs_dir.mkdir(exist_ok=True)
+        (self.docs_dir / "note.md").write_text("# Note\n\nOtters eat fish.\n", encoding="utf-8")
+        mp.setattr(QFileDialog, "getOpenFileNames",
+                   staticmethod(lambda *a, **k: ([str(self.docs_dir / "note.md")], "Documents")))
+        mp.setattr(QFileDialog, "getExistingDirectory", staticmethod(lambda *a, **k: str(self.docs_dir)))
         mp.setattr(QFileDialog, "getSaveFileName",
                    staticmethod(lambda *a, **k: (str(self.tmp / "export.md"), "Markdown (*.md)")))
         mp.setattr(QInputDialog, "getText", staticmethod(lambda *a, **k: ("Renamed by the test", True)))

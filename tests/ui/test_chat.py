@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -176,12 +177,17 @@ def test_generation_error_marks_the_answer(qtbot, loaded_window):
     assert "fake generation error" in w.banner.text
 
 
-def test_completion_mode_for_a_base_model(qtbot, window, tmp_path):
+def test_completion_mode_for_a_base_model(qtbot, window, tmp_path, monkeypatch):
+    from ggufdesk.core import library
+
+    monkeypatch.setattr(library, "entries", lambda **kw: [])  # no starter, nothing on disk
     w = window
     with qtbot.waitSignal(w.engine.loaded, timeout=15000):
         w.load_model(str(tmp_path / "gemma-base.gguf"))
-    assert "is a base model: it continues the text you start" in w.banner.text
-    assert "Gemma 3 1B Instruct" in w.banner.text  # a chat-tuned download from the catalog
+    qtbot.waitUntil(lambda: "is a base model: it continues the text you start" in w.banner.text,
+                    timeout=15000)
+    # offline with no chat model on this computer: no model is named that could not be had
+    assert w.banner.text.endswith("choose a chat-tuned model (Model ▸ Choose model…).")
     conv = w.new_conversation()
     assert conv.mode == "completion" and w.mode_label.text() == "continue-text mode"
     assert w.send_btn.text() == "Continue" and "Write the beginning of a text" in w.input.placeholderText()
@@ -190,6 +196,20 @@ def test_completion_mode_for_a_base_model(qtbot, window, tmp_path):
     w.engine.generate = lambda **kw: (sent.append(kw), real(**kw))[1]
     send_and_wait(qtbot, w, "Once upon a time")
     assert sent[0]["prompt"] == "Once upon a time" and sent[0]["messages"] is None
+
+
+def test_continue_with_an_empty_box_writes_on(qtbot, window, tmp_path):
+    w = window
+    with qtbot.waitSignal(w.engine.loaded, timeout=15000):
+        w.load_model(str(tmp_path / "gemma-base.gguf"))
+    w.new_conversation()
+    w.send_btn.click()  # nothing written yet: said, not silently ignored
+    assert "write the beginning of a text first" in w.banner.text
+    send_and_wait(qtbot, w, "Once upon a time")
+    assert w.input.toPlainText() == "" and w.send_btn.text() == "Continue"
+    with qtbot.waitSignal(w.answer_finished, timeout=15000):
+        w.send_btn.click()
+    assert [t.role for t in w.session.turns] == ["user", "assistant", "assistant"]
 
 
 def test_conversations_new_rename_search_delete_export(qtbot, loaded_window, tmp_path, monkeypatch):
@@ -264,3 +284,40 @@ def test_dropping_a_gguf_adds_it_to_the_library_and_loads_it(qtbot, window, tiny
     _drop(window, bogus)  # refused with a message; nothing remembered
     assert "not a GGUF" in window.banner.text
     assert len(library.user_models()) == 1
+
+
+def test_export_starts_in_documents_then_where_the_last_export_went(qtbot, loaded_window, tmp_path,
+                                                                   monkeypatch):
+    from PySide6.QtWidgets import QFileDialog
+
+    w = loaded_window
+    send_and_wait(qtbot, w, "a/b: notes?")
+    asked = []
+    target = tmp_path / "exports" / "mine.md"
+    target.parent.mkdir()
+    monkeypatch.setattr(QFileDialog, "getSaveFileName",
+                        staticmethod(lambda _parent, _title, path, _filter: (asked.append(path),
+                                                                             (str(target), ""))[1]))
+    with qtbot.waitSignal(w.exported, timeout=10000):
+        w.export_current()
+    first = Path(asked[0])
+    assert first.parent != Path.cwd() and first.name == "a-b- notes.md"  # no folder from the title
+    assert target.read_text().startswith("# a/b: notes?") and "**You:**" in target.read_text()
+    with qtbot.waitSignal(w.exported, timeout=10000):
+        w.export_current()
+    assert Path(asked[1]).parent == target.parent
+
+
+def test_the_base_model_banner_names_a_chat_model_on_this_computer(qtbot, window, tmp_path,
+                                                                   monkeypatch):
+    from ggufdesk.core import library
+    from tests.fixtures.ggufs import TinySpec, write_tiny_llama
+
+    monkeypatch.setattr(library, "starter_models", lambda: [])  # only what the user added
+    chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    library.add_path(write_tiny_llama(tmp_path / "Tiny-Instruct.gguf", TinySpec(chat_template=chatml)))
+    library.add_path(write_tiny_llama(tmp_path / "Fake-Instruct.gguf"))  # says it chats; has no template
+    with qtbot.waitSignal(window.engine.loaded, timeout=15000):
+        window.load_model(str(tmp_path / "gemma-base.gguf"))
+    qtbot.waitUntil(lambda: "is a base model" in window.banner.text, timeout=15000)
+    assert "e.g. Tiny-Instruct.gguf (tiny-instruct), which is on this computer" in window.banner.text

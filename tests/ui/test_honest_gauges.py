@@ -82,3 +82,29 @@ def test_gauge_labels_never_overlap_in_a_short_panel(qtbot):
         for b in rects[i + 1:]:
             assert not a.intersects(b), (a, b)
     assert panel.verticalScrollBar().maximum() > 0  # it scrolls instead of squeezing
+
+
+def test_after_stop_the_decode_gauge_shows_the_answers_average_not_a_recent_rate(qtbot):
+    """The engine sends no final report for a cancelled request: "1.5 tok/s · last 2 s" stayed."""
+    panel = GaugePanel()
+    qtbot.addWidget(panel)
+    panel.on_stats(stats(41, 1.0))
+    panel.on_stats(stats(45, 3.0))
+    assert "last 2 s" in panel.decode_note.text()
+    panel.on_ended(p.Done(id="other", finish_reason="cancelled"))  # another request: no change
+    assert "last 2 s" in panel.decode_note.text()
+    panel.on_ended(p.Done(id="r", finish_reason="cancelled"))
+    assert panel.decode.text() == f"{44 / 3.0:.1f} tok/s"
+    assert panel.decode_note.text() == "average of this answer (45 tokens, stopped)"
+    panel.on_stats(stats(3, 1.0, rid="s"))
+    panel.on_ended(p.Error(kind="crash", message="the engine stopped", id="s"))
+    assert panel.decode_note.text() == "average of this answer (3 tokens, failed)"
+
+
+def test_the_window_ends_the_gauge_when_an_answer_is_stopped(qtbot, loaded_window):
+    w = loaded_window
+    with qtbot.waitSignal(w.answer_finished, timeout=15000):
+        w.send("a long answer")
+        qtbot.waitUntil(lambda: w.gauges.last_stats is not None, timeout=10000)
+        w.stop()
+    assert "last 2 s" not in w.gauges.decode_note.text()

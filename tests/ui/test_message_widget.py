@@ -50,3 +50,17 @@ def test_completion_mode_is_one_text_not_a_chat(qtbot):
     assert "You<" not in u.header.text() and "Assistant" not in a.header.text()
     view.set_mode("chat")
     assert "You" in u.header.text() and "Assistant" in a.header.text()
+
+
+def test_long_code_lines_wrap_instead_of_being_cut_off(qtbot):
+    from ggufdesk.ui.message_widget import MessageWidget
+
+    code = "```python\nprint(reverse_list([1, 2, 3, 4, 5]))  # [5, 4, 3, 2, 1] and a long comment\n```"
+    w = MessageWidget(message_id=1, role="assistant", text=code)
+    qtbot.addWidget(w)
+    w.resize(300, 200)
+    w.show()
+    qtbot.waitExposed(w)
+    doc = w.body.document()
+    assert doc.idealWidth() <= w.body.viewport().width() + 1  # nothing runs past the right edge
+    assert "[5, 4, 3, 2, 1]" in w.body.toPlainText()

@@ -68,3 +68,44 @@ def test_make_run_uses_the_same_check():
     makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
     run = makefile.split("\nrun:", 1)[1].split("\n\n", 1)[0]
     assert "ggufdesk.ui.platform_check" in run and "libxcb-cursor" not in run
+
+
+def test_without_pyside6_the_known_libraries_are_checked(monkeypatch):
+    """`make run` checks before the set-up has installed PySide6: no plugin to ask yet."""
+    monkeypatch.setattr(pc, "xcb_plugin", lambda: None)
+    real = pc.ctypes.CDLL
+
+    def load(name, *a, **k):
+        if name in ("libxcb-icccm.so.4", "libxcb-keysyms.so.1"):
+            raise OSError(f"{name}: cannot open shared object file")
+        return real(name, *a, **k) if name not in pc.XCB_LIBRARIES else object()
+
+    monkeypatch.setattr(pc.ctypes, "CDLL", load)
+    line = pc.check({"DISPLAY": ":0"})
+    assert line is not None and line.endswith("sudo apt-get install libxcb-icccm4 libxcb-keysyms1")
+    monkeypatch.setattr(pc.ctypes, "CDLL", lambda name, *a, **k: object())
+    assert pc.check({"DISPLAY": ":0"}) is None
+
+
+def test_the_readme_lists_every_package_the_check_can_ask_for():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    listed = set(readme.split("sudo apt-get install", 1)[1].split("```", 1)[0].split())
+    assert set(pc.packages()) <= listed, set(pc.packages()) - listed
+
+
+def test_the_known_libraries_are_what_the_plugin_links_to():
+    """XCB_LIBRARIES follows PySide6: every X11/xcb/EGL library its plugin links to is listed."""
+    plugin = pc.xcb_plugin()
+    out = subprocess.run(["ldd", str(plugin)], capture_output=True, text=True).stdout
+    linked = {line.split()[0] for line in out.splitlines() if "=>" in line}
+    system = {s for s in linked if s.startswith(("libxcb", "libxkb", "libX11", "libEGL"))}
+    assert system <= set(pc.XCB_LIBRARIES), system - set(pc.XCB_LIBRARIES)
+
+
+def test_make_run_checks_the_libraries_before_the_long_set_up():
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(["make", "-n", "-B", "run"], cwd=root, capture_output=True, text=True,
+                         timeout=60).stdout.splitlines()
+    first = next(i for i, line in enumerate(out) if "platform_check" in line)
+    setup = [i for i, line in enumerate(out) if "llama_wheel.sh" in line or "pip install" in line]
+    assert all(first < i for i in setup), out

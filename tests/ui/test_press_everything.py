@@ -67,6 +67,7 @@ def window_settle(win, qtbot):
         assert win.writer.flush(10.0)
         QApplication.processEvents()  # what the writer reported back
         qtbot.waitUntil(lambda: tasks_idle(), timeout=15000)
+        qtbot.waitUntil(lambda: win.docs.job is None, timeout=30000)  # attached documents indexed
     return settle
 
 
@@ -110,8 +111,9 @@ def test_main_window_with_a_model(qtbot, app_window, presser, tmp_path):
     p.assert_clean()
     names = " ".join(pressed)
     for expected in ("Copy", "Edit", "Regenerate", "Send", "Delete", "Export", "‹", "New chat",
-                     "Search conversations", "Go to the message box", "Enter sends", "Quit",
-                     "tiny-a  —", "tiny-b  —", "Choose or download a model", "Load in the server"):
+                     "Search conversations", "Go to the message box", "Enter sends", "Quit", "Attach files…",
+                     "Attach folder…", "×", "tiny-a  —", "tiny-b  —", "Choose or download a model",
+                     "Load in the server"):
         assert expected in names, (expected, pressed)
     assert pressed[-1].endswith("Quit") and not win.isVisible()
 

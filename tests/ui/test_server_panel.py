@@ -41,7 +41,7 @@ def test_serves_the_loaded_model_and_stops(qtbot, panel):
                    json={"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
     assert r.status_code == 200
     panel.refresh()
-    assert panel.counts.text() == "1 clients · 0 running · 0 queued"
+    assert panel.counts.text() == "1 client · 0 running · 0 queued"
     url = panel.url
     panel.toggle.setChecked(False)
     assert panel.state == "off" and panel.key.isEnabled()
@@ -89,3 +89,41 @@ def test_the_chat_keeps_answering_while_the_server_is_busy(qtbot, loaded_window,
     w.close()  # closing the window stops the server
     assert panel.state == "off"
     t.join(30)
+
+
+def test_the_port_that_worked_is_remembered(qtbot, panel):
+    import socket
+
+    from ggufdesk.ui.server_panel import ServerPanel
+
+    with socket.socket() as s:  # a port that is free now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    panel.source["value"] = ("/models/fake-model.gguf", LoadSettings(n_ctx=512))
+    panel.port.setValue(port)
+    with qtbot.waitSignals([panel.state_changed, panel.state_changed], timeout=30_000):
+        panel.toggle.setChecked(True)
+    panel.toggle.setChecked(False)
+    again = ServerPanel(model_source=lambda: None)
+    qtbot.addWidget(again)
+    assert again.port.value() == port
+
+
+def test_at_800_by_600_the_server_panel_takes_the_gauges_place(qtbot, window):
+    from PySide6.QtCore import QRect
+
+    w = window
+    w.resize(800, 600)
+    qtbot.waitUntil(lambda: w.width() == 800, timeout=3000)
+    w.server_panel.view_action.trigger()
+    qtbot.waitUntil(lambda: w.server_panel.isVisible(), timeout=3000)
+    assert w.width() == 800  # it had grown to 926 px
+    area = QRect(0, 0, w.width(), w.height())
+    dock = QRect(w.server_panel.mapTo(w, w.server_panel.rect().topLeft()), w.server_panel.size())
+    assert area.contains(dock) and not w.gauges.isVisible()
+    w.server_panel.view_action.trigger()  # closed: the gauges come back
+    qtbot.waitUntil(lambda: w.gauges.isVisible(), timeout=3000)
+    w.resize(1400, 800)
+    qtbot.waitUntil(lambda: w.width() == 1400, timeout=3000)
+    w.server_panel.view_action.trigger()  # room for both: nothing folds
+    assert w.gauges.isVisible() and w.server_panel.isVisible()

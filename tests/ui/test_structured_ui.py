@@ -49,3 +49,35 @@ def test_tool_calls_are_a_readable_block_not_markup(qtbot):
     plain = MessageWidget(message_id=2, role="assistant", text="just text", stats={})
     qtbot.addWidget(plain)
     assert plain.tools.isHidden() and "just text" in plain.body.toPlainText()
+
+
+def test_tools_come_with_a_tool_choice(qtbot):
+    tools = json.dumps([{"type": "function", "function": {"name": "get_weather"}},
+                        {"type": "function", "function": {"name": "now"}}])
+    dlg = ConversationDialog(system_prompt="", sampling=SamplingSettings(), mode="chat")
+    qtbot.addWidget(dlg)
+    assert not dlg.tool_choice.isEnabled()  # no tools: nothing to choose
+    dlg.structured_kind.setCurrentText("Tools")
+    dlg.structured_text.setPlainText(tools)
+    assert dlg.tool_choice.isEnabled()
+    assert [dlg.tool_choice.itemData(i) for i in range(dlg.tool_choice.count())] == [
+        "auto", "required", "none", "get_weather", "now"]
+    dlg.tool_choice.setCurrentIndex(dlg.tool_choice.findData("now"))
+    s = dlg.sampling()
+    assert s.tool_choice == "now"
+    again = ConversationDialog(system_prompt="", sampling=s, mode="chat")  # shown as saved
+    qtbot.addWidget(again)
+    assert again.chosen_tool() == "now" and again.tool_choice.currentText() == "it must call now"
+
+
+def test_a_tool_choice_reaches_the_request():
+    from ggufdesk.core.errors import SettingsError
+    from ggufdesk.core.tools import request_fields
+
+    tools = json.dumps([{"type": "function", "function": {"name": "now"}}])
+    assert request_fields(tools, "required")["tool_choice"] == "required"
+    assert request_fields(tools, "now")["tool_choice"] == {"type": "function", "function": {"name": "now"}}
+    import pytest
+
+    with pytest.raises(SettingsError, match="not among the tools"):
+        SamplingSettings(structured=tools, tool_choice="get_weather")

@@ -104,3 +104,58 @@ def test_wanted_scheme_reads_the_style_hints(qapp, monkeypatch):
         "instance": staticmethod(lambda: type("A", (), {"styleHints": staticmethod(
             lambda: type("H", (), {"colorScheme": staticmethod(lambda: Qt.ColorScheme.Dark)})())})())}))
     assert theme.wanted_scheme() == Qt.ColorScheme.Dark
+
+
+@pytest.fixture
+def follower(qapp, monkeypatch):
+    """The app's theme follower, as main() makes it; the palette and the choice are put back after."""
+    from PySide6.QtCore import QSettings
+
+    monkeypatch.delenv("GGUFDESK_THEME", raising=False)
+    original, style = QPalette(qapp.palette()), qapp.style().name()
+    made = []
+
+    def make():
+        f = theme.follow_system(qapp)
+        made.append(f)
+        return f
+
+    yield make
+    QSettings().remove(theme.THEME_KEY)
+    theme._follower = None
+    for f in made:
+        f.deleteLater()
+    qapp.setStyle(style)
+    qapp.setPalette(original)
+
+
+def test_the_theme_is_chosen_in_the_window_applied_at_once_and_remembered(qtbot, window, qapp, follower):
+    from PySide6.QtCore import QSettings
+
+    light = QPalette(qapp.palette())
+    assert not theme.is_dark(light)
+    follower()
+    assert window.theme_actions["system"].isChecked()
+    window.theme_actions["dark"].trigger()
+    assert theme.is_dark() and QSettings().value(theme.THEME_KEY) == "dark"
+    assert window.theme_actions["dark"].isChecked()
+    QApplication.processEvents()
+    muted = window.mode_label.styleSheet()
+    window.theme_actions["light"].trigger()
+    QApplication.processEvents()
+    assert not theme.is_dark() and window.mode_label.styleSheet() != muted  # restyled live
+    assert theme.css(theme.muted()) in window.gauges.decode_note.styleSheet()
+    window.banner.notify("x", "error")
+    assert theme.css(theme.tone(theme.ERROR_HUE, strong=True)) in window.banner.styleSheet()
+    window.theme_actions["dark"].trigger()
+    window.theme_actions["system"].trigger()  # this desktop reports no scheme: its own palette
+    assert qapp.palette() == light and QSettings().value(theme.THEME_KEY) == "system"
+
+
+def test_the_chosen_theme_comes_back_at_the_next_start(qapp, follower):
+    theme.choose("dark")
+    assert not theme.is_dark()  # chosen before any follower exists: nothing applied yet
+    follower()  # the next start
+    assert theme.is_dark()
+    with pytest.raises(ValueError):
+        theme.choose("purple")

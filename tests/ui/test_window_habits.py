@@ -77,6 +77,7 @@ def test_usable_at_800_by_600(qtbot, loaded_window):
         rect = QRect(top_left, widget.size())
         assert widget.isVisible() and area.contains(rect), (widget, rect)
     # the gauges are either fully inside the window or folded away by the user, never cut off
+    assert w.gauges.widget().width() <= w.gauges.viewport().width()  # nor their contents
     g = QRect(w.gauges.mapTo(w, w.gauges.rect().topLeft()), w.gauges.size())
     assert w.gauges.width() == 0 or area.contains(g)
 
@@ -123,6 +124,7 @@ def test_a_failed_load_with_nothing_before_leaves_nothing_loaded(qtbot, window, 
 
 
 def test_the_base_model_banner_is_not_shown_on_every_launch(qtbot, bridge, history, tmp_path):
+    from ggufdesk.ui import tasks
     from ggufdesk.ui.main_window import MainWindow
 
     shown = []
@@ -131,6 +133,7 @@ def test_the_base_model_banner_is_not_shown_on_every_launch(qtbot, bridge, histo
         qtbot.addWidget(w)
         with qtbot.waitSignal(bridge.loaded, timeout=15000):
             w.load_model(str(tmp_path / "gemma-base.gguf"))
+        qtbot.waitUntil(lambda: tasks.manager().idle, timeout=15000)  # the banner's words are found off the GUI thread
         shown.append(any("is a base model" in t for _, _, t in w.banner.messages))
         w.close()
     assert shown == [True, False]

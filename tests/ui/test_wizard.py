@@ -3,25 +3,27 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from ggufdesk.core.errors import KnownError
+from ggufdesk.core.hardware import CPUInfo, GPUInfo, HardwareInfo
 from ggufdesk.ui.services import (
     DownloadStopped, ModelChoice, ModelServices, describe_hardware, rough_plan,
 )
 from ggufdesk.ui.wizard import DOWNLOAD_PAGE, FINISH_PAGE, MODEL_PAGE
+from tests.fixtures.ggufs import write_tiny_llama
 
 GB = 1024**3
 
 
-def fake_hw(vram: int = 8 * GB):
-    gpus = (SimpleNamespace(name="GeForce Test", vram_total=vram, vram_free=vram - GB,
-                            bandwidth_gbs=448.0),) if vram else ()
-    return SimpleNamespace(gpus=gpus, cpu=SimpleNamespace(name="Test CPU", cores_physical=8),
-                           ram_total=32 * GB, ram_available=24 * GB, ram_bandwidth_gbs=40.0,
-                           vram_free=(vram - GB) if vram else 0, notes=())
+def fake_hw(vram: int = 8 * GB) -> HardwareInfo:
+    gpus = (GPUInfo(index=0, name="GeForce Test", vram_total=vram, vram_free=vram - GB,
+                    vram_used=GB, vram_used_by_others=0, bandwidth_gbs=448.0),) if vram else ()
+    return HardwareInfo(gpus=gpus, cpu=CPUInfo(name="Test CPU", arch="x86_64", cores_physical=8,
+                                               cores_logical=16, flags=()),
+                        ram_total=32 * GB, ram_available=24 * GB, ram_bandwidth_gbs=40.0,
+                        ram_bandwidth_source="assumed")
 
 
 class FakeServices:
@@ -193,7 +195,7 @@ def test_offline_offers_the_starter_and_a_local_file(qtbot, wizard, tmp_path):
     assert "Offline" in page.status.text()
     assert [r.source for r in page.model.rows] == ["starter"]
     local = tmp_path / "mine.gguf"
-    local.write_bytes(b"GGUF" + b"\0" * 1000)
+    write_tiny_llama(local)
     page.pick_file(str(local))
     assert page.current().path == local
     assert page.nextId() == FINISH_PAGE  # on disk: nothing to download
@@ -228,3 +230,14 @@ def test_rough_plan_and_plain_words():
     assert gpu.fit == "full_gpu" and gpu.n_gpu_layers == -1
     words = " ".join(describe_hardware(hw))
     assert "No graphics card we can use" in words and "32.0 GB" in words
+
+
+def test_the_hardware_page_says_no_gpu_once():
+    from dataclasses import replace
+
+    hw = replace(fake_hw(vram=0), notes=("no NVIDIA driver in use (NVML Shared Library Not Found)",
+                                         "no usable GPU found: models run on the CPU"))
+    words = " ".join(describe_hardware(hw))
+    assert words.count("GPU") + words.count("graphics card") + words.count("NVIDIA") == 1, words
+    hw = replace(fake_hw(), notes=("GPU 1: NVML reports no memory information",))
+    assert "Note: GPU 1: NVML reports no memory information." in describe_hardware(hw)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog
 
+from tests.fixtures.ggufs import write_tiny_llama
 from tests.ui.test_wizard import FakeServices, to_model_page
 from ggufdesk.ui.wizard import DOWNLOAD_PAGE, FINISH_PAGE, MODEL_PAGE
 
@@ -25,7 +26,7 @@ class CountingServices(FakeServices):
 
 def test_open_a_gguf_file_button_opens_the_picked_file(qtbot, wizard, tmp_path, monkeypatch):
     local = tmp_path / "mine.gguf"
-    local.write_bytes(b"GGUF" + b"\0" * 1000)
+    write_tiny_llama(local)
     monkeypatch.setattr(QFileDialog, "getOpenFileName",
                         staticmethod(lambda *a, **k: (str(local), "GGUF models (*.gguf)")))
     wiz = wizard(FakeServices(tmp_path, online=False))
@@ -136,6 +137,20 @@ def test_download_page_is_skipped_when_everything_is_on_disk(qtbot, wizard, tmp_
     wiz = wizard(FakeServices(tmp_path, online=False))
     to_model_page(qtbot, wiz)
     local = tmp_path / "here.gguf"
-    local.write_bytes(b"GGUF" + b"\0" * 100)
+    write_tiny_llama(local)
     wiz.model_page.pick_file(str(local))
     assert wiz.model_page.nextId() == FINISH_PAGE != DOWNLOAD_PAGE
+
+
+def test_a_file_that_is_not_a_gguf_is_refused_with_the_readers_reason(qtbot, wizard, tmp_path):
+    """A text file named .gguf was listed as '12 B · runs on the CPU · ~2312000000 tok/s'."""
+    text = tmp_path / "notes.gguf"
+    text.write_text("hello world, this is a text file\n" * 10)
+    wiz = wizard(FakeServices(tmp_path, online=False))  # its choice_for_file is the real one
+    to_model_page(qtbot, wiz)
+    page = wiz.model_page
+    rows = page.model.rowCount()
+    page.pick_file(str(text))
+    assert page.model.rowCount() == rows  # not listed
+    assert page.status.text().startswith("notes.gguf cannot be opened as a model: ")
+    assert "not a GGUF file (it starts with b'hell', not b'GGUF')" in page.status.text()

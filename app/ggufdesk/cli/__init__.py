@@ -13,7 +13,7 @@ from ggufdesk import __version__
 from ggufdesk.core.errors import KnownError
 
 # Each module defines NAME, HELP, add_arguments(parser) and run(args) -> int.
-SUBCOMMANDS = ("probe", "plan", "recommend", "download", "library", "run", "chat",
+SUBCOMMANDS = ("probe", "plan", "recommend", "download", "library", "run", "chat", "docs",
                "serve", "ps", "worker", "cache")
 
 
@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    # huggingface_hub prints through a handler of its own: without this, each line came twice
+    logging.getLogger("huggingface_hub").propagate = False
     if not getattr(args, "_run", None):
         build_parser().print_help()
         return 2

@@ -6,6 +6,8 @@ servers of mcp.json (or --mcp-config) offer their tools; each call asks first (c
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import io
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
@@ -14,6 +16,7 @@ from ggufdesk.cli import mcp_tools
 from ggufdesk.cli.run import add_model_arguments, preset_for, resolve_model, settings_from_args
 from ggufdesk.cli.worker import describe_split
 from ggufdesk.core.errors import KnownError
+from ggufdesk.core.wording import FINISH_WORDS
 from ggufdesk.session import ChatSession, Refused, Turn
 from ggufdesk.session.inbox import Inbox
 
@@ -33,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default="", help="system prompt")
     p.add_argument("--completion", action="store_true",
                    help="plain text continuation instead of chat turns (for base models)")
+    p.add_argument("--docs", metavar="NAME",
+                   help="answer from a document collection (ggufdesk docs add NAME PATH...), citing [1], [2]")
     mcp_tools.add_arguments(p, interactive=True)
 
 
@@ -70,11 +75,19 @@ class TerminalView(mcp_tools.ToolNotes):
     def turn_finished(self, turn: Turn) -> None:
         self._end_thinking()
         st = turn.stats
+        if st.get("citations"):
+            print("\n\nSources:", file=self.out, end="")
+            for c in st["citations"]:
+                page = f", page {c['page']}" if c.get("page") else ""
+                a, b = c["lines"]
+                print(f"\n  [{c['index']}] {c['source']}{page}, lines {a}-{b}", file=self.out, end="")
         if st.get("final"):
             print(f"\n[{st['n_gen']} tokens, {st['decode_tok_s']:.1f} tok/s, TTFT {st['ttft_s']:.2f} s]",
                   file=self.out, end="")
         if turn.status == "cancelled":
             print("\n[stopped]", file=self.out, end="")
+        elif turn.finish_reason == "repeat":  # a base model's loop, cut (session/guard.py)
+            print(f"\n[{FINISH_WORDS['repeat']}]", file=self.out, end="")
 
     def notice(self, text: str, level: str = "info") -> None:
         if level == "error":
@@ -101,18 +114,21 @@ def run(args: argparse.Namespace, *, stdin: TextIO | None = None, stdout: TextIO
     load, sampling, spec = settings_from_args(args, preset)
     if not args.system and preset is not None and preset.system_prompt:
         args.system = preset.system_prompt  # the model's own system prompt, unless one is given
+    if getattr(args, "docs", None) and spec.mode == "off":
+        spec = dataclasses.replace(spec, mode="lookup")  # answers quote their sources: lookup drafts pay
+    docs = DocsChat(args.docs, out) if getattr(args, "docs", None) else None
     host = mcp_tools.open_host(args, err=out)
     try:
-        with EngineClient() as client:
+        with EngineClient() as client, docs or contextlib.nullcontext():
             return _chat(args, client, client.load(model, settings=load, speculation=spec), host, stdin, out,
-                         sampling)
+                         sampling, docs)
     finally:
         if host is not None:
             host.close()
 
 
 def _chat(args: argparse.Namespace, client: EngineClient, loaded: Any, host: McpHost | None, stdin: TextIO,
-          out: TextIO, sampling: Any) -> int:
+          out: TextIO, sampling: Any, docs: DocsChat | None = None) -> int:
     """The conversation, once the model is loaded: read a line, answer it, until /exit or EOF."""
     from ggufdesk.session.tool_loop import ToolLoop
 
@@ -123,6 +139,8 @@ def _chat(args: argparse.Namespace, client: EngineClient, loaded: Any, host: Mcp
         if host is not None else None
     session = ChatSession(engine=client, view=view, post=inbox.post, tools=tools)
     session.on_event(loaded)
+    if docs is not None:
+        session.attach_docs(docs.attached)
     mode = "completion" if args.completion else "chat"
     note = " (no chat template: built-in turn format; a base model may answer poorly)" \
         if loaded.chat_format == "completion" and mode == "chat" else ""
@@ -153,6 +171,8 @@ def _chat(args: argparse.Namespace, client: EngineClient, loaded: Any, host: Mcp
             continue
         if not text.strip():
             continue
+        if docs is not None:
+            docs.refresh()
         try:
             session.send(text)
         except Refused as e:
@@ -160,3 +180,36 @@ def _chat(args: argparse.Namespace, client: EngineClient, loaded: Any, host: Mcp
             continue
         mcp_tools.pump(client, session, inbox, silence=EVENT_SILENCE_S, notes=view, stdin=stdin)
     raise KnownError("unreachable")  # pragma: no cover
+
+
+class DocsChat:
+    """The collection a terminal chat answers from: opened (with its embedding engine) for the chat's
+    length, brought up to date at the start and, when files changed, before a question (polled)."""
+
+    def __init__(self, name: str, out: TextIO) -> None:
+        from ggufdesk.core.docs.store import collection_path
+        from ggufdesk.session.docs import Attached, open_retriever
+        from ggufdesk.session.docs_index import Watcher
+
+        if not collection_path(name).exists():
+            raise KnownError(f"there is no collection {name!r}; make one first: ggufdesk docs add {name} PATH...")
+        self.out = out
+        self.opened = open_retriever(name)
+        retriever = self.opened.retriever
+        self.attached = Attached(retriever)
+        self.watcher = Watcher(name, embed=retriever.embed, embed_model=retriever.coll.embed_model)
+        print(f"ggufdesk: answering from {name!r}: {retriever.note}", file=out)
+        self.refresh()
+
+    def refresh(self) -> None:
+        from ggufdesk.session.docs_index import summary
+
+        report = self.watcher.poll()
+        if report is not None and (report.added or report.updated or report.removed):
+            print(f"ggufdesk: {self.attached.name!r} re-indexed ({summary(report)})", file=self.out)
+
+    def __enter__(self) -> DocsChat:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.opened.__exit__(*exc)

@@ -276,7 +276,8 @@ def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sa
     if args.json:
         print_json(result)
     else:
-        print(file=sys.stderr)
+        if not result["text"].endswith("\n"):
+            print()  # the text is a line of its own: the shell prompt (or the next line in a file) starts fresh
         print(f"[{result['tokens']} tokens, TTFT {result['ttft_s'] or 0:.3f} s, prefill "
               f"{result['prefill_tok_s'] or 0:.1f} tok/s, decode {result['decode_tok_s'] or 0:.1f} tok/s"
               + (f", accepted {result['accepted']}/{result['drafted']}" if result["drafted"] else "")

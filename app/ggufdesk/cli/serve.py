@@ -6,6 +6,8 @@ import asyncio
 import dataclasses
 import re
 import sys
+import signal
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -184,10 +186,16 @@ def run(args: argparse.Namespace) -> int:
                   f"request names one; {service.config.parallel} at once; OpenAI base URL {url}/v1", flush=True)
         await runner.serve()
 
+    # SIGTERM (a service manager, `kill`) is a normal stop: uvicorn stops on it and then raises it
+    # again for the default action, which would end this process before the engine is shut down.
+    quiet = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: None) if quiet else None
     try:
         asyncio.run(main())
     finally:
         service.shutdown()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if failure:
         raise KnownError(f"the model did not load: {failure[0]}")
     print("ggufdesk serve: stopped", file=sys.stderr)

@@ -147,6 +147,36 @@ def _hub_error(e: BaseException, repo_id: str, filename: str, revision: str | No
     return KnownError(f"could not reach the Hugging Face hub: {e}")
 
 
+def hub_reachable(timeout: float = 3.0, *, endpoint: str | None = None) -> bool:
+    """One quick look at the hub (its front page, `timeout` s): offline, say so at once rather than
+    let huggingface_hub retry each request for half a minute. HF_HUB_OFFLINE counts as offline."""
+    import urllib.error
+    import urllib.request
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    try:
+        urllib.request.urlopen(endpoint or constants.ENDPOINT, timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    return True
+
+
+def require_hub(endpoint: str | None = None) -> None:
+    """KnownError at once when the hub cannot be reached (a command that needs it, offline)."""
+    from huggingface_hub import constants
+
+    if not hub_reachable(endpoint=endpoint):
+        where = endpoint or constants.ENDPOINT
+        why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "no network, or it is down"
+        raise KnownError(f"could not reach the Hugging Face hub at {where} ({why}); models already "
+                         "on this computer: `ggufdesk library`, `ggufdesk plan FILE`")
+
+
 def check_filename(filename: str) -> str:
     """Refuse names that would land outside the repo's folder (absolute, ``..``, backslashes, drives)."""
     p = PurePosixPath(filename)
@@ -193,6 +223,7 @@ def list_gguf(repo_id: str, *, revision: str | None = None, token: str | bool | 
     except ValueError as e:
         raise KnownError(f"{repo_id!r} is not a repository id (owner/name): {e}") from None
     check_revision(revision)
+    require_hub(endpoint)  # offline: one line now, not five retries of each request
     try:
         entries = [e for e in HfApi(endpoint=endpoint).list_repo_tree(
             repo_id, revision=revision, recursive=True, token=token) if hasattr(e, "size")]

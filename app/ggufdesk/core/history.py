@@ -7,6 +7,8 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -14,6 +16,7 @@ from typing import Any, Callable, TypeVar
 from ggufdesk.core.aside import move_aside
 from ggufdesk.core.errors import BugError, KnownError, SettingsError
 from ggufdesk.core.settings import SamplingSettings
+from ggufdesk.core.wording import role_name, state_note
 
 log = logging.getLogger("ggufdesk.history")
 _T = TypeVar("_T")
@@ -159,6 +162,7 @@ class History:
         self.path = Path(path) if path else history_path()
         self.read_only, self.memory = read_only, memory
         self._lock = threading.RLock()
+        self._savepoints = 0
         db: sqlite3.Connection | None = None
         try:
             if memory:
@@ -241,6 +245,49 @@ class History:
             raise HistoryError(f"the chat history {self.path} is open read-only; this change is not saved",
                                "read_only")
 
+    # ---- transactions -------------------------------------------------------------------------
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """Everything written inside is saved together or not at all: one transaction (a savepoint
+        when nested). A user action (send, regenerate, edit) is one `atomic` block, so a crash or a
+        full disk halfway leaves the history as it was before the action, never half of it."""
+        with self._lock:
+            if self._db.in_transaction:
+                self._savepoints += 1
+                name = f"sp{self._savepoints}"
+                self._db.execute(f"SAVEPOINT {name}")
+                try:
+                    yield
+                except BaseException:
+                    if self._db.in_transaction:  # an error may have rolled it all back already
+                        self._quietly(f"ROLLBACK TO {name}", f"RELEASE {name}")
+                    raise
+                else:
+                    self._db.execute(f"RELEASE {name}")
+                finally:
+                    self._savepoints -= 1
+                return
+            self._writable()
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                self._db.execute("COMMIT")
+            except BaseException:
+                # SQLite rolls back by itself on some errors (a full disk, an I/O error): then there
+                # is nothing to roll back, and the error to report is the one that happened.
+                if self._db.in_transaction:
+                    self._quietly("ROLLBACK")
+                raise
+
+    def _quietly(self, *statements: str) -> None:
+        """Clean-up statements after an error: their own failure must not hide the error."""
+        for sql in statements:
+            try:
+                self._db.execute(sql)
+            except sqlite3.Error as e:
+                log.warning("%s failed after an error: %s", sql, e)
+
     # ---- schema -------------------------------------------------------------------------------
 
     @property
@@ -260,18 +307,12 @@ class History:
                                    "read_only")
             return
         log.info("migrating %s from schema %d to %d", self.path, version, SCHEMA_VERSION)
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for i in range(version, SCHEMA_VERSION):
-                    for statement in MIGRATIONS[i].split(";"):
-                        if statement.strip():
-                            self._db.execute(statement)
-                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self.atomic():
+            for i in range(version, SCHEMA_VERSION):
+                for statement in MIGRATIONS[i].split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _recover_interrupted(self) -> None:
         """Answers left 'streaming' by a previous run that died keep their text as 'partial'."""
@@ -301,7 +342,7 @@ class History:
         now = time.time()
         sampling = sampling or SamplingSettings()
         self._writable()
-        with self._lock:
+        with self.atomic():
             cur = self._db.execute(
                 "INSERT INTO conversations(title, created, updated, system_prompt, sampling, mode, model, mcp_off)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -363,17 +404,17 @@ class History:
         changes["updated"] = time.time()
         sets = ", ".join(f"{k} = ?" for k in changes)
         self._writable()
-        with self._lock:
+        with self.atomic():
             cur = self._db.execute(
                 f"UPDATE conversations SET {sets} WHERE id = ?", (*changes.values(), conversation_id)
             )
             if cur.rowcount == 0:
                 raise KeyError(conversation_id)
-        return self.get_conversation(conversation_id)
+            return self.get_conversation(conversation_id)
 
     def delete(self, conversation_id: int) -> None:
         self._writable()
-        with self._lock:
+        with self.atomic():
             self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     # ---- messages -----------------------------------------------------------------------------
@@ -404,20 +445,22 @@ class History:
 
     def add_message(
         self, conversation_id: int, role: str, content: str, *, status: str = "done",
-        stats: dict[str, Any] | None = None,
+        stats: dict[str, Any] | None = None, version: int = 0,
     ) -> Message:
-        """Insert and commit at once (autocommit): a user message is on disk before generation starts."""
+        """Insert and commit at once (one transaction with the conversation's `updated`): a user
+        message is on disk before generation starts, or nothing is. `version`: its ordinal among
+        the versions at its place (keep_as_version gives it)."""
         if role not in ROLES:
             raise BugError(f"unknown role {role!r}")
         if status not in STATUSES:
             raise BugError(f"unknown status {status!r}")
         now = time.time()
         self._writable()
-        with self._lock:
+        with self.atomic():
             cur = self._db.execute(
-                "INSERT INTO messages(conversation_id, role, content, created, status, stats)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (conversation_id, role, content, now, status, json.dumps(stats or {})),
+                "INSERT INTO messages(conversation_id, role, content, created, status, stats, version)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, role, content, now, status, json.dumps(stats or {}), version),
             )
             self._db.execute(
                 "UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id)
@@ -441,13 +484,13 @@ class History:
             return
         sets = ", ".join(f"{k} = ?" for k in changes)
         self._writable()
-        with self._lock:
+        with self.atomic():
             self._db.execute(f"UPDATE messages SET {sets} WHERE id = ?", (*changes.values(), message_id))
 
     def truncate_from(self, conversation_id: int, message_id: int) -> None:
         """Delete a message and everything after it (regenerate, edit-and-resend)."""
         self._writable()
-        with self._lock:
+        with self.atomic():
             self._db.execute(
                 "DELETE FROM messages WHERE conversation_id = ? AND id >= ?",
                 (conversation_id, message_id),
@@ -492,27 +535,32 @@ class History:
         return pos, ordinal
 
     def _transaction(self, fn: Callable[[], _T]) -> _T:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                out = fn()
-                self._db.execute("COMMIT")
-                return out
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        self._writable()
+        with self.atomic():
+            return fn()
 
     def keep_as_version(self, conversation_id: int, message_id: int) -> int:
         """Regenerate / edit: the message and the turns after it become an earlier version instead
-        of being deleted. Returns the ordinal the replacing message gets (set_version)."""
+        of being deleted. Returns the ordinal the replacing message gets (add_message's
+        `version`); `replace_message` does both in one transaction."""
         def run() -> int:
             pos, ordinal = self._stash(conversation_id, message_id)
             return max([ordinal, *self._ordinals(conversation_id, pos)]) + 1
 
         return self._transaction(run)
 
+    def replace_message(self, conversation_id: int, message_id: int, role: str, content: str, *,
+                        status: str = "done", stats: dict[str, Any] | None = None) -> Message:
+        """Regenerate / edit as one write: the message and what follows become an earlier version,
+        and the new message takes its place, numbered as the next version."""
+        with self.atomic():
+            version = self.keep_as_version(conversation_id, message_id)
+            return self.add_message(conversation_id, role, content, status=status, stats=stats,
+                                    version=version)
+
     def set_version(self, message_id: int, ordinal: int) -> None:
-        with self._lock:
+        self._writable()
+        with self.atomic():
             self._db.execute("UPDATE messages SET version = ? WHERE id = ?", (ordinal, message_id))
 
     def versions(self, conversation_id: int) -> dict[int, tuple[int, int]]:
@@ -582,13 +630,14 @@ class History:
             lines += [f"_Model: {Path(conv.model).name}_", ""]
         if conv.system_prompt:
             lines += ["**System:**", "", conv.system_prompt, ""]
-        for m in self.messages(conversation_id):
-            note = "" if m.status == "done" else f" _({m.status})_"
+        for m in self.messages(conversation_id):  # in the window's words (core/wording.py)
+            note = state_note(m.status, str(m.stats.get("finish_reason") or ""))
+            note = f" _({note})_" if note else ""
             if m.role == "tool":
                 who = f"{m.stats.get('server', '')}/{m.stats.get('tool', '')}".strip("/")
                 lines += [f"**Tool result ({who}):**{note}", "", "```", m.content, "```", ""]
                 continue
-            lines += [f"**{m.role.capitalize()}:**{note}", "", m.content, ""]
+            lines += [f"**{role_name(m.role, conv.mode)}:**{note}", "", m.content, ""]
             for call in m.stats.get("tool_calls") or []:
                 fn = (call.get("function") or {}) if isinstance(call, dict) else {}
                 lines += [f"_Calls the tool {fn.get('name', '?')} with {fn.get('arguments', '{}')}_", ""]

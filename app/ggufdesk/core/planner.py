@@ -376,12 +376,14 @@ def _gib(n: float) -> str:
 def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo | None = None,
          type_k: str = "f16", type_v: str = "f16", n_gpu_layers: int | None = None,
          n_ubatch: int = 512, flash_attn: str = "auto", swa_full: bool = True,
-         n_cpu_moe: int | None = None) -> Plan:
+         n_cpu_moe: int | None = None, smaller_quants: tuple[str, ...] = ()) -> Plan:
     """Where the model goes on this machine and how fast it will run.
 
     A mixture of experts that does not fit VRAM whole gets the split that keeps attention, shared
     experts and the output on the GPU and as many routed experts as needed in RAM, when that is
-    predicted faster than splitting whole layers (n_cpu_moe None: chosen here; a number: as given)."""
+    predicted faster than splitting whole layers (n_cpu_moe None: chosen here; a number: as given).
+    `smaller_quants`: the smaller files of this model that exist (the advice names them; none: it
+    names none)."""
     if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or not 16 <= n_ctx <= MAX_CTX:
         raise SettingsError(f"context length must be a whole number from 16 to {MAX_CTX}, got {n_ctx!r}")
     if isinstance(n_ubatch, bool) or not isinstance(n_ubatch, int) or not 1 <= n_ubatch <= 1 << 16:
@@ -443,7 +445,8 @@ def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo
              vram_bytes=s.vram, ram_budget=ram_budget, vram_budget=vram_budget,
              pred_decode_tok_s=dec, pred_decode_tok_s_full=dec_full, pred_prefill_tok_s=pre,
              explanation="", n_cpu_moe=ncm, layer_split_decode_tok_s=layer_speed)
-    return replace(p, explanation=explain(p, hw), advice=advise(p, info, hw, type_k=type_k))
+    return replace(p, explanation=explain(p, hw),
+                   advice=advise(p, info, hw, type_k=type_k, smaller_quants=smaller_quants))
 
 
 def experts_split(info: GGUFInfo, fits: Callable[[int], bool]) -> int | None:
@@ -516,7 +519,14 @@ def explain(p: Plan, hw: HardwareInfo) -> str:
     return f"{q} does not fit: it needs {need} with {ctx} and this machine has {have} to spare."
 
 
-def advise(p: Plan, info: GGUFInfo, hw: HardwareInfo, *, type_k: str = "f16") -> list[str]:
+def _smaller(quants_: tuple[str, ...]) -> str:
+    """'a smaller quant (Q3_K_M, Q2_K)' when this model has smaller files; else 'a smaller model'."""
+    return f"a smaller quant ({', '.join(quants_[:3])})" if quants_ else "a smaller model"
+
+
+def advise(p: Plan, info: GGUFInfo, hw: HardwareInfo, *, type_k: str = "f16",
+           smaller_quants: tuple[str, ...] = ()) -> list[str]:
+    """Tips for this plan; a smaller quant is named only when one exists (`smaller_quants`)."""
     out = []
     m = p.memory
     kv = m.kv_cpu + m.kv_gpu
@@ -527,10 +537,10 @@ def advise(p: Plan, info: GGUFInfo, hw: HardwareInfo, *, type_k: str = "f16") ->
             if type_k == "f16" else ""
         out.append(f"The context takes {_gib(ctx_part)}: {tip}use a shorter context.")
     if p.fit == "too_large":
-        out.append("Pick a smaller quant or a smaller model.")
+        out.append(f"Pick {_smaller(smaller_quants)}" + (" or a smaller model." if smaller_quants else "."))
     if p.pred_decode_tok_s < MIN_COMFORTABLE_TOK_S:
-        out.append(f"About {p.pred_decode_tok_s:.1f} tok/s is slower than reading speed; a smaller quant "
-                   "reads fewer bytes per token and is faster.")
+        out.append(f"About {p.pred_decode_tok_s:.1f} tok/s is slower than reading speed; "
+                   f"{_smaller(smaller_quants)} reads fewer bytes per token and is faster.")
     if info.context_length and p.n_ctx > info.context_length:
         out.append(f"The model was trained for {info.context_length} tokens of context; beyond that "
                    "quality drops.")
@@ -571,13 +581,14 @@ def rank_quants(files: list[tuple[str, int]], ref: GGUFInfo, hw: HardwareInfo, *
     workload "long_docs" prefers prefill speed among near-equal quality, "chat" decode speed.
     """
     out = []
+    files = [(name, size) for name, size in files if size > 0]  # an empty file is not a model
     for name, size in files:
-        if size <= 0:
-            continue  # an empty file is not a model: never ranked, never recommended
         q = quants.quant_from_name(name)
         info = ref if size == ref.file_bytes else scaled(ref, size, name, q)
+        smaller = tuple(quants.quant_from_name(n) or n for n, s in sorted(files, key=lambda f: -f[1])
+                        if s < size)
         out.append(Ranked(file=name, quant=q, size=size, ppl_delta=quants.quality_loss(q),
-                          plan=plan(info, hw, n_ctx=n_ctx)))
+                          plan=plan(info, hw, n_ctx=n_ctx, smaller_quants=smaller)))
     order = {f: i for i, f in enumerate(FITS)}
     speed: Callable[[Ranked], float] = (
         (lambda r: r.plan.pred_prefill_tok_s) if workload == "long_docs" else (lambda r: r.plan.pred_decode_tok_s))

@@ -156,6 +156,9 @@ class SamplingSettings:
     # when the prompt outgrows the context: one of OVERFLOW_POLICIES (the window's default; the
     # server's is "error", `ggufdesk serve --context-overflow`)
     context_overflow: str = "rolling"
+    # with tools: "auto" (the model decides), "required" (it must call one), "none" (it may not),
+    # or a tool's name (it must call that one) — the API's tool_choice
+    tool_choice: str = "auto"
     # reasoning models (core/reasoning.py): tokens of thinking before the engine closes the block
     # (-1 = no limit), and thinking on/off/effort ("auto" = the template's default)
     reasoning_budget: int = -1
@@ -178,12 +181,14 @@ class SamplingSettings:
             raise SettingsError("stop must be a list of non-empty strings")
         if not isinstance(self.structured, str):
             raise SettingsError("structured output must be text")
+        if not isinstance(self.tool_choice, str) or not self.tool_choice.strip():
+            raise SettingsError("tool choice must be auto, required, none or a tool's name")
         if self.structured.strip():
             from ggufdesk.core.schema import SchemaError
             from ggufdesk.core.tools import request_fields
 
             try:
-                request_fields(self.structured)
+                request_fields(self.structured, self.tool_choice)
             except SchemaError as e:
                 raise SettingsError(str(e)) from None
 

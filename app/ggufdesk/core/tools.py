@@ -125,9 +125,18 @@ def check_tools(tools: Any, loose: frozenset[str] | set[str] = frozenset()) -> l
     return out
 
 
-def request_fields(structured: str) -> dict[str, Any]:
+TOOL_CHOICES = ("auto", "required", "none")
+
+
+def tool_choice_value(choice: str) -> Any:
+    """A conversation's tool choice as the API's tool_choice: auto | required | none, or a name."""
+    return choice if choice in TOOL_CHOICES else {"type": "function", "function": {"name": choice}}
+
+
+def request_fields(structured: str, tool_choice: str = "auto") -> dict[str, Any]:
     """A conversation's structured-output setting as Generate fields: "" (off), "json_object", a
-    JSON schema (an object) or tools (a list). Raises SchemaError naming what is wrong."""
+    JSON schema (an object) or tools (a list, called as `tool_choice` says). Raises SchemaError
+    naming what is wrong."""
     text = structured.strip()
     if not text:
         return {}
@@ -138,7 +147,10 @@ def request_fields(structured: str) -> dict[str, Any]:
     except (ValueError, RecursionError) as e:
         raise SchemaError(f"structured output: not valid JSON ({e})") from None
     if isinstance(value, list):
-        return {"tools": check_tools(value), "tool_choice": "auto"}
+        tools = check_tools(value)
+        choice = tool_choice_value(tool_choice)
+        pick_tools(tools, choice)  # a name that is not among the tools is refused here
+        return {"tools": tools, "tool_choice": choice}
     return {"json_schema": load_schema(text, source="the structured-output schema")}
 
 

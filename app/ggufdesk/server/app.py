@@ -14,6 +14,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ggufdesk.server import anthropic, embeddings, openai
+from ggufdesk.server.docs import DocsRetrieval
 from ggufdesk.server.errors import ApiError, error_response, is_anthropic
 from ggufdesk.server.guard import Guard, with_cors
 from ggufdesk.server.service import ClientGone, Service
@@ -95,6 +96,7 @@ def build_app(service: Service, *, host: str = "127.0.0.1") -> ASGIApp:
     )
     app.state.service = service
     origins = service.config.cors_origins
-    return with_cors(Guard(ApiKeys(app, service=service), bound_host=host, cors_origins=origins), origins)
+    docs = DocsRetrieval(app, service=service)  # a request naming a document collection (server/docs.py)
+    return with_cors(Guard(ApiKeys(docs, service=service), bound_host=host, cors_origins=origins), origins)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Literal, Protocol
 
@@ -16,6 +18,8 @@ from ggufdesk.core.errors import KnownError
 from ggufdesk.core.history import Conversation, History, Message
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
+from ggufdesk.session.docs import Attached
+from ggufdesk.session.guard import repeat_cut
 from ggufdesk.session.prompt import build_request, context_note, title_from
 from ggufdesk.session.tool_loop import ToolCall, ToolLoop
 from ggufdesk.session.tool_turns import ToolTurns
@@ -25,9 +29,11 @@ from ggufdesk.session.writer import HistoryWriter, SaveState
 log = logging.getLogger("ggufdesk.session")
 
 SAVE_PARTIAL_EVERY_S = 1.0
+BASE_MODEL_TURN_END = "\n\n"  # a base model's chat answer ends at a blank line
 THINKING = ("reasoning", "reasoning_tokens", "reasoning_s")  # an answer's stats about its thinking
 Phase = Literal["idle", "saving", "streaming", "stopping", "tool"]  # tool: calls being decided or run
 Level = Literal["info", "warning", "error"]
+KEPT_STATS = ("model", "context_note", "citations", "sources_left_out")  # what the engine's stats do not replace
 
 
 class Refused(KnownError):
@@ -119,8 +125,9 @@ class ChatSession(ToolTurns):
         self.model: P.Loaded | None = None
         self.no_model_reason = ""
         self._saved_at = 0.0
+        self._loop_cut: int | None = None  # a base model's answer repeats itself: it ends here
         self._think_t0: float | None = None  # when the answer being written began to think
-        self._pending_version: dict[str, int] | None = None
+        self.docs: Attached | None = None  # a document collection the answers come from (session/docs.py)
         self._init_tools(tools)
         if writer is not None:
             writer.on_state = lambda st: self.post(lambda: self.view.save_state_changed(st))
@@ -141,14 +148,26 @@ class ChatSession(ToolTurns):
             self.view.phase_changed(phase)
 
     def _write(self, run: Callable[[History], Any], *, then: Callable[[Any], None] | None = None,
-               key: Any = None) -> None:
-        """Queue a write; `then(result)` comes back on the session's thread."""
+               key: Any = None, fills: Ref | None = None) -> None:
+        """Queue a write; `then(result)` comes back on the session's thread. `fills`: the row id
+        `run` notes, forgotten again if its transaction rolls back."""
         if self.writer is None:
             if then is not None:
                 then(None)
             return
         back = None if then is None else (lambda result: self.post(lambda: then(result)))
-        self.writer.submit(run, then=back, key=key)
+        undo = None if fills is None else (lambda: setattr(fills, "id", None))
+        self.writer.submit(run, then=back, key=key, undo=undo)
+
+    @contextmanager
+    def _action(self) -> Iterator[None]:
+        """The writes of one user action (send, edit, regenerate) go to the database in one
+        transaction: a crash or a full disk halfway leaves the history as it was before it."""
+        if self.writer is None:
+            yield
+            return
+        with self.writer.transaction():
+            yield
 
     # ---- conversations --------------------------------------------------------------------------
 
@@ -175,7 +194,7 @@ class ChatSession(ToolTurns):
             row.id = saved.id
             return saved
 
-        self._write(create, then=lambda saved: self._conversation_saved(row, saved))
+        self._write(create, then=lambda saved: self._conversation_saved(row, saved), fills=row)
         return conv
 
     def open(self, conv: Conversation, messages: list[Message],
@@ -249,6 +268,10 @@ class ChatSession(ToolTurns):
         if not text:
             raise Refused("nothing to send")
         self.check_can_send()
+        with self._action():
+            return self._send(text, system_prompt=system_prompt, sampling=sampling)
+
+    def _send(self, text: str, *, system_prompt: str, sampling: SamplingSettings | None) -> Turn:
         if self.conv is None:
             self.new_conversation(system_prompt=system_prompt, sampling=sampling)
         assert self.conv is not None
@@ -260,7 +283,8 @@ class ChatSession(ToolTurns):
             first_user = next((t for t in self.turns if t.role == "user"), None)
             retitle = retitle or (edited is first_user
                                   and self.conv.title == title_from(edited.content))
-            self._replace_from(edited, user)
+            user.version = (edited.version[1] + 1, edited.version[1] + 1)
+            self._add(user, status="done", replaces=self._replace_from(edited))
         else:
             self.editing = None
             self._add(user, status="done")
@@ -272,6 +296,15 @@ class ChatSession(ToolTurns):
         self._start_answer()
         return user
 
+    def continue_text(self) -> None:
+        """Completion mode, nothing typed: the model writes on from where the text ends."""
+        self.check_can_send()
+        if self.conv is None or self.conv.mode != "completion" or not any(t.content for t in self.turns):
+            raise Refused("write the beginning of a text first: the model continues it")
+        self.rounds = 0
+        with self._action():
+            self._start_answer()
+
     def regenerate(self, key: int) -> None:
         """Answer turn `key` again. The current answer and every turn after it are kept as an
         earlier version (step back to it with step_version), never deleted."""
@@ -281,9 +314,10 @@ class ChatSession(ToolTurns):
             return
         if turn.role != "assistant":
             raise Refused("only an answer can be written again")
-        self._replace_from(turn, None)
         self.rounds = 0
-        self._start_answer(version=(turn.version[1] + 1, turn.version[1] + 1))
+        with self._action():
+            self._start_answer(version=(turn.version[1] + 1, turn.version[1] + 1),
+                               replaces=self._replace_from(turn))
 
     def step_version(self, key: int, step: int) -> None:
         """Show the previous (-1) or next (+1) version of turn `key`, with its own later turns."""
@@ -307,33 +341,13 @@ class ChatSession(ToolTurns):
 
         self._write(switch, then=shown)
 
-    def _replace_from(self, turn: Turn, replacement: Turn | None) -> None:
-        """`turn` and what follows leave the screen and become an earlier version in the history;
-        `replacement` (an edited message) takes its place, numbered as the next version."""
+    def _replace_from(self, turn: Turn) -> Ref:
+        """`turn` and what follows leave the screen. In the history they become an earlier version
+        when the message that replaces them is written (replace_message: one write)."""
         self.editing = None
-        index = self.turns.index(turn)
-        self.turns = self.turns[:index]
-        conv_row, first = self.conv_row, turn.row
-        holder: dict[str, int] = {}
-
-        def keep(h: History) -> int:
-            holder["version"] = h.keep_as_version(conv_row.get(), first.get())
-            return holder["version"]
-
-        self._write(keep)
+        self.turns = self.turns[:self.turns.index(turn)]
         self.view.show_conversation(self.conv, list(self.turns))
-        self._pending_version = holder
-        if replacement is not None:
-            replacement.version = (turn.version[1] + 1, turn.version[1] + 1)
-            self._add(replacement, status="done")
-            self._number(replacement)
-
-    def _number(self, turn: Turn) -> None:
-        """Give the row that replaced an earlier version its version number (after it is written)."""
-        holder, row = self._pending_version, turn.row
-        self._pending_version = None
-        if holder is not None:
-            self._write(lambda h: h.set_version(row.get(), holder["version"]))
+        return turn.row
 
     def edit(self, key: int) -> str:
         """Start editing turn `key`: returns its text; the next send replaces it and what follows."""
@@ -348,46 +362,95 @@ class ChatSession(ToolTurns):
     def _turn(self, key: int) -> Turn | None:
         return next((t for t in self.turns if t.key == key), None)
 
-    def _add(self, turn: Turn, *, status: str, then: Callable[[Any], None] | None = None) -> None:
+    def _add(self, turn: Turn, *, status: str, then: Callable[[Any], None] | None = None,
+             replaces: Ref | None = None) -> None:
+        """Show a new turn and write its row (in place of `replaces` and what followed it, which
+        become an earlier version)."""
         self.turns.append(turn)
         self.view.turn_added(turn)
         conv_row, row, role, content = self.conv_row, turn.row, turn.role, turn.content
         stats = dict(turn.stats) if turn.stats else None
 
         def insert(h: History) -> int:
-            row.id = h.add_message(conv_row.get(), role, content, status=status, stats=stats).id
+            if replaces is None:
+                row.id = h.add_message(conv_row.get(), role, content, status=status, stats=stats).id
+            else:
+                row.id = h.replace_message(conv_row.get(), replaces.get(), role, content,
+                                           status=status, stats=stats).id
             return row.id
 
-        self._write(insert, then=then)
+        self._write(insert, then=then, fills=row)
 
-    def _start_answer(self, version: tuple[int, int] | None = None) -> None:
+    def _start_answer(self, version: tuple[int, int] | None = None,
+                      replaces: Ref | None = None) -> None:
         """Commit the answer's (empty) row, then ask the engine: what the user wrote is on disk
         before generation for it starts."""
         assert self.conv is not None
         conv = self.conv
         request = build_request(conv, self.turns)
+        self._loop_cut = None
+        if self.base_model and conv.mode == "chat":
+            # A base model does not know where a chat turn ends: a turn is one paragraph.
+            request["sampling"] = dataclasses.replace(
+                conv.sampling, stop=[*conv.sampling.stop, BASE_MODEL_TURN_END])
         answer = Turn(role="assistant", content="", status="streaming",
                       stats={"model": Path(self.model.model).name} if self.model else {})
+        self._ground(request, answer)
         if version is not None:
             answer.version = version
         self.answer = answer
         self._set_phase("saving")
         self.offer, self._stream = None, None
-        self._add(answer, status="streaming", then=lambda _: self._offer_tools(answer, conv, request))
-        if version is not None:
-            self._number(answer)
+        self._add(answer, status="streaming", then=lambda _: self._offer_tools(answer, conv, request),
+                  replaces=replaces)
+
+    def attach_docs(self, docs: Attached | None) -> None:
+        """Answer from a document collection from now on (None: no more)."""
+        self.docs = docs
+
+    def _ground(self, request: dict[str, Any], answer: Turn) -> None:
+        """With documents attached: the question's sources go into the request, their citations into
+        the answer's stats (saved with it); sources that do not fit are named in a notice."""
+        question = next((t.content for t in reversed(self.turns) if t.role == "user"), "")
+        if self.docs is None or not question or self.conv is None:
+            return
+        n_ctx = self.model.n_ctx if self.model is not None and self.model.n_ctx else 4096
+        try:
+            grounding = self.docs.apply(request, question, n_ctx=n_ctx, max_tokens=self.conv.sampling.max_tokens)
+        except (KnownError, OSError) as e:
+            self.view.notice(f"searching {self.docs.name!r} failed ({e}): this answer has no sources", "warning")
+            return
+        answer.stats.update(grounding.stats())
+        if not grounding.cited:
+            self.view.notice(f"nothing in {self.docs.name!r} matches the question, or no source fits the "
+                             "context: this answer has no sources", "warning")
+        elif grounding.left_out:
+            self.view.notice(grounding.notice(), "warning")
 
     def _begin(self, answer: Turn, conv: Conversation, request: dict[str, Any], extra: dict[str, Any]) -> None:
         if self.answer is not answer or self.phase != "saving":
             return  # stopped (or replaced) before its row was on disk: the engine is never asked
         try:
-            self.rid = self.engine.generate(sampling=conv.sampling, **request, **extra)
+            self.rid = self.engine.generate(**{"sampling": conv.sampling, **request, **extra})
         except (KnownError, OSError) as e:
             self._finish("error")
             self.view.notice(f"could not start the answer: {e}", "error")
             return
         self._saved_at = self.clock()
         self._set_phase("streaming")
+
+    @property
+    def base_model(self) -> bool:
+        """The loaded model has no chat template (it continues text)."""
+        return self.model is not None and self.model.chat_format == "completion"
+
+    def _check_loop(self, answer: Turn) -> None:
+        """A base model that writes the same span a third time is stopped after the first."""
+        if self._loop_cut is None and self.base_model and self.rid is not None \
+                and (cut := repeat_cut(answer.content)) is not None:
+            self._loop_cut = cut
+            self._set_phase("stopping")
+            self.engine.cancel(self.rid)
 
     def stop(self) -> None:
         """Ask for the answer to stop (what was written is kept). The engine client kills and
@@ -448,11 +511,12 @@ class ChatSession(ToolTurns):
             if piece:
                 answer.content += piece
                 self.view.turn_grew(answer, piece)
+                self._check_loop(answer)
             if self.clock() - self._saved_at >= self.save_every:
                 self._saved_at = self.clock()
                 self._save_answer(answer, final=False)
         elif isinstance(ev, P.Stats) and mine and answer is not None:
-            kept = {k: answer.stats[k] for k in ("model", "context_note", *THINKING) if k in answer.stats}
+            kept = {k: answer.stats[k] for k in (*KEPT_STATS, *THINKING) if k in answer.stats}
             answer.stats = {**dataclasses.asdict(ev), **kept}
         elif isinstance(ev, P.Overflow) and mine and answer is not None:
             answer.stats["context_note"] = context_note(ev)
@@ -465,8 +529,12 @@ class ChatSession(ToolTurns):
             if ev.tool_calls:  # shown as readable blocks under the answer (ui/message_widget.py)
                 answer.stats["tool_calls"] = ev.tool_calls
                 answer.stats["content"] = ev.content or ""
-            self._finish("cancelled" if ev.finish_reason == "cancelled" else "done", ev.finish_reason,
-                         calls=ev.tool_calls if self._wants_tools(ev) else None)
+            if self._loop_cut is not None:  # we stopped it: it was repeating itself
+                answer.content = answer.content[:self._loop_cut].rstrip()
+                self._finish("done", "repeat")
+            else:
+                self._finish("cancelled" if ev.finish_reason == "cancelled" else "done",
+                             ev.finish_reason, calls=ev.tool_calls if self._wants_tools(ev) else None)
         elif isinstance(ev, P.Error):
             self._on_error(ev, mine)
         elif isinstance(ev, P.Loaded):

@@ -8,11 +8,17 @@ answers with events.
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal, Protocol
 
+from ggufdesk.core import catalog as catalog_module
+from ggufdesk.core import downloads, library, starter
+from ggufdesk.core.catalog import Catalog
 from ggufdesk.core.errors import KnownError, SettingsError
+from ggufdesk.core.library import LocalModel
 from ggufdesk.core.settings import LoadSettings, Settings, SpeculationSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.session.conversation import Level
@@ -221,15 +227,54 @@ class ModelSession:
         return f" (recommended here: {load.n_gpu_layers} GPU layers, context {load.n_ctx})"
 
 
-def base_model_advice(model: P.Loaded) -> str:
-    """What the window says when a base model loads: what it does, and a chat model to get."""
+# A file name that says the model is chat-tuned: "…-Instruct-…", "…-it-…", "…-Chat-…".
+CHAT_TUNED_NAME = re.compile(r"instruct|chat|(?:^|[-_. ])it(?:$|[-_. ])", re.IGNORECASE)
+
+
+def named_chat_tuned(m: LocalModel) -> bool:
+    """A starter says whether it chats; any other model's file name is taken at its word."""
+    s = starter.by_id(m.id) if m.source == "starter" else None
+    return s.chat if s is not None else bool(CHAT_TUNED_NAME.search(m.name))
+
+
+def chat_models_here(models: Sequence[LocalModel],
+                     is_chat: Callable[[LocalModel], bool] = named_chat_tuned) -> list[LocalModel]:
+    """The local models that chat, the starters first, then the smallest (quickest to load)."""
+    return sorted((m for m in models if is_chat(m)), key=lambda m: (m.source != "starter", m.size))
+
+
+def base_model_advice(model: P.Loaded, *, local: Sequence[LocalModel] = (),
+                      online: bool = False, catalog: Catalog | None = None) -> str:
+    """What the window says when a base model loads: what it does, and a chat model the user can
+    have now — one on this computer (the library, `local`: chat models only), else, online, the
+    catalog's suggestion, else none by name (a name the offline model list does not have would
+    send the user looking)."""
     text = (f"{Path(model.model).name} is a base model: it continues the text you start (no chat "
             "template). For a chat, choose a chat-tuned model")
-    try:
-        from ggufdesk.core import catalog, starter
+    here = [m for m in local if str(m.path) != model.model]
+    if here:
+        m = here[0]
+        name = f"{m.name} ({m.id})" if m.id and m.id != m.name else m.name
+        return text + f", e.g. {name}, which is on this computer (Model ▸ Choose model…)."
+    if online and catalog is not None and (entry := starter.chat_suggestion(catalog)) is not None:
+        return text + f", e.g. {entry.name} (Model ▸ Choose model… downloads it)."
+    return text + " (Model ▸ Choose model…)."
 
-        if (entry := starter.chat_suggestion(catalog.load())) is not None:
-            text += f", e.g. {entry.name} (Model ▸ Choose model…)"
+
+def find_base_model_advice(model: P.Loaded) -> str:
+    """base_model_advice with what this machine has: the library (a name that says it chats is
+    checked against the file's header) and, if that has nothing, the hub. It reads folders and
+    headers and may ask the network (seconds): call it off the GUI thread."""
+    def chats(m: LocalModel) -> bool:
+        if not named_chat_tuned(m):
+            return False
+        return m.source == "starter" or bool(library.facts(m)["capabilities"]["chat_template"])
+
+    local = chat_models_here(library.entries(), chats)
+    if local:
+        return base_model_advice(model, local=local)
+    try:
+        cat: Catalog | None = catalog_module.load()
     except KnownError:
-        pass
-    return text + "."
+        cat = None
+    return base_model_advice(model, online=downloads.hub_reachable(), catalog=cat)

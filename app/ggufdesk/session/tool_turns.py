@@ -17,7 +17,7 @@ from ggufdesk.core.toolcalls import CallStream
 from ggufdesk.core.tools import model_format
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.session.tool_loop import DENIED_TEXT, STOPPED_TEXT, Decision, ToolCall, ToolLoop, parse_call
-from ggufdesk.session.turns import Turn
+from ggufdesk.session.turns import Ref, Turn
 
 if TYPE_CHECKING:
     from ggufdesk.core.history import Conversation
@@ -48,8 +48,9 @@ class ToolTurns:
     # provided by ChatSession
     def _set_phase(self, phase: Phase) -> None: ...
     def _begin(self, answer: Turn, conv: Conversation, request: dict[str, Any], extra: dict[str, Any]) -> None: ...
-    def _add(self, turn: Turn, *, status: str, then: Callable[[Any], None] | None = None) -> None: ...
-    def _start_answer(self, version: tuple[int, int] | None = None) -> None: ...
+    def _add(self, turn: Turn, *, status: str, then: Callable[[Any], None] | None = None,
+             replaces: Ref | None = None) -> None: ...
+    def _start_answer(self, version: tuple[int, int] | None = None, replaces: Ref | None = None) -> None: ...
 
     # ---- offering ------------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ import logging
 import sqlite3
 import threading
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Final, Hashable, Literal
 
@@ -40,6 +42,28 @@ class _Op:
     run: Callable[[History], Any]
     then: Callable[[Any], None] | None
     key: Hashable | None
+    undo: Callable[[], None] | None = None  # forgets what `run` noted (a row id) if it rolled back
+
+
+def _run_undoing(ops: list[_Op], history: History) -> list[Any]:
+    """Run ops (several: in one transaction); if that fails, each op that ran forgets what it
+    noted. (A History method is a transaction of its own.)"""
+    done: list[_Op] = []
+    try:
+        if len(ops) == 1:
+            done.append(ops[0])
+            return [ops[0].run(history)]
+        with history.atomic():
+            results = []
+            for op in ops:
+                done.append(op)
+                results.append(op.run(history))
+            return results
+    except BaseException:
+        for op in done:
+            if op.undo is not None:
+                op.undo()
+        raise
 
 
 class HistoryWriter:
@@ -63,21 +87,54 @@ class HistoryWriter:
         self._busy = False
         self._closed = False
         self.state = SaveState()
+        self._batch: list[_Op] | None = None
         self._thread = threading.Thread(target=self._run, name="history-writer", daemon=True)
         self._thread.start()
 
     def submit(self, run: Callable[[History], Any], *, then: Callable[[Any], None] | None = None,
-               key: Hashable | None = None) -> None:
+               key: Hashable | None = None, undo: Callable[[], None] | None = None) -> None:
+        """Queue `run(history)`; `then(result)` after it committed. `undo()` runs when the write
+        rolled back (to forget a row id `run` noted): it may be retried, or dropped."""
+        op = _Op(run, then, key, undo)
+        if self._batch is not None:
+            self._batch.append(op)
+            return
+        self._queue(op)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Writes submitted inside (on this, the submitting thread) go to the database as one
+        transaction: a user action is saved whole or not at all. Nested: part of the outer one."""
+        if self._batch is not None:
+            yield
+            return
+        batch: list[_Op] = []
+        self._batch = batch
+        try:
+            yield
+        finally:
+            self._batch = None
+            if len(batch) == 1:
+                self._queue(batch[0])
+            elif batch:
+                def then(results: list[Any]) -> None:
+                    for op, result in zip(batch, results):
+                        if op.then is not None:
+                            op.then(result)
+
+                self._queue(_Op(lambda h: _run_undoing(batch, h), then, None))
+
+    def _queue(self, op: _Op) -> None:
         with self._cond:
             if self._closed:
                 log.error("a history write after close was dropped")
                 return
-            if key is not None:
-                for op in self._ops:
-                    if op.key == key:
-                        op.run, op.then = run, then
+            if op.key is not None:
+                for queued in self._ops:
+                    if queued.key == op.key:
+                        queued.run, queued.then, queued.undo = op.run, op.then, op.undo
                         return
-            self._ops.append(_Op(run, then, key))
+            self._ops.append(op)
             self._cond.notify_all()
 
     @property
@@ -149,7 +206,7 @@ class HistoryWriter:
             slow.daemon = True
             slow.start()
             try:
-                return op.run(self.history)
+                return _run_undoing([op], self.history)[0]
             except (sqlite3.OperationalError, sqlite3.DatabaseError, OSError) as e:
                 reason = str(e) or type(e).__name__
             except KnownError as e:

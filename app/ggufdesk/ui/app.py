@@ -146,6 +146,7 @@ def load_starter(win) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("huggingface_hub").propagate = False  # it has its own handler: once, not twice
     from ggufdesk.ui import platform_check, theme
 
     if QApplication.instance() is None and (line := platform_check.check()):

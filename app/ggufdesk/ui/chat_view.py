@@ -15,6 +15,7 @@ class ChatView(QScrollArea):
     regenerate_requested = Signal(int)
     version_requested = Signal(int, int)  # message id, step
     copied = Signal()
+    citation_requested = Signal(dict)
     tool_decided = Signal(int, str)  # a tool call's key, "once" | "always" | "deny"
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -80,6 +81,7 @@ class ChatView(QScrollArea):
         w.regenerate_requested.connect(self.regenerate_requested)
         w.version_requested.connect(self.version_requested)
         w.copy_requested.connect(self.copied)
+        w.citation_requested.connect(self.citation_requested)
         self.column.insertWidget(self.column.count() - 1, w)
         self.widgets.append(w)
         self._follow = True

@@ -1,6 +1,8 @@
 """Per-conversation settings: system prompt, sampling, chat or completion mode."""
 from __future__ import annotations
 
+from typing import Any
+
 from PySide6.QtWidgets import (
     QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QLabel, QPlainTextEdit,
     QSpinBox, QVBoxLayout, QWidget,
@@ -29,6 +31,10 @@ def _split_structured(value: str) -> tuple[str, str]:
     if text == "json_object":
         return "Any JSON object", ""
     return ("Tools" if text.startswith("[") else "JSON schema"), text
+
+
+TOOL_CHOICE_WORDS = {"auto": "the model decides (auto)", "required": "it must call a tool (required)",
+                     "none": "it may not call one (none)"}
 
 
 MODE_HELP = ("chat: the model's chat template turns messages into a prompt. "
@@ -77,6 +83,8 @@ class ConversationDialog(QDialog):
         kind, text = _split_structured(sampling.structured)
         self.structured_kind.setCurrentText(kind)
         self.structured_text.setPlainText(text)
+        self.tool_choice = QComboBox()  # filled with the tools' names by _check_structured
+        self._wanted_choice = sampling.tool_choice
         self.structured_kind.currentTextChanged.connect(self._check_structured)
         self.structured_text.textChanged.connect(self._check_structured)
         self._check_structured()
@@ -98,6 +106,7 @@ class ConversationDialog(QDialog):
         form.addRow("Structured output", self.structured_kind)
         form.addRow("", self.structured_text)
         form.addRow("", self.structured_status)
+        form.addRow("Tool choice", self.tool_choice)
         self.error_label = QLabel()
         self.error_label.setStyleSheet(
             f"color: {theme.css(theme.tone(theme.ERROR_HUE, strong=True))};")
@@ -130,8 +139,25 @@ class ConversationDialog(QDialog):
             top_p=self.top_p.value(), min_p=self.min_p.value(),
             repeat_penalty=self.repeat_penalty.value(), seed=self.seed.value(),
             max_tokens=self.max_tokens.value(), structured=self.structured(),
+            tool_choice=self.chosen_tool() if self.structured_kind.currentText() == "Tools" else "auto",
             context_overflow=str(self.overflow.currentData()), **self._rest,
         )
+
+    def chosen_tool(self) -> str:
+        """auto | required | none | a tool's name (SamplingSettings.tool_choice)."""
+        return str(self.tool_choice.currentData() or self._wanted_choice or "auto")
+
+    def _fill_tool_choice(self, tools: list[dict[str, Any]]) -> None:
+        keep = self.chosen_tool() if self.tool_choice.count() else self._wanted_choice
+        self.tool_choice.blockSignals(True)
+        self.tool_choice.clear()
+        for value, words in TOOL_CHOICE_WORDS.items():
+            self.tool_choice.addItem(words, value)
+        for t in tools:
+            name = t["function"]["name"]
+            self.tool_choice.addItem(f"it must call {name}", name)
+        self.tool_choice.setCurrentIndex(max(0, self.tool_choice.findData(keep)))
+        self.tool_choice.blockSignals(False)
 
     def structured(self) -> str:
         """The structured-output setting as SamplingSettings.structured holds it."""
@@ -147,6 +173,7 @@ class ConversationDialog(QDialog):
         kind = self.structured_kind.currentText()
         needs_text = kind in ("JSON schema", "Tools")
         self.structured_text.setEnabled(needs_text)
+        self.tool_choice.setEnabled(False)
         self.structured_text.setPlaceholderText(STRUCTURED_HELP.get(kind, ""))
         if not needs_text:
             self.structured_status.setText(
@@ -169,6 +196,9 @@ class ConversationDialog(QDialog):
         else:
             what = "schema" if kind == "JSON schema" else f"{len(fields['tools'])} tool(s)"
             self._structured_state(f"\u2713 valid {what}: answers will match it", ok=True)
+            if kind == "Tools":
+                self._fill_tool_choice(fields["tools"])
+                self.tool_choice.setEnabled(True)
 
     def _structured_state(self, text: str, *, ok: bool) -> None:
         hue = theme.tone(theme.SUCCESS_HUE if ok else theme.ERROR_HUE, strong=True)

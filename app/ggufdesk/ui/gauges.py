@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -281,18 +282,20 @@ class GaugePanel(QScrollArea):
         lay.addWidget(self.graph)
         lay.addStretch(1)
         self.setWidget(self.box)
+        # Never narrower than the box (the splitter folds it away instead of cutting it off).
+        self.setMinimumWidth(self.box.minimumWidth() + self.verticalScrollBar().sizeHint().width())
         self.last_stats: p.Stats | None = None
         self._restyle()
         self._refresh_memory()
 
     def _restyle(self) -> None:
-        self.mem_title.setStyleSheet("font-weight: 600;")
-        self.decode.setStyleSheet("font-size: 20px; font-weight: 600;")
-        self.decode_note.setStyleSheet(f"color: {theme.css(theme.muted())};")
+        theme.restyle(self.mem_title, "font-weight: 600;")
+        theme.restyle(self.decode, "font-size: 20px; font-weight: 600;")
+        theme.restyle(self.decode_note, f"color: {theme.css(theme.muted())};")
 
     def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt API
         super().changeEvent(event)
-        if event.type() == QEvent.Type.ApplicationPaletteChange:
+        if event.type() in theme.PALETTE_EVENTS:  # a child gets PaletteChange, a window the other
             self._restyle()
             self._refresh_memory()
 
@@ -349,6 +352,21 @@ class GaugePanel(QScrollArea):
             self.draft_len.setText("–")
         if recent is not None and not ev.final:
             self.graph.add(recent)
+
+    def on_ended(self, ev: p.Done | p.Error) -> None:
+        """A request ended without a final report (stopped, failed, the engine died): the decode
+        gauge shows what the answer averaged, not a "last 2 s" rate that is no longer true."""
+        last = self.last_stats
+        if last is None or last.final or ev.id is None or ev.id != last.id:
+            return
+        why = "stopped" if isinstance(ev, p.Done) else "failed"
+        if last.n_gen > 1 and last.decode_tok_s > 0:
+            self.decode.setText(f"{last.decode_tok_s:.1f} tok/s")
+            self.decode_note.setText(f"average of this answer ({last.n_gen} tokens, {why})")
+        else:
+            self.decode.setText("–")
+            self.decode_note.setText(why)
+        self.last_stats = dataclasses.replace(last, final=True)
 
     def on_sample(self, s: SystemSample) -> None:
         self.sample = s

@@ -56,12 +56,11 @@ class Header(QWidget):
         self.mode_label.setToolTip(tooltip)
 
     def _restyle(self) -> None:
-        self.model_label.setStyleSheet("font-weight: 600;")
-        self.mode_label.setStyleSheet(f"color: {theme.css(theme.muted())};")
-        self.save_label.setStyleSheet(
-            f"color: {theme.css(theme.tone(theme.WARNING_HUE, strong=True))};")
+        theme.restyle(self.model_label, "font-weight: 600;")
+        theme.restyle(self.mode_label, f"color: {theme.css(theme.muted())};")
+        theme.restyle(self.save_label, f"color: {theme.css(theme.tone(theme.WARNING_HUE, strong=True))};")
 
     def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt API
         super().changeEvent(event)
-        if event.type() == QEvent.Type.ApplicationPaletteChange:
+        if event.type() in theme.PALETTE_EVENTS:  # a child gets PaletteChange, a window the other
             self._restyle()

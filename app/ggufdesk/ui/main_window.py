@@ -9,14 +9,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import re
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable
 
-from PySide6.QtCore import QByteArray, QMimeData, QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence, QShowEvent
+from PySide6.QtCore import (
+    QByteArray, QEvent, QMimeData, QSettings, QStandardPaths, Qt, QTimer, Signal,
+)
+from PySide6.QtGui import (
+    QAction, QActionGroup, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence, QShowEvent,
+)
 from PySide6.QtWidgets import (
-    QFileDialog, QInputDialog, QMainWindow, QMessageBox, QSplitter, QVBoxLayout, QWidget,
+    QApplication, QFileDialog, QInputDialog, QMainWindow, QMenu, QMessageBox, QSplitter, QVBoxLayout,
+    QWidget,
 )
 
 from ggufdesk.core.errors import KnownError
@@ -26,8 +33,9 @@ from ggufdesk.core.settings import LoadSettings, Preset, Settings, SpeculationSe
 from ggufdesk.engine.link import protocol as p
 from ggufdesk.session import ChatSession, HistoryWriter, Refused, SaveState, SessionView, Turn
 from ggufdesk.session.conversation import Level, Phase
-from ggufdesk.session.models import ModelSession, ModelState, ModelView, base_model_advice
+from ggufdesk.session.models import ModelSession, ModelState, ModelView, find_base_model_advice
 from ggufdesk.session.tool_loop import ToolCall, ToolLoop
+from ggufdesk.ui import theme
 from ggufdesk.ui.chat_view import ChatView
 from ggufdesk.ui.composer import ENTER_SENDS_KEY, Composer, enter_sends
 from ggufdesk.ui.conversation_dialog import ConversationDialog
@@ -45,7 +53,24 @@ log = logging.getLogger("ggufdesk.ui.chat")
 
 Recommended = Callable[[], tuple[LoadSettings, SpeculationSettings]]
 Estimate = Callable[[str, LoadSettings], ContextEstimate | None]
+EXPORT_DIR_KEY = "export/dir"
 _Read = tuple[Conversation, list[Message], dict[int, tuple[int, int]]]  # a conversation, read back
+
+
+def export_dir(settings: QSettings | None = None) -> Path:
+    """Where Export… starts: the folder of the last export, else the user's documents (never the
+    process's working directory)."""
+    last = str((settings or QSettings()).value(EXPORT_DIR_KEY, "", type=str) or "")
+    if last and Path(last).is_dir():
+        return Path(last)
+    docs = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+    return Path(docs) if docs and Path(docs).is_dir() else Path.home()
+
+
+def file_name(title: str) -> str:
+    """A conversation's title as a file name (no folder separators or characters Windows refuses)."""
+    name = re.sub(r'[\\/:*?"<>|\x00-\x1f]+', "-", title).strip(" .-")
+    return name[:80] or "conversation"
 
 
 def _as_message(turn: Turn) -> Message:
@@ -122,8 +147,13 @@ class _WindowView(SessionView, ModelView):
         self.win.banner.notify(text, level)
 
     def base_model_loaded(self, model: p.Loaded) -> None:
-        # Said once per model (not on every launch), with what to get for chatting.
-        self.win.banner.notify_once(f"base-model:{model.model}", base_model_advice(model))
+        # Said once per model (not on every launch), with a chat model the user can have now (the
+        # library's folders and the hub are looked at off the GUI thread).
+        def done(fut: Future[str]) -> None:
+            if describe_failure(fut) is None:
+                self.win.banner.notify_once(f"base-model:{model.model}", fut.result())
+
+        run_in_background(lambda: find_base_model_advice(model), done, owner=self.win)
 
     def model_state_changed(self, state: ModelState) -> None:
         self.win.header.set_model_state(state)
@@ -216,7 +246,7 @@ class MainWindow(QMainWindow):
         self.input = self.composer.box
         self.send_btn, self.stop_btn = self.composer.send_btn, self.composer.stop_btn
 
-        center = QWidget()
+        self.center = center = QWidget()  # header, banner, chat, composer
         center.setMinimumWidth(300)
         cl = QVBoxLayout(center)
         cl.addWidget(self.header)
@@ -245,8 +275,11 @@ class MainWindow(QMainWindow):
         from ggufdesk.ui import server_panel  # the "Local server" dock (off by default)
         self.server_panel = server_panel.attach(
             self, tb, lambda: (self.model_path, self.model_settings().load) if self.model_path else None,
-            settings_source=lambda: self.settings)
+            settings_source=lambda: self.settings, make_room=self._make_room_for_the_server)
+        self._gauges_folded = False
         self.sampler = SystemSampler(lambda: self.engine.pid, parent=self)
+        from ggufdesk.ui import docs_attach  # attach files or folders to answer from (issue 32)
+        self.docs = docs_attach.attach(self)
         self.show_mode()
         self.resize(1180, 760)
 
@@ -280,7 +313,23 @@ class MainWindow(QMainWindow):
         model = self.menuBar().addMenu("&Model")
         for a in (self.model_action, self.settings_action, self.conv_settings_action):
             model.addAction(a)
+        self._build_theme_menu(self.menuBar().addMenu("&View").addMenu("Theme"))
         self.menuBar().addMenu("&Tools").addAction(self.mcp_action)
+
+    def _build_theme_menu(self, menu: QMenu) -> None:
+        """System / Light / Dark, applied at once and remembered (ui/theme.py)."""
+        group = QActionGroup(self)
+        forced = bool(os.environ.get("GGUFDESK_THEME"))
+        self.theme_actions: dict[str, QAction] = {}
+        for choice, text in (("system", "System"), ("light", "Light"), ("dark", "Dark")):
+            a = QAction(text, self, checkable=True)
+            a.setChecked(theme.preference() == choice)
+            a.setEnabled(not forced)
+            a.setToolTip("set by GGUFDESK_THEME" if forced else f"{text} theme")
+            a.triggered.connect(lambda _checked=False, c=choice: theme.choose(c))
+            group.addAction(a)
+            menu.addAction(a)
+            self.theme_actions[choice] = a
 
     def _wire(self) -> None:
         e = self.engine
@@ -290,7 +339,9 @@ class MainWindow(QMainWindow):
         e.unloaded.connect(self.gauges.on_unloaded)
         e.stats.connect(self.gauges.on_stats)
         e.progress.connect(self.gauges.on_progress)
-        e.done.connect(self.gauges.on_done)
+        e.done.connect(self.gauges.on_done)  # (first: it reads a final report on_ended may make)
+        for ended in (e.done, e.error, e.crashed):
+            ended.connect(self.gauges.on_ended)
         self.sampler.sampled.connect(self.gauges.on_sample)
         self._draft_timer = QTimer(self, singleShot=True, interval=500)
         self._draft_timer.timeout.connect(lambda: self.save_draft())
@@ -315,6 +366,21 @@ class MainWindow(QMainWindow):
         self.switcher.choose_other.connect(lambda: self._choose_model and self._choose_model())
         self.settings_action.triggered.connect(lambda: self.open_settings())
         self.conv_settings_action.triggered.connect(lambda: self.open_conversation_settings())
+
+    def _make_room_for_the_server(self, showing: bool) -> None:
+        """On a narrow window the Local server panel takes the gauges' place (they come back when
+        it closes) instead of widening the window past the screen and squeezing the gauges."""
+        if showing and self.gauges.isVisible():
+            need = sum(w.minimumWidth() for w in (self.sidebar, self.center, self.gauges))
+            need += self.server_panel.minimumSizeHint().width() + 4 * self.splitter.handleWidth() + 16
+            if self.width() < need:
+                self.gauges.hide()
+                self._gauges_folded = True
+                # the splitter's smaller minimum must be known before the dock's layout asks
+                QApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)
+        elif not showing and self._gauges_folded:
+            self.gauges.show()
+            self._gauges_folded = False
 
     def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt API
         super().showEvent(event)
@@ -506,7 +572,8 @@ class MainWindow(QMainWindow):
             return
         if path is None:
             path, _ = QFileDialog.getSaveFileName(
-                self, "Export conversation", f"{conv.title}.md", "Markdown (*.md);;JSON (*.json)")
+                self, "Export conversation", str(export_dir() / f"{file_name(conv.title)}.md"),
+                "Markdown (*.md);;JSON (*.json)")
             if not path:
                 return
         out = Path(path)
@@ -531,6 +598,7 @@ class MainWindow(QMainWindow):
                 self.exported.emit(None)
                 return
             self.banner.notify(f"exported to {out}")
+            QSettings().setValue(EXPORT_DIR_KEY, str(out.parent))  # the next export starts there
             self.exported.emit(out)
 
         run_in_background(export, done)
@@ -538,12 +606,17 @@ class MainWindow(QMainWindow):
     # ---- sending (the session does the work) --------------------------------------------------
 
     def send(self, text: str | None = None) -> bool:
+        """Send what the box holds; in continue-text mode an empty box means "go on writing"."""
         text = (self.composer.text() if text is None else text).strip()
-        if not text:
+        completion = self.conv is not None and self.conv.mode == "completion"
+        if not text and not completion:
             return False
         try:
-            ms = self.model_settings()
-            self.session.send(text, system_prompt=ms.system_prompt, sampling=ms.sampling)
+            if text:
+                ms = self.model_settings()
+                self.session.send(text, system_prompt=ms.system_prompt, sampling=ms.sampling)
+            else:
+                self.session.continue_text()
         except Refused as e:
             self.banner.notify(str(e), "warning")
             return False

@@ -7,30 +7,14 @@ import json
 from typing import Any
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QGuiApplication, QPalette, QTextDocument
+from PySide6.QtGui import QGuiApplication, QPalette, QTextCursor, QTextDocument
 from PySide6.QtWidgets import (
     QFrame, QHBoxLayout, QLabel, QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout, QWidget,
 )
 
+from ggufdesk.core.wording import COMPLETION_NAMES, FINISH_WORDS, ROLE_NAMES, STATUS_NOTES
 from ggufdesk.ui import theme
 
-ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
-# Completion mode is one text the model continues, not a conversation.
-COMPLETION_NAMES = {"user": "Your text", "assistant": "Continued by the model", "system": "System"}
-STATUS_NOTES = {
-    "streaming": "writing…",
-    "partial": "partial: the engine stopped",
-    "cancelled": "stopped",
-    "error": "failed",
-}
-# Why an answer ended (Done.finish_reason), in words.
-FINISH_WORDS = {
-    "stop": "finished",
-    "length": "stopped at the token limit",
-    "cancelled": "stopped by you",
-    "context": "stopped: the context is full",
-    "tool_calls": "called a tool",
-}
 RENDER_INTERVAL_MS = 50  # a streaming body re-renders at most 20 times a second
 
 
@@ -109,6 +93,24 @@ def footer_text(stats: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
+def citation_words(c: dict[str, Any]) -> str:
+    from pathlib import Path
+
+    page = f", page {c['page']}" if c.get("page") else ""
+    a, b = c.get("lines") or (0, 0)
+    return f"[{c.get('index', '?')}] {Path(str(c.get('source', ''))).name}{page}, lines {a}-{b}"
+
+
+def sources_html(cites: list[dict[str, Any]], left_out: list[dict[str, Any]]) -> str:
+    """'Sources: [1] a.pdf, page 3 · [2] b.md' as links (cite:N); the ones left out named after them."""
+    links = " · ".join(f"<a href='cite:{c.get('index')}'>{html.escape(citation_words(c))}</a>" for c in cites)
+    out = f"Sources: {links}" if links else ""
+    if left_out:
+        names = ", ".join(html.escape(citation_words({**c, "index": "–"})[4:]) for c in left_out)
+        out += f"<br><small>Left out (did not fit the context): {names}</small>"
+    return out
+
+
 class MarkdownView(QTextBrowser):
     """A QTextBrowser that is exactly as tall as its content (no inner scrollbar)."""
 
@@ -122,6 +124,17 @@ class MarkdownView(QTextBrowser):
         self.setMinimumWidth(50)
         self.document().setDocumentMargin(2)
         self.document().contentsChanged.connect(self._fit)
+
+    def wrap_code(self) -> None:
+        """Long lines in code blocks wrap at the width of the message (Markdown makes them
+        non-breaking, and with no horizontal scrolling their ends were cut off)."""
+        block = self.document().begin()
+        while block.isValid():
+            fmt = block.blockFormat()
+            if fmt.nonBreakableLines():
+                fmt.setNonBreakableLines(False)
+                QTextCursor(block).setBlockFormat(fmt)
+            block = block.next()
 
     def _fit(self) -> None:
         self.document().setTextWidth(max(50, self.viewport().width()))
@@ -142,6 +155,7 @@ class MessageWidget(QFrame):
     edit_requested = Signal(int)  # message id
     regenerate_requested = Signal(int)
     version_requested = Signal(int, int)  # message id, step (-1 older / +1 newer)
+    citation_requested = Signal(dict)  # a source the answer cites (session/docs.Citation.as_dict())
 
     def __init__(self, *, message_id: int, role: str, text: str, status: str = "done",
                  stats: dict[str, Any] | None = None, mode: str = "chat",
@@ -169,6 +183,12 @@ class MessageWidget(QFrame):
         self.tools.setTextFormat(Qt.TextFormat.RichText)
         self.tools.setWordWrap(True)
         self.tools.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.sources = QLabel()  # the documents the answer cites: hover shows the passage, click opens it
+        self.sources.setObjectName("msgSources")
+        self.sources.setTextFormat(Qt.TextFormat.RichText)
+        self.sources.setWordWrap(True)
+        self.sources.linkHovered.connect(self._hover_source)
+        self.sources.linkActivated.connect(self._open_source)
         self.footer = QLabel()
         self.footer.setObjectName("msgFooter")
         self.footer.setWordWrap(True)  # a narrow window wraps it instead of widening the message
@@ -200,6 +220,7 @@ class MessageWidget(QFrame):
         lay.addWidget(self.thinking)
         lay.addWidget(self.body)
         lay.addWidget(self.tools)
+        lay.addWidget(self.sources)
         lay.addWidget(self.footer)
         self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
         self._render_timer.timeout.connect(self._render)
@@ -279,6 +300,9 @@ class MessageWidget(QFrame):
         note = str(self.stats.get("context_note") or "") if self.role == "assistant" else ""
         self.context.setText(note)
         self.context.setVisible(bool(note))
+        cites = self.citations()
+        self.sources.setText(sources_html(cites, self.stats.get("sources_left_out") or []))
+        self.sources.setVisible(bool(cites) or bool(self.stats.get("sources_left_out")))
         self._show_thinking()
         calls = self.stats.get("tool_calls") or [] if self.role == "assistant" else []
         if self.stats.get("tool_loop"):
@@ -287,6 +311,30 @@ class MessageWidget(QFrame):
         self.tools.setVisible(bool(calls))
         if calls:
             self._render()
+
+    def citations(self) -> list[dict[str, Any]]:
+        return list(self.stats.get("citations") or []) if self.role == "assistant" else []
+
+    def _citation(self, link: str) -> dict[str, Any] | None:
+        index = link.removeprefix("cite:")
+        return next((c for c in self.citations() if str(c.get("index")) == index), None)
+
+    def _hover_source(self, link: str) -> None:
+        from PySide6.QtGui import QCursor
+        from PySide6.QtWidgets import QToolTip
+
+        c = self._citation(link) if link else None
+        if c is None:
+            QToolTip.hideText()
+            return
+        text = str(c.get("text", ""))
+        QToolTip.showText(QCursor.pos(), f"<b>{html.escape(citation_words(c))}</b><br>"
+                          f"{html.escape(text[:600] + ('…' if len(text) > 600 else ''))}", self.sources)
+
+    def _open_source(self, link: str) -> None:
+        c = self._citation(link)
+        if c is not None:
+            self.citation_requested.emit(c)
 
     def set_versions(self, index: int, count: int) -> None:
         """Show 'index/count' with arrows when regenerate left earlier versions of this answer."""
@@ -337,6 +385,7 @@ class MessageWidget(QFrame):
             calls = self.stats.get("tool_calls")
             shown = str(self.stats.get("content") or "") if calls else self._text  # not the call markup
             self.body.setMarkdown(shown or " ")
+            self.body.wrap_code()
             self.body.setVisible(bool(shown.strip()) or not calls)
 
     def rendered_markdown(self) -> str:

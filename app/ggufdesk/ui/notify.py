@@ -59,14 +59,12 @@ class Banner(QFrame):
 
     def _restyle(self) -> None:
         bg, fg = level_colours(self.level)
-        self.setStyleSheet(
-            f"#banner {{ background: {theme.css(bg)}; border: 1px solid {theme.css(fg)};"
-            f" border-radius: 6px; }} #banner QLabel, #banner QToolButton {{ color: {theme.css(fg)}; }}"
-        )
+        theme.restyle(self, f"#banner {{ background: {theme.css(bg)}; border: 1px solid {theme.css(fg)};"
+                      f" border-radius: 6px; }} #banner QLabel, #banner QToolButton {{ color: {theme.css(fg)}; }}")
 
     def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt API
         super().changeEvent(event)
-        if event.type() == QEvent.Type.ApplicationPaletteChange:
+        if event.type() in theme.PALETTE_EVENTS:  # a child gets PaletteChange, a window the other
             self._restyle()
 
     def notify_once(self, key: str, text: str, level: str = "info",

@@ -4,10 +4,13 @@ Qt aborts with a core dump when `libqxcb.so` cannot be loaded, naming at best on
 the plugin itself (`ldd` on the libqxcb.so of the installed PySide6: every library it and its Qt
 dependencies need, transitively) and print one plain line with the Debian/Ubuntu package names.
 No Qt import here: this runs first. `python -m ggufdesk.ui.platform_check` exits 1 when something
-is missing (the Makefile's `run` target calls it).
+is missing. Before PySide6 is installed (the Makefile's `run` target calls this file with the
+system's python3 before the long set-up) it checks the libraries PySide6 6's xcb plugin is known to
+need instead (`XCB_LIBRARIES`), so a missing one is named in seconds, not after the build.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import re
@@ -20,6 +23,16 @@ from pathlib import Path
 # libfoo-2-1); only a few well-known packages break that rule.
 DEBIAN_EXCEPTIONS = {"libglib-2.0.so.0": "libglib2.0-0", "libgobject-2.0.so.0": "libglib2.0-0",
                      "libgthread-2.0.so.0": "libglib2.0-0"}
+
+# What libqxcb.so of PySide6 6.x links to outside Qt (`ldd` on it, transitively). The README's
+# package list for the window is these libraries' packages (tests/ui/test_platform_check.py).
+XCB_LIBRARIES = (
+    "libxcb.so.1", "libxcb-cursor.so.0", "libxcb-icccm.so.4", "libxcb-image.so.0",
+    "libxcb-keysyms.so.1", "libxcb-randr.so.0", "libxcb-render.so.0", "libxcb-render-util.so.0",
+    "libxcb-shape.so.0", "libxcb-shm.so.0", "libxcb-sync.so.1", "libxcb-util.so.1",
+    "libxcb-xfixes.so.0", "libxcb-xkb.so.1", "libxkbcommon.so.0", "libxkbcommon-x11.so.0",
+    "libX11.so.6", "libX11-xcb.so.1", "libEGL.so.1", "libfontconfig.so.1", "libdbus-1.so.3",
+)
 
 
 def xcb_plugin() -> Path | None:
@@ -60,6 +73,21 @@ def missing_libraries(plugin: Path) -> list[str]:
     return list(dict.fromkeys(found))  # once each, in ldd's order
 
 
+def unloadable(sonames: tuple[str, ...] = XCB_LIBRARIES) -> list[str]:
+    """The sonames the dynamic loader cannot find (PySide6 not installed yet: no plugin to ask)."""
+    missing = []
+    for soname in sonames:
+        try:
+            ctypes.CDLL(soname)
+        except OSError:
+            missing.append(soname)
+    return missing
+
+
+def packages(sonames: tuple[str, ...] | list[str] = XCB_LIBRARIES) -> list[str]:
+    return list(dict.fromkeys(debian_package(s) for s in sonames))
+
+
 def debian_package(soname: str) -> str:
     """libxcb-icccm.so.4 -> libxcb-icccm4; libxkbcommon-x11.so.0 -> libxkbcommon-x11-0."""
     if soname in DEBIAN_EXCEPTIONS:
@@ -72,7 +100,7 @@ def debian_package(soname: str) -> str:
 
 
 def message(missing: list[str]) -> str:
-    pkgs = " ".join(dict.fromkeys(debian_package(s) for s in missing))
+    pkgs = " ".join(packages(missing))
     return (f"ggufdesk cannot open its window: Qt's X11 support needs {', '.join(missing)}, which "
             f"this system lacks. On Debian/Ubuntu: sudo apt-get install {pkgs}")
 
@@ -83,9 +111,7 @@ def check(env: dict[str, str] | None = None, plugin: Path | None = None) -> str 
         if not wants_xcb(env):
             return None
         plugin = xcb_plugin()
-        if plugin is None:
-            return None
-    missing = missing_libraries(plugin)
+    missing = missing_libraries(plugin) if plugin is not None else unloadable()
     return message(missing) if missing else None
 
 

@@ -16,11 +16,11 @@ import logging
 import secrets
 from typing import Any, Callable
 
-from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtCore import QEvent, QObject, QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import (
-    QCheckBox, QComboBox, QDockWidget, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QMainWindow,
-    QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget,
+    QCheckBox, QComboBox, QDockWidget, QFormLayout, QFrame, QHBoxLayout, QLabel, QLineEdit, QMainWindow,
+    QPlainTextEdit, QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget,
 )
 
 from ggufdesk.core.errors import KnownError
@@ -30,6 +30,9 @@ from ggufdesk.ui.tasks import describe_failure, run_in_background
 log = logging.getLogger("ggufdesk.ui.server")
 
 ModelSource = Callable[[], "tuple[str, LoadSettings] | None"]
+PORT_KEY = "server/port"
+DEFAULT_PORT = 8080
+PANEL_MIN_WIDTH = 220  # with the chat's minimum, fits an 800 px window (the gauges fold away)
 
 
 def snippets(url: str, model: str, key: str) -> str:
@@ -43,6 +46,16 @@ def snippets(url: str, model: str, key: str) -> str:
         f"r = client.chat.completions.create(model=\"{model}\",\n"
         "    messages=[{\"role\": \"user\", \"content\": \"Hello!\"}])\nprint(r.choices[0].message.content)\n"
     )
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def remembered_port(settings: QSettings | None = None) -> int:
+    """The port the server last started on (8080 the first time)."""
+    value = (settings or QSettings()).value(PORT_KEY, DEFAULT_PORT, type=int)
+    return value if isinstance(value, int) and 0 <= value <= 65535 else DEFAULT_PORT
 
 
 class ServerPanel(QDockWidget):
@@ -68,10 +81,14 @@ class ServerPanel(QDockWidget):
         self.runner: Any = None
         self.state = "off"
         self.url = ""
+        self.view_action: QAction | None = None  # the toolbar's toggle (attach)
 
-        self.toggle = QCheckBox("Serve the model over an OpenAI/Anthropic-compatible API")
-        self.port = QSpinBox(minimum=0, maximum=65535, value=8080)
-        self.key = QLineEdit(placeholderText="none (only this computer can connect)")
+        self.toggle = QCheckBox("Serve the loaded model")
+        self.about = QLabel("An OpenAI- and Anthropic-compatible API on this computer, for other "
+                            "programs (editors, agents, scripts).")
+        self.about.setWordWrap(True)
+        self.port = QSpinBox(minimum=0, maximum=65535, value=remembered_port())
+        self.key = QLineEdit(placeholderText="none (this computer only)")
         self.new_key = QPushButton("New key")
         self.url_label = QLabel("off")
         self.url_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -85,12 +102,15 @@ class ServerPanel(QDockWidget):
         self.load_btn = QPushButton("Load in the server")
         self.load_btn.setEnabled(False)
         self.snippet = QPlainTextEdit(readOnly=True)
-        self.snippet.setMinimumHeight(150)
+        self.snippet.setMinimumHeight(120)
+        self.snippet.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
         self.copy = QPushButton("Copy")
 
         body = QWidget()
+        body.setMinimumWidth(PANEL_MIN_WIDTH)
         lay = QVBoxLayout(body)
         lay.addWidget(self.toggle)
+        lay.addWidget(self.about)
         form = QFormLayout()
         form.addRow("Port", self.port)
         key_row = QHBoxLayout()
@@ -108,7 +128,13 @@ class ServerPanel(QDockWidget):
         lay.addWidget(self.status)
         lay.addWidget(self.snippet, 1)
         lay.addWidget(self.copy)
-        self.setWidget(body)
+        scroll = QScrollArea()  # short windows scroll the panel rather than grow
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setWidget(body)
+        scroll.setMinimumWidth(PANEL_MIN_WIDTH + scroll.verticalScrollBar().sizeHint().width())
+        self.setWidget(scroll)
 
         self.timer = QTimer(self, interval=500)
         self.timer.timeout.connect(self.refresh)
@@ -193,6 +219,7 @@ class ServerPanel(QDockWidget):
             self.stop()
             self._refuse(str(e))
             return
+        QSettings().setValue(PORT_KEY, self.port.value())  # the port that worked, next time too
         self.url_label.setText(self.url)
         self.snippet.setPlainText(snippets(self.url, router.default_id, key))
         self.load_box.clear()
@@ -265,7 +292,8 @@ class ServerPanel(QDockWidget):
         if self.service is None:
             return
         s = self.service.snapshot()
-        self.counts.setText(f"{s['clients']} clients · {s['running']} running · {s['queued']} queued")
+        self.counts.setText(f"{plural(s['clients'], 'client')} · {s['running']} running · "
+                            f"{s['queued']} queued")
         self.loaded_label.setText(" · ".join(
             f"{m['id']} ({m['state']}" + (f", {m['ram_bytes'] / 2**20:.0f} MB" if m["ram_bytes"] else "") + ")"
             for m in s["models"]) or "none loaded")
@@ -282,14 +310,31 @@ class _StopOnClose(QObject):
         return False
 
 
-def attach(window: QMainWindow, toolbar: Any, model_source: ModelSource,
-           settings_source: Callable[[], Settings] | None = None) -> ServerPanel:
-    """Add the panel to a main window: a hidden dock, a toolbar toggle, and stop-on-close."""
+def attach(window: QMainWindow, toolbar: Any, model_source: ModelSource, *,
+           settings_source: Callable[[], Settings] | None = None,
+           make_room: Callable[[bool], None] | None = None) -> ServerPanel:
+    """Add the panel to a main window: a hidden dock, a toolbar toggle, and stop-on-close.
+    `make_room(showing)` runs before the panel shows (and after it hides): a narrow window folds
+    something away for it rather than growing."""
     panel = ServerPanel(model_source=model_source, parent=window, settings_source=settings_source)
     window.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, panel)
     panel.hide()
-    action = panel.toggleViewAction()
-    action.setText("Local server")
+    action = QAction("Local server", window, checkable=True)
+    action.setToolTip("Show the Local server panel")
+
+    def toggled(on: bool) -> None:
+        if on and make_room is not None:
+            make_room(True)
+        panel.setVisible(on)
+
+    def visibility(visible: bool) -> None:
+        action.setChecked(visible)
+        if not visible and make_room is not None and not panel.isVisible():
+            make_room(False)
+
+    action.triggered.connect(toggled)
+    panel.visibilityChanged.connect(visibility)
+    panel.view_action = action
     toolbar.addAction(action)
     window.installEventFilter(_StopOnClose(panel))
     return panel

@@ -107,6 +107,10 @@ class DownloadStopped(Exception):
     """Raised by download() when paused or cancelled."""
 
 
+# The probe's notes that only say why there is no GPU (core/hardware.py).
+NO_GPU_NOTES = ("no usable GPU found", "no NVIDIA driver in use", "nvidia-ml-py is not installed")
+
+
 def describe_hardware(hw: Any) -> list[str]:
     """The probe's findings as sentences a user understands."""
     gb = 1024**3
@@ -130,6 +134,8 @@ def describe_hardware(hw: Any) -> list[str]:
         lines.append(f"Memory speed: about {bw:.0f} GB/s. Writing each word reads the whole model "
                      f"once, so a 1 GB model writes roughly {bw:.0f} words per second here.")
     for note in getattr(hw, "notes", ()) or ():
+        if not gpus and note.startswith(NO_GPU_NOTES):
+            continue  # the first line said it (the probe's notes stay in `ggufdesk probe`)
         lines.append(f"Note: {note}.")
     return lines
 
@@ -187,20 +193,9 @@ class ModelServices:
         return describe_hardware(hw)
 
     def hub_reachable(self, timeout: float = 3.0) -> bool:
-        import urllib.error
-        import urllib.request
+        from ggufdesk.core import downloads
 
-        from huggingface_hub import constants
-
-        if constants.HF_HUB_OFFLINE:
-            return False
-        try:
-            urllib.request.urlopen(constants.ENDPOINT, timeout=timeout).close()
-        except urllib.error.HTTPError:
-            return True  # it answered
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
-        return True
+        return downloads.hub_reachable(timeout)
 
     def recommendations(self, hw: Any) -> list[ModelChoice]:
         """The biggest catalog models that should fit here, each with its best quant for this machine."""
@@ -282,8 +277,16 @@ class ModelServices:
         return out
 
     def choice_for_file(self, path: Path, hw: Any) -> ModelChoice:
+        """A file the user picked, planned; refused (KnownError, the reader's reason) when it is
+        not a GGUF model llama.cpp could load, rather than listed with a guess from its size."""
+        from ggufdesk.core.gguf_meta import read_gguf
+
         if not path.is_file():
             raise KnownError(f"{path} is not a file")
+        try:
+            self._infos[str(path)] = read_gguf(path)
+        except KnownError as e:
+            raise KnownError(f"{path.name} cannot be opened as a model: {e}") from e
         return self.plan(ModelChoice(label=path.name, source="file", path=path,
                                      size_bytes=path.stat().st_size), hw)
 
@@ -296,7 +299,7 @@ class ModelServices:
 
         target = str(choice.path) if choice.path else f"hf://{choice.repo}/{choice.filename}"
         try:
-            info = read_gguf(target)
+            info = self._infos.get(target) or read_gguf(target)
             pl = planner.plan(info, hw, n_ctx=choice.n_ctx)
         except KnownError as e:
             log.info("planning %s failed: %s", choice.label, e)

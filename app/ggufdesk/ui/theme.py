@@ -3,7 +3,8 @@
 Linux desktops hand Qt their palette through the platform theme (GTK, KDE). Windows and macOS report
 dark mode through `QStyleHints.colorScheme()`; when the style still paints light (Windows' classic
 style cannot do dark) we switch to Fusion and, if the platform offers no dark palette, derive one by
-mirroring the light palette's lightness. `GGUFDESK_THEME=light|dark` forces either (screenshots).
+mirroring the light palette's lightness. The user picks System, Light or Dark in View ▸ Theme
+(remembered); `GGUFDESK_THEME=light|dark` forces either (screenshots).
 
 Semantic colours that no palette role carries (a warning's amber, an error's red, the memory bar's
 series) are built here from a hue plus the palette's own lightness, so they read on either theme.
@@ -13,10 +14,13 @@ from __future__ import annotations
 import logging
 import os
 
-from PySide6.QtCore import QObject, Qt
+from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 
 log = logging.getLogger("ggufdesk.ui.theme")
+
+# What a widget restyles on: a window gets ApplicationPaletteChange, its children PaletteChange.
+PALETTE_EVENTS = (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange)
 
 WARNING_HUE = 38  # amber
 ERROR_HUE = 0  # red
@@ -70,6 +74,13 @@ def series(i: int, pal: QPalette | None = None) -> QColor:
     return QColor.fromHsl((h + i * 97) % 360, s, lightness)
 
 
+def restyle(widget, sheet: str) -> None:  # widget: QWidget
+    """Set a style sheet only when it changes: setting one changes the widget's palette, which
+    would restyle it again, and again."""
+    if widget.styleSheet() != sheet:
+        widget.setStyleSheet(sheet)
+
+
 def css(c: QColor) -> str:
     return c.name(QColor.NameFormat.HexRgb)
 
@@ -90,42 +101,92 @@ def mirrored(pal: QPalette) -> QPalette:
     return out
 
 
-def wanted_scheme() -> Qt.ColorScheme:
+THEME_KEY = "ui/theme"  # the user's choice in View ▸ Theme (QSettings)
+CHOICES = ("system", "light", "dark")
+
+
+def preference() -> str:
+    """system | light | dark: GGUFDESK_THEME (screenshots, tests) over the user's choice."""
     forced = os.environ.get("GGUFDESK_THEME", "").strip().lower()
-    if forced == "dark":
+    if forced in CHOICES:
+        return forced
+    from PySide6.QtCore import QSettings
+
+    chosen = str(QSettings().value(THEME_KEY, "system", type=str) or "system")
+    return chosen if chosen in CHOICES else "system"
+
+
+def wanted_scheme() -> Qt.ColorScheme:
+    choice = preference()
+    if choice == "dark":
         return Qt.ColorScheme.Dark
-    if forced == "light":
+    if choice == "light":
         return Qt.ColorScheme.Light
     app = QGuiApplication.instance()
     return app.styleHints().colorScheme() if app is not None else Qt.ColorScheme.Unknown
 
 
 class ThemeFollower(QObject):
-    """Applies the system's scheme now and whenever it changes (macOS/Windows dark mode toggles)."""
+    """Applies the chosen scheme now, when the user picks another (choose) and when the system's
+    changes (macOS/Windows dark mode toggles). "System" on a desktop that reports no scheme means
+    the palette the platform handed Qt at start."""
 
     def __init__(self, app) -> None:  # app: QApplication
         super().__init__(app)
         self.app = app
-        self._light = QPalette(app.palette())
+        self._original = QPalette(app.palette())
+        self._original_style = app.style().name()
         app.styleHints().colorSchemeChanged.connect(lambda _s: self.apply())
         self.apply()
 
     def apply(self) -> None:
         want = wanted_scheme()
-        pal = self.app.palette()
-        if want == Qt.ColorScheme.Dark and not is_dark(pal):
-            if self.app.style().name().lower() not in ("fusion",):
-                self.app.setStyle("Fusion")  # the classic Windows style cannot paint dark
-                pal = self.app.style().standardPalette()
-            if not is_dark(pal):
-                pal = mirrored(self._light if not is_dark(self._light) else pal)
-            self.app.setPalette(pal)
-        elif want == Qt.ColorScheme.Light and is_dark(pal) and not is_dark(self._light):
-            self.app.setPalette(self._light)
+        if want == Qt.ColorScheme.Dark:
+            self._dark()
+        elif want == Qt.ColorScheme.Light:
+            self._light()
+        elif self.app.palette() != self._original:
+            self.app.setStyle(self._original_style)
+            self.app.setPalette(self._original)
         # Style sheets resolve palette() when polished: polish again so they follow the change.
         self.app.setStyleSheet(self.app.styleSheet())
-        log.info("theme: %s", "dark" if is_dark() else "light")
+        log.info("theme: %s (%s)", "dark" if is_dark() else "light", preference())
+
+    def _dark(self) -> None:
+        if is_dark(self.app.palette()):
+            return
+        if is_dark(self._original):
+            self.app.setStyle(self._original_style)
+            self.app.setPalette(self._original)
+            return
+        pal = self._original
+        if self.app.style().name().lower() != "fusion":
+            self.app.setStyle("Fusion")  # the classic Windows style cannot paint dark
+            pal = self.app.style().standardPalette()
+        self.app.setPalette(pal if is_dark(pal) else mirrored(self._original))
+
+    def _light(self) -> None:
+        if not is_dark(self.app.palette()):
+            return
+        self.app.setStyle(self._original_style)
+        self.app.setPalette(self._original if not is_dark(self._original) else mirrored(self._original))
+
+
+_follower: ThemeFollower | None = None
 
 
 def follow_system(app) -> ThemeFollower:
-    return ThemeFollower(app)
+    global _follower
+    _follower = ThemeFollower(app)
+    return _follower
+
+
+def choose(choice: str) -> None:
+    """The user picked system, light or dark: remembered, and applied at once."""
+    from PySide6.QtCore import QSettings
+
+    if choice not in CHOICES:
+        raise ValueError(f"theme must be one of {', '.join(CHOICES)}, not {choice!r}")
+    QSettings().setValue(THEME_KEY, choice)
+    if _follower is not None:
+        _follower.apply()

@@ -194,7 +194,7 @@ class BatchEngine:
         if len(self.sched.running) == 1:
             llama_cpp.llama_perf_context_reset(self.lm.ctx.ctx)
         seq.sampler = make_sampler(self.lm, seq.sampling)
-        seq.stream = TextStream(seq.sampling.stop)
+        seq.stream = TextStream(seq.sampling.stop, trim=seq.chat)
         s = seq.sampling
         if seq.sampler is not None and s.repeat_penalty != 1.0 and s.repeat_last_n:
             for t in seq.prompt[-max(s.repeat_last_n, 0):]:

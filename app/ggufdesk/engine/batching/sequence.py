@@ -103,6 +103,7 @@ class Sequence:
     constraint: GrammarConstraint | None = None  # structured output: every token must fit its grammar
     structured: Structured | None = None  # what the request asked for (tool calls are parsed at the end)
     reasoning: ReasoningControl | None = None  # a reasoning model: its split and budget
+    chat: bool = False  # an answer in a chat (not a text continued): no whitespace at its ends
     deadline: float | None = None  # BatchEngine.clock() time past which the request is ended (Generate.deadline_s)
     limit_s: float | None = None  # the deadline_s it came with (for the message)
     ctx: ContextUse = field(default_factory=ContextUse)  # overflow policy, what it dropped, what it restored

@@ -228,8 +228,13 @@ class EngineClient:
         env.setdefault("GGML_NO_BACKTRACE", "1")  # no gdb attach on abort: crash fast, say why
         env[PARENT_ENV] = str(os.getpid())
         try:
+            # Its own session: a signal for the terminal's job (Ctrl-C, SIGTERM to the group, a
+            # closed terminal) reaches this process, which stops the engine politely, instead of
+            # killing the engine first, which looked like a crash and was restarted during a normal
+            # shutdown. The engine still never outlives this process (engine/link/lifeline.py).
             popen = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=env, bufsize=0)
+                                     stderr=subprocess.PIPE, env=env, bufsize=0,
+                                     start_new_session=os.name == "posix")
         except OSError as e:
             self._set_state("failed", f"the engine could not be started: {e}")
             return False

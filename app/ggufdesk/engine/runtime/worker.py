@@ -361,7 +361,8 @@ class Engine:
                                drafter=drafter, max_gen=min(sampling.max_tokens, room),
                                stats=RunStats(n_prompt=len(prompt), t_start=t_start),
                                constraint=constraint, structured=structured, reasoning=thinking, limit_s=limit,
-                               deadline=None if limit is None else self.batch.clock() + limit, ctx=use)
+                               deadline=None if limit is None else self.batch.clock() + limit,
+                               chat=req.messages is not None, ctx=use)
                 self.batch.submit(seq)
                 if use.truncated or use.note:
                     self._emit(self.batch.overflow_event(seq))
@@ -493,7 +494,7 @@ class Engine:
             fields: dict[str, Any] = {"json_schema": req.json_schema, "grammar": req.grammar,
                                       "tools": req.tools, "tool_choice": req.tool_choice}
             if not any(v is not None for v in fields.values()) and sampling.structured:
-                fields.update(request_fields(sampling.structured))
+                fields.update(request_fields(sampling.structured, sampling.tool_choice))
             return structured.plan(**fields, parallel_tool_calls=req.parallel_tool_calls,
                                    tools_without_grammar=req.tools_without_grammar,
                                    template_source=self.template.source,
