@@ -78,6 +78,7 @@ def tokens_sha256(tokens: list[int]) -> str:
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens a and b share (the engine's prefix cache uses it too)."""
     n = 0
     for x, y in zip(a, b):
         if x != y:

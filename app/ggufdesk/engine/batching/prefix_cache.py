@@ -25,6 +25,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ggufdesk.core.prompt_cache import common_prefix  # (re-exported: engine/speculation/draft_model.py)
+
 
 class Memory(Protocol):
     """The llama.cpp memory calls we need (engine/batching/batch.py passes the real ones; tests a fake)."""
@@ -52,15 +54,6 @@ class Slot:
     @property
     def reusable(self) -> list[int]:
         return self.tokens if self.exact is None else self.tokens[:self.exact]
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Slots:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ggufdesk.core.errors import KnownError
+from ggufdesk.core.prompt_cache import common_prefix
 from ggufdesk.engine.link.protocol import OverflowPolicy
 
 Messages = list[dict[str, Any]]
@@ -60,15 +61,6 @@ class Fitted:
 def budget_for(n_ctx: int, max_tokens: int) -> int:
     """Prompt tokens a request may use: the context minus the room kept for its answer."""
     return n_ctx - min(max_tokens, n_ctx // 2)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def cut_middle(tokens: list[int], keep: int) -> list[int]:
