@@ -1,4 +1,5 @@
-"""Screenshots for the README: the wizard, the chat (light and dark, 800x600, 200 % scale), the settings.
+"""Screenshots for the README: the wizard, the chat (light and dark, 800x600, 200 % scale), the settings,
+an image in the chat (vision, light and dark).
 
     .venv/bin/python bench/screenshots.py [--only NAME ...] [--stream-chars N]     (make screenshots)
 
@@ -35,6 +36,8 @@ VARIANTS = {
     "chat-800x600-dark": ("dark", 1, (800, 600), "chat"),
     "chat-200pct": ("light", 2, (800, 600), "chat"),
     "settings": ("light", 1, (900, 720), "settings"),
+    "vision-light": ("light", 1, (1100, 760), "vision"),
+    "vision-dark": ("dark", 1, (1100, 760), "vision"),
 }
 
 
@@ -119,12 +122,24 @@ def chat_model() -> Path | None:
 QUESTION = "How do I reverse a list in Python?"
 
 
-def load(app, win, engine, model: Path) -> None:
+def open_window(history, size):
+    """The main window on the real engine: (engine, window)."""
+    from ggufdesk.ui.engine_adapter import EngineBridge
+    from ggufdesk.ui.main_window import MainWindow
+
+    engine = EngineBridge()
+    win = MainWindow(engine=engine, history=history, persist_settings=False)
+    win.resize(*size)
+    win.show()
+    return engine, win
+
+
+def load(app, win, engine, model: Path, settings=None) -> None:
     from ggufdesk.core.settings import LoadSettings
 
     loaded: list[object] = []
     engine.loaded.connect(loaded.append)
-    win.load_model(str(model), LoadSettings(n_ctx=2048))
+    win.load_model(str(model), settings or LoadSettings(n_ctx=2048))
     pump(app, 300, lambda: loaded)
     engine.loaded.disconnect(loaded.append)
 
@@ -143,14 +158,9 @@ def shoot_chat(app, name: str, size, tmp: Path, stream_chars: int) -> list[Path]
     """Every conversation on these shots is one the app had with a real model here: nothing staged."""
     from ggufdesk.core.history import History
     from ggufdesk.core.starter import EXAMPLE_PROMPT
-    from ggufdesk.ui.engine_adapter import EngineBridge
-    from ggufdesk.ui.main_window import MainWindow
 
     history = History(tmp / "history.sqlite3")
-    engine = EngineBridge()
-    win = MainWindow(engine=engine, history=history, persist_settings=False)
-    win.resize(*size)
-    win.show()
+    engine, win = open_window(history, size)
     load(app, win, engine, starter_or_tiny(tmp))
     shots = []
     if name == "chat-light":  # the starter continuing a text, mid-stream, with the live gauges
@@ -185,6 +195,58 @@ def shoot_chat(app, name: str, size, tmp: Path, stream_chars: int) -> list[Path]
     engine.shutdown()
     history.close()
     return shots
+
+
+def demo_picture(seed: int = 0) -> bytes:
+    """A small drawn scene (sky, sun, hills, a house) as PNG, for the vision screenshots."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    w, h = 480, 320
+    im = Image.new("RGB", (w, h))
+    d = ImageDraw.Draw(im)
+    for y in range(h):  # a sky that fades to the horizon
+        t = y / h
+        d.line([(0, y), (w, y)], fill=(int(90 + 120 * t), int(150 + 80 * t), int(235 - 40 * t)))
+    d.ellipse([360 - seed * 40, 40, 430 - seed * 40, 110], fill=(255, 214, 90))
+    d.polygon([(0, 250), (140, 170), (300, 240), (480, 180), (480, 320), (0, 320)], fill=(80, 150, 80))
+    d.rectangle([170, 200, 270, 280], fill=(200, 90, 70))
+    d.polygon([(160, 200), (220, 150), (280, 200)], fill=(120, 60, 50))
+    d.rectangle([210, 240, 232, 280], fill=(90, 60, 40))
+    buf = io.BytesIO()
+    im.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def shoot_vision(app, name: str, size, tmp: Path) -> list[Path]:
+    """The tiny random-weight vision pair on the real engine (its answer is noise: the weights are
+    random): an image sent in the chat, and a second one attached in the composer."""
+    from ggufdesk.core.history import History
+    from ggufdesk.core.settings import LoadSettings, SamplingSettings
+    from tests.fixtures.vision import write_tiny_vision_pair
+
+    model, _ = write_tiny_vision_pair(tmp / "pair")
+    history = History(tmp / "history.sqlite3")
+    engine, win = open_window(history, size)
+    load(app, win, engine, model, LoadSettings(n_ctx=1024, n_ubatch=64, n_batch=64))
+    win.banner.hide()
+    win.new_conversation()
+    win.session.update_conversation(sampling=SamplingSettings(temperature=0.0, max_tokens=12))
+    win.composer.attach([demo_picture()])
+    win.input.setPlainText("What is in this picture?")
+    win.send()
+    pump(app, 60, lambda: not win.session.busy)
+    win.composer.attach([demo_picture(seed=2)])
+    win.input.setPlainText("And this one?")
+    win.banner.hide()
+    pump(app, 1.0)
+    out = OUT / f"{name}.png"
+    win.grab().save(str(out))
+    win.close()
+    engine.shutdown()
+    history.close()
+    return [out]
 
 
 def shoot_settings(app, size) -> Path:
@@ -229,6 +291,8 @@ def child(name: str, stream_chars: int) -> int:
         shots = shoot_wizard(app, size)
     elif kind == "settings":
         shots = [shoot_settings(app, size)]
+    elif kind == "vision":
+        shots = shoot_vision(app, name, size, tmp)
     else:
         shots = shoot_chat(app, name, size, tmp, stream_chars)
     for s in shots:

@@ -103,8 +103,10 @@ def cost(table: dict[int, float], k: int) -> float:
     return table[lo] + (table[hi] - table[lo]) * (k - lo) / (hi - lo)
 
 
-def replay(prompt: list[int], out: list[int], drafter, table: dict[int, float]) -> float:
-    """Tokens per plain-step cost of `drafter` over the answer `out` (the first token comes from prefill)."""
+def replay(prompt: list[int], out: list[int], drafter, table: dict[int, float],
+           counts: list[int] | None = None) -> float:
+    """Tokens per plain-step cost of `drafter` over the answer `out` (the first token comes from prefill);
+    `counts` ([drafted, accepted]) adds up the drafted and accepted tokens."""
     i, spent, n = 1, 0.0, len(out)
     while i < n:
         k = min(drafter.k, n - i - 1)
@@ -114,6 +116,9 @@ def replay(prompt: list[int], out: list[int], drafter, table: dict[int, float]) 
             a += 1
         c = cost(table, len(draft))
         spent += c
+        if counts is not None:
+            counts[0] += len(draft)
+            counts[1] += a
         drafter.feedback(len(draft), a, c * 0.0167)  # seconds: any scale, the controller compares ratios
         i += a + 1
     return (n - 1) / spent

@@ -12,7 +12,13 @@ Reference: llama-cpp-python's `Llama(draft_model=LlamaPromptLookupDecoding(num_p
 in process (it forces logits_all, an n_ctx x vocab float buffer, so it runs at n_ctx 2048 and
 skips the long prompt).
 
-    .venv/bin/python bench/speculative.py [--categories copy,code] [--rounds 3] [--max-tokens 128]
+Per hint (engine/speculation/hints.py), `--hints` adds adaptive with each hint switched off and with
+all of them off, so each hint's worth shows as adaptive (all on) against adaptive without it.
+`--suite heldout` runs bench/spec_heldout.py's held-out suite (other templates, German, French,
+Japanese; never tuned on), `--model smollm2` the chat starter (its prompts sent as chat messages).
+
+    .venv/bin/python bench/speculative.py [--suite tuned|heldout] [--model starter|smollm2|PATH]
+        [--hints] [--categories copy,code] [--rounds 3] [--max-tokens 128]
         [--fixed 4,8,16] [--no-reference] [--json out.json] [--tiny]
 """
 from __future__ import annotations
@@ -29,8 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.spec_workloads import CATEGORIES, WORKLOADS, Workload
-from ggufdesk.core.starter import starter_model_path
+from bench.spec_heldout import SUITES, chat_prompt, hint_configs, model_path
+from bench.spec_workloads import Workload
+from ggufdesk.core.settings import LOOKUP_HINTS
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.link.client import EngineClient
 
@@ -40,16 +47,21 @@ FLUSH = {"prompt": "\n", "sampling": {"temperature": 0.0, "max_tokens": 1},
          "speculation": {"mode": "off", "lookup_history": False}}
 
 
-def configs(fixed: list[int]) -> dict[str, dict]:
+def configs(fixed: list[int], hints: bool = False) -> dict[str, dict]:
     out = {"plain": {"mode": "off"}, "adaptive": {"mode": "lookup", "k_max": 16, "adaptive": True}}
+    if hints:  # adaptive with every hint on, each one off, and all off ("adaptive": the default set)
+        for name, off in hint_configs(LOOKUP_HINTS).items():
+            if name != "default":  # (that is "adaptive")
+                out[f"adaptive {name}"] = {**out["adaptive"], "lookup_hints_off": off}
     for k in fixed:
         out[f"K={k}"] = {"mode": "lookup", "k_max": k, "adaptive": False}
     return {name: {**spec, "lookup_history": False} for name, spec in out.items()}
 
 
-def ours(client: EngineClient, w: Workload, tokens: int, spec: dict) -> dict:
+def ours(client: EngineClient, w: Workload, tokens: int, spec: dict, chat: bool = False) -> dict:
     sampling = {"temperature": w.temperature, "seed": 1, "max_tokens": tokens}
-    rid = client.generate(prompt=w.prompt, sampling=sampling, speculation=spec)
+    asked = {"messages": chat_prompt(w)} if chat else {"prompt": w.prompt}
+    rid = client.generate(**asked, sampling=sampling, speculation=spec)
     text, stats, tokens = [], None, []
     for ev in client.stream(rid, timeout=600):
         if isinstance(ev, P.Token):
@@ -68,13 +80,14 @@ def ours(client: EngineClient, w: Workload, tokens: int, spec: dict) -> dict:
             "spec": stats.speculation, "tokens": tokens}
 
 
-def tie_margin(client: EngineClient, w: Workload, plain: list[int], other: list[int]) -> dict:
+def tie_margin(client: EngineClient, w: Workload, plain: list[int], other: list[int], chat: bool = False) -> dict:
     """Where a greedy answer left plain decoding's: the token index and plain's own margin there
     (log-probability of its top token minus the runner-up's). A flip at a margin of a few
     thousandths is the kernels' rounding (a multi-row verification batch vs a one-row step); a
     wide margin would be a bug."""
     i = next((j for j, (a, b) in enumerate(zip(plain, other)) if a != b), min(len(plain), len(other)))
-    rid = client.generate(prompt=w.prompt, sampling={"temperature": 0.0, "max_tokens": i + 1},
+    asked = {"messages": chat_prompt(w)} if chat else {"prompt": w.prompt}
+    rid = client.generate(**asked, sampling={"temperature": 0.0, "max_tokens": i + 1},
                           speculation={"mode": "off", "lookup_history": False}, logprobs=2)
     entries = []
     for ev in client.stream(rid, timeout=600):
@@ -125,7 +138,7 @@ def gmean(xs: list[float]) -> float:
 def summarize(results: dict, names: list[str], fixed: list[str]) -> list[dict]:
     """Per category: × plain (decode tok/s and TTFT) of every configuration, the best fixed K."""
     rows = []
-    for cat in CATEGORIES:
+    for cat in dict.fromkeys(w.split("/")[0] for w in results):
         ws = [w for w in results if w.split("/")[0] == cat]
         if not ws:
             continue
@@ -161,8 +174,22 @@ def summarize(results: dict, names: list[str], fixed: list[str]) -> list[dict]:
     return rows
 
 
+def print_hints(rows: list[dict]) -> None:
+    """Per category: adaptive with every hint on and with each off, × plain (accepted/drafted)."""
+    names = [n for n in (rows[0] if rows else {}) if n.startswith("adaptive ")]
+    if not names:
+        return
+    print("\nper hint (× plain, accepted/drafted tokens; 'adaptive' is the default set): a hint earns its "
+          "place where 'adaptive all hints' beats the column without it")
+    print("| category | adaptive | " + " | ".join(names) + " |")
+    print("|---|---:|" + "---:|" * len(names))
+    for r in rows:
+        cell = lambda d: f"{d['x']:.2f} ({d['acc']})" if d else "n/a"  # noqa: E731
+        print(f"| {r['category']} | {cell(r.get('adaptive'))} | " + " | ".join(cell(r.get(n)) for n in names) + " |")
+
+
 def print_table(rows: list[dict], args, loads: list[float]) -> None:
-    print(f"\nstarter model, {args.threads} threads, {args.max_tokens} tokens, "
+    print(f"\n{args.model} model, {args.suite} suite, {args.threads} threads, {args.max_tokens} tokens, "
           f"medians of {args.rounds} interleaved rounds; load average during the run: "
           f"min {min(loads):.1f}, median {statistics.median(loads):.1f}, "
           f"max {max(loads):.1f} on {os.cpu_count()} cores")
@@ -173,12 +200,15 @@ def print_table(rows: list[dict], args, loads: list[float]) -> None:
     for r in rows:
         a, bk = r.get("adaptive"), r.get("best K")
         b = r.get(bk) if bk else None
+        if a is None or b is None:
+            continue
         ref = r.get("llama-cpp-python")
         cell = lambda d, key: f"{d[key]:.2f}" if d else "n/a"  # noqa: E731
         print(f"| {r['category']} ({r['prompts']}) | {r['plain tok/s']:.1f} | {cell(a, 'x')} | "
               f"{bk or '-'}: {cell(b, 'x')} | {a['x'] / b['x']:.2f} | {cell(ref, 'x')} | "
               f"{cell(a, 'ttft_x')} / {cell(b, 'ttft_x')} / {cell(ref, 'ttft_x')} | "
               f"{a['same']}, {b['same']} | {a['acc']} |")
+    print_hints(rows)
     ties = [m for r in rows for k, v in r.items() if isinstance(v, dict) and "ties" in v for m in v["ties"]]
     if ties:
         print(f"\ngreedy answers that left plain decoding's: {len(ties)}; plain's own margin (top-1 minus "
@@ -210,7 +240,11 @@ def tiny(rounds: int, tokens: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--categories", default=",".join(CATEGORIES), help="comma-separated, of: " + ",".join(CATEGORIES))
+    ap.add_argument("--suite", default="tuned", choices=list(SUITES), help="tuned (bench/spec_workloads.py) or "
+                    "heldout (bench/spec_heldout.py: never tuned on)")
+    ap.add_argument("--model", default="starter", help="starter, smollm2 (sent as chat messages) or a GGUF path")
+    ap.add_argument("--hints", action="store_true", help="also adaptive with each lookup hint off and all off")
+    ap.add_argument("--categories", default="", help="comma-separated (default: all of the suite's)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--fixed", default="4,8,16", help="fixed draft lengths to compare")
@@ -223,30 +257,33 @@ def main() -> int:
     args = ap.parse_args()
     if args.report:
         saved = json.loads(Path(args.report).read_text())
-        for key in ("rounds", "max_tokens", "threads"):
-            setattr(args, key, saved["args"][key])
+        for key in ("rounds", "max_tokens", "threads", "model", "suite"):
+            setattr(args, key, saved["args"].get(key, getattr(args, key)))
         names = list(dict.fromkeys(n for r in saved["results"].values() for n in r))
         print_table(summarize(saved["results"], names, [n for n in names if n.startswith("K=")]), args,
                     saved["loads"])
         return 0
-    cats = [c.strip() for c in args.categories.split(",") if c.strip()]
-    bad = [c for c in cats if c not in CATEGORIES]
+    suite = SUITES[args.suite]
+    known = list(dict.fromkeys(w.category for w in suite))
+    cats = [c.strip() for c in args.categories.split(",") if c.strip()] or known
+    bad = [c for c in cats if c not in known]
     if bad:
-        ap.error(f"unknown categories {bad}; known: {CATEGORIES}")
+        ap.error(f"unknown categories {bad}; known: {known}")
     chosen: list[Workload] = []
     for c in cats:
-        ws = [w for w in WORKLOADS if w.category == c]
+        ws = [w for w in suite if w.category == c]
         chosen += ws[:args.prompts] if args.prompts else ws
-    cfg = configs([int(k) for k in args.fixed.split(",") if k])
-    model = str(starter_model_path())
-    ref = None if args.no_reference else Reference(model, args.threads)
+    cfg = configs([int(k) for k in args.fixed.split(",") if k], args.hints)
+    model = model_path(args.model)
+    chat = args.model == "smollm2"
+    ref = None if args.no_reference or chat else Reference(model, args.threads)
     results: dict[str, dict[str, list[dict]]] = {f"{w.category}/{w.name}": {} for w in chosen}
     loads: list[float] = []
     with EngineClient(auto_restart=False) as client:
         client.load(model, settings={"n_ctx": N_CTX, "n_threads": args.threads, "n_threads_batch": args.threads},
                     speculation={"mode": "lookup", "k_max": 16})  # logits rows for K <= 16; measures
                                                                  # verification costs (speculation/verify_cost.py)
-        ours(client, chosen[0], 8, cfg["plain"])  # warm-up: page the weights in
+        ours(client, chosen[0], 8, cfg["plain"], chat)  # warm-up: page the weights in
         for rnd in range(args.rounds):
             for w in chosen:
                 key = f"{w.category}/{w.name}"
@@ -254,12 +291,12 @@ def main() -> int:
                 names = list(cfg)
                 names = names[rnd % len(names):] + names[:rnd % len(names)]  # each round starts elsewhere
                 for name in names:
-                    results[key].setdefault(name, []).append(ours(client, w, args.max_tokens, cfg[name]))
+                    results[key].setdefault(name, []).append(ours(client, w, args.max_tokens, cfg[name], chat))
                 base = results[key]["plain"][-1]
                 for name in names:
                     r = results[key][name][-1]
                     if w.temperature == 0 and name != "plain" and r["tokens"] != base["tokens"]:
-                        r["tie"] = tie_margin(client, w, base["tokens"], r["tokens"])
+                        r["tie"] = tie_margin(client, w, base["tokens"], r["tokens"], chat)
                 n_prompt = base["n_prompt"]
                 if ref is not None and ref.fits(n_prompt, args.max_tokens):
                     results[key].setdefault("llama-cpp-python", []).append(ref.run(w, args.max_tokens))

@@ -87,3 +87,22 @@ def test_the_module_runs_as_a_script(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ggufdesk.catalog.refresh", "--catalog", str(bad),
                         "--endpoint", "http://127.0.0.1:9"], capture_output=True, text=True)
     assert r.returncode == 2 and "capabilities" in r.stderr
+
+
+def test_refresh_finds_a_vision_models_projector(hub, tmp_path):
+    from tests.fixtures.vision import write_tiny_vision_pair
+
+    model, mmproj = write_tiny_vision_pair(tmp_path / "v")
+    hub.add_repo("org/Tiny-Big-GGUF", {"Tiny-Big-Q4_K_M.gguf": model, "mmproj-Tiny-Big-f16.gguf": mmproj,
+                                       "mmproj-Tiny-Big-f32.gguf": mmproj})
+    hub.add_repo("org/Tiny-Small-GGUF", {"Tiny-Small-Q4_K_M.gguf": model})
+    seed = tmp_path / "catalog.toml"
+    seed.write_text(SEED.replace('capabilities = ["reasoning", "tools"]', 'capabilities = ["vision"]'))
+    assert refresh.main(["--catalog", str(seed), "--endpoint", hub.url]) == 0
+    cat = catalog.load(seed)
+    assert cat.warnings == ()
+    big, small = cat.get("tiny-big"), cat.get("tiny-small")
+    assert big.mmproj.file == "mmproj-Tiny-Big-f16.gguf" and big.mmproj.sha256 == (_sha(mmproj),)
+    assert big.mmproj.size == mmproj.stat().st_size
+    assert small.mmproj is None  # a text model lists none
+    assert [f.file for f in big.files] == ["Tiny-Big-Q4_K_M.gguf"]  # the projector is not a quant

@@ -29,7 +29,8 @@ def test_library_lists_the_starters_by_id_not_no_models(capsys, tmp_path, monkey
     rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)["models"]}
     chat = rows["smollm2-135m-instruct"]
     assert chat["source"] == "starter" and chat["quant"] == "Q4_1" and chat["size"] == 98_362_432
-    assert chat["capabilities"] == {"chat_template": True, "tools": False, "embedding": False}
+    assert chat["capabilities"] == {"chat_template": True, "tools": False, "embedding": False,
+                                  "vision": False}
     assert chat["architecture"] == "llama" and chat["parameters"] > 100_000_000
     assert rows["tiny-chatml"]["capabilities"]["chat_template"] is True
     assert {"id", "path", "name", "size", "source", "quant", "parts", "context_length"} <= set(rows["tiny-chatml"])

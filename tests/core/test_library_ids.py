@@ -102,9 +102,13 @@ def test_facts_say_chat_template_tools_and_embedding(tiny_model, tiny_chatml, tm
     def caps(p: Path) -> dict:
         return library.facts(LocalModel(p, p.name, p.stat().st_size, "user", None))["capabilities"]
 
-    assert caps(tiny_model) == {"chat_template": False, "tools": False, "embedding": False}
+    assert caps(tiny_model) == {"chat_template": False, "tools": False, "embedding": False, "vision": False}
     assert caps(tiny_chatml)["chat_template"] is True
     assert caps(write_embedder(tmp_path / "emb.gguf"))["embedding"] is True
+    from tests.fixtures.vision import write_tiny_vision_pair
+
+    vision_model, _ = write_tiny_vision_pair(tmp_path / "pair")  # its projector beside it
+    assert caps(vision_model)["vision"] is True
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"GGUF" + b"\xff" * 40)
     assert library.facts(LocalModel(junk, "junk", 44, "user", None))["architecture"] is None

@@ -1,6 +1,7 @@
 """Verification cost measured on this machine (engine/speculation/verify_cost.py) and drafting only measured lengths."""
 from __future__ import annotations
 
+import json
 import queue
 
 import pytest
@@ -183,3 +184,51 @@ def test_rounds_past_the_second_stay_within_the_budget(monkeypatch, tiny_model):
     assert cal.rounds == 2 and clock.calls == 1 + 2 * 5  # a third round would pass the budget
     cal, clock = calibrate(monkeypatch, tiny_model, {}, budget=0.5 * per_round)
     assert cal.rounds == 2 and sorted(cal.costs or {}) == [1, 3, 7]  # 16 rows skipped after the first round passed it
+
+
+def test_a_second_load_reads_the_table_measured_by_the_first_and_measures_nothing(tiny_model, unhurried,
+                                                                                    monkeypatch):
+    """Only the first load of a model with these settings on this machine measures (a one-shot
+    `ggufdesk run --lookup` then starts its prompt as soon as the model is loaded)."""
+    from ggufdesk.engine.speculation import verify_cost
+
+    load = P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256}, speculation={"mode": "lookup", "k_max": 8})
+    first = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
+    first.load(load)
+    measured = first.verify_costs
+    first.unload(quiet=True)
+    assert measured is not None
+
+    made: list = []
+    real = verify_cost.Calibration
+
+    def counted(*a, **kw):
+        made.append(a)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(verify_cost, "Calibration", counted)
+    second = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
+    second.load(load)
+    assert made == [] and second.verify_costs == pytest.approx(measured, abs=1e-3)
+    assert second.batch.drafts.costs.lengths(16) == [1, 3, 7]
+    second.unload(quiet=True)
+    other = P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256, "n_threads": 1, "n_threads_batch": 3},
+                   speculation={"mode": "lookup", "k_max": 8})
+    third = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
+    third.load(other)
+    assert len(made) == 1 and third.verify_costs is not None  # other settings: measured afresh
+    third.unload(quiet=True)
+
+
+def test_a_damaged_stored_table_is_measured_again(tiny_model, unhurried):
+    from ggufdesk.core.hardware import cache_dir
+
+    path = cache_dir() / "verify_costs.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{not json")
+    engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
+    engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256},
+                       speculation={"mode": "lookup", "k_max": 8}))
+    assert engine.verify_costs is not None and sorted(engine.verify_costs) == [1, 3, 7]
+    engine.unload(quiet=True)
+    assert json.loads(path.read_text())  # and kept, readable, for the next load

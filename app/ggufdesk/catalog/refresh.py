@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from ggufdesk.core import catalog as C
+from ggufdesk.core.downloads import RemoteFile
 from ggufdesk.core.errors import KnownError
 
 PREFERRED = ("Q4_K_M", "MXFP4", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0", "IQ4_XS", "Q3_K_M", "BF16", "F16")
@@ -48,19 +49,28 @@ def files_of(models: list) -> tuple[C.CatalogFile, ...]:
     return tuple(out)
 
 
-def refresh(cat: C.Catalog, list_files: Callable[[str], list]) -> tuple[C.Catalog, list[str]]:
-    """The catalog with every model's files read anew; (catalog, the problems met)."""
+def refresh(cat: C.Catalog, list_files: Callable[[str], list],
+            projector: Callable[[str, str], RemoteFile | None] | None = None) -> tuple[C.Catalog, list[str]]:
+    """The catalog with every model's files read anew, and a vision model's projector (projector(repo,
+    model file) -> the repo's file that pairs, core/downloads.projector_for); (catalog, the problems met)."""
     entries, problems = [], []
     for e in cat.entries:
         try:
             files = files_of(list_files(e.repo))
+            mmproj = e.mmproj
+            if projector is not None and "vision" in e.capabilities and files:
+                found = projector(e.repo, files[0].file)
+                mmproj = C.CatalogFile("mmproj", found.path, found.size, (found.path,), (found.sha256,)) \
+                    if found is not None else None
+                if found is None:
+                    problems.append(f"{e.id}: {e.repo} has no vision projector (mmproj); it will read text only")
         except KnownError as err:
             problems.append(f"{e.id}: {err} (its files are kept as they were)")
             entries.append(e)
             continue
         if not files:
             problems.append(f"{e.id}: {e.repo} has none of the quants {', '.join(PREFERRED)}")
-        entries.append(replace(e, files=files))
+        entries.append(replace(e, files=files, mmproj=mmproj))
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return replace(cat, entries=tuple(entries), refreshed=stamp), problems
 
@@ -78,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     if cat.warnings:
         print("the catalog has problems; fix them first:\n  " + "\n  ".join(cat.warnings), file=sys.stderr)
         return 2
-    new, problems = refresh(cat, lambda repo: downloads.list_gguf(repo, endpoint=args.endpoint))
+    new, problems = refresh(cat, lambda repo: downloads.list_gguf(repo, endpoint=args.endpoint),
+                            lambda repo, file: downloads.projector_for(repo, file, endpoint=args.endpoint))
     out = args.output or source
     out.write_text(C.dumps(new, header=header(source)), encoding="utf-8")
     n_files = sum(len(e.files) for e in new.entries)

@@ -19,6 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "fetches all parts); omit it to list the repo's GGUF models")
     p.add_argument("--revision", help="branch, tag or commit to pin (default: main)")
     p.add_argument("--offline", action="store_true", help="only look in the local cache")
+    p.add_argument("--no-mmproj", action="store_true",
+                   help="a vision model: do not fetch its projector (mmproj) beside it (it then reads text only)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -77,16 +79,30 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\nggufdesk: paused; run the same command again to resume", file=sys.stderr)
         raise
+    mmproj = None if args.no_mmproj or args.offline else _projector(args, bar)
     first = results[0]
     out = first.as_json()
     if len(results) > 1:
         out["bytes"] = sum(r.bytes for r in results)
         out["parts"] = [r.as_json() for r in results]
+    out["mmproj"] = mmproj.as_json() if mmproj is not None else None
     if args.json:
         print_json(out)
     else:
-        for r in results:
+        for r in results + ([mmproj] if mmproj is not None else []):
             how = "already downloaded" if r.from_cache else (
                 f"resumed from {r.resumed_from / 1e6:.1f} MB" if r.resumed_from else "downloaded")
             print(f"{r.path}  ({r.bytes / 1e6:.1f} MB, sha256 {r.sha256[:16]}…, {how})")
     return 0
+
+
+def _projector(args: argparse.Namespace, bar: _Bar | None) -> downloads.Downloaded | None:
+    """A vision model's projector from the same repo, beside it in the cache, verified like the model."""
+    proj = downloads.projector_for(args.repo, args.file, revision=args.revision)
+    if proj is None:
+        return None
+    if bar is not None:
+        bar.part, bar.parts = 1, 1
+    if not args.json:
+        print(f"vision projector: {proj.path} ({proj.size / 1e6:.1f} MB)", file=sys.stderr)
+    return downloads.download(args.repo, proj.path, revision=args.revision, progress=bar)

@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def capabilities(caps: dict[str, bool]) -> str:
-    names = {"chat_template": "chat", "tools": "tools", "embedding": "embedding"}
+    names = {"chat_template": "chat", "tools": "tools", "embedding": "embedding", "vision": "vision"}
     return ",".join(word for key, word in names.items() if caps.get(key)) or "text"
 
 
@@ -38,4 +38,6 @@ def run(args: argparse.Namespace) -> int:
         parts = f" ({r['parts']} parts)" if r["parts"] > 1 else ""
         print(f"{r['id']:<32} {r['source']:>9}  {r['quant'] or '?':>8}  {r['size'] / 1e9:6.2f} GB  "
               f"{capabilities(r['capabilities']):<14} {r['name']}{parts}\n{'':>33}{r['path']}")
+        if r.get("projector_missing"):
+            print(f"{'':>33}a vision model without its projector: it reads text only; {r['projector_missing']}")
     return 0

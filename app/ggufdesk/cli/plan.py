@@ -6,6 +6,7 @@ import argparse
 from ggufdesk.cli import print_json
 from ggufdesk.core import hardware, planner
 from ggufdesk.core.gguf_meta import read_gguf
+from ggufdesk.core.projector import projector_beside, read_projector
 from ggufdesk.core.settings import KV_TYPES
 
 NAME = "plan"
@@ -23,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ubatch", type=int, default=512, help="micro-batch size (default 512)")
     p.add_argument("--n-cpu-moe", type=int, default=None, metavar="N",
                    help="mixture of experts: keep the experts of the first N layers in RAM (default: planned)")
+    p.add_argument("--mmproj", help="a vision model's projector (path or hf://...; default: the one beside "
+                                    "the model, if any); its memory and the tokens an image takes are counted")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -30,14 +33,18 @@ def run(args: argparse.Namespace) -> int:
     from ggufdesk.cli.run import library_file
     from ggufdesk.core.library import resolve
 
-    info = read_gguf(resolve(args.model))
+    source = resolve(args.model)
+    info = read_gguf(source)
     draft = read_gguf(library_file(args.draft)) if args.draft else None
+    mmproj = args.mmproj or (None if str(source).startswith("hf://") else projector_beside(source))
+    proj = read_projector(mmproj) if mmproj else None
     hw = hardware.probe()
     p = planner.plan(info, hw, n_ctx=args.ctx, draft=draft, type_k=args.kv_type, type_v=args.kv_type,
-                     n_gpu_layers=args.gpu_layers, n_ubatch=args.ubatch, n_cpu_moe=args.n_cpu_moe)
+                     n_gpu_layers=args.gpu_layers, n_ubatch=args.ubatch, n_cpu_moe=args.n_cpu_moe, projector=proj)
     if args.json:
         d = p.to_json()
-        d.update(architecture=info.architecture, n_layer=info.n_layer, file_bytes=info.file_bytes)
+        d.update(architecture=info.architecture, n_layer=info.n_layer, file_bytes=info.file_bytes,
+                 mmproj=str(mmproj) if mmproj else None)
         print_json(d)
         return 0
     m = p.memory
@@ -48,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"memory: weights {(m.weights_cpu + m.weights_gpu) / MiB:.0f} MiB, KV {(m.kv_cpu + m.kv_gpu) / MiB:.0f} MiB, "
           f"compute {(m.compute_cpu + m.compute_gpu) / MiB:.0f} MiB -> RAM {p.ram_bytes / MiB:.0f} MiB, "
           f"VRAM {p.vram_bytes / MiB:.0f} MiB")
+    if proj is not None:
+        print(f"vision: projector {proj.projector_type} {p.projector_bytes / MiB:.0f} MiB "
+              f"(weights {proj.weight_bytes / MiB:.0f} MiB + encoder), ~{p.image_tokens} tokens per image")
     print(f"speed: prefill ~{p.pred_prefill_tok_s:.0f} tok/s, decode ~{p.pred_decode_tok_s:.1f} tok/s "
           f"(~{p.pred_decode_tok_s_full:.1f} with the context full)")
     print(p.explanation)

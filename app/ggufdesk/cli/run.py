@@ -71,6 +71,8 @@ def add_model_arguments(p: argparse.ArgumentParser, *, many: bool = False) -> No
     spec.add_argument("--lookup", action="store_true", help="prompt-lookup speculative decoding")
     p.add_argument("--draft-max", type=int, help="longest draft (K max) [16]")
     p.add_argument("--no-adaptive", action="store_true", help="keep the draft length fixed at --draft-max")
+    p.add_argument("--mmproj", metavar="FILE", default=None,
+                   help="a vision model's projector (default: the mmproj-*.gguf beside the model; 'none': no images)")
     add_rpc_argument(p)
 
 
@@ -79,6 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", required=True, help="the prompt text ('-' reads standard input)")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
     p.add_argument("--system", default="", help="system prompt (with --chat)")
+    p.add_argument("--image", metavar="FILE", action="append", default=[],
+                   help="an image for a vision model (repeatable; PNG, JPEG, WebP); implies --chat")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--json-schema", metavar="FILE", help="constrain the output to this JSON schema")
@@ -218,31 +222,63 @@ def run(args: argparse.Namespace) -> int:
     structured = structured_from_args(args)
     if structured.get("tools") and not args.chat:
         args.chat = True  # tools are offered through the chat template
+    images = read_images(args.image)  # refused here, before anything loads
+    if images:
+        args.chat = True  # images go in a user message, through the chat template
     host = mcp_host(args, structured)
     if host is not None:
         args.chat = True
     info = preflight.check(model, load, spec)  # before the engine: broken files, a plan that cannot fit
     try:
-        return _run(args, model, info, load, sampling, spec, prompt, structured, host)
+        return _run(args, model, info, load, sampling, spec, prompt, structured, host, images)
     finally:
         if host is not None:
             host.close()
 
 
+def read_images(paths: list[str]) -> dict[str, bytes]:
+    """--image files by sha256, each checked (format, size, pixels) before the model loads."""
+    from ggufdesk.core import images as img
+
+    out: dict[str, bytes] = {}
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                data = f.read(img.MAX_BYTES + 1)
+        except OSError as e:
+            raise KnownError(f"could not read the image {path}: {e.strerror or e}") from None
+        try:
+            img.check(data)
+        except img.ImageError as e:
+            raise KnownError(f"{path}: {e}") from None
+        out[img.sha256(data)] = data
+    return out
+
+
+def mmproj_from_args(args: argparse.Namespace) -> str | None:
+    """--mmproj as the load's projector: a file, '' (none), or None (the one beside the model)."""
+    value = getattr(args, "mmproj", None)
+    if value is None:
+        return None
+    return "" if value.lower() == "none" else value
+
+
 def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sampling: SamplingSettings,
-         spec: SpeculationSettings, prompt: str, structured: dict, host: Any) -> int:
+         spec: SpeculationSettings, prompt: str, structured: dict, host: Any, images: dict[str, bytes]) -> int:
     from ggufdesk.cli import print_json
     from ggufdesk.engine.link import protocol as P
     from ggufdesk.engine.link.client import EngineClient
 
     rounds: list[dict[str, Any]] | None = None
     with EngineClient(auto_restart=False) as client:
-        loaded = client.load(model, settings=load, speculation=spec)
+        loaded = client.load(model, settings=load, speculation=spec, mmproj=mmproj_from_args(args))
         notices = {e.kind: e.message for e in client.events(timeout=0)
                    if isinstance(e, P.Error) and e.kind in P.LOAD_NOTICE_KINDS}
         if spec.mode == "draft" and not loaded.draft:
             raise KnownError(f"the draft model {spec.draft_model} was refused: "
                              f"{notices.get('draft', 'the engine did not load it')}")
+        if images and not loaded.mmproj:
+            raise KnownError(notices.get("projector") or no_projector(model))
         if args.chat and info.chat_template is not None and loaded.chat_format != "template":
             raise KnownError(f"--chat: {notices.get('template', 'the model chat template was refused')} "
                              "(without --chat the prompt is sent as plain text)")
@@ -253,7 +289,7 @@ def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sa
 
             text, stats, done, rounds = mcp_tools.run_once(client, loaded, host, args, prompt, sampling)
         else:
-            text, stats, done = _generate(client, args, prompt, sampling, structured)
+            text, stats, done = _generate(client, args, prompt, sampling, structured, images)
     result = {
         "model": model, "text": text, "tokens": stats.get("n_gen", 0),
         "prompt_tokens": stats.get("n_prompt", 0),
@@ -261,6 +297,7 @@ def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sa
         "decode_tok_s": stats.get("decode_tok_s"),
         "drafted": stats.get("drafted", 0), "accepted": stats.get("accepted", 0),
         "draft_len": stats.get("draft_len", 0), "speculation": stats.get("speculation", "off"),
+        "threads": stats.get("threads", 0),
         "llama_perf": stats.get("llama_perf", {}),
         "finish_reason": done.finish_reason if done else None,
         "tool_calls": done.tool_calls if done else [],
@@ -270,6 +307,8 @@ def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sa
         **({"reasoning": (done.reasoning if done else None) or "",
             "reasoning_tokens": (done.usage if done else {}).get("reasoning_tokens", 0)} if loaded.reasoning else {}),
         "chat_format": loaded.chat_format, "load_s": loaded.load_s, "memory": loaded.memory,
+        **({"images": len(images), "image_tokens": (done.usage if done else {}).get("image_tokens", 0),
+            "mmproj": loaded.mmproj} if images else {}),
         **({"rpc": loaded.rpc} if loaded.rpc else {}),
         **({"tool_rounds": rounds} if rounds is not None else {}),
     }
@@ -280,22 +319,36 @@ def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sa
             print()  # the text is a line of its own: the shell prompt (or the next line in a file) starts fresh
         print(f"[{result['tokens']} tokens, TTFT {result['ttft_s'] or 0:.3f} s, prefill "
               f"{result['prefill_tok_s'] or 0:.1f} tok/s, decode {result['decode_tok_s'] or 0:.1f} tok/s"
+              + (f" ({result['threads']} thread{'s' if result['threads'] > 1 else ''})" if result["threads"] else "")
               + (f", accepted {result['accepted']}/{result['drafted']}" if result["drafted"] else "")
               + f", {result['finish_reason']}]", file=sys.stderr)
     return 0
 
 
+def no_projector(model: str) -> str:
+    """Why a model cannot take images, and how to get its projector."""
+    from ggufdesk.core.library import projector_hint
+
+    return f"{model} reads text only: no vision projector (mmproj) was found beside it. " + projector_hint(model)
+
+
 def _generate(client: Any, args: argparse.Namespace, prompt: str, sampling: SamplingSettings,
-              structured: dict) -> tuple[str, dict[str, Any], Any]:
+              structured: dict, images: dict[str, bytes] | None = None) -> tuple[str, dict[str, Any], Any]:
     """One generation, streamed to stdout unless --json: (text, the final stats, the Done event)."""
+    import base64
     import dataclasses
 
     from ggufdesk.engine.link import protocol as P
 
     if args.chat:
         msgs = ([{"role": "system", "content": args.system}] if args.system else [])
-        rid = client.generate(messages=msgs + [{"role": "user", "content": prompt}], sampling=sampling,
-                              **structured)
+        content: Any = prompt
+        extra: dict[str, Any] = {}
+        if images:
+            content = [{"type": "image", "image": k} for k in images] + [{"type": "text", "text": prompt}]
+            extra["images"] = {k: base64.b64encode(v).decode("ascii") for k, v in images.items()}
+        rid = client.generate(messages=msgs + [{"role": "user", "content": content}], sampling=sampling,
+                              **structured, **extra)
     else:
         rid = client.generate(prompt=prompt, sampling=sampling, **structured)
     text: list[str] = []

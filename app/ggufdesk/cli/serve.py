@@ -41,6 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body", type=int, default=4 * 1024 * 1024, help="largest request body in bytes")
     # --context-overflow (from add_model_arguments) is each request's default; a request's own
     # "context_overflow" field wins
+    p.add_argument("--max-image-body", type=int, default=96 * 1024 * 1024,
+                   help="largest chat request body in bytes (chat bodies may carry images)")
+    p.add_argument("--allow-remote-images", action="store_true",
+                   help="fetch http(s) image URLs in requests (size and time limited); off: data: URLs only")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="a web page origin allowed to call the API from a browser, e.g. http://localhost:3000 "
                         "(repeatable; none by default)")
@@ -146,7 +150,9 @@ def build(args: argparse.Namespace) -> tuple[Service, ServerRunner]:
     config = ServerConfig(api_keys=keys, rate_limit=args.rate_limit, parallel=args.parallel,
                           max_queue=args.queue, max_body=args.max_body, default_max_tokens=sampling.max_tokens,
                           sampling=sampling, request_timeout=args.request_timeout, cors_origins=origins,
-                          read_timeout=args.read_timeout, max_connections=args.max_connections)
+                          read_timeout=args.read_timeout, max_connections=args.max_connections,
+                          max_image_body=max(args.max_image_body, args.max_body),
+                          allow_remote_images=args.allow_remote_images)
     router = Router(entries=entries_for(args, _presets()), idle_unload_s=args.idle_unload,
                     max_loaded=args.max_loaded, aliases=_aliases(args.alias),
                     pool_factory=lambda e, path: EnginePool(model=path, load=e.load, speculation=e.speculation,

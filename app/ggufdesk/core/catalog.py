@@ -18,7 +18,7 @@ log = logging.getLogger("ggufdesk.catalog")
 REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 CAPABILITIES = ("reasoning", "tools", "vision", "moe")
-OPTIONAL = {"draft", "capabilities", "active_params_b", "file"}
+OPTIONAL = {"draft", "capabilities", "active_params_b", "file", "mmproj"}
 REQUIRED: dict[str, type | tuple[type, ...]] = {
     "id": str, "family": str, "name": str, "params_b": (int, float), "repo": str,
     "context_length": int, "license": str, "tokenizer": str}
@@ -50,6 +50,9 @@ class CatalogEntry:
     capabilities: tuple[str, ...] = ()  # reasoning, tools, vision, moe
     active_params_b: float | None = None  # a mixture of experts: parameters read per token
     files: tuple[CatalogFile, ...] = ()  # empty until a refresh against the hub
+    # a vision model's projector in the same repo (the one `ggufdesk download` fetches with the model,
+    # core/projector.py pick_projector); None until a refresh, or for a model that reads text only
+    mmproj: CatalogFile | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,11 +127,19 @@ def _check(raw: Any, i: int) -> tuple[CatalogEntry | None, list[str]]:
         return None, problems
     files, bad = _files(raw.get("file", []), where)
     problems += bad
+    mmproj = None
+    if raw.get("mmproj") is not None:
+        proj, bad = _files([{"quant": "mmproj", **raw["mmproj"]}] if isinstance(raw["mmproj"], dict) else None,
+                           f"{where} mmproj")
+        problems += bad
+        mmproj = proj[0] if proj else None
+        if mmproj is not None and "vision" not in caps:
+            problems.append(f"{where}: an mmproj without the vision capability")
     unknown = set(raw) - set(REQUIRED) - OPTIONAL
     if unknown:
         problems.append(f"{where}: unknown keys {', '.join(sorted(unknown))} (ignored)")
     return CatalogEntry(**{k: raw[k] for k in REQUIRED}, draft=draft, capabilities=tuple(caps),
-                        active_params_b=active, files=files), problems
+                        active_params_b=active, files=files, mmproj=mmproj), problems
 
 
 def _files(raw: Any, where: str) -> tuple[tuple[CatalogFile, ...], list[str]]:
@@ -237,4 +248,8 @@ def dumps(cat: Catalog, *, header: str) -> str:
                 out.append(f"parts = {_toml(list(f.parts))}")
             shas = [s or "missing" for s in f.sha256]
             out.append(f"sha256 = {_toml(shas if len(shas) > 1 else shas[0])}")
+        if e.mmproj is not None:
+            p = e.mmproj
+            out += ["", "[model.mmproj]", f"file = {_toml(p.file)}", f"size = {p.size}",
+                    f"sha256 = {_toml(p.sha256[0] if p.sha256 and p.sha256[0] else 'missing')}"]
     return "\n".join(out) + "\n"

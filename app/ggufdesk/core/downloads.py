@@ -208,13 +208,8 @@ def check_revision(revision: str | None) -> str | None:
 # ----------------------------------------------------------------------------------- listing
 
 
-def list_gguf(repo_id: str, *, revision: str | None = None, token: str | bool | None = None,
-              endpoint: str | None = None, probe_header: bool = False) -> list[RemoteModel]:
-    """The repo's GGUF models, split sets grouped into one, with sizes and quant type.
-
-    The quant comes from the file name; with ``probe_header`` an unclear one is read from the remote
-    file's header (a few MB over HTTP range reads).
-    """
+def _tree(repo_id: str, revision: str | None, token: str | bool | None, endpoint: str | None) -> list:
+    """The repo's files (huggingface_hub's RepoFile entries), or a KnownError that says why not."""
     from huggingface_hub import HfApi
     from huggingface_hub.utils import validate_repo_id
 
@@ -225,15 +220,45 @@ def list_gguf(repo_id: str, *, revision: str | None = None, token: str | bool | 
     check_revision(revision)
     require_hub(endpoint)  # offline: one line now, not five retries of each request
     try:
-        entries = [e for e in HfApi(endpoint=endpoint).list_repo_tree(
+        return [e for e in HfApi(endpoint=endpoint).list_repo_tree(
             repo_id, revision=revision, recursive=True, token=token) if hasattr(e, "size")]
     except Exception as e:
         if isinstance(e, _network_errors()) or e.__class__.__module__.startswith("huggingface_hub"):
             raise _hub_error(e, repo_id, "", revision) from e
         raise
+
+
+def projector_for(repo_id: str, model_file: str, *, revision: str | None = None, token: str | bool | None = None,
+                  endpoint: str | None = None) -> RemoteFile | None:
+    """The vision projector (mmproj) in the repo that pairs with model_file (core/projector.py
+    pick_projector: named after the model first, then f16, bf16, q8_0, f32), or None for a text model."""
+    from ggufdesk.core.projector import is_projector_name, pick_projector
+
+    files = {e.path: e for e in _tree(repo_id, revision, token, endpoint)
+             if is_projector_name(e.path) and isinstance(e.size, int) and e.size >= MIN_GGUF_BYTES}
+    # a projector in the model's own folder of the repo first (repos holding several models keep them apart)
+    folder = model_file.rpartition("/")[0]
+    near = [p for p in files if p.rpartition("/")[0] == folder] or list(files)
+    chosen = pick_projector(near, model_file)
+    if chosen is None:
+        return None
+    e = files[chosen]
+    return RemoteFile(e.path, int(e.size), e.lfs.sha256 if e.lfs else None)
+
+
+def list_gguf(repo_id: str, *, revision: str | None = None, token: str | bool | None = None,
+              endpoint: str | None = None, probe_header: bool = False) -> list[RemoteModel]:
+    """The repo's GGUF models, split sets grouped into one, with sizes and quant type.
+
+    The quant comes from the file name; with ``probe_header`` an unclear one is read from the remote
+    file's header (a few MB over HTTP range reads).
+    """
+    from ggufdesk.core.projector import is_projector_name
+
+    entries = _tree(repo_id, revision, token, endpoint)
     groups: dict[str, list[RemoteFile]] = {}
     for e in entries:
-        if not e.path.lower().endswith(".gguf") or e.path.rsplit("/", 1)[-1].lower().startswith("mmproj"):
+        if not e.path.lower().endswith(".gguf") or is_projector_name(e.path):
             continue  # a vision projector (mmproj) is not a model on its own
         if not isinstance(e.size, int) or e.size < MIN_GGUF_BYTES:
             log.info("%s/%s: %s bytes, not a model; left out", repo_id, e.path, e.size)

@@ -613,6 +613,28 @@ def read_gguf(source: str | os.PathLike[str], *, limit: int = MAX_HEADER_BYTES) 
                               f"{str(e)[:200]}); the file is corrupt") from None
 
 
+def read_header(source: str | os.PathLike[str], *, limit: int = MAX_HEADER_BYTES) -> tuple[dict[str, Any],
+                                                                                     list[TensorInfo], int]:
+    """The metadata, tensor table and size of a single-file GGUF of any kind (a vision projector has
+    no layers of a language model, so read_gguf refuses it); local path or hf://repo/file.gguf."""
+    src = str(source)
+    parts = _remote_parts(src) if src.startswith("hf://") else _local_parts(Path(src).expanduser())
+    part = parts[0]
+    unreadable: tuple[type[BaseException], ...] = (OSError, *network_errors())
+    try:
+        with part.opener() as f:
+            h = parse_header(f, label=part.label, limit=limit)
+    except KnownError:
+        raise
+    except unreadable as e:
+        raise KnownError(f"{part.label}: could not read the file ({e})") from e
+    except (RecursionError, MemoryError, OverflowError, ValueError, TypeError, struct.error, IndexError) as e:
+        raise GGUFFormatError(f"{src}: the GGUF header could not be read ({type(e).__name__}); "
+                              "the file is corrupt") from None
+    _check_data(h, part.size, part.label)
+    return h.kv, h.tensors, part.size or 0
+
+
 def iter_layers(info: GGUFInfo) -> Iterator[tuple[int, list[TensorInfo]]]:
     by: dict[int, list[TensorInfo]] = {}
     for t in info.tensors:

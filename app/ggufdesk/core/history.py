@@ -15,6 +15,8 @@ from typing import Any, Callable, TypeVar
 
 from ggufdesk.core.aside import move_aside
 from ggufdesk.core.errors import BugError, KnownError, SettingsError
+from ggufdesk.core.image_store import ImageStore, images_of
+from ggufdesk.core.images import to_data_url
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.core.wording import role_name, state_note
 
@@ -162,6 +164,8 @@ class History:
         self.path = Path(path) if path else history_path()
         self.read_only, self.memory = read_only, memory
         self._lock = threading.RLock()
+        # the messages' images, by sha256, beside the database (core/image_store.py)
+        self.images = ImageStore(None if memory else self.path.parent / "images")
         self._savepoints = 0
         db: sqlite3.Connection | None = None
         try:
@@ -614,16 +618,46 @@ class History:
     # ---- export -------------------------------------------------------------------------------
 
     def export_json(self, conversation_id: int) -> dict[str, Any]:
+        """The conversation with its messages; the images they show as data: URLs under "images" (by sha256)."""
         conv = self.get_conversation(conversation_id)
         data = dataclasses.asdict(conv)
+        msgs = self.messages(conversation_id)
         data["messages"] = [
             {k: v for k, v in dataclasses.asdict(m).items() if k != "conversation_id"}
-            for m in self.messages(conversation_id)
+            for m in msgs
         ]
+        data["images"] = {}
+        for key in dict.fromkeys(k for m in msgs for k in images_of(m.stats)):
+            raw = self.images.get(key)
+            data["images"][key] = to_data_url(raw) if raw is not None else None
         data["schema_version"] = SCHEMA_VERSION
         return data
 
-    def export_markdown(self, conversation_id: int) -> str:
+    def _image_lines(self, m: Message, image_dir: Path | None) -> list[str]:
+        """Markdown for a message's images: files written into image_dir (linked by relative path), or
+        data: URLs when no folder is given; a missing image is said so."""
+        lines = []
+        for key in images_of(m.stats):
+            raw = self.images.get(key)
+            if raw is None:
+                lines += [f"_(an image that is no longer in the history: {key[:12]}…)_", ""]
+                continue
+            if image_dir is None:
+                lines += [f"![image]({to_data_url(raw)})", ""]
+                continue
+            src = self.images.path(key)
+            name = src.name if src is not None else key + ".png"
+            try:
+                image_dir.mkdir(parents=True, exist_ok=True)
+                (image_dir / name).write_bytes(raw)
+            except OSError as e:
+                raise KnownError(f"could not write the image into {image_dir}: {e.strerror or e}") from e
+            lines += [f"![image]({image_dir.name}/{name})", ""]
+        return lines
+
+    def export_markdown(self, conversation_id: int, image_dir: Path | None = None) -> str:
+        """The conversation as Markdown; images go into image_dir (a folder beside the file, linked
+        relatively) or, without one, inline as data: URLs."""
         conv = self.get_conversation(conversation_id)
         lines = [f"# {conv.title}", ""]
         if conv.model:
@@ -637,7 +671,7 @@ class History:
                 who = f"{m.stats.get('server', '')}/{m.stats.get('tool', '')}".strip("/")
                 lines += [f"**Tool result ({who}):**{note}", "", "```", m.content, "```", ""]
                 continue
-            lines += [f"**{role_name(m.role, conv.mode)}:**{note}", "", m.content, ""]
+            lines += [f"**{role_name(m.role, conv.mode)}:**{note}", "", *self._image_lines(m, image_dir), m.content, ""]
             for call in m.stats.get("tool_calls") or []:
                 fn = (call.get("function") or {}) if isinstance(call, dict) else {}
                 lines += [f"_Calls the tool {fn.get('name', '?')} with {fn.get('arguments', '{}')}_", ""]

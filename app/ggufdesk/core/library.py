@@ -19,6 +19,7 @@ from typing import Any
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.gguf_meta import split_names, split_parts
+from ggufdesk.core.projector import is_projector_name, projector_beside
 from ggufdesk.core.quants import quant_from_name
 
 log = logging.getLogger("ggufdesk.library")
@@ -57,7 +58,7 @@ def _usable(name: str) -> bool:
     """A model, not a vision projector or a later part of a split set."""
     base = name.rsplit("/", 1)[-1].lower()
     sp = split_parts(base)
-    return base.endswith(".gguf") and not base.startswith("mmproj") and (sp is None or sp[1] == 1)
+    return base.endswith(".gguf") and not is_projector_name(base) and (sp is None or sp[1] == 1)
 
 
 def _split_size(first: Path) -> tuple[int, int]:
@@ -475,7 +476,9 @@ def facts(m: LocalModel) -> dict[str, Any]:
     if cached is not None:
         return cached
     out: dict[str, Any] = {"architecture": None, "family": None, "parameters": None, "context_length": None,
-                           "capabilities": {"chat_template": False, "tools": False, "embedding": False}}
+                           "capabilities": {"chat_template": False, "tools": False, "embedding": False,
+                                            "vision": False},
+                           "mmproj": None, "projector_missing": None}
     if st is None:  # a starter still to be assembled
         from ggufdesk.core import starter
 
@@ -489,11 +492,54 @@ def facts(m: LocalModel) -> dict[str, Any]:
         log.info("cannot read the header of %s: %s", m.path, e)
         return out
     arch, md = info.architecture, info.metadata
+    mmproj = projector_beside(m.path)
     out.update(architecture=arch, family=str(md.get("general.basename") or arch), parameters=info.n_params,
                context_length=info.context_length,
                capabilities={"chat_template": info.chat_template is not None,
                              "tools": detect_format(info.chat_template).native,
-                             "embedding": embedding_only(arch, md.get(f"{arch}.pooling_type"))})
+                             "embedding": embedding_only(arch, md.get(f"{arch}.pooling_type")),
+                             "vision": mmproj is not None},
+               mmproj=str(mmproj) if mmproj else None,
+               projector_missing=projector_hint(str(m.path)) if mmproj is None and vision_repo(m.path) else None)
     with _lock:
         _facts[key] = out
     return out
+
+
+# ----------------------------------------------------------------------------------- vision projectors
+
+_HF_CACHE_DIR = re.compile(r"models--(?P<owner>[^/\\]+?)--(?P<name>[^/\\]+)[/\\]snapshots[/\\]")
+
+
+def hub_origin(path: str | Path) -> tuple[str, str] | None:
+    """(repo id, file in the repo) of a file in the Hugging Face cache, else None."""
+    m = _HF_CACHE_DIR.search(str(path))
+    if m is None:
+        return None
+    rest = str(path)[m.end():].replace("\\", "/").split("/", 1)
+    return (f"{m['owner']}/{m['name']}", rest[1]) if len(rest) == 2 else None
+
+
+def vision_repo(path: str | Path) -> str | None:
+    """The hub repo of a cached model file that the catalog lists as a vision model, else None."""
+    origin = hub_origin(path)
+    if origin is None:
+        return None
+    from ggufdesk.core import catalog
+
+    try:
+        cat = catalog.load()
+    except KnownError:
+        return None
+    repo = origin[0].lower()
+    hit = next((e for e in cat.entries if e.repo.lower() == repo and "vision" in e.capabilities), None)
+    return hit.repo if hit else None
+
+
+def projector_hint(model: str) -> str:
+    """How to get a model's projector: for a file from the hub, the download that fetches it beside."""
+    origin = hub_origin(model)
+    if origin is not None:
+        return (f"`ggufdesk download {origin[0]} {origin[1]}` fetches its projector beside it "
+                "(or pass --mmproj FILE)")
+    return "Put its mmproj-*.gguf beside the model file, or pass --mmproj FILE."

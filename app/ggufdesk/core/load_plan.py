@@ -5,6 +5,7 @@ from ggufdesk.core import planner
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.gguf_meta import GGUFInfo, read_gguf
 from ggufdesk.core.hardware import HardwareInfo
+from ggufdesk.core.projector import ProjectorInfo, projector_beside, read_projector
 from ggufdesk.core.settings import LoadSettings, SpeculationSettings
 
 
@@ -20,4 +21,15 @@ def plan_load(model: str, load: LoadSettings, speculation: SpeculationSettings,
             raise KnownError(f"the draft model cannot be used: {e}") from None
     return info, planner.plan(info, hw, n_ctx=load.n_ctx, draft=draft, type_k=load.type_k, type_v=load.type_v,
                               n_gpu_layers=load.n_gpu_layers, n_ubatch=load.n_ubatch, flash_attn=load.flash_attn,
-                              n_cpu_moe=load.n_cpu_moe)
+                              n_cpu_moe=load.n_cpu_moe, projector=_projector(model))
+
+
+def _projector(model: str) -> ProjectorInfo | None:
+    """The projector the engine will load beside the model (None: none, or one it would refuse)."""
+    path = projector_beside(model) if not model.startswith("hf://") else None
+    if path is None:
+        return None
+    try:
+        return read_projector(path)
+    except KnownError:
+        return None  # the engine refuses it too, and the model reads text only

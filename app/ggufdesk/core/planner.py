@@ -33,6 +33,7 @@ from ggufdesk.core import quants
 from ggufdesk.core.errors import KnownError, SettingsError
 from ggufdesk.core.gguf_meta import GGUFInfo, TensorInfo
 from ggufdesk.core.hardware import Calibration, HardwareInfo
+from ggufdesk.core.projector import ProjectorInfo
 from ggufdesk.core.settings import LOGITS_ROWS
 
 MiB = 1 << 20
@@ -81,14 +82,16 @@ class Memory:
     output: int = 0
     overhead: int = 0
     cuda_context: int = 0
+    projector_cpu: int = 0  # a vision projector's weights and encoder buffer (libmtmd's, not llama.cpp's buffers)
+    projector_gpu: int = 0
 
     @property
     def ram(self) -> int:
-        return self.weights_cpu + self.kv_cpu + self.compute_cpu + self.output + self.overhead
+        return self.weights_cpu + self.kv_cpu + self.compute_cpu + self.output + self.overhead + self.projector_cpu
 
     @property
     def vram(self) -> int:
-        return self.weights_gpu + self.kv_gpu + self.compute_gpu + self.cuda_context
+        return self.weights_gpu + self.kv_gpu + self.compute_gpu + self.cuda_context + self.projector_gpu
 
     @property
     def buffers(self) -> int:
@@ -351,6 +354,10 @@ class Plan:
     # first n_cpu_moe layers in RAM (llama.cpp's --n-cpu-moe); 0 = whole layers are split as usual
     n_cpu_moe: int = 0
     layer_split_decode_tok_s: float | None = None  # what the whole-layer split would have given
+    # a vision model's projector (core/projector.py): its weights and encoder buffer (on the GPU with
+    # any GPU layers, as libmtmd puts it), and the tokens one image takes in the context
+    projector_bytes: int = 0
+    image_tokens: int = 0
 
     def to_json(self) -> dict[str, Any]:
         m = self.memory
@@ -376,7 +383,8 @@ def _gib(n: float) -> str:
 def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo | None = None,
          type_k: str = "f16", type_v: str = "f16", n_gpu_layers: int | None = None,
          n_ubatch: int = 512, flash_attn: str = "auto", swa_full: bool = True,
-         n_cpu_moe: int | None = None, smaller_quants: tuple[str, ...] = ()) -> Plan:
+         n_cpu_moe: int | None = None, smaller_quants: tuple[str, ...] = (),
+         projector: ProjectorInfo | None = None) -> Plan:
     """Where the model goes on this machine and how fast it will run.
 
     A mixture of experts that does not fit VRAM whole gets the split that keeps attention, shared
@@ -401,8 +409,12 @@ def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo
     kw: dict[str, Any] = dict(n_ctx=n_ctx, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
               swa_full=swa_full, gpu=has_gpu)
 
+    proj_bytes = projector.memory_bytes(flash_attn != "off") if projector is not None else 0
+
     def total(ngl: int, ncm: int = 0) -> tuple[Memory, Memory | None]:
         m = memory(info, n_gpu_layers=ngl, n_cpu_moe=ncm, **kw)
+        if proj_bytes:  # libmtmd puts it on the GPU when the model uses one
+            m = replace(m, projector_gpu=proj_bytes) if has_gpu and ngl else replace(m, projector_cpu=proj_bytes)
         if draft is None:
             return m, None
         full = ngl < 0 or ngl >= info.n_layer + 1
@@ -444,7 +456,8 @@ def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo
              draft_memory=dm, ram_bytes=s.ram, ram_resident_bytes=s.resident_ram(info, n_ubatch),
              vram_bytes=s.vram, ram_budget=ram_budget, vram_budget=vram_budget,
              pred_decode_tok_s=dec, pred_decode_tok_s_full=dec_full, pred_prefill_tok_s=pre,
-             explanation="", n_cpu_moe=ncm, layer_split_decode_tok_s=layer_speed)
+             explanation="", n_cpu_moe=ncm, layer_split_decode_tok_s=layer_speed, projector_bytes=proj_bytes,
+             image_tokens=projector.image_tokens if projector is not None else 0)
     return replace(p, explanation=explain(p, hw),
                    advice=advise(p, info, hw, type_k=type_k, smaller_quants=smaller_quants))
 

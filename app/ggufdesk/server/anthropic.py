@@ -17,6 +17,7 @@ from ggufdesk.engine.link import protocol as P
 from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
+from ggufdesk.server.images import RequestImages, with_images
 from ggufdesk.server.schemas import MessagesRequest, text_of
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
@@ -41,9 +42,9 @@ def sampling_for(svc: Service, req: MessagesRequest, model: str) -> SamplingSett
         raise invalid(str(e)) from None
 
 
-def messages_of(req: MessagesRequest) -> list[dict[str, Any]]:
+def messages_of(req: MessagesRequest, images: RequestImages | None = None) -> list[dict[str, Any]]:
     """Anthropic turns as the engine's (OpenAI-style) messages: tool_use blocks become tool_calls,
-    tool_result blocks become role "tool" messages."""
+    tool_result blocks become role "tool" messages, image blocks the engine's image parts."""
     out: list[dict[str, Any]] = []
     if req.system:
         out.append({"role": "system", "content": text_of(req.system, "system")})
@@ -51,11 +52,14 @@ def messages_of(req: MessagesRequest) -> list[dict[str, Any]]:
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
-        text, calls = [], []
+        text: list[Any] = []
+        calls: list[dict[str, Any]] = []
         for j, b in enumerate(m.content):
             where = f"messages[{i}].content[{j}]"
             if b.type == "text":
                 text.append(b.text or "")
+            elif b.type == "image" and m.role == "user" and images is not None:
+                text.append(image_block(b, where, images))
             elif b.type == "tool_use" and m.role == "assistant":
                 calls.append({"id": b.id or f"call_{i}_{j}", "type": "function",
                               "function": {"name": b.name or "", "arguments": json.dumps(b.input or {})}})
@@ -65,7 +69,7 @@ def messages_of(req: MessagesRequest) -> list[dict[str, Any]]:
             else:
                 raise not_supported(f"{where} of type {b.type!r}")
         if text or calls or m.role == "assistant":
-            msg: dict[str, Any] = {"role": m.role, "content": "".join(text)}
+            msg: dict[str, Any] = {"role": m.role, "content": joined(text)}
             if calls:
                 msg["tool_calls"] = calls
             out.append(msg)
@@ -77,6 +81,25 @@ def usage(job: Job) -> dict[str, int]:
     cached = job.cached_tokens
     return {"input_tokens": job.prompt_tokens - cached, "output_tokens": job.completion_tokens,
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+
+
+def image_block(b: Any, where: str, images: RequestImages) -> dict[str, Any]:
+    """An Anthropic image block (source: base64, or url with --allow-remote-images) as an engine image part."""
+    source = getattr(b, "source", None)
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        return images.part_from_base64(source.get("data"), f"{where}.source")
+    if kind == "url":
+        return images.part_from_url(source.get("url"), f"{where}.source")
+    raise invalid(f"{where}.source: an image source of type {kind!r}; use base64 (or url)", param=where,
+                  code="invalid_image")
+
+
+def joined(parts: list[Any]) -> str | list[dict[str, Any]]:
+    """Text blocks as one string; with images, the engine's parts in order."""
+    if all(isinstance(p, str) for p in parts):
+        return "".join(parts)
+    return [p if isinstance(p, dict) else {"type": "text", "text": p} for p in parts]
 
 
 def stop_reason(job: Job) -> str:
@@ -92,12 +115,13 @@ def stop_sequence(job: Job) -> str | None:
 
 async def messages(request: Request) -> Response:
     svc = service(request)
-    req = await parse_body(request, MessagesRequest)
+    req = await parse_body(request, MessagesRequest, svc.config.max_image_body)
     extra = await off_loop(structured.anthropic_tools, req.tools, req.tool_choice)
     think = reasoning.anthropic_fields(req.thinking)
     model = svc.check_model(req.model)
-    spec = GenSpec(endpoint="messages", messages=messages_of(req), sampling=sampling_for(svc, req, model),
-                   structured=extra, reasoning=think, model=model)
+    msgs, images = await with_images(request, model, messages_of, req)
+    spec = GenSpec(endpoint="messages", messages=msgs, sampling=sampling_for(svc, req, model),
+                   structured=extra, reasoning=think, model=model, images=images)
     job = await svc.start(caller(request), spec, request.receive)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if req.stream:

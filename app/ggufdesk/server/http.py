@@ -41,13 +41,22 @@ async def off_loop(fn: Callable[..., T], *args: Any) -> T:
                             "try again later", code="overloaded", retry_after=5, reason="overloaded") from None
 
 
-async def parse_body(request: Request, model: type[T]) -> T:
-    """The request's body read under the size limit and parsed into `model` (schemas.parse) off the loop."""
+async def parse_body(request: Request, model: type[T], limit: int | None = None) -> T:
+    """The request's body read under the size limit (max_body, or `limit`: a chat body may carry images)
+    and parsed into `model` (schemas.parse) off the loop."""
     from ggufdesk.server.schemas import parse
 
-    body = await read_body(request, service(request).config.max_body)
+    max_body = service(request).config.max_body
+    body = await read_body(request, limit or max_body)
+    if len(body) > max_body and b"image" not in body:  # the larger limit is for images only
+        raise body_too_large(f"the request body is larger than {max_body} bytes")
+    request.state.body_size = len(body)  # (server/images.py: without its images, a body keeps to max_body)
     parsed: T = await off_loop(parse, model, body)
     return parsed
+
+
+def body_too_large(message: str) -> ApiError:
+    return ApiError(413, message, code="request_too_large", reason="too_large")
 
 
 def service(request: Request) -> Service:
@@ -56,8 +65,7 @@ def service(request: Request) -> Service:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, or a 413 as soon as it is known to exceed `limit` bytes."""
-    too_large = ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large",
-                         reason="too_large")
+    too_large = body_too_large(f"the request body is larger than {limit} bytes")
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise too_large

@@ -36,6 +36,7 @@ def describe(path: str, model_id: str) -> dict[str, Any]:
 def _header(path: str, size: int, mtime: float) -> dict[str, Any]:
     """The header facts (cached per file version: a header read is milliseconds, but per request adds up)."""
     from ggufdesk.core.gguf_meta import embedding_only, read_gguf
+    from ggufdesk.core.projector import projector_beside
 
     try:
         info = read_gguf(path)
@@ -48,6 +49,8 @@ def _header(path: str, size: int, mtime: float) -> dict[str, Any]:
     caps = ["embedding"] if only else ["completion"]
     if not only and T.detect_format(info.chat_template).native:
         caps.append("tools")
+    if not only and projector_beside(path) is not None:
+        caps.append("vision")  # (Ollama's word: loaded with its projector, the model reads images)
     small = {k: v for k, v in info.metadata.items()
              if isinstance(v, (int, float, str, bool)) and not (isinstance(v, str) and len(v) > 256)}
     return {"family": arch, "quant": info.file_type or "", "n_params": info.n_params,

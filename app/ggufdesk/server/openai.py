@@ -17,6 +17,7 @@ from ggufdesk.engine.link import protocol as P
 from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import ApiError, invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
+from ggufdesk.server.images import RequestImages, with_images
 from ggufdesk.server.schemas import ChatRequest, CompletionRequest, SamplingFields, refuse_unsupported, stops, text_of
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
@@ -46,13 +47,13 @@ def want_logprobs(svc: Service, model: str, n: int) -> int:
     return max(1, n)
 
 
-def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
+def chat_messages(req: ChatRequest, images: RequestImages | None = None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, m in enumerate(req.messages):
         if m.role == "function":
             raise not_supported(f"messages[{i}] with role 'function' (use tools and role 'tool')")
         msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
-                               "content": text_of(m.content, f"messages[{i}]")}
+                               "content": content_of(m.content, f"messages[{i}]", images)}
         if m.tool_calls:
             msg["tool_calls"] = m.tool_calls
         if m.tool_call_id:
@@ -61,6 +62,23 @@ def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
             msg["reasoning_content"] = m.reasoning_content
         out.append(msg)
     return out
+
+
+def content_of(content: Any, where: str, images: RequestImages | None) -> str | list[dict[str, Any]]:
+    """A message's content: text, or (with image_url parts) the engine's parts."""
+    if images is None or not isinstance(content, list) or not any(p.type == "image_url" for p in content):
+        return text_of(content, where)
+    parts: list[dict[str, Any]] = []
+    for j, p in enumerate(content):
+        if p.type == "image_url":
+            ref = getattr(p, "image_url", None)
+            url = ref.get("url") if isinstance(ref, dict) else ref
+            parts.append(images.part_from_url(url, f"{where}.content[{j}].image_url"))
+        elif p.type == "text" and p.text is not None:
+            parts.append({"type": "text", "text": p.text})
+        else:
+            raise not_supported(f"{where} content of type {p.type!r}")
+    return parts
 
 
 def chat_structured(req: ChatRequest) -> dict[str, Any]:
@@ -114,17 +132,18 @@ async def models(request: Request) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     svc = service(request)
-    req = await parse_body(request, ChatRequest)
+    req = await parse_body(request, ChatRequest, svc.config.max_image_body)
     refuse_unsupported(req)
     extra = await off_loop(chat_structured, req)
     model = svc.check_model(req.model)
+    messages, images = await with_images(request, model, chat_messages, req)
     top = req.top_logprobs or 0
     lp = want_logprobs(svc, model, top) if req.logprobs else 0
     sampling = sampling_for(svc, req, req.max_completion_tokens or req.max_tokens, model)
     think = reasoning.openai_fields(effort=req.reasoning_effort, template_kwargs=req.chat_template_kwargs,
                                     budget=req.reasoning_budget, think=req.think)
-    spec = GenSpec(endpoint="chat", messages=chat_messages(req), sampling=sampling, logprobs=lp, structured=extra,
-                   reasoning=think, model=model)
+    spec = GenSpec(endpoint="chat", messages=messages, sampling=sampling, logprobs=lp, structured=extra,
+                   reasoning=think, model=model, images=images)
     job = await svc.start(caller(request), spec, request.receive)
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     if req.stream:

@@ -39,6 +39,8 @@ class ServerConfig:
     parallel: int = 1  # requests generated at once
     max_queue: int = 64  # requests waiting beyond those
     max_body: int = 4 * 1024 * 1024  # bytes
+    max_image_body: int = 96 * 1024 * 1024  # bytes of a chat body, which may carry images (server/images.py)
+    allow_remote_images: bool = False  # fetch http(s) image URLs (off: only data: URLs and base64)
     default_max_tokens: int = 1024
     # defaults for omitted fields; an API refuses what does not fit unless asked (`context_overflow`)
     sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(context_overflow="error"))
@@ -61,6 +63,7 @@ class GenSpec:
     model: str = ""  # the model id (svc.check_model's answer) that start() routes on; "" = the default
     keep_alive: float | None = None  # seconds the model stays loaded after this (Ollama); None = the server's
     reasoning: dict[str, Any] = field(default_factory=dict)  # think / reasoning_budget (server/reasoning.py)
+    images: dict[str, str] = field(default_factory=dict)  # sha256 -> base64, for the messages' image parts
 
 
 def engine_error(ev: P.Error) -> ApiError:
@@ -75,6 +78,8 @@ def engine_error(ev: P.Error) -> ApiError:
         return ApiError(400, ev.message, reason="invalid")
     if ev.kind == "schema":
         return ApiError(400, ev.message, code="unsupported_schema", reason="invalid")
+    if ev.kind == "image":
+        return ApiError(400, ev.message, code="invalid_image", param="messages", reason="invalid")
     if ev.kind == "protocol":  # the request could not even be written to the engine (too deep, not JSON)
         return ApiError(400, ev.message, reason="invalid")
     if ev.kind == "timeout":
@@ -245,9 +250,11 @@ class Service:
         job = Job(self, rid=rid, queue=q, caller=caller, spec=spec, t0=t0, gone=gone, slot=slot, reserved=reserved)
         self._inflight[caller] = self._inflight.get(caller, 0) + 1
         try:
+            images = {"images": spec.images} if spec.images else {}
             await pool.generate(rid, prompt=spec.prompt, messages=with_system(spec.messages, slot),
                                 sampling=spec.sampling, logprobs=spec.logprobs,
-                                deadline_s=self.config.request_timeout or None, **spec.structured, **spec.reasoning)
+                                deadline_s=self.config.request_timeout or None, **spec.structured, **spec.reasoning,
+                                **images)
         except KnownError as e:
             job.finish(None)
             raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
@@ -372,9 +379,21 @@ def estimate_prompt_tokens(spec: GenSpec) -> int:
     if spec.prompt is not None:
         text = spec.prompt
     else:
-        text = "".join(str(m.get("content") or "") + str(m.get("tool_calls") or "") for m in spec.messages or [])
+        text = "".join(_text(m.get("content")) + str(m.get("tool_calls") or "") for m in spec.messages or [])
     extra = len(str(spec.structured.get("tools") or ""))
-    return (len(text.encode("utf-8", "replace")) + extra) // 3 + 1
+    images = sum(1 for m in spec.messages or [] if isinstance(m.get("content"), list)
+                 for p in m["content"] if isinstance(p, dict) and p.get("type") == "image")
+    return (len(text.encode("utf-8", "replace")) + extra) // 3 + 1 + images * IMAGE_TOKENS_GUESS
+
+
+IMAGE_TOKENS_GUESS = 256  # an image's tokens before the engine counts them (Gemma 3's; settled with the real count)
+
+
+def _text(content: Any) -> str:
+    """A message's text: a string, or the text of its parts (images are counted apart)."""
+    if isinstance(content, list):
+        return "".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+    return str(content or "")
 
 
 def with_system(messages: list[dict[str, Any]] | None, slot: Slot) -> list[dict[str, Any]] | None:

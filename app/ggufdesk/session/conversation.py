@@ -12,15 +12,17 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Callable, Literal, Protocol, Sequence
 
+from ggufdesk.core import images as img
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.history import Conversation, History, Message
+from ggufdesk.core.image_store import images_of
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.session.docs import Attached
 from ggufdesk.session.guard import repeat_cut
-from ggufdesk.session.prompt import build_request, context_note, title_from
+from ggufdesk.session.prompt import ImageSource, build_request, context_note, title_from
 from ggufdesk.session.tool_loop import ToolCall, ToolLoop
 from ggufdesk.session.tool_turns import ToolTurns
 from ggufdesk.session.turns import Ref, Turn
@@ -94,6 +96,11 @@ class SessionView:
     def notice(self, text: str, level: Level = "info") -> None: ...
 
 
+def _store_image(data: bytes) -> Callable[[History], str]:
+    """A write that puts an image into the history's store."""
+    return lambda h: h.images.put(data)
+
+
 def _now(fn: Callable[[], None]) -> None:
     fn()
 
@@ -108,9 +115,12 @@ class ChatSession(ToolTurns):
     def __init__(self, *, engine: Engine, writer: HistoryWriter | None = None,
                  view: SessionView | None = None, post: Callable[[Callable[[], None]], None] = _now,
                  save_every: float = SAVE_PARTIAL_EVERY_S, clock: Callable[[], float] = time.monotonic,
-                 tools: ToolLoop | None = None) -> None:
+                 tools: ToolLoop | None = None, images: ImageSource | None = None) -> None:
         self.engine = engine
         self.writer = writer
+        # the messages' images by sha256: those sent here, and the history's (`images`: its store's get)
+        self.image_source = images
+        self._image_bytes: dict[str, bytes] = {}
         self.view = view or SessionView()
         self.post = post
         self.save_every = save_every
@@ -261,21 +271,26 @@ class ChatSession(ToolTurns):
                           else "no model is loaded yet: choose one first")
 
     def send(self, text: str, *, system_prompt: str = "",
-             sampling: SamplingSettings | None = None) -> Turn:
-        """Add the user's message and start the answer. Raises Refused (nothing changes) when an
-        answer is running or no model is loaded. system_prompt/sampling are for a new conversation."""
+             sampling: SamplingSettings | None = None, images: Sequence[bytes] = ()) -> Turn:
+        """Add the user's message (with its images, for a model that sees) and start the answer. Raises
+        Refused (nothing changes) when an answer is running, no model is loaded, or an image is refused.
+        system_prompt/sampling are for a new conversation."""
         text = text.strip()
-        if not text:
+        if not text and not images:
             raise Refused("nothing to send")
         self.check_can_send()
+        keys = self._check_images(images)
         with self._action():
-            return self._send(text, system_prompt=system_prompt, sampling=sampling)
+            return self._send(text, system_prompt=system_prompt, sampling=sampling, images=images, keys=keys)
 
-    def _send(self, text: str, *, system_prompt: str, sampling: SamplingSettings | None) -> Turn:
+    def _send(self, text: str, *, system_prompt: str, sampling: SamplingSettings | None,
+              images: Sequence[bytes], keys: list[str]) -> Turn:
         if self.conv is None:
             self.new_conversation(system_prompt=system_prompt, sampling=sampling)
         assert self.conv is not None
-        user = Turn(role="user", content=text)
+        for data in images:
+            self._write(_store_image(data))  # the file before the message naming it
+        user = Turn(role="user", content=text, stats={"images": keys} if keys else {})
         edited = self.editing
         retitle = self.conv.title == "New chat"
         if edited is not None and edited in self.turns:
@@ -295,6 +310,40 @@ class ChatSession(ToolTurns):
         self.rounds = 0
         self._start_answer()
         return user
+
+    def _check_images(self, images: Sequence[bytes]) -> list[str]:
+        """The images' keys, each checked (Refused with the reason); kept for the requests that show them."""
+        if not images:
+            return []
+        if self.model is None or not self.model.mmproj:
+            name = Path(self.model.model).name if self.model is not None else "the model"
+            raise Refused(f"{name} reads text only: it has no vision projector (mmproj), so it cannot see images")
+        if self.conv is not None and self.conv.mode == "completion":
+            raise Refused("images go in a chat, not in completion mode")
+        if len(images) > img.MAX_IMAGES:
+            raise Refused(f"at most {img.MAX_IMAGES} images in one message")
+        keys = []
+        for data in images:
+            try:
+                img.check(data)
+            except img.ImageError as e:
+                raise Refused(str(e)) from None
+            keys.append(img.sha256(data))
+            self._image_bytes[keys[-1]] = data
+        return keys
+
+    def image(self, key: str) -> bytes | None:
+        """An image of the conversation by sha256: sent in this session, or read from the history."""
+        data = self._image_bytes.get(key)
+        if data is None and self.image_source is not None:
+            data = self.image_source(key)
+        return data
+
+    def images_of(self, key: int) -> list[bytes]:
+        """The images of turn `key` (to attach them again when it is edited)."""
+        turn = self._turn(key)
+        found = [self.image(k) for k in images_of(turn.stats)] if turn is not None else []
+        return [d for d in found if d is not None]
 
     def continue_text(self) -> None:
         """Completion mode, nothing typed: the model writes on from where the text ends."""
@@ -387,7 +436,8 @@ class ChatSession(ToolTurns):
         before generation for it starts."""
         assert self.conv is not None
         conv = self.conv
-        request = build_request(conv, self.turns)
+        request = build_request(conv, self.turns, images=self.image,
+                                vision=bool(self.model is not None and self.model.mmproj))
         self._loop_cut = None
         if self.base_model and conv.mode == "chat":
             # A base model does not know where a chat turn ends: a turn is one paragraph.

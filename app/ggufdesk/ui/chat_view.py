@@ -2,10 +2,13 @@
 streaming answer."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QScrollArea, QVBoxLayout, QWidget
 
 from ggufdesk.core.history import Message
+from ggufdesk.core.image_store import images_of
 from ggufdesk.ui.message_widget import MessageWidget
 from ggufdesk.ui.tool_card import ToolCallCard
 
@@ -33,6 +36,7 @@ class ChatView(QScrollArea):
         self.widgets: list[MessageWidget] = []
         self.cards: list[ToolCallCard] = []  # tool calls, live or read back (tool messages)
         self.mode = "chat"
+        self.image_loader: Callable[[str], bytes | None] | None = None  # a message's image by sha256
         self._follow = True
         self.verticalScrollBar().rangeChanged.connect(self._on_range)
         self.verticalScrollBar().valueChanged.connect(self._on_scroll)
@@ -77,6 +81,9 @@ class ChatView(QScrollArea):
         w = MessageWidget(message_id=m.id, role=m.role, text=m.content, status=m.status,
                           stats=m.stats, mode=self.mode)
         w.set_versions(*version)
+        keys = images_of(m.stats)
+        if keys:
+            w.set_images([self.image_loader(k) if self.image_loader is not None else None for k in keys])
         w.edit_requested.connect(self.edit_requested)
         w.regenerate_requested.connect(self.regenerate_requested)
         w.version_requested.connect(self.version_requested)

@@ -1,14 +1,19 @@
 """The message box and its Send / Stop buttons: Enter sends and Shift+Enter starts a new line (or
 the other way round), Tab leaves the box.
 
-Room to grow: `add_tool()` puts a button (Attach…) in the row under the box, and `attachments`
-is the row above the box where attached files are shown (both hidden while empty).
+Images for a vision model: the Attach image… button under the box, a paste (Ctrl+V of an image or
+of image files) or a drop onto the box; each shows as a thumbnail above the box with a × to remove
+it (`images()`). `add_tool()` puts a control in the row under the box, `add_attachment()` one above.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtCore import QMimeData, QSettings, Qt, Signal
 from PySide6.QtGui import QKeyEvent
-from PySide6.QtWidgets import QHBoxLayout, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QPlainTextEdit, QPushButton, QVBoxLayout,
+                               QWidget)
+
+from ggufdesk.core import images as img
+from ggufdesk.ui.image_views import COMPOSER_SIDE, FILE_FILTER, Thumbnail, mime_images, read_image_file
 
 ENTER_SENDS_KEY = "chat/enter_sends"
 BOX_HEIGHT = 84
@@ -23,11 +28,26 @@ class MessageBox(QPlainTextEdit):
     """`submitted` fires on Enter (or Ctrl+Enter when Enter makes new lines); Tab moves focus."""
 
     submitted = Signal()
+    images_given = Signal(list)  # a paste or a drop of images: bytes each, or a reason it failed (str)
 
     def __init__(self, parent: QWidget | None = None, *, enter_sends: bool = True) -> None:
         super().__init__(parent)
         self.setTabChangesFocus(True)  # Tab / Shift+Tab leave the box, like any other field
         self.enter_sends = enter_sends
+        self.takes_images = False  # set by the composer while the model can see
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:  # noqa: N802 - Qt API
+        if self.takes_images and (source.hasImage() or any(u.isLocalFile() for u in source.urls())):
+            return True
+        return super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:  # noqa: N802 - Qt API
+        """A paste or a drop: images become attachments, text stays text."""
+        found = mime_images(source) if self.takes_images else []
+        if found:
+            self.images_given.emit(found)
+            return
+        super().insertFromMimeData(source)
 
     def hint(self) -> str:
         return ("Enter sends · Shift+Enter for a new line" if self.enter_sends
@@ -51,13 +71,15 @@ class MessageBox(QPlainTextEdit):
 
 class Composer(QWidget):
     """The box, Send and Stop. `send_requested` carries the text as typed (the window decides what
-    an empty box means); `stop_requested` the Stop button; `draft_changed` every edit."""
+    an empty box means); `stop_requested` the Stop button; `draft_changed` every edit. images: the
+    Attach image… button under the box (paste and drop take images whenever `set_images_allowed`)."""
 
     send_requested = Signal(str)
     stop_requested = Signal()
     draft_changed = Signal()
+    image_refused = Signal(str)  # an image that cannot be attached, and why
 
-    def __init__(self, parent: QWidget | None = None, *, enter_sends: bool = True) -> None:
+    def __init__(self, parent: QWidget | None = None, *, enter_sends: bool = True, images: bool = False) -> None:
         super().__init__(parent)
         self.box = MessageBox(enter_sends=enter_sends)
         self.box.setFixedHeight(BOX_HEIGHT)
@@ -67,6 +89,7 @@ class Composer(QWidget):
         self.stop_btn.setEnabled(False)
         self.attachments = QHBoxLayout()  # attached files, shown above the box
         self.attachments.setContentsMargins(0, 0, 0, 0)
+        self.attachments.setAlignment(Qt.AlignmentFlag.AlignLeft)
         self.tools = QHBoxLayout()  # buttons that add to the message (Attach…), under the box
         self.tools.setContentsMargins(0, 0, 0, 0)
         self.tools.addStretch(1)
@@ -88,6 +111,13 @@ class Composer(QWidget):
         self.send_btn.clicked.connect(self._send)
         self.stop_btn.clicked.connect(lambda: self.stop_requested.emit())
         self.box.textChanged.connect(lambda: self.draft_changed.emit())
+        self.thumbnails: list[Thumbnail] = []
+        self.attach_btn = QPushButton("Attach image…")  # (a button like the documents' Attach files…)
+        self.attach_btn.clicked.connect(lambda: self.choose_images())
+        if images:  # (the window's composer: the button is there, greyed, while the model reads text only)
+            self.add_tool(self.attach_btn)
+        self.box.images_given.connect(self.attach)
+        self.set_images_allowed(False, "Load a vision model (one with its projector, mmproj) to attach images")
 
     @staticmethod
     def _row(layout: QHBoxLayout) -> QWidget:
@@ -120,6 +150,57 @@ class Composer(QWidget):
         self.send_btn.setText(text)
         self.send_btn.setToolTip(tooltip)
         self.box.setPlaceholderText(f"{placeholder} ({self.box.hint()})")
+
+    # ---- images ---------------------------------------------------------------------------------
+
+    def set_images_allowed(self, allowed: bool, why_not: str = "") -> None:
+        """Images can be attached while the model sees (and the conversation is a chat)."""
+        self.attach_btn.setEnabled(allowed)
+        self.attach_btn.setToolTip("Attach images (or paste or drop them into the box)" if allowed else why_not)
+        self.box.takes_images = allowed
+
+    def choose_images(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach images", "", FILE_FILTER)
+        found: list[bytes | str] = []
+        for path in paths:
+            try:
+                found.append(read_image_file(path))
+            except OSError as e:
+                found.append(f"could not read {path}: {e.strerror or e}")
+        self.attach(found)
+
+    def attach(self, found: list) -> None:
+        """Attach images (bytes), each checked first; a refused one is said (image_refused), not kept."""
+        for data in found:
+            if isinstance(data, str):
+                self.image_refused.emit(data)
+                continue
+            try:
+                img.check(data)
+            except img.ImageError as e:
+                self.image_refused.emit(str(e))
+                continue
+            if len(self.thumbnails) >= img.MAX_IMAGES:
+                self.image_refused.emit(f"at most {img.MAX_IMAGES} images in one message")
+                return
+            if any(t.data == data for t in self.thumbnails):
+                continue
+            t = Thumbnail(data, side=COMPOSER_SIDE, removable=True)
+            t.removed.connect(lambda t=t: self._remove(t))
+            self.thumbnails.append(t)
+            self.add_attachment(t)
+
+    def _remove(self, t: Thumbnail) -> None:
+        if t in self.thumbnails:
+            self.thumbnails.remove(t)
+            self.remove_attachment(t)
+
+    def images(self) -> list[bytes]:
+        return [t.data for t in self.thumbnails]
+
+    def clear_images(self) -> None:
+        for t in list(self.thumbnails):
+            self._remove(t)
 
     # ---- room to grow ---------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ SEGMENTS = (  # key, label; colours are the palette's chart series (theme.series
     ("kv", "KV cache"),
     ("compute", "compute"),
     ("draft", "draft"),
+    ("projector", "vision projector"),
     ("other", "other processes"),
 )
 RATE_WINDOW_S = 2.0  # the decode gauge shows the speed over the last 2 s of writing
@@ -334,6 +335,10 @@ class GaugePanel(QScrollArea):
             self.decode.setText(f"{ev.decode_tok_s:.1f} tok/s" if ev.n_gen > 1 else "–")
             self.decode_note.setText(f"average of this answer ({ev.n_gen} tokens)"
                                      if ev.n_gen > 1 else "")
+        elif recent is not None and ev.threads:
+            self.decode.setText(f"{recent:.1f} tok/s")
+            self.decode_note.setText(f"last {self.rate.window_s:.0f} s, {ev.threads} thread"
+                                     + ("s" if ev.threads > 1 else ""))
         elif recent is not None:
             self.decode.setText(f"{recent:.1f} tok/s")
             self.decode_note.setText(f"last {self.rate.window_s:.0f} s")
@@ -376,7 +381,7 @@ class GaugePanel(QScrollArea):
 
     def _refresh_memory(self) -> None:
         s = self.sample
-        ours = sum(self.memory.get(k, 0) for k in ("weights", "kv", "compute", "draft"))
+        ours = sum(self.memory.get(k, 0) for k in ("weights", "kv", "compute", "draft", "projector"))
         on_gpu = s.vram_total > 0 and self.n_gpu_layers != 0
         if on_gpu:
             total, used, where = s.vram_total, s.vram_used, f"VRAM ({s.gpu_name})"

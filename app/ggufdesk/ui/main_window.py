@@ -159,8 +159,7 @@ class _WindowView(SessionView, ModelView):
         self.win.header.set_model_state(state)
         memory = sum(v for v in state.loaded.memory.values() if isinstance(v, int)) if state.loaded else 0
         self.win.switcher.set_current(state.path, memory)
-        if state.phase == "loaded":
-            self.win.show_mode()
+        self.win.show_mode()  # (what the composer takes follows the model: images for a vision model)
 
     def load_failed(self) -> None:
         self.win.gauges.on_unloaded()  # the truth: the engine holds no model now
@@ -193,7 +192,9 @@ class MainWindow(QMainWindow):
         view = _WindowView(self)
         self.writer = HistoryWriter(history)
         self.tools = self._mcp_tools()
-        self.session = ChatSession(engine=engine, writer=self.writer, view=view, post=run_on_main, tools=self.tools)
+        self.session = ChatSession(engine=engine, writer=self.writer, view=view, post=run_on_main, tools=self.tools,
+                                   images=history.images.get)
+        self.chat.image_loader = self.session.image
         self.models = ModelSession(engine=engine, settings=self.settings, view=view,
                                    recommended=recommended, save=self._save_settings)
         self._wire()
@@ -234,7 +235,7 @@ class MainWindow(QMainWindow):
         self.header.set_switcher(self.switcher)
         self.banner = Banner()
         self.chat = ChatView()
-        self.composer = Composer(enter_sends=enter_sends())
+        self.composer = Composer(enter_sends=enter_sends(), images=True)
         self.gauges = GaugePanel()  # scrolls when short; the splitter can fold it away
         # Short names for the controls that tests, benches and screenshots reach for.
         self.search, self.conv_list, self.conv_model = (self.sidebar.search, self.sidebar.list,
@@ -348,6 +349,7 @@ class MainWindow(QMainWindow):
         self.composer.send_requested.connect(lambda text: self.send(text))
         self.composer.stop_requested.connect(lambda: self.stop())
         self.composer.draft_changed.connect(lambda: self._draft_timer.start())
+        self.composer.image_refused.connect(lambda why: self.banner.notify(why, "warning"))
         s = self.sidebar
         s.new_requested.connect(lambda: self.new_conversation())
         s.rename_requested.connect(lambda: self.rename_current())
@@ -411,6 +413,7 @@ class MainWindow(QMainWindow):
                                          f"Write the beginning of a text, e.g. “{EXAMPLE_PROMPT}”")
         else:
             self.composer.set_send_words("Send", "Send the message", "Write a message…")
+        self._images_allowed(completion)
         self.chat.set_mode(conv.mode if conv else "chat")
         text = "" if conv is None else "continue-text mode" if completion else "chat mode"
         loaded = self.session.model.model if conv is not None and self.session.model else ""
@@ -420,6 +423,18 @@ class MainWindow(QMainWindow):
                                  f"{Path(loaded).name} is loaded now (Model ▸ Choose model…)")
         else:
             self.header.set_mode(text)
+
+    def _images_allowed(self, completion: bool) -> None:
+        """Attach, paste and drop images while the loaded model sees and the conversation is a chat."""
+        model = self.session.model if hasattr(self, "session") else None
+        if model is None or not model.mmproj:
+            name = Path(model.model).name if model is not None else "The model"
+            self.composer.set_images_allowed(False, f"{name} reads text only: images need a vision model "
+                                                    "with its projector (mmproj) beside it")
+        elif completion:
+            self.composer.set_images_allowed(False, "Images go in a chat, not in continue-text mode")
+        else:
+            self.composer.set_images_allowed(True)
 
     # ---- geometry -----------------------------------------------------------------------------
 
@@ -586,8 +601,9 @@ class MainWindow(QMainWindow):
                 if out.suffix.lower() == ".json":
                     out.write_text(json.dumps(self.history.export_json(conv_id), indent=2,
                                               ensure_ascii=False), encoding="utf-8")
-                else:
-                    out.write_text(self.history.export_markdown(conv_id), encoding="utf-8")
+                else:  # the images go into a folder beside the file
+                    md = self.history.export_markdown(conv_id, image_dir=out.with_name(out.stem + "_images"))
+                    out.write_text(md, encoding="utf-8")
             except OSError as e:
                 raise KnownError(f"could not export to {out}: {e.strerror or e}") from e
             return out
@@ -608,19 +624,21 @@ class MainWindow(QMainWindow):
     def send(self, text: str | None = None) -> bool:
         """Send what the box holds; in continue-text mode an empty box means "go on writing"."""
         text = (self.composer.text() if text is None else text).strip()
+        images = self.composer.images()
         completion = self.conv is not None and self.conv.mode == "completion"
-        if not text and not completion:
+        if not text and not images and not completion:
             return False
         try:
-            if text:
+            if text or images:
                 ms = self.model_settings()
-                self.session.send(text, system_prompt=ms.system_prompt, sampling=ms.sampling)
+                self.session.send(text, system_prompt=ms.system_prompt, sampling=ms.sampling, images=images)
             else:
                 self.session.continue_text()
         except Refused as e:
             self.banner.notify(str(e), "warning")
             return False
         self.composer.clear()
+        self.composer.clear_images()
         return True
 
     def stop(self) -> None:
@@ -645,6 +663,8 @@ class MainWindow(QMainWindow):
             self.banner.notify(str(e), "warning")
             return
         self.composer.set_text(text)
+        self.composer.clear_images()
+        self.composer.attach(self.session.images_of(key))
         self.input.setFocus()
         self.banner.notify("editing: sending replaces that message and what follows; the current "
                            "ones stay as an earlier version (‹ ›)")
@@ -726,11 +746,22 @@ class MainWindow(QMainWindow):
                 return str(url.toLocalFile())
         return None
 
+    def _dropped_images(self, mime: QMimeData) -> bool:
+        """Image files dropped anywhere on the window go to the message box (while the model sees)."""
+        from ggufdesk.ui.image_views import is_image_path
+
+        return self.input.takes_images and any(
+            u.isLocalFile() and is_image_path(u.toLocalFile()) for u in (mime.urls() if mime.hasUrls() else []))
+
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 - Qt API
-        if self._dropped_gguf(event.mimeData()):
+        if self._dropped_gguf(event.mimeData()) or self._dropped_images(event.mimeData()):
             event.acceptProposedAction()
 
     def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802 - Qt API
+        if self._dropped_images(event.mimeData()):
+            event.acceptProposedAction()
+            self.input.insertFromMimeData(event.mimeData())
+            return
         path = self._dropped_gguf(event.mimeData())
         if path is None:
             return

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (
 
 from ggufdesk.core.wording import COMPLETION_NAMES, FINISH_WORDS, ROLE_NAMES, STATUS_NOTES
 from ggufdesk.ui import theme
+from ggufdesk.ui.image_views import ImageRow
 
 RENDER_INTERVAL_MS = 50  # a streaming body re-renders at most 20 times a second
 
@@ -218,6 +219,7 @@ class MessageWidget(QFrame):
         lay.addLayout(top)
         lay.addWidget(self.context)
         lay.addWidget(self.thinking)
+        self.images_row: ImageRow | None = None  # a user's images (set_images), above the text
         lay.addWidget(self.body)
         lay.addWidget(self.tools)
         lay.addWidget(self.sources)
@@ -229,6 +231,17 @@ class MessageWidget(QFrame):
         self.set_status(status)
         self.set_stats(self.stats)
         self._render()
+
+    def set_images(self, images: list[bytes | None]) -> None:
+        """Show the message's images (None: one the history no longer has) above its text."""
+        if self.images_row is not None:
+            self.images_row.setParent(None)
+            self.images_row.deleteLater()
+            self.images_row = None
+        if images:
+            self.images_row = ImageRow(images)
+            lay = self.layout()
+            lay.insertWidget(lay.indexOf(self.body), self.images_row)
 
     def _button(self, text: str, tip: str, slot) -> QToolButton:
         b = QToolButton()

@@ -306,7 +306,7 @@ class ModelServices:
             return replace(rough_plan(choice, hw), note=str(e))
         from ggufdesk.core.catalog import capabilities_of
 
-        caps = tuple(dict.fromkeys(choice.capabilities + capabilities_of(info)))
+        caps = tuple(dict.fromkeys(choice.capabilities + capabilities_of(info) + _vision(choice)))
         return replace(choice, fit=pl.fit, n_gpu_layers=pl.n_gpu_layers, n_cpu_moe=pl.n_cpu_moe, n_ctx=pl.n_ctx,
                        capabilities=caps,
                        pred_prefill_tok_s=pl.pred_prefill_tok_s,
@@ -342,7 +342,24 @@ class ModelServices:
             done_before += got.bytes
             first = first or Path(got.path)
         assert first is not None
+        self._fetch_projector(choice, control)
         return first
+
+    @staticmethod
+    def _fetch_projector(choice: ModelChoice, control: DownloadControl) -> None:
+        """A vision model's projector from the same repo, beside the model (loaded with it); a repo
+        that cannot be listed now leaves the model reading text (said in the log, `library` says it too)."""
+        from ggufdesk.core import downloads
+
+        assert choice.repo and choice.filename
+        try:
+            proj = downloads.projector_for(choice.repo, choice.filename)
+            if proj is not None:
+                downloads.download(choice.repo, proj.path, cancel=control.stop)
+        except downloads.DownloadCancelled:
+            raise DownloadStopped(control.reason or "cancel") from None
+        except KnownError as e:
+            log.warning("the vision projector of %s was not fetched: %s", choice.label, e)
 
     def context_estimate(self, model: str | None, load: LoadSettings) -> ContextEstimate | None:
         """The planner's memory estimate for `load` on `model` (None when it cannot say)."""
@@ -374,3 +391,10 @@ class ModelServices:
             return (LoadSettings(n_gpu_layers=c.n_gpu_layers, n_cpu_moe=c.n_cpu_moe, n_ctx=c.n_ctx),
                     SpeculationSettings())
         return LoadSettings(), SpeculationSettings()
+
+
+def _vision(choice: ModelChoice) -> tuple[str, ...]:
+    """("vision",) for a model file on disk with its projector beside it."""
+    from ggufdesk.core.projector import projector_beside
+
+    return ("vision",) if choice.path and projector_beside(choice.path) else ()

@@ -14,10 +14,11 @@ Hooks for what comes next (keep them in these places):
 - a per-request deadline (done: `Sequence.deadline`, read on `clock`) or any other end decided
   between steps: `_reap`;
 - the disk prompt cache (engine/batching/disk_cache.py): restored in `_admit`, after the slot is
-  acquired; saved when a prompt is prefilled (`_prefilled`, sliding-window models) or when a sequence
-  finishes (`Update.on_finished`);
-- image chunks as prefill: the prefill chunk is planned in engine/batching/scheduler.py and filled in
-  engine/batching/runner.py (`_prefill_rows`); an image is a prefill item of its own;
+  acquired (text-only prompts); saved when a prompt is prefilled (`_prefilled`, sliding-window models)
+  or when a sequence finishes (`Update.on_finished`);
+- image chunks as prefill (done: engine/batching/media.py): `_images` makes an image the step's
+  prefill item (`Plan.image`) and stops a text chunk at the next image; the runner decodes it after
+  the step's rows (`ModelRunner._image`); the prefix cache compares an image's span by its hash;
 - context shift (engine/batching/shift.py): `_make_room`, after the plan, for the `shift` requests
   whose rows would pass the context's edge; the others end there (`Update.take`, FINISHED_CONTEXT);
 - a reasoning model: its split in `Update._text_out`, its budget's closing tokens in `Sampling.sample`;
@@ -34,6 +35,7 @@ import llama_cpp
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.engine.batching.disk_cache import DiskCache
+from ggufdesk.engine.batching.media import text_only
 from ggufdesk.engine.batching.prefix_cache import Slots
 from ggufdesk.engine.batching.runner import Memory, ModelRunner, StepResult
 from ggufdesk.engine.batching.sampling import Sampling, make_sampler
@@ -41,6 +43,7 @@ from ggufdesk.engine.batching.scheduler import Overloaded, Plan, Scheduler
 from ggufdesk.engine.batching.sequence import Sequence, SequenceStatus
 from ggufdesk.engine.batching.shift import room_needed, shift
 from ggufdesk.engine.batching.text import TextStream
+from ggufdesk.engine.batching.threads import Threads
 from ggufdesk.engine.batching.update import Update
 from ggufdesk.engine.batching.vocab import Vocab
 from ggufdesk.engine.link import protocol as P
@@ -72,7 +75,9 @@ class BatchEngine:
                  flush: Callable[[], None] | None = None, verify_costs: dict[int, float] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  decode: Callable[[Any, Any], int] = llama_cpp.llama_decode,
-                 timer: Callable[[], float] = time.perf_counter, disk: DiskCache | None = None) -> None:
+                 timer: Callable[[], float] = time.perf_counter,
+                 set_threads: Callable[[Any, int, int], None] = llama_cpp.llama_set_n_threads,
+                 disk: DiskCache | None = None) -> None:
         s = lm.settings
         self.clock = clock  # for request deadlines
         self.lm, self.vocab, self.emit, self.cancelled = lm, vocab, emit, cancelled
@@ -89,6 +94,10 @@ class BatchEngine:
                                    n_ctx=lm.n_ctx, set_batch=set_batch, clock=timer)
         self.update = Update(lm, vocab, self.sched, self.slots, emit=emit, cancelled=cancelled,
                              on_plain_done=on_plain_done, on_finished=None if disk is None else disk.finished)
+        # fewer threads while another program takes a core (engine/batching/threads.py); --threads: fixed
+        self.threads = Threads(s.threads, s.threads_batch, fixed=bool(s.n_threads or s.n_threads_batch),
+                               apply=lambda n, nb: set_threads(lm.ctx.ctx, n, nb))
+        self.update.threads = lambda: self.threads.decode.n
         self._status_sent: tuple[int, int, int, str] | None = None
         self._status_t = 0.0
 
@@ -161,6 +170,7 @@ class BatchEngine:
         for seq in self.sched.admit():
             self._admit(seq)
         plan = self.sched.plan()
+        self._images(plan)
         if len(self.sched.running) > 1:
             for s in self.sched.running:
                 s.alone = False
@@ -173,6 +183,16 @@ class BatchEngine:
         self.drafts.plan(plan)
         self._make_room(plan)
         return plan
+
+    @staticmethod
+    def _images(plan: Plan[Sequence]) -> None:
+        """A prompt with images: an image where its prefill stands is the step's prefill item, whole;
+        a text chunk stops at the next image."""
+        p = plan.prefill
+        if p is None or p.media is None:
+            return
+        plan.image = p.media.span_at(p.n_done)
+        plan.chunk = 0 if plan.image is not None else p.media.text_room(p.n_done, plan.chunk)
 
     def _reap(self) -> None:
         """Requests that end between steps: cancelled, or past their deadline."""
@@ -187,7 +207,10 @@ class BatchEngine:
         """Admitted: take a slot holding the longest cached prefix, make the sampler."""
         assert seq.status is SequenceStatus.PREFILLING
         seq.slot, seq.stats.n_reused = self.slots.acquire(seq.prompt)
-        if self.disk is not None:  # a longer prefix saved on disk, also by an earlier process
+        if seq.media is not None:  # an image is decoded whole or not at all
+            seq.stats.n_reused = seq.media.align(seq.stats.n_reused)
+            self.slots.truncate(seq.slot, seq.stats.n_reused)
+        elif self.disk is not None:  # a longer prefix saved on disk, also by an earlier process
             seq.ctx.restored = self.disk.restore(self.slots, seq.slot, seq.prompt)
             seq.stats.n_reused = len(seq.slot.tokens)
         seq.n_done = seq.stats.n_reused
@@ -197,15 +220,16 @@ class BatchEngine:
         seq.stream = TextStream(seq.sampling.stop, trim=seq.chat)
         s = seq.sampling
         if seq.sampler is not None and s.repeat_penalty != 1.0 and s.repeat_last_n:
-            for t in seq.prompt[-max(s.repeat_last_n, 0):]:
+            for t in text_only(seq.prompt)[-max(s.repeat_last_n, 0):]:
                 seq.sampler.accept(t)
 
     def _settle(self, plan: Plan[Sequence], result: StepResult) -> None:
-        """What the step cost: the chunk sizer and the draft planner learn from it."""
+        """What the step cost: the chunk sizer, the draft planner and the thread tuner learn from it."""
         sizer = self.sched.sizer
         if sizer is not None and (plan.decode or result.n_prompt):
             sizer.observe(result.rows - result.n_prompt, result.n_prompt, result.seconds)
         self.drafts.settle(plan, result)
+        self.threads.observe(result.rows, result.n_prompt, result.seconds)
 
     # ---- the context --------------------------------------------------------------------------
 

@@ -139,6 +139,8 @@ class DiskCache:
         key, tokens = self.key, list(slot.reusable)
         if key is None or self.store.read_only is not None or len(tokens) < self.min_tokens:
             return False
+        if min(tokens) < 0:  # an image's placeholders (engine/batching/media.py): the projector is not in the key
+            return False
         if len(tokens) != len(slot.tokens) or len(tokens) >= self.lm.n_ctx:
             return False  # (a shifted sequence is cut back to its exact part before it is saved)
         if self.store.best(key, tokens, limit=len(tokens), at_least=len(tokens) - self.min_tokens + 1):

@@ -111,6 +111,8 @@ class ModelRunner:
             bases.append(len(rows))
             rows += self._decode_rows(r)
         multi = len(rows) > len(plan.decode)  # drafts or forced tokens: a multi-row part
+        if plan.image is not None:
+            return self._image_step(plan, rows, bases, abortable=multi)
         p, part = plan.prefill, []
         if p is not None:
             part = p.prompt[p.n_done:p.n_done + plan.chunk]
@@ -124,6 +126,49 @@ class ModelRunner:
         if plan.prefill is not None:
             outputs.append(self._prefilled(plan.prefill, part, len(rows) - 1))
         return StepResult(outputs=outputs, seconds=self.clock() - t0, rows=len(rows), n_prompt=len(part))
+
+    def _image_step(self, plan: Plan[Sequence], rows: list[Row], bases: list[int], *,
+                    abortable: bool) -> StepResult | None:
+        """A step whose prefill item is an image: the decoding sequences' rows in one call (a batch
+        is tokens or embeddings, not both), then the image. The step's cost is the rows' alone: the
+        chunk sizer and the draft planner learn nothing from the encoder's time."""
+        t0, outputs = self.clock(), []
+        if rows:
+            if not self._decode(rows, [r.seq for r in plan.decode], abortable=abortable):
+                return None
+            outputs = [self._verify(r, b) for r, b in zip(plan.decode, bases)]
+        seconds = self.clock() - t0
+        assert plan.prefill is not None
+        outputs.append(self._image(plan.prefill, plan.image))
+        return StepResult(outputs=outputs, seconds=seconds, rows=len(rows), n_prompt=0)
+
+    def _image(self, s: Sequence, span: Any) -> SeqOutput:
+        """Encode (or take from the cache) one image of s's prompt and decode its embeddings into s's
+        slot, whole: an encoder that fails ends s alone; a cancel leaves nothing of it in the cache."""
+        slot, media, out = s.slot, s.media, SeqOutput(seq=s)
+        assert slot is not None and media is not None
+        if not self.slots.evict(span.n_tokens):
+            out.error = KnownError("the KV cache is full")  # the scheduler's reservations make this a bug
+            return out
+        if self.flush is not None:
+            self.flush()
+        self.set_batch([s.rid])
+        self.lm.abortable(True)
+        try:
+            rc = media.prefill(span, n_past=len(slot.tokens), seq_id=slot.seq)
+        except KnownError as e:
+            rc, out.error = -1, e
+        finally:
+            self.lm.abortable(False)
+            self.set_batch([])
+        if rc == 0:
+            self.slots.extend(slot, s.prompt[span.start:span.end])
+            s.n_done, out.prompt_done = span.end, span.n_tokens
+            return out
+        self.slots.mem.seq_rm(slot.seq, len(slot.tokens), -1)  # what landed of it goes (2: a cancel)
+        if rc != 2 and out.error is None:
+            out.error = KnownError(f"decoding the image failed (llama_decode returned {rc})")
+        return out
 
     # ---- filling --------------------------------------------------------------------------------
 

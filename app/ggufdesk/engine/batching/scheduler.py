@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from ggufdesk.engine.batching.chunking import ChunkSizer
 from ggufdesk.engine.batching.sequence import SequenceStatus
@@ -57,6 +57,7 @@ class Plan(Generic[S]):
     decode: list[DecodeRow[S]]
     prefill: S | None  # the sequence whose prompt advances this step
     chunk: int  # how many of its prompt tokens
+    image: Any = None  # instead of a text chunk, an image of its prompt (engine/batching/media.py ImageSpan)
 
     @property
     def empty(self) -> bool:

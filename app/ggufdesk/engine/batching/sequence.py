@@ -22,6 +22,7 @@ from ggufdesk.engine.link import protocol as P
 if TYPE_CHECKING:
     from llama_cpp import _internals as internals
 
+    from ggufdesk.engine.batching.media import MediaPrompt
     from ggufdesk.engine.batching.prefix_cache import Slot
     from ggufdesk.engine.batching.text import TextStream
     from ggufdesk.engine.speculation.drafter import Drafter
@@ -107,6 +108,7 @@ class Sequence:
     deadline: float | None = None  # BatchEngine.clock() time past which the request is ended (Generate.deadline_s)
     limit_s: float | None = None  # the deadline_s it came with (for the message)
     ctx: ContextUse = field(default_factory=ContextUse)  # overflow policy, what it dropped, what it restored
+    media: MediaPrompt | None = None  # a prompt with images: each image span is one prefill item
     stats: RunStats = field(default_factory=RunStats)
     # its state in the loop
     status: SequenceStatus = SequenceStatus.WAITING

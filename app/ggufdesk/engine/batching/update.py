@@ -45,6 +45,7 @@ class Update:
         self.emit, self.cancelled, self.on_plain_done = emit, cancelled, on_plain_done
         self.on_finished = on_finished
         self.token_hooks: list[TokenHook] = []
+        self.threads: Callable[[], int] = lambda: 0  # decode threads now, for Stats (the engine sets it)
 
     def apply(self, result: StepResult) -> None:
         for out in result.outputs:
@@ -123,7 +124,7 @@ class Update:
             id=s.rid, n_prompt=st.n_prompt, n_reused=st.n_reused, n_gen=st.n_gen,
             ttft_s=round(st.ttft_s, 4), prefill_tok_s=round(st.prefill_tok_s, 2),
             decode_tok_s=round(st.decode_tok_s, 2), drafted=st.drafted, accepted=st.accepted,
-            draft_len=st.draft_len, speculation=spec, final=final,
+            draft_len=st.draft_len, speculation=spec, threads=self.threads(), final=final,
             llama_perf=(llama_perf(self.lm) if s.alone else {}) if final else {},
         )
 
@@ -187,8 +188,13 @@ class Update:
     def _usage(s: Sequence) -> dict[str, int]:
         """Token counts, what came from a cache (memory or disk) and what the overflow policy dropped."""
         st, c = s.stats, s.ctx
-        return {"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen, "cached_tokens": st.n_reused,
-                "restored_tokens": c.restored, "truncated_tokens": c.truncated}
+        usage = {"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen, "cached_tokens": st.n_reused,
+                 "restored_tokens": c.restored, "truncated_tokens": c.truncated}
+        if s.media is not None:
+            m = s.media
+            usage.update(image_tokens=m.image_tokens, images=len(m.spans), images_encoded=m.n_encoded,
+                         images_cached=m.n_cached)
+        return usage
 
     @staticmethod
     def _thoughts(s: Sequence) -> str | None:

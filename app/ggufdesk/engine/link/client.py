@@ -6,6 +6,7 @@ restarting and watching the engine happen on the client's own supervisor thread
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -399,6 +400,9 @@ class EngineClient:
             if stage is not None and stage.stage == "draft":
                 what = f"the draft model {os.path.basename(stage.path)}"
                 reload = _without_draft(crashed_load, f"l{next(self._ids)}")
+            elif stage is not None and stage.stage == "projector":
+                what = f"the vision projector {os.path.basename(stage.path)}"
+                reload = dataclasses.replace(crashed_load, id=f"l{next(self._ids)}", mmproj="")
             else:
                 what = os.path.basename(crashed_load.model)
                 reload = None if crashed_load is good else good
@@ -406,7 +410,7 @@ class EngineClient:
             self._handle(P.Error(kind="load", id=crashed_load.id, detail=detail, message=(
                 f"{verb} {what} ({reason})"
                 + ("; loading the model without it" if reload is not None and stage is not None
-                   and stage.stage == "draft" else ""))))
+                   and stage.stage in ("draft", "projector") else ""))))
         elif was_loaded is not None:
             reload = good
         restarting = self.auto_restart and self._may_restart()
@@ -538,14 +542,17 @@ class EngineClient:
         settings: LoadSettings | dict[str, Any] | None = None,
         speculation: SpeculationSettings | dict[str, Any] | None = None,
         draft: str | None = None,
+        mmproj: str | None = None,
         wait: bool = True,
         timeout: float = 600.0,
     ) -> P.Loaded | None:
-        """Load a model; with wait=True return the Loaded event or raise EngineError. Any error the
-        engine gives for this load, other than a template or draft notice, fails it."""
+        """Load a model (mmproj: its vision projector; None: the one beside it, "": none); with wait=True
+        return the Loaded event or
+        raise EngineError. Any error the engine gives for this load, other than a template, draft or
+        projector notice, fails it."""
         lid = f"l{next(self._ids)}"
         msg = P.Load(id=lid, model=str(model), settings=P.fields_of(settings), draft=draft,
-                     speculation=P.fields_of(speculation))
+                     speculation=P.fields_of(speculation), mmproj=None if mmproj is None else str(mmproj))
         if self.state in ("failed", "stopped") or self._closing:
             raise KnownError(self._not_running())
         with self._cond:
@@ -571,7 +578,7 @@ class EngineClient:
         self,
         *,
         prompt: str | None = None,
-        messages: list[dict[str, str]] | None = None,
+        messages: list[dict[str, Any]] | None = None,
         sampling: SamplingSettings | dict[str, Any] | None = None,
         speculation: SpeculationSettings | dict[str, Any] | None = None,
         request_id: str | None = None,
@@ -749,4 +756,4 @@ def _without_draft(load: P.Load, lid: str) -> P.Load:
     if spec.get("mode") == "draft":
         spec["mode"] = "off"
     spec["draft_model"] = None
-    return P.Load(id=lid, model=load.model, settings=load.settings, draft=None, speculation=spec)
+    return P.Load(id=lid, model=load.model, settings=load.settings, draft=None, speculation=spec, mmproj=load.mmproj)

@@ -25,6 +25,8 @@ ErrorKind = Literal[
     "context",  # the prompt can never fit one sequence's context (server: 400)
     "overloaded",  # the engine's queue is full or memory is under its margin; try again later (503)
     "schema",  # a JSON schema, grammar or tool list the engine cannot follow (server: 400)
+    "image",  # an image the engine cannot use: unreadable, too large, or the model reads no images (400)
+    "projector",  # notice during a load: the vision projector was refused; the model reads text only
     "crash",  # (client) the engine process died
     "hung",  # (client) the engine stopped answering, or did not stop when asked; it was killed
     "timeout",  # the request ran past its Generate.deadline_s and was stopped (server: 504)
@@ -49,7 +51,7 @@ ENGINE_STATES: Final = frozenset(get_args(EngineState))
 # Errors that end the engine process's work: a fresh engine is starting (or could not).
 STOP_KINDS: Final[frozenset[ErrorKind]] = frozenset({"crash", "hung"})
 # Errors a load reports on its way to a successful Loaded (the model itself is fine).
-LOAD_NOTICE_KINDS: Final[frozenset[ErrorKind]] = frozenset({"template", "draft"})
+LOAD_NOTICE_KINDS: Final[frozenset[ErrorKind]] = frozenset({"template", "draft", "projector"})
 
 # ---- requests (parent -> engine) -------------------------------------------------------------
 
@@ -62,6 +64,9 @@ class Load:
     settings: dict[str, Any] = field(default_factory=dict)  # LoadSettings fields
     draft: str | None = None
     speculation: dict[str, Any] = field(default_factory=dict)  # SpeculationSettings fields
+    # a vision model's projector (mmproj-*.gguf): images in its prompts. None: the one beside the model
+    # file, if any (core/projector.py projector_beside); "": none
+    mmproj: str | None = None
 
 
 @dataclass(kw_only=True)
@@ -69,7 +74,10 @@ class Generate:
     TYPE: ClassVar[str] = "generate"
     id: str
     prompt: str | None = None  # completion mode: raw text
-    messages: list[dict[str, str]] | None = None  # chat mode: rendered with the model's template
+    # chat mode: rendered with the model's template. A message's content is text, or a list of parts:
+    # {"type": "text", "text": ...} and {"type": "image", "image": sha256} (the file's bytes in `images`)
+    messages: list[dict[str, Any]] | None = None
+    images: dict[str, str] = field(default_factory=dict)  # sha256 -> the image file, base64
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingSettings fields
     speculation: dict[str, Any] | None = None  # overrides the loaded SpeculationSettings
     # (a prompt longer than the context: sampling["context_overflow"], engine/runtime/overflow.py)
@@ -160,6 +168,8 @@ class Loaded:
     rpc: dict[str, Any] = field(default_factory=dict)  # RPC workers: split, devices, prediction
     n_embd: int = 0  # the size of the model's embedding vectors
     embedding_only: bool = False  # an embedding model (an encoder, or one that declares its pooling): no generation
+    mmproj: str | None = None  # the vision projector loaded beside it (None: the model reads text only)
+    image_tokens: int = 0  # with a projector: tokens an image of the projector's own size takes
 
 
 @dataclass(kw_only=True)
@@ -174,7 +184,7 @@ class Loading:
 
     TYPE: ClassVar[str] = "loading"
     id: str | None = None
-    stage: Literal["model", "draft"]
+    stage: Literal["model", "draft", "projector"]
     path: str
 
 
@@ -212,6 +222,7 @@ class Stats:
     accepted: int = 0
     draft_len: int = 0
     speculation: str = "off"  # "off" | "draft" | "lookup" | "disabled: <why>"
+    threads: int = 0  # CPU threads decoding now (engine/batching/threads.py; 0: not told)
     final: bool = False
     llama_perf: dict[str, Any] = field(default_factory=dict)  # final only: llama_perf_context timings
 
@@ -326,7 +337,7 @@ _CHOICES: Final[dict[tuple[str, str], frozenset[str]]] = {
     ("done", "finish_reason"): FINISH_REASONS,
     ("lifecycle", "state"): ENGINE_STATES,
     ("log", "level"): frozenset(get_args(LogLevel)),
-    ("loading", "stage"): frozenset({"model", "draft"}),
+    ("loading", "stage"): frozenset({"model", "draft", "projector"}),
     ("progress", "phase"): frozenset({"prefill"}),
     ("overflow", "policy"): frozenset(get_args(OverflowPolicy)),
 }

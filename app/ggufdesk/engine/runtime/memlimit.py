@@ -35,19 +35,23 @@ def data_bytes() -> int | None:
     return None
 
 
-def planned_bytes(model: str, settings: LoadSettings, draft: str | None) -> int:
-    """RAM the planner expects this load to use (weights counted even when mmap'd: it is margin)."""
+def planned_bytes(model: str, settings: LoadSettings, draft: str | None, mmproj: str | None = None) -> int:
+    """RAM the planner expects this load to use (weights counted even when mmap'd: it is margin; a
+    vision projector's are read into memory, never mapped)."""
     from ggufdesk.core import gguf_meta, planner
+    from ggufdesk.core.projector import read_projector
 
     kw = dict(n_ctx=settings.n_ctx, n_ubatch=settings.n_ubatch, type_k=settings.type_k,
               type_v=settings.type_v, flash_attn=settings.flash_attn)
     total = planner.memory(gguf_meta.read_gguf(model), **kw).ram
     if draft:
         total += planner.memory(gguf_meta.read_gguf(draft), **kw).ram
+    if mmproj:
+        total += read_projector(mmproj).memory_bytes(settings.flash_attn != "off")
     return total
 
 
-def limit_for(model: str, settings: LoadSettings, draft: str | None = None) -> int | None:
+def limit_for(model: str, settings: LoadSettings, draft: str | None = None, mmproj: str | None = None) -> int | None:
     """The ceiling for this load, or None when none is set (GPU offload, no /proc, unreadable file)."""
     if settings.n_gpu_layers != 0 or not sys.platform.startswith("linux"):
         return None
@@ -55,7 +59,7 @@ def limit_for(model: str, settings: LoadSettings, draft: str | None = None) -> i
     if now is None:
         return None
     try:
-        plan = planned_bytes(model, settings, draft)
+        plan = planned_bytes(model, settings, draft, mmproj)
     except Exception as e:  # noqa: BLE001 - the engine's own load reports a bad file better
         log.info("no memory limit for %s: %s", model, e)
         return None

@@ -151,6 +151,8 @@ class Engine:
         self.embedder: Any = None  # runtime.embed.Embedder, made at the first Embed (at load for an embedding model)
         self.embedding_only = False  # the loaded model computes embeddings and cannot generate
         self._embeds: deque[EmbedJob] = deque()
+        self.projector: Any = None  # runtime.vision.Projector: a vision model's images (Load.mmproj)
+        self._media: Any = None  # the MediaPrompt of the chat prompt just rendered (None: text only)
 
     # ---- load / unload --------------------------------------------------------------------------
 
@@ -172,7 +174,9 @@ class Engine:
         # a ceiling from the plan: runaway allocations fail, not the machine
         from ggufdesk.engine.runtime import memlimit
 
-        memlimit.apply(memlimit.limit_for(req.model, settings, spec.draft_model if spec.mode == "draft" else None))
+        mmproj = _projector_for(req)
+        memlimit.apply(memlimit.limit_for(req.model, settings, spec.draft_model if spec.mode == "draft" else None,
+                                          mmproj))
         self.emit(P.Loading(id=req.id, stage="model", path=req.model))
         try:
             # logits rows one decode may ask for: a verification batch [last] + K, or every sequence + a
@@ -218,6 +222,8 @@ class Engine:
             self.template = ChatTemplate(None, bos=bos, eos=eos)
         self._formats()
         memory = dict(lm.memory)
+        if mmproj and not self.embedding_only:
+            self._load_projector(req.id, mmproj, memory)
         if spec.mode == "draft":
             self.emit(P.Loading(id=req.id, stage="draft", path=str(spec.draft_model)))
             try:
@@ -244,7 +250,21 @@ class Engine:
             reasoning=self.reasoning.name if self.reasoning else None, tool_format=self.tool_format.name,
             draft=self.draft.path if self.draft else None, settings=P.fields_of(settings),
             rpc=offload.plan if offload else {}, n_embd=_n_embd(lm), embedding_only=self.embedding_only,
+            mmproj=self.projector.path if self.projector else None,
+            image_tokens=self.projector.native_tokens() if self.projector else 0,
         ))
+
+    def _load_projector(self, lid: str | None, mmproj: str, memory: dict[str, int]) -> None:
+        """A vision model's projector; one that fails leaves the model reading text (a notice)."""
+        from ggufdesk.engine.runtime.vision import Projector
+
+        self.emit(P.Loading(id=lid, stage="projector", path=mmproj))
+        try:
+            self.projector = Projector(mmproj, self.lm, self.llama_log)
+        except KnownError as e:
+            self.emit(P.Error(kind="projector", id=lid, message=f"{e}; the model reads text only"))
+            return
+        memory["projector"] = self.projector.memory_bytes
 
     def _formats(self) -> None:
         """The template's reasoning and tool-call formats; their special tokens are shown as text."""
@@ -291,6 +311,9 @@ class Engine:
         if self.embedder is not None:
             self.embedder.close()
             self.embedder = None
+        if self.projector is not None:
+            self.projector.close()
+            self.projector = None
         self.embedding_only = False
         if self.lm is not None:
             self.vocab = None
@@ -313,6 +336,7 @@ class Engine:
 
     def generate(self, req: P.Generate) -> None:
         """Check and queue a request; the step loop (next_request) runs it beside the others."""
+        from ggufdesk.engine.batching.media import text_only
         from ggufdesk.engine.batching.sequence import RunStats, Sequence
 
         t_start = time.perf_counter()
@@ -351,18 +375,20 @@ class Engine:
             constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=vocab.piece,
                                                tokenize=lambda t: vocab.tokenize(t, add_bos=False))
             thinking = self._reasoning(req, sampling, self._prompt_text)
+            media, self._media = self._media, None
+            text = text_only(prompt) if media is not None else prompt  # (what reads token ids)
             try:  # from here on the grammar's C sampler is ours to free if the request never runs
                 budgeted = thinking is not None and thinking.budget is not None
-                drafter = None if constraint or budgeted else self._drafter(spec, prompt, sampling.max_tokens)
+                drafter = None if constraint or budgeted else self._drafter(spec, text, sampling.max_tokens)
                 if spec.lookup_history and self.ngrams is not None:
-                    self._lookup_prompts[req.id] = prompt
+                    self._lookup_prompts[req.id] = text
                 room = sampling.max_tokens if use.shifting else self.lm.n_ctx - len(prompt)  # shift: no edge
                 seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs,
                                drafter=drafter, max_gen=min(sampling.max_tokens, room),
                                stats=RunStats(n_prompt=len(prompt), t_start=t_start),
                                constraint=constraint, structured=structured, reasoning=thinking, limit_s=limit,
                                deadline=None if limit is None else self.batch.clock() + limit,
-                               chat=req.messages is not None, ctx=use)
+                               chat=req.messages is not None, media=media, ctx=use)
                 self.batch.submit(seq)
                 if use.truncated or use.note:
                     self._emit(self.batch.overflow_event(seq))
@@ -459,10 +485,15 @@ class Engine:
         return inbox.get()
 
     def _start_calibration(self) -> None:
-        from ggufdesk.engine.speculation.verify_cost import Calibration
+        from ggufdesk.engine.speculation import verify_cost
 
         if self.lm is not None and self.verify_costs is None and self._calibration is None:
-            self._calibration = Calibration(self.lm, self.speculation.k_max)
+            known = verify_cost.stored(self.lm, self.speculation.k_max)  # measured by an earlier load
+            if known is not None and self.batch is not None:
+                self.verify_costs = known
+                self.batch.set_verify_costs(known)
+                return
+            self._calibration = verify_cost.Calibration(self.lm, self.speculation.k_max)
 
     def _calibrate_step(self) -> None:
         cal = self._calibration
@@ -481,6 +512,9 @@ class Engine:
             self.verify_costs, self._calibration = cal.costs, None
             self.batch.set_verify_costs(cal.costs)
             if cal.costs:
+                from ggufdesk.engine.speculation.verify_cost import store
+
+                store(self.lm, self.speculation.k_max, cal.costs)
                 log.info("verification cost in plain steps: %s",
                          ", ".join(f"k={k}: {c:.2f}" for k, c in cal.costs.items()))
 
@@ -524,21 +558,26 @@ class Engine:
         vocab, n_ctx, policy = self.vocab, self.lm.n_ctx, sampling.context_overflow
         budget = overflow.budget_for(n_ctx, sampling.max_tokens)
         bos = llama_cpp.llama_vocab_bos(self.lm.vocab)
+        self._media = None
         if req.messages is not None:
             tools = structured.tools if structured is not None and structured.fmt is not None \
                 and structured.fmt.native else None
-            msgs = prepare_messages(req.messages, structured) if structured is not None else req.messages
+            msgs, pics = self._images(req)
+            msgs = prepare_messages(msgs, structured) if structured is not None else msgs
             msgs = strip_reasoning(msgs, self.reasoning)
             switches, _ = template_switches(self.template.source, _think(req, sampling))
 
             def render(m: list[dict[str, Any]]) -> list[int]:
+                if pics:
+                    return self._media_tokens(m, pics, tools, switches)
                 return self._chat_tokens(m, tools, switches)
 
             fitted = overflow.fit_chat(
                 msgs, policy, render=render, budget=budget, too_long=context_error,
                 tokenize=lambda t: vocab.tokenize(t, add_bos=False), detokenize=self._detokenize, bos_id=bos,
                 known=self._cached_sequences)
-            render(fitted.messages)  # (the text of the prompt that runs: the reasoning reads it)
+            # the prompt that runs, rendered last: the reasoning reads its text, a vision model its images
+            render(fitted.messages)
             return fitted, list(self.template.stops)
         if req.prompt is None:
             raise KnownError("a generate request needs a prompt or messages")
@@ -559,10 +598,56 @@ class Engine:
 
     def _chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                      switches: dict[str, Any] | None = None) -> list[int]:
-        text = self.template.render(messages, tools=tools, **(switches or {}))
-        self._prompt_text = text
+        text = self._chat_text(messages, tools, switches)
         bos = llama_bos_text(self.lm)
         return self.vocab.tokenize(text, add_bos=not (bos and text.startswith(bos)))
+
+    def _chat_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                   switches: dict[str, Any] | None = None) -> str:
+        from ggufdesk.engine.runtime.vision import without_keys
+
+        text = self.template.render(without_keys(messages), tools=tools, **(switches or {}))
+        self._prompt_text = text
+        return text
+
+    # ---- images (a vision model: engine/runtime/vision.py) ----------------------------------------
+
+    def _images(self, req: P.Generate) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The request's messages with each image as the projector's marker, and its decoded images."""
+        from ggufdesk.engine.runtime.vision import decode_images, flatten, has_images, vision_refusal
+
+        if not has_images(req.messages):
+            return req.messages or [], {}
+        if self.projector is None:
+            raise vision_refusal(f"{os.path.basename(self.lm.path)} reads text only: it was loaded without a "
+                                 "vision projector (mmproj), so it cannot see images")
+        self.projector.check_usable()
+        msgs, keys = flatten(req.messages or [], self.projector.marker)
+        return msgs, decode_images(keys, req.images)
+
+    def _media_count(self, messages: list[dict[str, Any]], pics: dict[str, Any], tools: Any, switches: Any) -> int:
+        """Prompt tokens of messages with images: the text's, plus what each image takes."""
+        from ggufdesk.engine.runtime.vision import images_of
+
+        proj = self.projector
+        text = self._chat_text(messages, tools, switches).replace(proj.marker, "")
+        bos = llama_bos_text(self.lm)
+        n = len(self.vocab.tokenize(text, add_bos=not (bos and text.startswith(bos))))
+        return n + sum(proj.count_image(pics[k].width, pics[k].height) for k in images_of(messages))
+
+    def _media_tokens(self, messages: list[dict[str, Any]], pics: dict[str, Any], tools: Any,
+                      switches: Any) -> list[int]:
+        from ggufdesk.engine.runtime.vision import images_of, vision_refusal
+
+        proj = self.projector
+        text = self._chat_text(messages, tools, switches)
+        keys = images_of(messages)
+        if text.count(proj.marker) != len(keys):
+            raise vision_refusal(f"the model's chat template kept {text.count(proj.marker)} of the "
+                                 f"{len(keys)} images in the conversation; it cannot show them to the model")
+        bos = llama_bos_text(self.lm)
+        self._media = proj.tokenize(text, [pics[k] for k in keys], add_special=not (bos and text.startswith(bos)))
+        return self._media.tokens
 
     def _calibrate(self, n_gen: int, tok_s: float) -> None:
         """Feed a plain run's real decode speed back to the planner (hardware.record_decode_run),
@@ -633,6 +718,16 @@ def _disk_cache(lm: Any) -> Any:
     except OSError as e:
         log.warning("prompt cache off: %s", e)
         return None
+
+
+def _projector_for(req: P.Load) -> str | None:
+    """The projector to load: the request's, or (None) the one beside the model file; "" means none."""
+    if req.mmproj is not None:
+        return req.mmproj or None
+    from ggufdesk.core.projector import projector_beside
+
+    found = projector_beside(req.model)
+    return str(found) if found is not None else None
 
 
 def _rpc_offload(model: str, settings: LoadSettings) -> Any:

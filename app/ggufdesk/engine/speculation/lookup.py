@@ -14,16 +14,29 @@ from typing import Protocol
 from ggufdesk.engine.speculation.adaptive import DraftLength
 from ggufdesk.engine.speculation.drafter import Controlled
 from ggufdesk.engine.speculation.evidence import Evidence
+from ggufdesk.engine.speculation.hints import inside_quote
 
 SEP = -1  # between documents in the arena: never equal to a token, so no match crosses it
-MATCH_CAP = 32  # how far back a match is measured
-CHAIN = 8  # earlier occurrences of an n-gram compared for the longest real match
-PROBE_LEN = 2  # tokens drafted when probing a match length judged not worth drafting
-AGREED_M = 3  # a short match whose earlier occurrences all continue alike counts as this long
-SPLIT_BELOW = 6  # a match shorter than this whose occurrences continue differently counts as one token
-CROSS_CUT = 0.5  # drafts stop at a sentence end while fewer than this share of this request's got past one
-QUOTE_SCAN = 256  # how far back the start of the current line is looked for
-COUNT_SPAN = 5  # a count found at a shorter n-gram: it and the text alike up to the number span this many tokens
+# How far back a match is measured: twice the top class of engine/speculation/evidence.py (16+), so
+# that a copied passage (tens of tokens) is told from a repeated phrase; each draft compares at most
+# CHAIN x MATCH_CAP tokens.
+MATCH_CAP = 32
+# Earlier occurrences of an n-gram compared for the longest real match: a source quoted once among a
+# few repetitions of a phrase is found, and a draft costs a bounded number of comparisons.
+CHAIN = 8
+# A short match whose earlier occurrences all continue alike counts as this long: such drafts had their
+# first token accepted 91% of the time on the tuned suite, as drafts at a 3-token match (82%) did.
+AGREED_M = 3
+# A match shorter than this whose occurrences continue differently counts as one token (23% first-token
+# acceptance, the 1-token class's 34%); from 6 tokens on (the class whose prior is 0.85) the length
+# alone is the better predictor.
+SPLIT_BELOW = 6
+# How far back the start of the current line is looked for, for the quote the text is inside: a bound
+# on the scan per draft (a line longer than this is treated as starting there).
+QUOTE_SCAN = 256
+# A count found at a shorter n-gram than the draft's: it and the text alike up to the number span this
+# many tokens (a bare 2-token n-gram before a number is too weak a sign that the lines are alike).
+COUNT_SPAN = 5
 
 
 class NumberVocab(Protocol):
@@ -192,13 +205,16 @@ class PromptLookup(Controlled):
     the measured costs; a match length judged not worth it is probed again later, with backoff, so
     early failures cannot lock drafting out of a text that turns copyable.
 
+    What follows reads the tokens' text: each rule is a hint (engine/speculation/hints.py) that is on
+    when its reader is given (`ends_sentence`, `quote_marks`, `numbers`) and off when it is None.
+
     Sentence ends (`ends_sentence`, from the model's vocabulary) are where copying stops: a quote
     closes, an answer leaves its source. Once this request's drafts have more often stopped at a
     sentence end than carried on past it, a draft is made no longer than the shortest measured
     length that reaches its first sentence end (the rows beyond would likely be wasted); a copy
     that carries on across sentences keeps its long drafts.
 
-    Inside a double quote that the draft does not close (`quote_marks`, from the vocabulary), the
+    Inside a quote (of any language's marks) that the draft does not close (`quote_marks`, from the vocabulary), the
     cut starts without waiting for that evidence: a quoted source has no closing mark of its own,
     so the quote closes at one of its sentence ends, which the draft cannot foresee (the evidence
     still overrules it once this request's drafts have crossed more sentence ends than they stopped
@@ -248,37 +264,54 @@ class PromptLookup(Controlled):
         own = self.cache
         own.feed(history + [last])
         n, c, m = own.match()
-        avail = own.continuation(c, k, loop=True) if n else []
-        tail = own.tail()
-        judged = self._weight(own, tail[len(tail) - n:], c, m) if avail else m
-        counted = self._count_on(n, c, avail) if avail else None
-        quoted = self._quoted(avail[:1]) if avail and counted is None and m < SPLIT_BELOW else -1
-        if counted is not None:  # a count going on, not a split: the n-gram's occurrences agree but for it
-            avail, judged = counted, max(judged, AGREED_M)
-        elif quoted >= m and judged < AGREED_M and own.agreement(tail[len(tail) - n:], c)[0] == 1:
-            judged = AGREED_M  # the one earlier place a quote's own words occur: the source it quotes
-        elif 0 <= quoted < m < SPLIT_BELOW:
-            # a short match that takes in the quote's opening mark ('[3], "The'): the words before
-            # the quote say which template repeats, not which source it quotes this time
-            judged = min(judged, max(quoted, 1))
+        avail, judged = self._own(n, c, m, k)
         if self.history is not None and len(self.history):
+            tail = own.tail()
             hn, hc, hm = self.history.find(tail)
             if hm > m:  # a longer match in an earlier request
                 avail = self.history.continuation(hc, k)
                 judged = self._weight(self.history, tail[len(tail) - hn:], hc, hm)
-        m = judged
         self._last_m = 0
+        avail = self._worth(avail, judged)
         if not avail:
             return []
-        if self.control.adaptive and self.control.t0 is not None:
-            k_worth = self.control.worth(self.evidence.alpha(m), len(avail))
-            if k_worth == 0 and self.evidence.refused(m):
-                k_worth = min(self.control.snap(PROBE_LEN), len(avail))  # early failures must not lock drafting out
-            if k_worth == 0:
-                return []
-            avail = avail[:k_worth]
-        self._last_m = m
+        self._last_m = judged
         return self._to_sentence_end(avail, last)
+
+    def _own(self, n: int, c: int, m: int, k: int) -> tuple[list[int], int]:
+        """(the draft from this request's own text, the match length it is judged by)."""
+        own = self.cache
+        avail = own.continuation(c, k, loop=True) if n else []
+        if not avail:
+            return avail, m
+        tail = own.tail()
+        gram = tail[len(tail) - n:]
+        judged = self._weight(own, gram, c, m)
+        counted = self._count_on(n, c, avail)
+        if counted is not None:  # a count going on, not a split: the n-gram's occurrences agree but for it
+            return counted, max(judged, AGREED_M)
+        return avail, self._by_quote(gram, c, m, judged, avail[0])
+
+    def _by_quote(self, gram: list[int], c: int, m: int, judged: int, first: int) -> int:
+        """The match length of a short match inside a quote (the quotes hint): see the class docstring."""
+        quoted = self._quoted([first]) if m < SPLIT_BELOW else -1
+        if quoted >= m and judged < AGREED_M and self.cache.agreement(gram, c)[0] == 1:
+            return AGREED_M  # the one earlier place a quote's own words occur: the source it quotes
+        if 0 <= quoted < m:
+            # a short match that takes in the quote's opening mark ('[3], "The'): the words before
+            # the quote say which template repeats, not which source it quotes this time
+            return min(judged, max(quoted, 1))
+        return judged
+
+    def _worth(self, avail: list[int], m: int) -> list[int]:
+        """As much of the draft as its evidence says is worth verifying ([] for none)."""
+        if not avail or not self.control.adaptive or self.control.t0 is None:
+            return avail
+        k_worth = self.control.worth(self.evidence.alpha(m), len(avail))
+        if k_worth == 0 and self.evidence.refused(m):
+            # early failures must not lock drafting out: probe with the cheapest draft there is
+            k_worth = min(self.control.lengths()[0], len(avail))
+        return avail[:k_worth]
 
     def _to_sentence_end(self, draft: list[int], last: int) -> list[int]:
         """`draft` continues a text ending in `last`."""
@@ -292,14 +325,20 @@ class PromptLookup(Controlled):
         j = next((i for i, t in enumerate(draft[:-1]) if i >= first and self.ends_sentence(t)), -1)
         if j < 0:
             return draft
-        share = (self.crossed + 1) / (self.reached + 2)  # of drafts got past a sentence end, with a 1/2 prior
-        if self.control.adaptive and (share < CROSS_CUT or (share <= CROSS_CUT and self._quoting(draft[:j + 1]))):
+        if self._cut_at_ends(draft[:j + 1]):
             reach = [n for n in self.control.lengths() if n >= max(j, 1)]
             if reach:
                 draft = draft[:min(reach)]
         if len(draft) > j + 1:
             self._end_at = j  # the outcome says whether the model went past it
         return draft
+
+    def _cut_at_ends(self, upto_end: list[int]) -> bool:
+        """Are drafts cut at their first sentence end now (`upto_end`: the draft up to it)? While most of
+        this request's drafts stopped there (the share that got past one, with a 1/2 prior), and inside
+        an open quote also at an even share (a quote closes at one of its sentence ends)."""
+        share = (self.crossed + 1) / (self.reached + 2)
+        return self.control.adaptive and (share < 0.5 or (share == 0.5 and self._quoting(upto_end)))
 
     def _count_on(self, n: int, c: int, draft: list[int]) -> list[int] | None:
         """`draft` (this request's text from c on, after an n-gram) with its first number counted
@@ -313,11 +352,22 @@ class PromptLookup(Controlled):
         if i < 0 or c + i >= len(own.arena):
             return None
         now = num(own.arena[c + i])
-        if now is None:
+        if now is None or not self._counted_before(n, c, i, now):
             return None
-        # the n-gram's own previous occurrence, else a shorter n-gram's (at least 2 tokens, and
-        # COUNT_SPAN with the text before the number): which n-gram a draft is matched at depends
-        # on where it starts (".\nAnswer" occurred once before, "\nAnswer" twice)
+        t = num.token(now[0], now[1] + 1)
+        if t is None:
+            return None
+        rest = draft[i + 1:]
+        j = next((q for q, x in enumerate(rest) if num(x) is not None), len(rest))
+        return draft[:i] + [t] + rest[:j]
+
+    def _counted_before(self, n: int, c: int, i: int, now: tuple[str, int]) -> bool:
+        """Did the previous occurrence of the n-gram before c go on alike for i tokens up to the number
+        `now` less one, written alike? The n-gram's own previous occurrence, else a shorter n-gram's
+        (at least 2 tokens, and COUNT_SPAN with the text before the number): which n-gram a draft is
+        matched at depends on where it starts (".\nAnswer" occurred once before, "\nAnswer" twice)."""
+        own, num = self.cache, self.numbers
+        assert num is not None
         for k in range(n, 0, -1):
             if k < n and (k < 2 or k + i < COUNT_SPAN):
                 break
@@ -325,23 +375,16 @@ class PromptLookup(Controlled):
             if p < 0 or p + i >= c or own.arena[p:p + i] != own.arena[c:c + i]:
                 continue
             before = num(own.arena[p + i])
-            if before is None or now[0] != before[0] or now[1] != before[1] + 1:
-                continue
-            t = num.token(now[0], now[1] + 1)
-            if t is None:
-                return None
-            rest = draft[i + 1:]
-            j = next((q for q, x in enumerate(rest) if num(x) is not None), len(rest))
-            return draft[:i] + [t] + rest[:j]
-        return None
+            if before is not None and now[0] == before[0] and now[1] == before[1] + 1:
+                return True
+        return False
 
     def _quoting(self, draft: list[int]) -> bool:
-        """Is the text being written inside a double quote on its current line that `draft` does
-        not close?"""
+        """Is the text being written inside a quote on its current line that `draft` does not close?"""
         return self._quoted(draft) >= 0
 
     def _quoted(self, draft: list[int]) -> int:
-        """How many tokens of the text being written follow the double quote it is inside (on its
+        """How many tokens of the text being written follow the quote mark it is inside (on its
         current line, not closed by `draft`); -1 when it is not inside one."""
         if self.quote_marks is None or any(self.quote_marks(t)[1] for t in draft):
             return -1
@@ -352,12 +395,8 @@ class PromptLookup(Controlled):
             marks.append((i, m))
             if starts:
                 break
-        inside, opened = False, -1
-        for i, m in reversed(marks):
-            for mark in m:
-                inside = not inside if mark == '"' else mark == "("
-                opened = i if inside else -1
-        return len(own.arena) - 1 - opened if inside else -1
+        opened = inside_quote(marks[::-1])
+        return len(own.arena) - 1 - opened if opened >= 0 else -1
 
     @staticmethod
     def _weight(cache: NgramCache, gram: list[int], c: int, m: int) -> int:

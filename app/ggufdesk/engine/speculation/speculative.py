@@ -11,6 +11,7 @@ import llama_cpp
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import SpeculationSettings
 from ggufdesk.engine.runtime.native import LoadedModel, token_piece
+from ggufdesk.engine.speculation import hints
 from ggufdesk.engine.speculation.draft_model import DraftModel, DraftModelDrafter
 from ggufdesk.engine.speculation.drafter import Drafter
 from ggufdesk.engine.speculation.lookup import NgramCache, PromptLookup
@@ -38,43 +39,36 @@ class _Pieces(Generic[Fact]):
 
 
 class SentenceEnds(_Pieces[bool]):
-    """Does a token end a sentence or a line (its text ends in . ! ? before closing quotes, or holds a
-    newline)?"""
+    """Does a token end a sentence or a line (engine/speculation/hints.py: ends_sentence)?"""
 
     def _read(self, piece: bytes) -> bool:
-        return b"\n" in piece or piece.rstrip(b" \"')").endswith((b".", b"!", b"?"))
+        return hints.ends_sentence(piece.decode("utf-8", "replace"))
 
 
 class QuoteMarks(_Pieces[tuple[bool, str]]):
-    """The double quotes a token writes on its line: (does it start a new line, the marks after its
-    last newline in order: '"' for a straight one, '(' and ')' for curly opening and closing)."""
+    """The quote marks a token writes on its line: (does it start a new line, the marks after its
+    last newline in order; engine/speculation/hints.py: quote_marks)."""
 
     def _read(self, piece: bytes) -> tuple[bool, str]:
-        text = piece.decode("utf-8", "replace")
-        line = text.rsplit("\n", 1)[-1]
-        marks = "".join({'"': '"', "\u201c": "(", "\u201d": ")"}.get(ch, "") for ch in line)
-        return "\n" in text, marks
+        return hints.quote_marks(piece.decode("utf-8", "replace"))
 
 
 class Numbers(_Pieces[tuple[str, int] | None]):
-    """Tokens that write a whole number: (the spaces before it, its value), else None; and `token`,
-    the one token that writes another number the same way, where the vocabulary has one."""
+    """Tokens that write a whole number, in any digit script: (its lead, its value), else None
+    (engine/speculation/hints.py: number); and `token`, the one token that writes another number
+    the same way, where the vocabulary has one."""
 
     def __init__(self, lm: LoadedModel) -> None:
         super().__init__(lm)
         self._tokens: dict[tuple[str, int], int | None] = {}
 
     def _read(self, piece: bytes) -> tuple[str, int] | None:
-        text = piece.decode("utf-8", "replace")
-        digits = text.lstrip(" ")
-        if not (digits.isascii() and digits.isdigit() and len(digits) <= 9):
-            return None
-        return text[:len(text) - len(digits)], int(digits)
+        return hints.number(piece.decode("utf-8", "replace"))
 
     def token(self, lead: str, value: int) -> int | None:
         key = (lead, value)
         if key not in self._tokens:
-            data = f"{lead}{value}".encode()
+            data = hints.write_number(lead, value).encode()
             buf = (llama_cpp.llama_token * 8)()
             n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, len(buf), False, False)
             # (a SentencePiece vocabulary may put a space token before it)
@@ -106,9 +100,12 @@ def make_drafter(spec: SpeculationSettings, *, prompt: list[int], draft: DraftMo
     `text`: the target's TokenText, when the caller keeps one (else read afresh for this request)."""
     if spec.mode == "lookup":
         text = text or TokenText.of(target)
+        on = hints.active(spec.lookup_hints_off)  # a hint switched off: lookup goes without that reader
         return PromptLookup(ngram=spec.ngram, k_min=spec.k_min, k_max=spec.k_max, adaptive=spec.adaptive,
-                            history=ngrams, costs=costs, ends_sentence=text.ends_sentence,
-                            quote_marks=text.quote_marks, numbers=text.numbers)
+                            history=ngrams, costs=costs,
+                            ends_sentence=text.ends_sentence if "sentence_ends" in on else None,
+                            quote_marks=text.quote_marks if "quotes" in on else None,
+                            numbers=text.numbers if "counts" in on else None)
     if spec.mode == "draft":
         if draft is None:
             raise KnownError("speculation mode 'draft' needs a loaded draft model")

@@ -16,9 +16,20 @@ then never drafted), so no first request waits for it. When a later request turn
 the work is cut into single decode calls (`Calibration.step`) that the worker runs while idle, so
 a request arriving meanwhile waits for one call at most; cached prompt prefixes are dropped first
 (the measurement needs an empty KV cache), which costs the next turn one full prefill, once.
+
+The table is kept on disk (`stored`, `store`: the cache directory's verify_costs.json), keyed by
+the model file, the settings that shape a decode call and the machine, so only the first load of a
+model with those settings on this machine measures: a one-shot `ggufdesk run --lookup` then starts
+its prompt as soon as the model is loaded (measuring before Loaded was the most of what lookup added
+to a one-shot run's time to its first token). The table gives the cost curve's shape and the lengths
+drafted; its level comes from the steps the engine runs (engine/speculation/step_cost.py), so a
+table measured at another moment still serves.
 """
 from __future__ import annotations
 
+import json
+import os
+import platform
 import statistics
 import time
 
@@ -32,6 +43,63 @@ ROWS = (1, 2, 4, 8, 16)  # rows per verification call measured (k = rows - 1 dra
 ROUNDS = (2, 5)  # rounds of every row count timed: at least, and at most while within the budget
 BUDGET_S = 1.5  # once the timed calls took this long (a big model on a CPU), larger row counts are skipped
 TOKEN = 100  # any ordinary token: the cost does not depend on which
+STORE_FILE = "verify_costs.json"
+STORE_MAX = 64  # tables kept (the newest): one per model and settings in use is plenty
+
+
+def _key(lm: LoadedModel, k_max: int) -> str:
+    """What a table depends on: the model file, the settings that shape a decode call, the machine."""
+    s = lm.settings
+    try:
+        st = os.stat(lm.path)
+        file = f"{os.path.abspath(lm.path)}|{st.st_size}|{st.st_mtime_ns}"
+    except OSError:
+        file = lm.path
+    top = max(1, min(k_max + 1, lm.n_outputs, s.n_batch))
+    return "|".join(str(x) for x in (file, s.threads, s.threads_batch, s.n_gpu_layers, s.n_batch, s.n_ubatch,
+                                     s.flash_attn, s.type_k, s.type_v, ",".join(s.rpc) if s.rpc else "", top,
+                                     platform.node(), os.cpu_count()))
+
+
+def _store_path():
+    from ggufdesk.core.hardware import cache_dir
+
+    return cache_dir() / STORE_FILE
+
+
+def _read_store() -> dict:
+    try:
+        data = json.loads(_store_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def stored(lm: LoadedModel, k_max: int) -> dict[int, float] | None:
+    """The table measured before for this model, these settings and this machine (None if none)."""
+    table = _read_store().get(_key(lm, k_max))
+    if not isinstance(table, dict):
+        return None
+    try:
+        costs = {int(k): float(c) for k, c in table.items()}
+    except (TypeError, ValueError):
+        return None
+    return costs if costs and all(k >= 1 and c > 0 for k, c in costs.items()) else None
+
+
+def store(lm: LoadedModel, k_max: int, costs: dict[int, float]) -> None:
+    """Keep a measured table for the next load (a full disk or a read-only cache only loses it)."""
+    data = _read_store()
+    data.pop(_key(lm, k_max), None)
+    data[_key(lm, k_max)] = {str(k): round(c, 4) for k, c in costs.items()}
+    path = _store_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dict(list(data.items())[-STORE_MAX:]), indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 class Calibration:

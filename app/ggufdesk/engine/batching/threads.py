@@ -1,0 +1,121 @@
+"""Threads that fit the machine as it is: fewer when another program takes a core, more when it leaves.
+
+llama.cpp's threads spin-wait for each other at every operation, so when another program takes a
+core, a decode with threads = cores waits for the descheduled thread every time: measured on the
+starter (2 cores), quiet 2 threads 47 tok/s vs 1 thread 25; with one busy loop beside it 2 threads
+16.8 vs 1 thread 24.9. The step loop times every step; `ThreadTuner` reads those times, normalised
+by what the batch explains (`units`), and when they slow down beyond SLOW x the best seen at the
+current count, tries one thread fewer for a window of steps and keeps whichever was faster. Every
+`gap` steps it probes one thread more the same way (the neighbour may have left), or at the top
+count one fewer (a neighbour that was there from the start leaves no slowdown to notice); a probe
+that loses doubles the gap, up to GAP_MAX. llama.cpp runs one-row batches on `n_threads` and larger ones
+on `n_threads_batch`, so the engine keeps one tuner for each (`Threads`), and `llama_set_n_threads`
+sets both between steps. A fixed thread count (`--threads`) turns the tuner off.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+WINDOW = 6  # steps timed per thread count before comparing: a median of 6 shrugs off one stalled step
+SLOW = 1.3  # steps this much slower than the best seen at the count are not explained by the batch
+# (context growth moves a step's time by a few percent over hundreds of tokens; a neighbour on one of
+# two cores moved it by 2.8x; one failed try at this ratio costs WINDOW steps and raises the bar)
+# steps between tries of one thread more, doubled after every losing try: a losing try costs WINDOW
+# steps at the slower count (beside a busy loop 6 x (1/16.8 - 1/24.9) s = 0.12 s against 32 steps' 1.3 s,
+# 9% at first, halving with every doubling), a winning one regains the full speed within 32 steps
+GAP_FIRST = 32
+GAP_MAX = 1024  # ... up to this (about a minute of decoding at 20 tok/s)
+ROW_SHARE = 0.5  # a decode row beside others costs about half a one-row step (measured 0.54-0.59)
+PROMPT_SHARE = 0.1  # a prompt row without logits: prefill runs ~10x as many tokens per second as decode
+
+
+def units(rows: int, n_prompt: int) -> float:
+    """What a step's rows cost in one-row steps, as a model: how much of its time the batch explains."""
+    decode = rows - n_prompt
+    decode_units = 1.0 + ROW_SHARE * (decode - 1) if decode else 0.0
+    return max(1.0, decode_units + PROMPT_SHARE * n_prompt)
+
+
+class ThreadTuner:
+    """The thread count for one kind of step, chosen from its measured times.
+
+    `observe(seconds per unit)` after each step; `n` is the count to use for the next. A trial runs
+    WINDOW steps at another count and is kept when its median beats the median before it.
+    """
+
+    def __init__(self, n_max: int, *, fixed: bool = False) -> None:
+        self.n_max = max(1, n_max)
+        self.fixed = fixed
+        self.n = self.n_max
+        self.times: list[float] = []  # normalised seconds at n since it was last set
+        self.best: dict[int, float] = {}  # per count, the best window median seen (its quiet speed)
+        self.trial_from: tuple[int, float] | None = None  # during a trial: (the count before, its median)
+        self.since = 0  # steps since the count last changed
+        self.gap = GAP_FIRST
+        self.changes = 0
+
+    def observe(self, t: float) -> None:
+        if self.fixed or t <= 0:
+            return
+        self.times.append(t)
+        self.since += 1
+        if len(self.times) < WINDOW:
+            return
+        med = statistics.median(self.times[-WINDOW:])
+        if self.trial_from is not None:
+            self._judge(med)
+        elif self.n > 1 and med > SLOW * self.best.get(self.n, med):
+            self._try(self.n - 1, med)
+        elif self.n_max > 1 and self.since >= self.gap:
+            # one more (the neighbour may have left), or at the top one fewer (it was there from the start)
+            self._try(self.n + 1 if self.n < self.n_max else self.n - 1, med)
+        else:
+            self.best[self.n] = min(self.best.get(self.n, med), med)
+            self.times = self.times[-WINDOW:]
+
+    def _try(self, n: int, med: float) -> None:
+        self.trial_from = (self.n, med)
+        self._set(n)
+
+    def _judge(self, med: float) -> None:
+        before, before_med = self.trial_from or (self.n, med)
+        self.trial_from = None
+        if med < before_med:  # the trial was faster: keep it
+            self.best[self.n] = med
+            self.gap, self.since, self.times = GAP_FIRST, 0, []
+            return
+        self._set(before)
+        # the count we came back to may be slower than its best, but the other count did not help: its
+        # time now is the new normal (a long context, a busy machine for every count alike)
+        self.best[before] = before_med
+        self.gap = min(2 * self.gap, GAP_MAX)
+
+    def _set(self, n: int) -> None:
+        self.changes += self.n != n
+        self.n, self.times, self.since = n, [], 0
+
+
+class Threads:
+    """The engine's decode (one-row steps) and batch (multi-row steps) thread counts, tuned from step
+    times and applied between steps by `apply(n_threads, n_threads_batch)` (llama_set_n_threads)."""
+
+    def __init__(self, n_threads: int, n_threads_batch: int, *, fixed: bool,
+                 apply: Callable[[int, int], None]) -> None:
+        self.decode = ThreadTuner(n_threads, fixed=fixed)
+        self.batch = ThreadTuner(n_threads_batch, fixed=fixed)
+        self.apply = apply
+        self._applied = (n_threads, n_threads_batch)
+
+    @property
+    def now(self) -> tuple[int, int]:
+        return self.decode.n, self.batch.n
+
+    def observe(self, rows: int, n_prompt: int, seconds: float) -> None:
+        """One step's rows (of them prompt rows) and seconds; sets new counts before the next step."""
+        if rows <= 0:
+            return
+        (self.decode if rows == 1 else self.batch).observe(seconds / units(rows, n_prompt))
+        if self.now != self._applied:
+            self._applied = self.now
+            self.apply(*self.now)

@@ -1,0 +1,188 @@
+"""A held-out suite for prompt lookup: templates, languages and models nobody tuned on. Never tune on it.
+
+bench/spec_workloads.py (the tuned suite) has one RAG template with English straight quotes, one
+code-edit template, English copy prompts, one base model. Here: German, French, Japanese and
+English; quotes in „…“, «…» and 「…」; numbered lists in full-width digits; a Markdown table and a
+YAML file to edit; a transcript in another chat format; free writing sampled at T 0.8 and a copy
+sampled at T 0.7. Each prompt is a text to continue (the base starter) and, for a chat model
+(SmolLM2-135M-Instruct), the user's message of a chat (`chat_prompt`, its ChatML template).
+`COPY_HEAVY` names the categories where lookup should pay (issue 29: >= 1.4x plain), the others
+must not lose (>= 0.97x).
+
+bench/speculative.py --suite heldout measures wall time per hint on and off. This module's main
+replays instead (load-insensitive, like bench/spec_oracle.py): each greedy prompt is answered once
+by plain decoding on the live step loop in process, then the engine's lookup drafter is driven over
+that answer with every hint on, with each hint off and with all off, each step charged a fixed cost
+table; it prints accepted/drafted tokens and the replayed speed-up per category and configuration.
+
+    .venv/bin/python bench/spec_heldout.py [--suite heldout|tuned] [--model starter|smollm2|PATH]
+        [--max-tokens 96] [--categories ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.spec_workloads import WORKLOADS as TUNED
+from bench.spec_workloads import Workload
+
+LOCH_DE = (
+    "Der Leuchtturm von Westerhever steht seit 1908 auf einer Warft mitten in den Salzwiesen. Er ist "
+    "vierzig Meter hoch und wird von zwei Wärterhäusern flankiert. Bis 1978 lebten dort drei Familien, "
+    "die abwechselnd das Licht bewachten. Heute kann man den Turm im Sommer besichtigen, und im Standesamt "
+    "im Erdgeschoss wird geheiratet."
+)
+BIBLIO_FR = (
+    "La bibliothèque de Lyon ouvre ses portes à neuf heures du matin, du mardi au samedi. Elle conserve "
+    "plus de deux millions de documents, dont des manuscrits du Moyen Âge. Les lecteurs peuvent emprunter "
+    "jusqu'à vingt livres pendant trois semaines. Le dimanche, une salle d'étude reste ouverte aux étudiants."
+)
+TEA_JA = (
+    "静岡県は日本で最も多くの緑茶を生産している。茶畑は富士山のふもとから海の近くまで広がっている。"
+    "新茶は四月の終わりから五月にかけて摘まれる。摘んだ葉はすぐに蒸して、発酵を止める。"
+    "その後、葉をもみながら乾かすと、香りのよい煎茶ができる。"
+)
+STEPS_JA = ["米を洗う。", "水に三十分つける。", "強火で十分炊く。", "弱火で十五分炊く。", "十分蒸らす。"]
+MD_TABLE = (
+    "| City | Country | Population |\n|---|---|---|\n| Lyon | France | 522,000 |\n"
+    "| Porto | Portugal | 232,000 |\n| Ghent | Belgium | 263,000 |\n| Brno | Czechia | 382,000 |\n"
+)
+YAML_CONF = (
+    "server:\n  host: 0.0.0.0\n  port: 8080\n  workers: 4\nlogging:\n  level: info\n  file: /var/log/app.log\n"
+    "database:\n  url: postgres://db:5432/app\n  pool: 10\n  timeout: 30\n"
+)
+
+
+def _numbered_ja(steps: list[str]) -> str:
+    return "\n".join(f"{chr(0xFF11 + i)}．{s}" for i, s in enumerate(steps))
+
+
+HELDOUT: list[Workload] = [
+    # ---- quoting a source, in other languages and quote marks (copy-heavy)
+    Workload("quote-de", "leuchtturm", f"Quelle 1: {LOCH_DE}\n\nFrage: Wie hoch ist der Leuchtturm, und wer lebte "
+             "dort? Antworte mit wörtlichen Zitaten aus der Quelle.\n\nAntwort: In Quelle 1 heißt es: „Er"),
+    Workload("quote-fr", "bibliotheque", f"Document A : {BIBLIO_FR}\n\nQuestion : Quand la bibliothèque ouvre-t-elle, "
+             "et combien de livres peut-on emprunter ? Réponds en citant le document mot pour mot.\n\n"
+             "Réponse : Selon le document A, « La"),
+    Workload("quote-ja", "tea", f"資料：{TEA_JA}\n\n質問：新茶はいつ摘まれますか。資料から引用して答えてください。\n\n"
+             "答え：資料によると、「新茶"),
+    # ---- copying (copy-heavy)
+    Workload("copy-ja", "tea", f"次の文章をそのまま書き写してください。\n\n文章：{TEA_JA}\n\n書き写し：\n静岡県は"),
+    Workload("copy-de", "leuchtturm", f"Text:\n{LOCH_DE}\n\nDer zweite und der dritte Satz, wörtlich abgeschrieben:\n"),
+    Workload("copy-ja", "tea-sampled", f"文章：{TEA_JA}\n\n同じ文章：\n静岡県は", 0.7),
+    # ---- lists that count on (copy-heavy): full-width digits
+    Workload("list-ja", "rice",
+             f"ご飯の炊き方：\n{_numbered_ja(STEPS_JA)}\n\nもう一度、同じ手順を書いてください：\n１．"),
+    # ---- editing structured text (copy-heavy)
+    Workload("edit-en", "table", f"{MD_TABLE}\nAdd a row for Aarhus, Denmark, 285,000 after Ghent and return the whole "
+             "table.\n\n| City | Country | Population |\n"),
+    Workload("edit-en", "yaml", f"```yaml\n{YAML_CONF}```\n\nChange the port to 9090 and the log level to debug. "
+             "Return the whole file.\n\n```yaml\nserver:\n"),
+    # ---- free text (must not lose)
+    Workload("free-de", "winter", "Schreibe einen kurzen Text über den ersten Schnee im Dorf.\n\n", 0.8),
+    Workload("free-fr", "marche", "Raconte une matinée au marché de Lyon.\n\n", 0.8),
+    Workload("free-ja", "sakura", "春の公園について短い文章を書いてください。\n\n", 0.8),
+    Workload("explain-en", "tides", "### User\nWhy does the sea have two tides a day?\n### Assistant\n"),
+    Workload("explain-fr", "pain", "### Utilisateur\nPourquoi le pain rassis devient-il dur ?\n### Assistant\n"),
+]
+HELDOUT_CATEGORIES = list(dict.fromkeys(w.category for w in HELDOUT))
+COPY_HEAVY = ("quote-de", "quote-fr", "quote-ja", "copy-ja", "copy-de", "list-ja", "edit-en")
+SUITES = {"tuned": TUNED, "heldout": HELDOUT}
+
+
+def chat_prompt(w: Workload) -> list[dict[str, str]]:
+    """The workload as a chat model gets it: the user's message (a chat model answers from scratch)."""
+    return [{"role": "user", "content": w.prompt}]
+
+
+def model_path(name: str) -> str:
+    """starter (the Gemma 3 270M base starter), smollm2 (SmolLM2-135M-Instruct), or a path."""
+    from ggufdesk.core import starter
+
+    if name == "starter":
+        return str(starter.starter_model_path())
+    if name == "smollm2":
+        return str(starter.model_path(starter.SMOLLM2))
+    return name
+
+
+def hint_configs(hints: Iterable[str]) -> dict[str, str]:
+    """Configuration name -> lookup_hints_off: every hint on, each one off, all off."""
+    names = list(hints)
+    from ggufdesk.core.settings import SpeculationSettings
+
+    default = {"default": SpeculationSettings().lookup_hints_off}
+    return {**default, "all hints": "", **{f"-{h}": h for h in names}, "no hints": ",".join(names)}
+
+
+# a CPU's verification costs in plain steps (the starter, 2 threads: engine/speculation/verify_cost.py's
+# k = 1, 3, 7, 15), fixed here so that the replay does not depend on how busy the machine is
+TABLE = {1: 1.7, 3: 2.5, 7: 3.4, 15: 5.6}
+
+
+def main() -> int:
+    from bench.spec_oracle import replay
+    from ggufdesk.core.settings import LOOKUP_HINTS, LoadSettings, SpeculationSettings
+    from ggufdesk.engine.speculation.speculative import TokenText, make_drafter
+    from tests.engine.live import Live
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", default="heldout", choices=list(SUITES))
+    ap.add_argument("--model", default="starter", help="starter, smollm2 or a GGUF path")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--categories", default="", help="comma-separated (default: all greedy ones)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--answers", help="a JSON file keeping the plain answers (read if there, else written): "
+                    "replay again after a change without decoding again")
+    args = ap.parse_args()
+    cats = [c for c in args.categories.split(",") if c]
+    chosen = [w for w in SUITES[args.suite] if not w.temperature and (not cats or w.category in cats)]
+    live = Live(model_path(args.model), LoadSettings(n_ctx=8192, n_threads=args.threads,
+                                                      n_threads_batch=args.threads))
+    chat = args.model == "smollm2"
+    text = TokenText.of(live.lm)
+    configs = hint_configs(LOOKUP_HINTS)
+    rows: dict[str, dict[str, list[tuple[float, int, int]]]] = {}
+    saved = json.loads(Path(args.answers).read_text()) if args.answers and Path(args.answers).exists() else {}
+    for w in chosen:
+        body = (f"<|im_start|>user\n{w.prompt}<|im_end|>\n<|im_start|>assistant\n" if chat else w.prompt)
+        prompt = live.tokens(body)
+        key = f"{w.category}/{w.name}"
+        if key not in saved:
+            live.forget()
+            saved[key] = live.plain(prompt, args.max_tokens).tokens
+            if args.answers:
+                Path(args.answers).write_text(json.dumps(saved))
+        out = saved[key]
+        if len(out) < 2:
+            continue
+        for name, off in configs.items():
+            spec = SpeculationSettings(mode="lookup", k_max=16, adaptive=True, lookup_hints_off=off)
+            d = make_drafter(spec, prompt=prompt, draft=None, target=live.lm, costs=TABLE, text=text)
+            counts = [0, 0]
+            x = replay(prompt, out, d, TABLE, counts)
+            rows.setdefault(w.category, {}).setdefault(name, []).append((x, counts[0], counts[1]))
+        print(f"  {w.category}/{w.name}: " + ", ".join(f"{n} {rows[w.category][n][-1][0]:.2f}" for n in configs),
+              file=sys.stderr, flush=True)
+    print(f"\n{args.suite} suite, {args.model}, greedy, replayed at a fixed cost table; x plain (geometric mean):")
+    print("| category | " + " | ".join(configs) + " |")
+    print("|---|" + "---:|" * len(configs))
+    for cat, per in rows.items():
+        cells = []
+        for name in configs:
+            xs = [r[0] for r in per[name]]
+            drafted, accepted = sum(r[1] for r in per[name]), sum(r[2] for r in per[name])
+            cells.append(f"{math.prod(xs) ** (1 / len(xs)):.2f} ({accepted}/{drafted})")
+        print(f"| {cat} | " + " | ".join(cells) + " |")
+    print("cells: replayed x plain (accepted/drafted tokens)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

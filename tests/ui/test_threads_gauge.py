@@ -1,0 +1,15 @@
+"""The speed gauge tells how many CPU threads decode now (engine/batching/threads.py adapts them)."""
+from __future__ import annotations
+
+from ggufdesk.ui.gauges import GaugePanel
+from tests.ui.test_honest_gauges import stats
+
+
+def test_the_decode_note_shows_the_thread_count_while_decoding(qtbot):
+    panel = GaugePanel()
+    qtbot.addWidget(panel)
+    panel.on_stats(stats(41, 1.0, threads=2))
+    panel.on_stats(stats(45, 2.0, threads=1))
+    assert panel.decode_note.text() == "last 2 s, 1 thread"
+    panel.on_stats(stats(47, 3.0, threads=0))  # an engine that does not tell: as before
+    assert panel.decode_note.text() == "last 2 s"
