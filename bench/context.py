@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ggufdesk.core import prompt_cache as pc  # noqa: E402
+from ggufdesk.core.settings import LoadSettings, SamplingSettings  # noqa: E402
 from ggufdesk.engine.link import protocol as P  # noqa: E402
 
 WORDS = ("river town woke slowly fishermen pulled their boats onto the gravel baker opened his shutters thin "
@@ -166,14 +167,14 @@ def engine_in_process(model: str, cache: Path, **load: Any) -> Any:
 
     events: list[Any] = []
     engine = Engine(events.append, CancelBook())  # type: ignore[arg-type]
-    engine.load(P.Load(id="load", model=model, settings=load))
+    engine.load(P.Load(id="load", model=model, settings=LoadSettings(**load)))
     if engine.batch is None:
         raise SystemExit(f"could not load {model}: {events}")
     return engine, events
 
 
 def run_one(engine: Any, events: list[Any], rid: str, prompt: str) -> P.Done:
-    engine.generate(P.Generate(id=rid, prompt=prompt, sampling={"temperature": 0.0, "max_tokens": 1}))
+    engine.generate(P.Generate(id=rid, prompt=prompt, sampling=SamplingSettings(temperature=0.0, max_tokens=1)))
     while engine.batch.busy:
         engine.batch.step()
     done = [e for e in events if isinstance(e, (P.Done, P.Error)) and e.id == rid]
@@ -241,7 +242,7 @@ def replay(model: str, ctx: int, turns: int, max_tokens: int, words: tuple[int, 
     """180 user turns through ChatSession with the window's settings; every answer and every note."""
     from ggufdesk.cli.mcp_tools import pump
     from ggufdesk.engine.runtime.overflow import ROLL_SLACK
-    from ggufdesk.core.settings import LoadSettings, Settings
+    from ggufdesk.core.settings import Settings
     from ggufdesk.engine.link.client import EngineClient
     from ggufdesk.session import ChatSession, SessionView
     from ggufdesk.session.inbox import Inbox

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ggufdesk.core.settings import LoadSettings, SamplingSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.runtime.worker import CancelBook, Engine
 
@@ -14,7 +15,7 @@ class Live:
     def __init__(self, model: Any, **load: Any) -> None:  # load: LoadSettings fields
         self.events: list[Any] = []
         self.engine = Engine(self.events.append, CancelBook())  # type: ignore[arg-type]
-        self.engine.load(P.Load(id="load", model=str(model), settings=load))
+        self.engine.load(P.Load(id="load", model=str(model), settings=LoadSettings(**load)))
         assert self.engine.batch is not None, self.events
         self.prompts: dict[str, list[int]] = {}
         submit = self.engine.batch.submit
@@ -26,6 +27,8 @@ class Live:
         self.engine.batch.submit = recorded  # type: ignore[method-assign]
 
     def run(self, rid: str, **fields: Any) -> list[Any]:
+        if isinstance(fields.get("sampling"), dict):  # (the protocol carries settings dataclasses)
+            fields["sampling"] = SamplingSettings(**fields["sampling"])
         self.engine.generate(P.Generate(id=rid, **fields))
         while self.engine.batch.busy:
             self.engine.batch.step()

@@ -263,13 +263,13 @@ def test_the_vocabulary_is_read_once_per_loaded_model(tiny_model):
     from ggufdesk.engine.runtime.worker import CancelBook, Engine
 
     engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
-    engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256}))
+    engine.load(P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256)))
     spec = SpeculationSettings(mode="lookup", k_max=8)
     first, second = engine._drafter(spec, [1, 2, 3], 8), engine._drafter(spec, [4, 5, 6], 8)
     assert first is not second  # a drafter per request...
     assert first.ends_sentence is second.ends_sentence and first.quote_marks is second.quote_marks
     assert first.numbers is second.numbers  # ... reading one model's vocabulary
-    engine.load(P.Load(id="m", model=str(tiny_model), settings={"n_ctx": 256}))
+    engine.load(P.Load(id="m", model=str(tiny_model), settings=LoadSettings(n_ctx=256)))
     assert engine._drafter(spec, [1, 2, 3], 8).numbers is not first.numbers
     engine.unload(quiet=True)
     assert engine._token_text is None

@@ -2,6 +2,7 @@
 queued behind it is served (issue 34, finding 3). The engine runs in this process on a fake clock."""
 from __future__ import annotations
 
+from ggufdesk.core.settings import LoadSettings, SamplingSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.runtime.worker import CancelBook, Engine
 from tests.engine.helpers import greedy
@@ -11,7 +12,7 @@ def on_a_fake_clock(model, now: list[float]) -> tuple[Engine, list]:
     """An engine in this process, one request at a time, whose deadlines read now[0]."""
     events: list = []
     engine = Engine(events.append, CancelBook())  # type: ignore[arg-type]
-    engine.load(P.Load(id="l", model=str(model), settings={"n_ctx": 512, "n_parallel": 1}))
+    engine.load(P.Load(id="l", model=str(model), settings=LoadSettings(n_ctx=512, n_parallel=1)))
     engine.batch.clock = lambda: now[0]
     return engine, events
 
@@ -19,8 +20,8 @@ def on_a_fake_clock(model, now: list[float]) -> tuple[Engine, list]:
 def test_a_request_past_its_deadline_ends_with_a_timeout_and_the_next_is_served(tiny_model):
     now = [1000.0]
     engine, events = on_a_fake_clock(tiny_model, now)
-    engine.generate(P.Generate(id="slow", prompt="the cat", sampling=greedy(400), deadline_s=30))
-    engine.generate(P.Generate(id="next", prompt="the dog", sampling=greedy(3), deadline_s=30))
+    engine.generate(P.Generate(id="slow", prompt="the cat", sampling=SamplingSettings(**greedy(400)), deadline_s=30))
+    engine.generate(P.Generate(id="next", prompt="the dog", sampling=SamplingSettings(**greedy(3)), deadline_s=30))
     for _ in range(3):
         engine.batch.step()
     assert not any(getattr(e, "id", None) == "slow" and isinstance(e, (P.Done, P.Error)) for e in events)
@@ -30,7 +31,7 @@ def test_a_request_past_its_deadline_ends_with_a_timeout_and_the_next_is_served(
     assert err.kind == "timeout" and "30 s" in err.message and "--request-timeout" in err.message
     ended = [e for e in events if isinstance(e, (P.Done, P.Error)) and e.id == "next"]
     assert ended and isinstance(ended[0], P.Error) and ended[0].kind == "timeout"  # (it waited past its own)
-    engine.generate(P.Generate(id="after", prompt="the dog", sampling=greedy(3), deadline_s=30))
+    engine.generate(P.Generate(id="after", prompt="the dog", sampling=SamplingSettings(**greedy(3)), deadline_s=30))
     while engine.batch.busy:
         engine.batch.step()
     done = next(e for e in events if isinstance(e, (P.Done, P.Error)) and e.id == "after")
@@ -41,8 +42,8 @@ def test_a_request_past_its_deadline_ends_with_a_timeout_and_the_next_is_served(
 def test_a_queued_request_is_served_once_the_stuck_one_times_out(tiny_model):
     now = [0.0]
     engine, events = on_a_fake_clock(tiny_model, now)
-    engine.generate(P.Generate(id="stuck", prompt="the cat", sampling=greedy(400), deadline_s=5))
-    engine.generate(P.Generate(id="normal", prompt="the dog", sampling=greedy(3), deadline_s=100))
+    engine.generate(P.Generate(id="stuck", prompt="the cat", sampling=SamplingSettings(**greedy(400)), deadline_s=5))
+    engine.generate(P.Generate(id="normal", prompt="the dog", sampling=SamplingSettings(**greedy(3)), deadline_s=100))
     engine.batch.step()
     now[0] = 6.0
     while engine.batch.busy:
@@ -56,8 +57,8 @@ def test_a_queued_request_is_served_once_the_stuck_one_times_out(tiny_model):
 def test_a_nonsense_deadline_is_refused(tiny_model):
     events: list = []
     engine = Engine(events.append, CancelBook())  # type: ignore[arg-type]
-    engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256}))
+    engine.load(P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256)))
     for bad in (0, -1, float("nan"), "5", True):
-        engine.generate(P.Generate(id="r", prompt="hi", sampling=greedy(2), deadline_s=bad))  # type: ignore[arg-type]
+        engine.generate(P.Generate(id="r", prompt="hi", sampling=SamplingSettings(**greedy(2)), deadline_s=bad))  # type: ignore[arg-type]
         assert isinstance(events[-1], P.Error) and "deadline_s" in events[-1].message
     engine.unload(quiet=True)

@@ -8,9 +8,9 @@ import textwrap
 
 import psutil
 
+from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.link.lifeline import PARENT_ENV, parent_is_gone
-from ggufdesk.engine.link.protocol import fields_of
 from tests.engine.conftest import TINY_LOAD
 
 
@@ -70,9 +70,9 @@ def test_ping_is_answered_while_a_generation_runs_and_eof_ends_the_engine(tiny_m
     proc = worker()
     try:
         until(proc, lambda ev: isinstance(ev, P.Ready))
-        send(proc, P.Load(id="l1", model=str(tiny_model), settings=fields_of(TINY_LOAD)))
+        send(proc, P.Load(id="l1", model=str(tiny_model), settings=TINY_LOAD))
         until(proc, lambda ev: isinstance(ev, P.Loaded) and ev.id == "l1")
-        send(proc, P.Generate(id="g1", prompt="the cat", sampling={"temperature": 0, "max_tokens": 400}))
+        send(proc, P.Generate(id="g1", prompt="the cat", sampling=SamplingSettings(temperature=0, max_tokens=400)))
         until(proc, lambda ev: isinstance(ev, P.Token))
         send(proc, P.Ping(id="p1"))
         seen = until(proc, lambda ev: isinstance(ev, (P.Pong, P.Done)))

@@ -6,6 +6,7 @@ import queue
 
 import pytest
 
+from ggufdesk.core.settings import LoadSettings, SpeculationSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.speculation.adaptive import DraftLength
 from ggufdesk.engine.runtime.worker import CancelBook, Engine
@@ -72,8 +73,8 @@ def unhurried(monkeypatch):
 def test_a_load_with_speculation_measures_before_it_reports_loaded(tiny_model, unhurried):
     events: list = []
     engine = Engine(events.append, CancelBook())  # type: ignore[arg-type]
-    engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256},
-                       speculation={"mode": "lookup", "k_max": 8}))
+    engine.load(P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256),
+                       speculation=SpeculationSettings(mode="lookup", k_max=8)))
     assert any(isinstance(e, P.Loaded) for e in events), events
     costs = engine.verify_costs
     assert costs is not None and sorted(costs) == [1, 3, 7]  # rows 2, 4, 8: up to K max + 1 = 9
@@ -86,7 +87,7 @@ def test_a_load_with_speculation_measures_before_it_reports_loaded(tiny_model, u
 
 def test_measuring_later_runs_while_idle_and_yields_to_requests(tiny_model, unhurried):
     engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
-    engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256}))
+    engine.load(P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256)))
     assert engine._calibration is None  # speculation off: nothing measured
     from ggufdesk.core.settings import SpeculationSettings
 
@@ -108,8 +109,8 @@ def test_a_slow_machine_stops_measuring_at_the_budget_and_drafts_only_what_it_me
 
     monkeypatch.setattr(verify_cost, "BUDGET_S", 0.0)  # every call is over budget
     engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
-    engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256},
-                       speculation={"mode": "lookup", "k_max": 8}))
+    engine.load(P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256),
+                       speculation=SpeculationSettings(mode="lookup", k_max=8)))
     assert engine.verify_costs == {}  # only plain steps were timed: no draft length is known
     c = DraftLength(k_min=1, k_max=8, adaptive=True, label="lookup", costs=engine.verify_costs)
     assert c.costs is None  # ... so the controller falls back to its line
@@ -192,7 +193,7 @@ def test_a_second_load_reads_the_table_measured_by_the_first_and_measures_nothin
     `ggufdesk run --lookup` then starts its prompt as soon as the model is loaded)."""
     from ggufdesk.engine.speculation import verify_cost
 
-    load = P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256}, speculation={"mode": "lookup", "k_max": 8})
+    load = P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256), speculation=SpeculationSettings(mode="lookup", k_max=8))
     first = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
     first.load(load)
     measured = first.verify_costs
@@ -212,8 +213,8 @@ def test_a_second_load_reads_the_table_measured_by_the_first_and_measures_nothin
     assert made == [] and second.verify_costs == pytest.approx(measured, abs=1e-3)
     assert second.batch.drafts.costs.lengths(16) == [1, 3, 7]
     second.unload(quiet=True)
-    other = P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256, "n_threads": 1, "n_threads_batch": 3},
-                   speculation={"mode": "lookup", "k_max": 8})
+    other = P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256, n_threads=1, n_threads_batch=3),
+                   speculation=SpeculationSettings(mode="lookup", k_max=8))
     third = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
     third.load(other)
     assert len(made) == 1 and third.verify_costs is not None  # other settings: measured afresh
@@ -227,8 +228,8 @@ def test_a_damaged_stored_table_is_measured_again(tiny_model, unhurried):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("{not json")
     engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
-    engine.load(P.Load(id="l", model=str(tiny_model), settings={"n_ctx": 256},
-                       speculation={"mode": "lookup", "k_max": 8}))
+    engine.load(P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256),
+                       speculation=SpeculationSettings(mode="lookup", k_max=8)))
     assert engine.verify_costs is not None and sorted(engine.verify_costs) == [1, 3, 7]
     engine.unload(quiet=True)
     assert json.loads(path.read_text())  # and kept, readable, for the next load

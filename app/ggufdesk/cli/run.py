@@ -274,23 +274,47 @@ def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sa
         loaded = client.load(model, settings=load, speculation=spec, mmproj=mmproj_from_args(args))
         notices = {e.kind: e.message for e in client.events(timeout=0)
                    if isinstance(e, P.Error) and e.kind in P.LOAD_NOTICE_KINDS}
-        if spec.mode == "draft" and not loaded.draft:
-            raise KnownError(f"the draft model {spec.draft_model} was refused: "
-                             f"{notices.get('draft', 'the engine did not load it')}")
-        if images and not loaded.mmproj:
-            raise KnownError(notices.get("projector") or no_projector(model))
-        if args.chat and info.chat_template is not None and loaded.chat_format != "template":
-            raise KnownError(f"--chat: {notices.get('template', 'the model chat template was refused')} "
-                             "(without --chat the prompt is sent as plain text)")
-        if loaded.rpc and not args.json:
-            print(f"[{describe_split(loaded.rpc)}]", file=sys.stderr)
+        _check_loaded(args, info, spec, loaded, notices, model, images)
         if host is not None:
             from ggufdesk.cli import mcp_tools
 
             text, stats, done, rounds = mcp_tools.run_once(client, loaded, host, args, prompt, sampling)
         else:
             text, stats, done = _generate(client, args, prompt, sampling, structured, images)
-    result = {
+    result = _result(model, loaded, text, stats, done, rounds, images)
+    if args.json:
+        print_json(result)
+    else:
+        if not result["text"].endswith("\n"):
+            print()  # the text is a line of its own: the shell prompt (or the next line in a file) starts fresh
+        print(f"[{result['tokens']} tokens, TTFT {result['ttft_s'] or 0:.3f} s, prefill "
+              f"{result['prefill_tok_s'] or 0:.1f} tok/s, decode {result['decode_tok_s'] or 0:.1f} tok/s"
+              + (f" ({result['threads']} thread{'s' if result['threads'] > 1 else ''})" if result["threads"] else "")
+              + (f", accepted {result['accepted']}/{result['drafted']}" if result["drafted"] else "")
+              + f", {result['finish_reason']}]", file=sys.stderr)
+    return 0
+
+
+def _check_loaded(args: argparse.Namespace, info: Any, spec: SpeculationSettings, loaded: Any,
+                  notices: dict[str, str], model: str, images: dict[str, bytes]) -> None:
+    """Refuse a load that lost what was asked for (the draft model; the projector for images; the chat
+    template with --chat)."""
+    if spec.mode == "draft" and not loaded.draft:
+        raise KnownError(f"the draft model {spec.draft_model} was refused: "
+                         f"{notices.get('draft', 'the engine did not load it')}")
+    if images and not loaded.mmproj:
+        raise KnownError(notices.get("projector") or no_projector(model))
+    if args.chat and info.chat_template is not None and loaded.chat_format != "template":
+        raise KnownError(f"--chat: {notices.get('template', 'the model chat template was refused')} "
+                         "(without --chat the prompt is sent as plain text)")
+    if loaded.rpc and not args.json:
+        print(f"[{describe_split(loaded.rpc)}]", file=sys.stderr)
+
+
+def _result(model: str, loaded: Any, text: str, stats: dict[str, Any], done: Any,
+            rounds: list[dict[str, Any]] | None, images: dict[str, bytes]) -> dict[str, Any]:
+    """The `run --json` object (DESIGN.md section 6): the answer, its figures and the load's."""
+    result: dict[str, Any] = {
         "model": model, "text": text, "tokens": stats.get("n_gen", 0),
         "prompt_tokens": stats.get("n_prompt", 0),
         "ttft_s": stats.get("ttft_s"), "prefill_tok_s": stats.get("prefill_tok_s"),
@@ -304,25 +328,19 @@ def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sa
         "cached_tokens": done.usage.get("cached_tokens", 0) if done else 0,
         "truncated_tokens": done.usage.get("truncated_tokens", 0) if done else 0,
         "context_overflow": done.overflow if done else "",
-        **({"reasoning": (done.reasoning if done else None) or "",
-            "reasoning_tokens": (done.usage if done else {}).get("reasoning_tokens", 0)} if loaded.reasoning else {}),
-        "chat_format": loaded.chat_format, "load_s": loaded.load_s, "memory": loaded.memory,
-        **({"images": len(images), "image_tokens": (done.usage if done else {}).get("image_tokens", 0),
-            "mmproj": loaded.mmproj} if images else {}),
-        **({"rpc": loaded.rpc} if loaded.rpc else {}),
-        **({"tool_rounds": rounds} if rounds is not None else {}),
     }
-    if args.json:
-        print_json(result)
-    else:
-        if not result["text"].endswith("\n"):
-            print()  # the text is a line of its own: the shell prompt (or the next line in a file) starts fresh
-        print(f"[{result['tokens']} tokens, TTFT {result['ttft_s'] or 0:.3f} s, prefill "
-              f"{result['prefill_tok_s'] or 0:.1f} tok/s, decode {result['decode_tok_s'] or 0:.1f} tok/s"
-              + (f" ({result['threads']} thread{'s' if result['threads'] > 1 else ''})" if result["threads"] else "")
-              + (f", accepted {result['accepted']}/{result['drafted']}" if result["drafted"] else "")
-              + f", {result['finish_reason']}]", file=sys.stderr)
-    return 0
+    usage = done.usage if done else {}
+    if loaded.reasoning:
+        result["reasoning"] = (done.reasoning if done else None) or ""
+        result["reasoning_tokens"] = usage.get("reasoning_tokens", 0)
+    result.update({"chat_format": loaded.chat_format, "load_s": loaded.load_s, "memory": loaded.memory})
+    if images:
+        result.update({"images": len(images), "image_tokens": usage.get("image_tokens", 0), "mmproj": loaded.mmproj})
+    if loaded.rpc:
+        result["rpc"] = loaded.rpc
+    if rounds is not None:
+        result["tool_rounds"] = rounds
+    return result
 
 
 def no_projector(model: str) -> str:

@@ -392,18 +392,8 @@ def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo
     predicted faster than splitting whole layers (n_cpu_moe None: chosen here; a number: as given).
     `smaller_quants`: the smaller files of this model that exist (the advice names them; none: it
     names none)."""
-    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or not 16 <= n_ctx <= MAX_CTX:
-        raise SettingsError(f"context length must be a whole number from 16 to {MAX_CTX}, got {n_ctx!r}")
-    if isinstance(n_ubatch, bool) or not isinstance(n_ubatch, int) or not 1 <= n_ubatch <= 1 << 16:
-        raise SettingsError(f"micro-batch size must be from 1 to 65536, got {n_ubatch!r}")
-    if n_gpu_layers is not None and n_gpu_layers < -1:
-        raise SettingsError(f"GPU layers must be -1 (all) or more, got {n_gpu_layers}")
-    check_info(info)
-    if draft is not None:
-        check_info(draft)
-    type_size(type_k), type_size(type_v)
-    if type_v != "f16" and type_v != "f32" and flash_attn == "off":
-        raise SettingsError("a quantized V cache needs flash attention; set flash attention to auto or on")
+    _check_request(info, draft, n_ctx=n_ctx, n_ubatch=n_ubatch, n_gpu_layers=n_gpu_layers, type_k=type_k,
+                   type_v=type_v, flash_attn=flash_attn)
     ram_budget, vram_budget = budgets(hw)
     has_gpu = bool(hw.gpus)
     kw: dict[str, Any] = dict(n_ctx=n_ctx, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
@@ -433,19 +423,8 @@ def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo
                                   n_cpu_moe=ncm)
 
     top = info.n_layer + 1
-    if n_gpu_layers is not None:
-        ngl = top if n_gpu_layers < 0 else min(n_gpu_layers, top)
-        ngl = ngl if has_gpu else 0
-    else:
-        ngl = next((k for k in range(top if has_gpu else 0, -1, -1) if fits(k, n_cpu_moe or 0)), 0)
-    ncm, layer_speed = n_cpu_moe or 0, None
-    if n_cpu_moe is None and n_gpu_layers is None and has_gpu and ngl < top:
-        split = experts_split(info, lambda k: fits(top, k))
-        if split is not None and (not fits(ngl) or speed(top, split) > speed(ngl)):
-            ncm, layer_speed, ngl = split, speed(ngl), top
-    ok = fits(ngl, ncm)
-    fit = ("too_large" if not ok else "full_gpu" if has_gpu and ngl >= top and not ncm
-           else "partial" if ngl > 0 else "cpu")
+    ngl, ncm, layer_speed = _placement(info, has_gpu, n_gpu_layers, n_cpu_moe, fits, speed)
+    fit = _fit(fits(ngl, ncm), has_gpu and ngl >= top and not ncm, ngl)
     m, dm = total(ngl, ncm)
     s = m + dm if dm else m
     dec, dec_full = speed(ngl, ncm), speed(ngl, ncm, depth=n_ctx)
@@ -460,6 +439,47 @@ def plan(info: GGUFInfo, hw: HardwareInfo, *, n_ctx: int = 4096, draft: GGUFInfo
              image_tokens=projector.image_tokens if projector is not None else 0)
     return replace(p, explanation=explain(p, hw),
                    advice=advise(p, info, hw, type_k=type_k, smaller_quants=smaller_quants))
+
+
+def _placement(info: GGUFInfo, has_gpu: bool, n_gpu_layers: int | None, n_cpu_moe: int | None,
+               fits: Callable[..., bool], speed: Callable[..., float]) -> tuple[int, int, float | None]:
+    """(GPU layers, layers with experts on the CPU, the layer split's decode speed when the experts
+    split won): as asked, or the most layers that fit, then the experts split when it is faster."""
+    top = info.n_layer + 1
+    if n_gpu_layers is not None:
+        ngl = top if n_gpu_layers < 0 else min(n_gpu_layers, top)
+        ngl = ngl if has_gpu else 0
+    else:
+        ngl = next((k for k in range(top if has_gpu else 0, -1, -1) if fits(k, n_cpu_moe or 0)), 0)
+    ncm, layer_speed = n_cpu_moe or 0, None
+    if n_cpu_moe is None and n_gpu_layers is None and has_gpu and ngl < top:
+        split = experts_split(info, lambda k: fits(top, k))
+        if split is not None and (not fits(ngl) or speed(top, split) > speed(ngl)):
+            ncm, layer_speed, ngl = split, speed(ngl), top
+    return ngl, ncm, layer_speed
+
+
+def _check_request(info: GGUFInfo, draft: GGUFInfo | None, *, n_ctx: int, n_ubatch: int,
+                   n_gpu_layers: int | None, type_k: str, type_v: str, flash_attn: str) -> None:
+    """plan()'s arguments, refused with a SettingsError (or the file's KnownError) before any figure."""
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or not 16 <= n_ctx <= MAX_CTX:
+        raise SettingsError(f"context length must be a whole number from 16 to {MAX_CTX}, got {n_ctx!r}")
+    if isinstance(n_ubatch, bool) or not isinstance(n_ubatch, int) or not 1 <= n_ubatch <= 1 << 16:
+        raise SettingsError(f"micro-batch size must be from 1 to 65536, got {n_ubatch!r}")
+    if n_gpu_layers is not None and n_gpu_layers < -1:
+        raise SettingsError(f"GPU layers must be -1 (all) or more, got {n_gpu_layers}")
+    check_info(info)
+    if draft is not None:
+        check_info(draft)
+    type_size(type_k), type_size(type_v)
+    if type_v != "f16" and type_v != "f32" and flash_attn == "off":
+        raise SettingsError("a quantized V cache needs flash attention; set flash attention to auto or on")
+
+
+def _fit(fits: bool, all_on_gpu: bool, n_gpu_layers: int) -> str:
+    if not fits:
+        return "too_large"
+    return "full_gpu" if all_on_gpu else "partial" if n_gpu_layers > 0 else "cpu"
 
 
 def experts_split(info: GGUFInfo, fits: Callable[[int], bool]) -> int | None:

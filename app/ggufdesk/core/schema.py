@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Iterator
 
 from ggufdesk.core.errors import KnownError
 
@@ -107,6 +107,7 @@ def _meta_check(schema: dict[str, Any]) -> None:
 
 
 def _walk(node: Any, where: str, depth: int, count: list[int], root: dict[str, Any]) -> None:
+    """Check one schema node and everything under it (refusing what structured output cannot follow)."""
     if isinstance(node, bool):
         if node is False:
             raise SchemaError(f"{where}: the schema `false` accepts nothing")
@@ -116,6 +117,16 @@ def _walk(node: Any, where: str, depth: int, count: list[int], root: dict[str, A
     count[0] += 1
     if depth > MAX_DEPTH or count[0] > MAX_NODES:
         raise SchemaError(f"the schema is too large (more than {MAX_DEPTH} levels or {MAX_NODES} parts)")
+    _check_keywords(node, where, root)
+    _check_combinations(node, where)
+    if "enum" in node and not node["enum"]:
+        raise SchemaError(f"{where}: an empty `enum` accepts nothing")
+    for sub_where, sub in _children(node, where):
+        _walk(sub, sub_where, depth + 1, count, root)
+
+
+def _check_keywords(node: dict[str, Any], where: str, root: dict[str, Any]) -> None:
+    """The node's own keywords: known, with a known type, a local $ref that resolves, sane bounds."""
     for key in node:
         if key not in ENFORCED and key not in ANNOTATIONS:
             raise SchemaError(f"{where}: the keyword `{key}` is not supported for structured output")
@@ -133,6 +144,10 @@ def _walk(node: Any, where: str, depth: int, count: list[int], root: dict[str, A
     _check_counts(node, where)
     if "pattern" in node:
         check_pattern(node["pattern"], where)
+
+
+def _check_combinations(node: dict[str, Any], where: str) -> None:
+    """Keywords that are supported alone but not together (the grammar cannot enforce both)."""
     if node.get("format") in ENFORCED_FORMATS and "pattern" in node:
         raise SchemaError(f"{where}: `format` together with `pattern` is not supported")
     if "pattern" in node and ("minLength" in node or "maxLength" in node):
@@ -141,30 +156,31 @@ def _walk(node: Any, where: str, depth: int, count: list[int], root: dict[str, A
         raise SchemaError(f"{where}: `items` together with `prefixItems` is not supported")
     if isinstance(node.get("items"), list) and ("minItems" in node or "maxItems" in node):
         raise SchemaError(f"{where}: a tuple (`items` as a list) with `minItems`/`maxItems` is not supported")
-    if "allOf" in node:
-        for i, part in enumerate(node["allOf"]):
-            if not isinstance(part, dict) or not ({"properties", "$ref", "anyOf"} & part.keys()):
-                raise SchemaError(f"{where}/allOf/{i}: `allOf` is supported only over object schemas "
-                                  "with `properties`")
-    if "enum" in node and not node["enum"]:
-        raise SchemaError(f"{where}: an empty `enum` accepts nothing")
+    for i, part in enumerate(node.get("allOf") or []):
+        if not isinstance(part, dict) or not ({"properties", "$ref", "anyOf"} & part.keys()):
+            raise SchemaError(f"{where}/allOf/{i}: `allOf` is supported only over object schemas "
+                              "with `properties`")
+
+
+def _children(node: dict[str, Any], where: str) -> Iterator[tuple[str, Any]]:
+    """(where, sub-schema) for every schema nested in the node, in the order they are checked."""
     for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
         for i, sub in enumerate(node.get(key) or []):
-            _walk(sub, f"{where}/{key}/{i}", depth + 1, count, root)
+            yield f"{where}/{key}/{i}", sub
     items = node.get("items")
     if isinstance(items, list):
         for i, sub in enumerate(items):
-            _walk(sub, f"{where}/items/{i}", depth + 1, count, root)
+            yield f"{where}/items/{i}", sub
     elif items is not None:
-        _walk(items, f"{where}/items", depth + 1, count, root)
+        yield f"{where}/items", items
     for name, sub in (node.get("properties") or {}).items():
-        _walk(sub, f"{where}/properties/{name}", depth + 1, count, root)
+        yield f"{where}/properties/{name}", sub
     extra = node.get("additionalProperties")
     if isinstance(extra, dict):
-        _walk(extra, f"{where}/additionalProperties", depth + 1, count, root)
+        yield f"{where}/additionalProperties", extra
     for key in ("$defs", "definitions"):
         for name, sub in (node.get(key) or {}).items():
-            _walk(sub, f"{where}/{key}/{name}", depth + 1, count, root)
+            yield f"{where}/{key}/{name}", sub
 
 
 def _resolve(root: dict[str, Any], ref: str, where: str) -> Any:

@@ -6,15 +6,24 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal, get_args
 
 from ggufdesk.core.aside import try_move_aside
 from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.rpc_wire import parse_workers
 
-KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
-FLASH_ATTN = ("auto", "on", "off")
-SPEC_MODES = ("off", "draft", "lookup")
+# The choices are the annotations (engine/link/protocol.py validates a line from them); the tuples
+# are the same values for the checks below and the UI's lists.
+KvType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]
+FlashAttn = Literal["auto", "on", "off"]
+SpecMode = Literal["off", "draft", "lookup"]
+Think = Literal["auto", "on", "off", "low", "medium", "high"]
+KV_TYPES: tuple[str, ...] = get_args(KvType)
+FLASH_ATTN: tuple[str, ...] = get_args(FlashAttn)
+SPEC_MODES: tuple[str, ...] = get_args(SpecMode)
+# How engine/link/protocol.py validates these on the wire (pydantic reads it; a plain dict, so core
+# needs no pydantic): a field this version does not know is an error, as with the constructor.
+_WIRE: dict[str, Any] = {"extra": "forbid"}
 # prompt lookup's content hints (engine/speculation/hints.py), each of which `lookup_hints_off` may switch off
 LOOKUP_HINTS = ("quotes", "sentence_ends", "counts")
 MAX_PARALLEL = 256  # llama.cpp's LLAMA_MAX_SEQ
@@ -66,15 +75,17 @@ def default_threads() -> int:
 class LoadSettings:
     """How llama.cpp loads a model: context, offload, and the prefill/decode split."""
 
+    __pydantic_config__: ClassVar = _WIRE
+
     n_ctx: int = 4096
     n_gpu_layers: int = 0  # -1 = all layers
     n_batch: int = 512  # logical batch for prompt processing
     n_ubatch: int = 512  # physical micro-batch, <= n_batch
     n_threads: int = 0  # decode (1-token batches); 0 = physical cores
     n_threads_batch: int = 0  # prefill and verification; 0 = physical cores
-    flash_attn: str = "auto"
-    type_k: str = "f16"
-    type_v: str = "f16"
+    flash_attn: FlashAttn = "auto"
+    type_k: KvType = "f16"
+    type_v: KvType = "f16"
     use_mmap: bool = True
     use_mlock: bool = False
     n_parallel: int = 1  # sequences decoded together (the server sets it; the GUI and run use 1)
@@ -132,7 +143,7 @@ class LoadSettings:
         return self.n_threads_batch or default_threads()
 
 
-THINK_CHOICES = ("auto", "on", "off", "low", "medium", "high")
+THINK_CHOICES: tuple[str, ...] = get_args(Think)
 
 
 def think_value(choice: str) -> bool | str | None:
@@ -143,6 +154,8 @@ def think_value(choice: str) -> bool | str | None:
 @dataclass(slots=True, kw_only=True)
 class SamplingSettings:
     """How the next token is chosen. temperature 0 = greedy."""
+
+    __pydantic_config__: ClassVar = _WIRE
 
     temperature: float = 0.8
     top_k: int = 40
@@ -164,14 +177,13 @@ class SamplingSettings:
     # reasoning models (core/reasoning.py): tokens of thinking before the engine closes the block
     # (-1 = no limit), and thinking on/off/effort ("auto" = the template's default)
     reasoning_budget: int = -1
-    think: str = "auto"
+    think: Think = "auto"
 
     def __post_init__(self) -> None:
         _float("temperature", self.temperature, 0.0, 5.0)
         _choice("context overflow policy (context_overflow)", self.context_overflow, OVERFLOW_POLICIES)
         _int("reasoning budget", self.reasoning_budget, -1, 1 << 20)
-        if self.think not in THINK_CHOICES:
-            raise SettingsError(f"think must be one of {', '.join(THINK_CHOICES)}, got {self.think!r}")
+        _choice("think", self.think, THINK_CHOICES)
         _int("top-k", self.top_k, 0, 1_000_000)
         _float("top-p", self.top_p, 0.0, 1.0)
         _float("min-p", self.min_p, 0.0, 1.0)
@@ -199,7 +211,9 @@ class SamplingSettings:
 class SpeculationSettings:
     """Speculative decoding: a draft model or prompt lookup proposes, the model verifies."""
 
-    mode: str = "off"
+    __pydantic_config__: ClassVar = _WIRE
+
+    mode: SpecMode = "off"
     draft_model: str | None = None
     draft_gpu_layers: int = 0
     draft_ctx: int = 0  # 0 = same as the target's context

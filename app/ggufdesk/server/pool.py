@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import logging
 import os
@@ -12,11 +11,12 @@ from typing import Any, Callable
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
 from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.api import ClientFactory, EngineAPI
 
 log = logging.getLogger("ggufdesk.server.pool")
 
 
-def default_client(**kwargs: Any) -> Any:
+def default_client(**kwargs: Any) -> EngineAPI:
     from ggufdesk.engine.link.client import EngineClient
 
     return EngineClient(**kwargs)
@@ -31,7 +31,7 @@ class EnginePool:
     """
 
     def __init__(self, *, model: str, load: LoadSettings, speculation: SpeculationSettings | None = None,
-                 client_factory: Callable[..., Any] = default_client, model_id: str | None = None) -> None:
+                 client_factory: ClientFactory = default_client, model_id: str | None = None) -> None:
         self.model = model
         self.model_id = model_id or os.path.splitext(os.path.basename(model))[0]
         self.load_settings = load
@@ -42,12 +42,12 @@ class EnginePool:
         self.status: dict[str, Any] = {}  # the engine's latest Status event, when it sends them
         self.stage = ""  # while loading: "starting" (the process), then the engine's Loading stage
         self.tool_format: Any = None  # core.tools.ToolFormat the engine uses for this model's calls
-        self._client = client_factory(on_event=self._on_event)
+        self._client: EngineAPI = client_factory(on_event=self._on_event)
         self._routes: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._ready = threading.Event()
-        self.logprobs_supported = "logprobs" in inspect.signature(self._client.generate).parameters
+        self.logprobs_supported = self._client.supports_logprobs
         self.on_state: Callable[[str], None] | None = None  # called on a worker thread
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -89,8 +89,7 @@ class EnginePool:
     def health(self) -> tuple[str, str | None]:
         """(state, error) as /health tells them: a client that lost a thread is failed even before
         any event says so (issue 34: /health said ok while every request got 503)."""
-        problem = getattr(self._client, "problem", None)
-        why = problem() if callable(problem) else None
+        why = self._client.problem()
         if why:
             return "failed", why
         return self.state, self.error
@@ -136,7 +135,7 @@ class EnginePool:
 
     # ---- events (engine reader thread) ----------------------------------------------------------
 
-    def _on_event(self, event: Any) -> None:
+    def _on_event(self, event: P.Event) -> None:
         if isinstance(event, P.Loaded):
             self.loaded = event
             self.stage = ""
@@ -165,9 +164,10 @@ class EnginePool:
             self.error = ev.reason or "the engine stopped"
             self._set_state("failed")
 
-    def _route(self, event: Any) -> None:
+    def _route(self, event: P.Event) -> None:
+        rid = getattr(event, "id", None)  # Ready, Status and Lifecycle have none
         with self._lock:
-            route = self._routes.get(event.id)
+            route = self._routes.get(rid) if isinstance(rid, str) else None
         if route is None:
             return
         loop, q = route

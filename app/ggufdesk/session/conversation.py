@@ -553,9 +553,27 @@ class ChatSession(ToolTurns):
     def on_event(self, ev: P.Event) -> None:
         answer, rid = self.answer, self.rid
         mine = rid is not None and getattr(ev, "id", None) == rid
-        if isinstance(ev, P.Token) and mine and answer is not None and ev.reasoning:
+        if isinstance(ev, (P.Token, P.Stats, P.Done)):
+            if mine and answer is not None:
+                self._on_answer_event(answer, ev)
+        elif isinstance(ev, P.Overflow):
+            if mine and answer is not None:  # what the overflow policy left out: a quiet line above the answer
+                answer.stats["context_note"] = context_note(ev)
+                self.view.context_noted(answer)
+        elif isinstance(ev, P.Error):
+            self._on_error(ev, mine)
+        elif isinstance(ev, P.Loaded):
+            self._on_loaded(ev)
+        elif isinstance(ev, P.Unloaded):
+            self._set_model(None, "")
+        elif isinstance(ev, P.Lifecycle):
+            self._on_lifecycle(ev)
+
+    def _on_answer_event(self, answer: Turn, ev: P.Token | P.Stats | P.Done) -> None:
+        """A Token, Stats or Done of the answer being written."""
+        if isinstance(ev, P.Token) and ev.reasoning:
             self._thought(answer, ev)
-        elif isinstance(ev, P.Token) and mine and answer is not None:
+        elif isinstance(ev, P.Token):
             self._thinking_ended(answer)
             piece = self._shown_piece(ev.text)
             if piece:
@@ -565,34 +583,26 @@ class ChatSession(ToolTurns):
             if self.clock() - self._saved_at >= self.save_every:
                 self._saved_at = self.clock()
                 self._save_answer(answer, final=False)
-        elif isinstance(ev, P.Stats) and mine and answer is not None:
+        elif isinstance(ev, P.Stats):
             kept = {k: answer.stats[k] for k in (*KEPT_STATS, *THINKING) if k in answer.stats}
             answer.stats = {**dataclasses.asdict(ev), **kept}
-        elif isinstance(ev, P.Overflow) and mine and answer is not None:
-            answer.stats["context_note"] = context_note(ev)
-            self.view.context_noted(answer)
-        elif isinstance(ev, P.Done) and mine and answer is not None:
-            self._settle_text(answer, ev)
-            if ev.text and not answer.content and not (ev.tool_calls and self.offer is not None):
-                answer.content = ev.text
-            self._thinking_ended(answer, ev)
-            if ev.tool_calls:  # shown as readable blocks under the answer (ui/message_widget.py)
-                answer.stats["tool_calls"] = ev.tool_calls
-                answer.stats["content"] = ev.content or ""
-            if self._loop_cut is not None:  # we stopped it: it was repeating itself
-                answer.content = answer.content[:self._loop_cut].rstrip()
-                self._finish("done", "repeat")
-            else:
-                self._finish("cancelled" if ev.finish_reason == "cancelled" else "done",
-                             ev.finish_reason, calls=ev.tool_calls if self._wants_tools(ev) else None)
-        elif isinstance(ev, P.Error):
-            self._on_error(ev, mine)
-        elif isinstance(ev, P.Loaded):
-            self._on_loaded(ev)
-        elif isinstance(ev, P.Unloaded):
-            self._set_model(None, "")
-        elif isinstance(ev, P.Lifecycle):
-            self._on_lifecycle(ev)
+        else:
+            self._on_done(answer, ev)
+
+    def _on_done(self, answer: Turn, ev: P.Done) -> None:
+        self._settle_text(answer, ev)
+        if ev.text and not answer.content and not (ev.tool_calls and self.offer is not None):
+            answer.content = ev.text
+        self._thinking_ended(answer, ev)
+        if ev.tool_calls:  # shown as readable blocks under the answer (ui/message_widget.py)
+            answer.stats["tool_calls"] = ev.tool_calls
+            answer.stats["content"] = ev.content or ""
+        if self._loop_cut is not None:  # we stopped it: it was repeating itself
+            answer.content = answer.content[:self._loop_cut].rstrip()
+            self._finish("done", "repeat")
+        else:
+            self._finish("cancelled" if ev.finish_reason == "cancelled" else "done",
+                         ev.finish_reason, calls=ev.tool_calls if self._wants_tools(ev) else None)
 
     def _thought(self, answer: Turn, ev: P.Token) -> None:
         if self._think_t0 is None:

@@ -4,17 +4,19 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Any, Callable
+from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
+from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
 from ggufdesk.engine.link import protocol as p
+from ggufdesk.engine.link.api import ClientFactory, EngineAPI
 
 log = logging.getLogger("ggufdesk.ui.engine")
 
 
-def default_client_factory(**kwargs: Any) -> Any:
+def default_client_factory(**kwargs: Any) -> EngineAPI:
     from ggufdesk.engine.link.client import EngineClient
 
     return EngineClient(**kwargs)
@@ -31,31 +33,31 @@ class EngineBridge(QObject):
     """
 
     engine_event = Signal(object)  # any protocol Event, in order (not `event`: QObject.event())
-    started = Signal(object)  # Ready
-    loaded = Signal(object)  # Loaded
+    started = Signal(p.Ready)  # Ready
+    loaded = Signal(p.Loaded)  # Loaded
     unloaded = Signal()
-    progress = Signal(object)  # Progress
-    token = Signal(object)  # Token (possibly several merged)
-    stats = Signal(object)  # Stats
-    done = Signal(object)  # Done
-    error = Signal(object)  # Error whose kind is not in STOP_KINDS
-    crashed = Signal(object)  # Error with kind "crash" or "hung": the engine stopped
-    lifecycle = Signal(object)  # Lifecycle: the engine's state and why
-    log_line = Signal(object)  # Log
+    progress = Signal(p.Progress)  # Progress
+    token = Signal(p.Token)  # Token (possibly several merged)
+    stats = Signal(p.Stats)  # Stats
+    done = Signal(p.Done)  # Done
+    error = Signal(p.Error)  # Error whose kind is not in STOP_KINDS
+    crashed = Signal(p.Error)  # Error with kind "crash" or "hung": the engine stopped
+    lifecycle = Signal(p.Lifecycle)  # Lifecycle: the engine's state and why
+    log_line = Signal(p.Log)  # Log
     start_failed = Signal(str)
     _wake = Signal()
 
     def __init__(
         self, *, command: list[str] | None = None,
-        client_factory: Callable[..., Any] = default_client_factory, parent: QObject | None = None,
+        client_factory: ClientFactory = default_client_factory, parent: QObject | None = None,
         client_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(parent)
         self._command = command
         self._factory = client_factory
         self._options = client_options or {}
-        self._client: Any = None
-        self._queue: collections.deque[Any] = collections.deque()
+        self._client: EngineAPI | None = None
+        self._queue: collections.deque[p.Event] = collections.deque()
         self._lock = threading.Lock()
         self._woken = False
         self.state: p.EngineState = "stopped"
@@ -70,7 +72,7 @@ class EngineBridge(QObject):
 
     # ---- reader thread side -------------------------------------------------------------------
 
-    def _on_event(self, event: Any) -> None:
+    def _on_event(self, event: p.Event) -> None:
         """Called on the client's threads: queue it and wake the GUI thread once per burst."""
         with self._lock:
             self._queue.append(event)
@@ -86,7 +88,7 @@ class EngineBridge(QObject):
             events = list(self._queue)
             self._queue.clear()
             self._woken = False
-        merged: list[Any] = []
+        merged: list[p.Event] = []
         for ev in events:
             last = merged[-1] if merged else None
             if isinstance(ev, p.Token) and isinstance(last, p.Token) and last.id == ev.id \
@@ -97,7 +99,7 @@ class EngineBridge(QObject):
         for ev in merged:
             self._dispatch(ev)
 
-    def _dispatch(self, ev: Any) -> None:
+    def _dispatch(self, ev: p.Event) -> None:
         if isinstance(ev, (p.Done, p.Error)) and ev.id is not None and ev.id == self.active_id:
             self.active_id = None
         if isinstance(ev, p.Loaded):
@@ -109,6 +111,10 @@ class EngineBridge(QObject):
             if ev.state != "loaded":
                 self.loaded_event = None
         self.engine_event.emit(ev)
+        self._emit_typed(ev)
+
+    def _emit_typed(self, ev: p.Event) -> None:
+        """The one typed signal for the event's kind (after engine_event, which carries them all)."""
         if isinstance(ev, p.Token):
             self.token.emit(ev)
         elif isinstance(ev, p.Stats):
@@ -136,12 +142,12 @@ class EngineBridge(QObject):
 
     @property
     def pid(self) -> int | None:
-        return getattr(self._client, "pid", None) if self._client is not None else None
+        return self._client.pid if self._client is not None else None
 
-    def devices(self) -> list[Any]:
+    def devices(self) -> list[dict[str, Any]]:
         """The engine's ggml device list (from its Ready event; [] until it has started)."""
-        ready = getattr(self._client, "ready", None) if self._client is not None else None
-        return list(getattr(ready, "devices", None) or [])
+        ready = self._client.ready if self._client is not None else None
+        return list(ready.devices) if ready is not None else []
 
     def start(self) -> None:
         """Spawn the engine (on the client's supervisor thread); Lifecycle events tell how it went."""
@@ -155,6 +161,12 @@ class EngineBridge(QObject):
         self.state = "starting"
         self._client.start(wait=False)
 
+    def _running(self) -> EngineAPI:
+        """The client; KnownError when the engine was never started or was shut down."""
+        if self._client is None:
+            raise KnownError("the engine is not running")
+        return self._client
+
     def load(self, model: str, settings: LoadSettings | None = None,
              speculation: SpeculationSettings | None = None) -> None:
         settings = settings or LoadSettings()
@@ -163,7 +175,7 @@ class EngineBridge(QObject):
         self.loaded_event = None
         try:
             draft = speculation.draft_model if speculation.mode == "draft" else None
-            self._client.load(model, settings=settings, speculation=speculation, draft=draft,
+            self._running().load(model, settings=settings, speculation=speculation, draft=draft,
                               wait=False)
         except Exception as e:  # noqa: BLE001 - a dead engine is reported like a load error
             self.error.emit(p.Error(kind="load", message=str(e)))
@@ -172,8 +184,8 @@ class EngineBridge(QObject):
                  sampling: SamplingSettings | None = None, **extra: Any) -> str:
         """Queue a generation; raises KnownError when the engine is gone for good. `extra` are
         further Generate fields (the MCP tools offered)."""
-        rid: str = self._client.generate(prompt=prompt, messages=messages,
-                                         sampling=sampling or SamplingSettings(), speculation=None, **extra)
+        rid: str = self._running().generate(prompt=prompt, messages=messages,
+                                            sampling=sampling or SamplingSettings(), speculation=None, **extra)
         self.active_id = rid
         return rid
 

@@ -140,28 +140,6 @@ def describe_hardware(hw: Any) -> list[str]:
     return lines
 
 
-def rough_plan(choice: ModelChoice, hw: Any) -> ModelChoice:
-    """A size-based plan used until (or when) the planner cannot say more."""
-    size = choice.size_bytes
-    vram = getattr(hw, "vram_free", 0) or 0
-    ram = getattr(hw, "ram_available", 0) or 0
-    bw = getattr(hw, "ram_bandwidth_gbs", 0.0) or 0.0
-    gpus = list(getattr(hw, "gpus", ()) or ())
-    if size and vram and size * 1.2 < vram:
-        fit, layers = "full_gpu", -1
-        gbw = gpus[0].bandwidth_gbs if gpus and gpus[0].bandwidth_gbs else bw
-        decode = gbw * 1e9 * 0.6 / size
-    elif size and ram and size * 1.2 < ram + vram:
-        fit, layers = ("partial" if vram else "cpu"), 0
-        decode = bw * 1e9 * 0.6 / size if bw else None
-    elif size:
-        fit, layers, decode = "too_large", 0, None
-    else:
-        fit, layers, decode = "unknown", 0, None
-    return replace(choice, fit=fit, n_gpu_layers=layers, pred_decode_tok_s=decode,
-                   pred_prefill_tok_s=decode * 8 if decode else None)
-
-
 def _pick_draft_file(models: list[Any]) -> Any:
     """A draft should be small and faithful: Q8_0 if offered, else the smallest file."""
     q8 = [m for m in models if (m.quant or "").upper() == "Q8_0"]
@@ -268,9 +246,12 @@ class ModelServices:
         """The starter model (works offline) and GGUF files already on this computer."""
         from ggufdesk.core import library, starter
 
-        out: list[ModelChoice] = [rough_plan(ModelChoice(
-            label=f"{s.label} (starter, works offline)", source="starter", filename=s.filename,
-            size_bytes=s.size_bytes, note=s.note), hw) for s in starter.installed()]
+        out: list[ModelChoice] = []
+        for s in starter.installed():
+            path = starter.target(s)  # an assembled starter has no file until its first use
+            out.append(self.plan(ModelChoice(
+                label=f"{s.label} (starter, works offline)", source="starter", filename=s.filename,
+                path=path if path.is_file() else None, size_bytes=s.size_bytes, note=s.note), hw))
         for m in library.list_models():
             out.append(self.plan(ModelChoice(label=m.name, source="disk", path=m.path,
                                              size_bytes=m.size), hw))
@@ -297,13 +278,15 @@ class ModelServices:
         from ggufdesk.core import planner
         from ggufdesk.core.gguf_meta import read_gguf
 
+        if choice.path is None and not choice.repo:
+            return replace(choice, fit="unknown")  # nothing to read yet (a starter before its first use)
         target = str(choice.path) if choice.path else f"hf://{choice.repo}/{choice.filename}"
         try:
             info = self._infos.get(target) or read_gguf(target)
             pl = planner.plan(info, hw, n_ctx=choice.n_ctx)
-        except KnownError as e:
+        except KnownError as e:  # one planner (core/planner.py): without the header it cannot say
             log.info("planning %s failed: %s", choice.label, e)
-            return replace(rough_plan(choice, hw), note=str(e))
+            return replace(choice, fit="unknown", note=str(e))
         from ggufdesk.core.catalog import capabilities_of
 
         caps = tuple(dict.fromkeys(choice.capabilities + capabilities_of(info) + _vision(choice)))

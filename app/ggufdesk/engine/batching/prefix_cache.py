@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ggufdesk.core.prompt_cache import common_prefix  # (re-exported: engine/speculation/draft_model.py)
+from ggufdesk.core.prompt_cache import common_prefix
 
 
 class Memory(Protocol):

@@ -6,7 +6,6 @@ restarting and watching the engine happen on the client's own supervisor thread
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import os
@@ -18,7 +17,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Literal
 
 from ggufdesk.core import procs
@@ -100,6 +99,7 @@ class EngineClient:
         self.hang_timeout = hang_timeout
         self.cancel_grace = cancel_grace
         self.ready: P.Ready | None = None
+        self.supports_logprobs = True  # engine/link/api.py: Generate.logprobs is honoured
         self.loaded: P.Loaded | None = None
         self.state: P.EngineState = "stopped"
         self.reason = ""  # why the state is what it is (a crash, a failed reload, a give-up)
@@ -312,29 +312,8 @@ class EngineClient:
                 self._jobs.put(("exited", proc.gen))
 
     def _handle(self, event: P.Event) -> None:
-        ended_load: str | None = None  # the message of an error that ended the pending load
         with self._cond:
-            if isinstance(event, P.Ready):
-                self.ready = event
-            elif isinstance(event, P.Loading):
-                self._load_stage = event
-            elif isinstance(event, P.Loaded):
-                self.loaded = event
-                self._good_load, self._pending_load = self._pending_load, None
-                self._load_stage = None
-                if event.id in self._waiting:
-                    self._results[event.id] = event
-            elif isinstance(event, P.Unloaded):
-                self.loaded = None
-                self._good_load = None
-            elif isinstance(event, P.Error):
-                pending = self._pending_load
-                if (pending is not None and event.id is not None and event.id == pending.id
-                        and event.kind not in P.LOAD_NOTICE_KINDS):
-                    self._pending_load = self._load_stage = None
-                    if event.id in self._waiting:
-                        self._results[event.id] = event
-                    ended_load = event.message
+            ended_load = self._note(event)  # the message of an error that ended the pending load
             if isinstance(event, (P.Done, P.Error, P.Embeddings)) and event.id is not None:
                 self._inflight.discard(event.id)
                 self._cancel_deadlines.pop(event.id, None)
@@ -345,6 +324,36 @@ class EngineClient:
         if private:
             return  # a blocking embed() takes it
         self._deliver(event)  # then the state it leads to (a Lifecycle tells the whole story)
+        self._state_after(event, ended_load)
+
+    def _note(self, event: P.Event) -> str | None:
+        """(Under the lock) what the event says of the engine: ready, loading, loaded, unloaded, or an
+        error ending the pending load (its message is returned; otherwise None)."""
+        if isinstance(event, P.Ready):
+            self.ready = event
+        elif isinstance(event, P.Loading):
+            self._load_stage = event
+        elif isinstance(event, P.Loaded):
+            self.loaded = event
+            self._good_load, self._pending_load = self._pending_load, None
+            self._load_stage = None
+            if event.id in self._waiting:
+                self._results[event.id] = event
+        elif isinstance(event, P.Unloaded):
+            self.loaded = None
+            self._good_load = None
+        elif isinstance(event, P.Error):
+            pending = self._pending_load
+            if (pending is not None and event.id is not None and event.id == pending.id
+                    and event.kind not in P.LOAD_NOTICE_KINDS):
+                self._pending_load = self._load_stage = None
+                if event.id in self._waiting:
+                    self._results[event.id] = event
+                return event.message
+        return None
+
+    def _state_after(self, event: P.Event, ended_load: str | None) -> None:
+        """The client's state once a load ended (well or not) or the model was unloaded."""
         eid = getattr(event, "id", None)
         reloaded = eid is not None and eid == self._reload_id
         if isinstance(event, P.Loaded):
@@ -377,16 +386,7 @@ class EngineClient:
         if proc is None or self._closing:
             return
         self._accepting.clear()
-        rc = proc.popen.poll()
-        lines = [ln.strip() for ln in self.stderr_tail if ln.strip()]
-        telling = [ln for ln in lines if re.search(r"GGML_ASSERT|error|what\(\)|terminate|abort", ln, re.I)]
-        detail = "\n".join(self.stderr_tail)
-        if proc.kill_reason:
-            kind: P.ErrorKind = "hung"
-            reason = proc.kill_reason
-        else:
-            kind = "crash"
-            reason = describe_exit(rc) + (f": {(telling or lines)[-1]}" if lines else "")
+        kind, reason, detail = self._why_it_stopped(proc)
         reason += self._rpc_loss(self._pending_load or self._good_load)
         with self._cond:
             inflight, self._inflight = sorted(self._inflight), set()
@@ -397,20 +397,7 @@ class EngineClient:
             self.loaded = None
         reload: P.Load | None = None
         if crashed_load is not None:
-            if stage is not None and stage.stage == "draft":
-                what = f"the draft model {os.path.basename(stage.path)}"
-                reload = _without_draft(crashed_load, f"l{next(self._ids)}")
-            elif stage is not None and stage.stage == "projector":
-                what = f"the vision projector {os.path.basename(stage.path)}"
-                reload = dataclasses.replace(crashed_load, id=f"l{next(self._ids)}", mmproj="")
-            else:
-                what = os.path.basename(crashed_load.model)
-                reload = None if crashed_load is good else good
-            verb = "llama.cpp crashed while loading" if kind == "crash" else "the engine hung loading"
-            self._handle(P.Error(kind="load", id=crashed_load.id, detail=detail, message=(
-                f"{verb} {what} ({reason})"
-                + ("; loading the model without it" if reload is not None and stage is not None
-                   and stage.stage in ("draft", "projector") else ""))))
+            reload = self._fail_crashed_load(crashed_load, stage, good, kind, reason, detail)
         elif was_loaded is not None:
             reload = good
         restarting = self.auto_restart and self._may_restart()
@@ -432,17 +419,46 @@ class EngineClient:
         self.reason = lost
         self._spawn(restarted=True, reload=reload)
 
+    def _why_it_stopped(self, proc: _Proc) -> tuple[P.ErrorKind, str, str]:
+        """(kind, reason, stderr tail) of an engine process that is gone: killed as hung, or crashed
+        (its exit status and the most telling stderr line)."""
+        detail = "\n".join(self.stderr_tail)
+        if proc.kill_reason:
+            return "hung", proc.kill_reason, detail
+        lines = [ln.strip() for ln in self.stderr_tail if ln.strip()]
+        telling = [ln for ln in lines if re.search(r"GGML_ASSERT|error|what\(\)|terminate|abort", ln, re.I)]
+        return "crash", describe_exit(proc.popen.poll()) + (f": {(telling or lines)[-1]}" if lines else ""), detail
+
+    def _fail_crashed_load(self, crashed_load: P.Load, stage: P.Loading | None, good: P.Load | None,
+                           kind: P.ErrorKind, reason: str, detail: str) -> P.Load | None:
+        """End a load the engine died in (blaming the file it was loading); returns what to reload:
+        the model without its draft when the draft was to blame, else the last good load."""
+        if stage is not None and stage.stage == "draft":
+            what = f"the draft model {os.path.basename(stage.path)}"
+            reload: P.Load | None = _without_draft(crashed_load, f"l{next(self._ids)}")
+        elif stage is not None and stage.stage == "projector":
+            what = f"the vision projector {os.path.basename(stage.path)}"
+            reload = replace(crashed_load, id=f"l{next(self._ids)}", mmproj="")
+        else:
+            what = os.path.basename(crashed_load.model)
+            reload = None if crashed_load is good else good
+        verb = "llama.cpp crashed while loading" if kind == "crash" else "the engine hung loading"
+        self._handle(P.Error(kind="load", id=crashed_load.id, detail=detail, message=(
+            f"{verb} {what} ({reason})"
+            + ("; loading the model without it" if reload is not None and stage is not None
+               and stage.stage in ("draft", "projector") else ""))))
+        return reload
+
     def _rpc_loss(self, load: P.Load | None) -> str:
         """With RPC workers: name the lost ones and reload without them, or say what is missing."""
-        if load is None or not load.settings.get("rpc"):
+        if load is None or not load.settings.rpc:
             return ""
-        from dataclasses import replace
-
         from ggufdesk.core.distributed import after_worker_loss
 
-        note, settings = after_worker_loss(load.model, load.settings)
+        note, settings = after_worker_loss(load.model, P.fields_of(load.settings))
         if note and self._good_load is not None:
-            self._good_load = None if settings is None else replace(self._good_load, settings=settings)
+            self._good_load = None if settings is None else replace(
+                self._good_load, settings=LoadSettings(**settings))
         return f"; {note}" if note else ""
 
     def _may_restart(self) -> bool:
@@ -551,8 +567,9 @@ class EngineClient:
         raise EngineError. Any error the engine gives for this load, other than a template, draft or
         projector notice, fails it."""
         lid = f"l{next(self._ids)}"
-        msg = P.Load(id=lid, model=str(model), settings=P.fields_of(settings), draft=draft,
-                     speculation=P.fields_of(speculation), mmproj=None if mmproj is None else str(mmproj))
+        msg = P.Load(id=lid, model=str(model), settings=P.settings_of(LoadSettings, settings), draft=draft,
+                     speculation=P.settings_of(SpeculationSettings, speculation),
+                     mmproj=None if mmproj is None else str(mmproj))
         if self.state in ("failed", "stopped") or self._closing:
             raise KnownError(self._not_running())
         with self._cond:
@@ -590,9 +607,13 @@ class EngineClient:
         if self.state == "ready" and self.reason:
             raise KnownError(f"no model is loaded: {self.reason}")
         rid = request_id or f"r{next(self._ids)}"
-        msg = P.Generate(id=rid, prompt=prompt, messages=messages, sampling=P.fields_of(sampling),
+        msg = P.Generate(id=rid, prompt=prompt, messages=messages, sampling=P.settings_of(SamplingSettings, sampling),
                          speculation=P.fields_of(speculation) if speculation is not None else None,
                          logprobs=logprobs, **extra)
+        return self._send_tracked(rid, msg)
+
+    def _send_tracked(self, rid: str, msg: P.Generate | P.Embed) -> str:
+        """Send a request that is in flight until its Done, Embeddings or Error (or a crash) ends it."""
         with self._cond:
             self._inflight.add(rid)
         try:
@@ -609,15 +630,7 @@ class EngineClient:
         Embeddings event (one unit-length vector per input, in order) or Error follows."""
         rid = request_id or f"e{next(self._ids)}"
         msg = P.Embed(id=rid, inputs=list(inputs), truncate=truncate)
-        with self._cond:
-            self._inflight.add(rid)
-        try:
-            self._send(msg)
-        except KnownError:
-            with self._cond:
-                self._inflight.discard(rid)
-            raise
-        return rid
+        return self._send_tracked(rid, msg)
 
     def embeddings(self, inputs: list[str | list[int]], *, truncate: bool = False,
                    timeout: float = 600.0) -> P.Embeddings:
@@ -752,8 +765,6 @@ class EngineClient:
 
 
 def _without_draft(load: P.Load, lid: str) -> P.Load:
-    spec = dict(load.speculation)
-    if spec.get("mode") == "draft":
-        spec["mode"] = "off"
-    spec["draft_model"] = None
+    mode = "off" if load.speculation.mode == "draft" else load.speculation.mode
+    spec = replace(load.speculation, mode=mode, draft_model=None)
     return P.Load(id=lid, model=load.model, settings=load.settings, draft=None, speculation=spec, mmproj=load.mmproj)

@@ -1,8 +1,10 @@
 """Engine requests and events, defined once and used by both sides; JSON lines on the wire.
 
-The kinds a receiver branches on are Literals (ErrorKind, FinishReason, EngineState), checked when a
-line is decoded. Every request that starts work carries an `id`, and every event about that work
-carries the same `id` (docs/architecture.md, "The protocol").
+Every message is a dataclass; a line is decoded and validated from the annotations by pydantic
+(strict: no "12" for 12), so the kinds a receiver branches on (ErrorKind, FinishReason, EngineState)
+and the settings dataclasses a Load or Generate carries are checked once, where they arrive. Every
+request that starts work carries an `id`, and every event about that work carries the same `id`
+(docs/architecture.md, "The protocol").
 """
 from __future__ import annotations
 
@@ -10,9 +12,12 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final, Literal, get_args
+from typing import Any, ClassVar, Final, Literal, TypeVar, get_args
 
-from ggufdesk.core.errors import KnownError
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+from ggufdesk.core.errors import KnownError, SettingsError
+from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
 
 # ---- the kinds a receiver branches on --------------------------------------------------------
 
@@ -61,9 +66,9 @@ class Load:
     TYPE: ClassVar[str] = "load"
     id: str | None = None
     model: str
-    settings: dict[str, Any] = field(default_factory=dict)  # LoadSettings fields
+    settings: LoadSettings = field(default_factory=LoadSettings)
     draft: str | None = None
-    speculation: dict[str, Any] = field(default_factory=dict)  # SpeculationSettings fields
+    speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
     # a vision model's projector (mmproj-*.gguf): images in its prompts. None: the one beside the model
     # file, if any (core/projector.py projector_beside); "": none
     mmproj: str | None = None
@@ -78,9 +83,9 @@ class Generate:
     # {"type": "text", "text": ...} and {"type": "image", "image": sha256} (the file's bytes in `images`)
     messages: list[dict[str, Any]] | None = None
     images: dict[str, str] = field(default_factory=dict)  # sha256 -> the image file, base64
-    sampling: dict[str, Any] = field(default_factory=dict)  # SamplingSettings fields
-    speculation: dict[str, Any] | None = None  # overrides the loaded SpeculationSettings
-    # (a prompt longer than the context: sampling["context_overflow"], engine/runtime/overflow.py)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    speculation: dict[str, Any] | None = None  # SpeculationSettings fields over the loaded ones
+    # (a prompt longer than the context: sampling.context_overflow, engine/runtime/overflow.py)
     logprobs: int = 0  # 0 = off; N = the top-N alternatives (with their logprobs) for every token
     # structured output (engine/structured/request.py), at most one of the three:
     json_schema: dict[str, Any] | str | None = None  # a JSON schema, or "json_object" for any object
@@ -331,16 +336,7 @@ EVENTS: Final[dict[str, type[Any]]] = {c.TYPE: c for c in (
     Ready, Loaded, Unloaded, Loading, Progress, Token, Stats, Overflow, Done, Embeddings, Error, Status, Log,
     Pong, Lifecycle)}
 _ALL: Final[dict[str, type[Any]]] = {**REQUESTS, **EVENTS}
-# The Literal-typed fields, checked on decode: a receiver can trust them when it branches.
-_CHOICES: Final[dict[tuple[str, str], frozenset[str]]] = {
-    ("error", "kind"): ERROR_KINDS,
-    ("done", "finish_reason"): FINISH_REASONS,
-    ("lifecycle", "state"): ENGINE_STATES,
-    ("log", "level"): frozenset(get_args(LogLevel)),
-    ("loading", "stage"): frozenset({"model", "draft", "projector"}),
-    ("progress", "phase"): frozenset({"prefill"}),
-    ("overflow", "policy"): frozenset(get_args(OverflowPolicy)),
-}
+_S = TypeVar("_S", LoadSettings, SamplingSettings, SpeculationSettings)
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
@@ -351,6 +347,18 @@ def fields_of(obj: Any) -> dict[str, Any]:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
     return dict(obj)
+
+
+def settings_of(cls: type[_S], obj: _S | dict[str, Any] | None) -> _S:
+    """A settings dataclass from itself, its fields as a dict (checked: SettingsError), or None (defaults)."""
+    if obj is None:
+        return cls()
+    if not isinstance(obj, dict):
+        return obj
+    try:
+        return cls(**obj)
+    except TypeError as e:
+        raise SettingsError(f"bad {cls.__name__}: {e}") from None
 
 
 class ProtocolError(ValueError):
@@ -406,24 +414,61 @@ def decode_event(line: str | bytes) -> Event:
     return msg
 
 
+_TYPE = re.compile(r'\s*\{\s*"type"\s*:\s*"([a-z]{1,20})"')
+
+
+def _adapter(cls: type[Any]) -> TypeAdapter[Any]:
+    """The validator of one message class, built from its annotations. A field the class does not
+    have is an error (both sides are the same version: it is a bug, not news)."""
+    if "__pydantic_config__" not in cls.__dict__:
+        cls.__pydantic_config__ = ConfigDict(extra="forbid")
+    return TypeAdapter(cls)
+
+
+# Built at import (about 0.1 s), not on first use: pydantic imports parts of itself lazily, and an
+# MCP client thread importing pydantic at the same moment as a first decode met a half-initialised
+# pydantic module (ImportError) in the session tests.
+_ADAPTERS: Final[dict[str, TypeAdapter[Any]]] = {kind: _adapter(cls) for kind, cls in _ALL.items()}
+
+
 def decode(line: str | bytes) -> Message:
-    """Parse one JSON line back into its dataclass; raises ProtocolError on anything else."""
+    """Parse one JSON line back into its dataclass, every field checked against its annotation
+    (nested settings dataclasses included, their own checks too); ProtocolError on anything else,
+    naming the field."""
+    text = line.decode("utf-8", "surrogateescape") if isinstance(line, bytes) else line
+    kind, body = _split_type(text)
+    if kind not in _ALL:
+        raise ProtocolError(f"unknown message: {text[:200]!r}")
     try:
-        data = json.loads(line)
-    except (ValueError, RecursionError) as e:
-        raise ProtocolError(f"not JSON: {str(line)[:200]!r}") from e
-    if not isinstance(data, dict) or not isinstance(data.get("type"), str) or data["type"] not in _ALL:
-        raise ProtocolError(f"unknown message: {str(line)[:200]!r}")
-    kind = data.pop("type")
-    cls = _ALL[kind]
-    for (of, name), allowed in _CHOICES.items():
-        if of == kind and name in data and (not isinstance(data[name], str) or data[name] not in allowed):
-            raise ProtocolError(f"bad {kind} message: {name} {str(data[name])[:50]!r} is not one of "
-                                f"{', '.join(sorted(allowed))}")
-    if "id" in data and not (data["id"] is None or isinstance(data["id"], str)):
-        raise ProtocolError(f"bad {kind} message: id must be a string")
-    try:
-        msg: Message = cls(**data)
-    except TypeError as e:
-        raise ProtocolError(f"bad {kind} message: {e}") from e
+        msg: Message = _ADAPTERS[kind].validate_json(body, strict=True)
+    except ValidationError as e:
+        raise ProtocolError(_why(kind, e, text)) from None
     return msg
+
+
+def _split_type(text: str) -> tuple[str, str]:
+    """(the message's type, the JSON object without it). encode() writes the type first, so that is
+    cut from the text; a peer that put it elsewhere takes the slow way (parsed and written again)."""
+    m = _TYPE.match(text)
+    if m:
+        rest = text[m.end():].lstrip()
+        return m.group(1), "{" + (rest[1:] if rest.startswith(",") else rest)
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ProtocolError(f"not JSON: {text[:200]!r}") from e
+    kind = data.pop("type", None) if isinstance(data, dict) else None
+    if not isinstance(kind, str):
+        raise ProtocolError(f"unknown message: {text[:200]!r}")
+    return kind, json.dumps(data)
+
+
+def _why(kind: str, e: ValidationError, text: str) -> str:
+    """A ValidationError in a sentence that names the field."""
+    first = e.errors(include_url=False)[0]
+    if first["type"] in ("json_invalid", "recursion_loop"):
+        return f"not JSON: {text[:200]!r}"
+    where = ".".join(str(part) for part in first["loc"]) or "message"
+    value = "" if first["type"] == "missing" else f" (got {str(first.get('input'))[:50]!r})"
+    more = f" and {e.error_count() - 1} more" if e.error_count() > 1 else ""
+    return f"bad {kind} message: {where}: {first['msg']}{value}{more}"

@@ -162,14 +162,13 @@ class Engine:
         from ggufdesk.engine.runtime.chat import ChatTemplate
         from ggufdesk.engine.runtime.native import load_model
 
-        try:
-            settings = LoadSettings(**req.settings)
-            spec = SpeculationSettings(**req.speculation) if req.speculation else SpeculationSettings()
-            if req.draft:
+        settings, spec = req.settings, req.speculation  # validated when the line was decoded
+        if req.draft:
+            try:
                 spec = dataclasses.replace(spec, mode="draft", draft_model=req.draft)
-        except (KnownError, TypeError) as e:
-            self.emit(P.Error(kind="settings", id=req.id, message=str(e)))
-            return
+            except KnownError as e:
+                self.emit(P.Error(kind="settings", id=req.id, message=str(e)))
+                return
         self.unload(quiet=True)
         # a ceiling from the plan: runaway allocations fail, not the machine
         from ggufdesk.engine.runtime import memlimit
@@ -351,7 +350,7 @@ class Engine:
 
                 raise refusal(f"{os.path.basename(self.lm.path)} is an embedding model: it computes "
                               "embeddings and cannot generate text", "settings")
-            sampling = SamplingSettings(**req.sampling)
+            sampling = req.sampling
             if isinstance(req.logprobs, bool) or not isinstance(req.logprobs, int) or not 0 <= req.logprobs <= 100:
                 raise KnownError(f"logprobs must be a whole number from 0 to 100, got {req.logprobs!r}")
             limit = req.deadline_s
