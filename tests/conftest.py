@@ -19,7 +19,21 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
         monkeypatch.setenv(var, str(home / var.lower()))
     monkeypatch.setenv("HF_HOME", str(home / "hf"))
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setenv("GGUFDESK_PROMPT_CACHE", str(home / "prompt-cache"))
     yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_prompt_cache(tmp_path_factory):
+    """Engines shared by a module start before the per-test dirs above exist: their disk prompt cache
+    (core/prompt_cache.py) gets a folder of the module's own, never the user's, never another module's."""
+    before = os.environ.get("GGUFDESK_PROMPT_CACHE")
+    os.environ["GGUFDESK_PROMPT_CACHE"] = str(tmp_path_factory.mktemp("prompt-cache"))
+    yield
+    if before is None:
+        os.environ.pop("GGUFDESK_PROMPT_CACHE", None)
+    else:
+        os.environ["GGUFDESK_PROMPT_CACHE"] = before
 
 
 @pytest.fixture(scope="session")

@@ -142,7 +142,7 @@ def test_bad_logprobs_are_refused(batched, logprobs):
 
 
 def test_a_prompt_that_can_never_fit_is_a_context_error(batched):
-    r = collect(batched, batched.generate(prompt="cat " * 1100, sampling=greedy(2)))
+    r = collect(batched, batched.generate(prompt="cat " * 1100, sampling=greedy(2, context_overflow="error")))
     assert r.error is not None and r.error.kind == "context"
 
 

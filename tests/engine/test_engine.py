@@ -61,11 +61,15 @@ def test_stop_string_ends_generation_and_is_not_shown(engine):
 
 
 def test_prompt_longer_than_context_is_refused_cleanly(engine):
-    r = collect(engine, engine.generate(prompt=" ".join(["cat"] * 600), sampling=greedy(4)))
+    long = " ".join(["cat"] * 600)
+    r = collect(engine, engine.generate(prompt=long, sampling=greedy(4, context_overflow="error")))
     assert r.error is not None and r.error.kind == "context"
     assert "context" in r.error.message
     ok = collect(engine, engine.generate(prompt=PROMPT, sampling=greedy(2)))
     assert ok.error is None
+    rolled = collect(engine, engine.generate(prompt=long, sampling=greedy(4)))  # the default: rolling
+    assert rolled.error is None and rolled.done.overflow == "rolling"
+    assert rolled.done.usage["truncated_tokens"] + rolled.done.usage["prompt_tokens"] > 512
 
 
 def test_generation_stops_at_full_context(engine):
@@ -82,7 +86,8 @@ def test_chat_without_template_uses_builtin_and_drops_oldest_turns(engine):
     r = collect(engine, engine.generate(messages=msgs, sampling=greedy(8)))
     assert r.error is None, r.error
     assert r.stats.n_prompt <= 512 - 8
-    refused = collect(engine, engine.generate(messages=msgs, sampling=greedy(8), context_policy="refuse"))
+    assert r.done.usage["truncated_tokens"] > 0 and r.done.overflow == "rolling"
+    refused = collect(engine, engine.generate(messages=msgs, sampling=greedy(8, context_overflow="error")))
     assert refused.error.kind == "context"
 
 

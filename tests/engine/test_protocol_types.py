@@ -20,7 +20,7 @@ def test_every_error_kind_the_engine_and_client_use_is_declared():
     {"type": "lifecycle", "state": "dancing"},
     {"type": "token", "id": 7, "text": "x"},
     {"type": ["token"], "id": "r", "text": "x"},
-    {"type": "generate", "id": "r", "context_policy": "maybe"},
+    {"type": "overflow", "id": "r", "policy": "maybe", "truncated_tokens": 3},
 ])
 def test_values_outside_the_literals_are_protocol_errors(data):
     with pytest.raises(P.ProtocolError):

@@ -14,7 +14,7 @@ from ggufdesk.core.errors import KnownError
 
 # Each module defines NAME, HELP, add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS = ("probe", "plan", "recommend", "download", "library", "run", "chat", "docs",
-               "serve", "ps", "worker")
+               "serve", "ps", "worker", "cache")
 
 
 def build_parser() -> argparse.ArgumentParser:

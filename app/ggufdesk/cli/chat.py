@@ -31,6 +31,8 @@ EVENT_SILENCE_S = 600.0  # the engine client's watchdog ends a silent engine lon
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
+    # a long chat goes on, as in the window (and says what it dropped)
+    p.set_defaults(default_context_overflow="rolling")
     p.add_argument("--system", default="", help="system prompt")
     p.add_argument("--completion", action="store_true",
                    help="plain text continuation instead of chat turns (for base models)")
@@ -66,6 +68,9 @@ class TerminalView(mcp_tools.ToolNotes):
         self._end_thinking()
         self.out.write(piece)
         self.out.flush()
+
+    def context_noted(self, turn: Turn) -> None:
+        print(f"[{turn.stats.get('context_note', '')}]", file=self.out)  # before the answer, as in the window
 
     def turn_finished(self, turn: Turn) -> None:
         self._end_thinking()

@@ -7,7 +7,7 @@ from typing import Any
 
 from ggufdesk.cli.worker import add_rpc_argument, describe_split, rpc_from_args
 from ggufdesk.core.errors import KnownError
-from ggufdesk.core.settings import LoadSettings, Preset, SamplingSettings, SpeculationSettings
+from ggufdesk.core.settings import OVERFLOW_POLICIES, LoadSettings, Preset, SamplingSettings, SpeculationSettings
 
 NAME = "run"
 HELP = "generate once from a prompt (through the engine process) and print text or JSON stats"
@@ -24,7 +24,7 @@ PRESET_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "repeat_penalty": ("sampling", ("repeat_penalty",)), "seed": ("sampling", ("seed",)),
     "max_tokens": ("sampling", ("max_tokens",)), "draft_max": ("speculation", ("k_max",)),
     "n_cpu_moe": ("load", ("n_cpu_moe",)), "reasoning_budget": ("sampling", ("reasoning_budget",)),
-    "think": ("sampling", ("think",)),
+    "think": ("sampling", ("think",)), "context_overflow": ("sampling", ("context_overflow",)),
 }
 
 
@@ -57,6 +57,11 @@ def add_model_arguments(p: argparse.ArgumentParser, *, many: bool = False) -> No
     p.add_argument("--repeat-penalty", type=float, help="[1.0]")
     p.add_argument("--seed", type=int, help="[-1: a new one each time]")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--context-overflow", choices=OVERFLOW_POLICIES,
+                   help="a prompt longer than the context: error (refuse), rolling (drop older turns), "
+                        "truncate-middle (cut its middle), shift (drop the oldest tokens while generating) "
+                        "[run, serve: error; chat: rolling]")
+    p.set_defaults(default_context_overflow="error")
     p.add_argument("--reasoning-budget", type=int, metavar="N",
                    help="reasoning models: tokens of thinking before the answer is forced (-1 = no limit) [-1]")
     p.add_argument("--think", choices=("auto", "on", "off", "low", "medium", "high"),
@@ -152,7 +157,9 @@ def settings_from_args(args: argparse.Namespace, preset: Preset | None = None,
     load = {**layers[0], **given["load"]}
     if "n_ubatch" not in load:  # the micro-batch follows a smaller batch unless set
         load["n_ubatch"] = min(LoadSettings().n_ubatch, load.get("n_batch", LoadSettings().n_batch))
-    sampling = {"max_tokens": getattr(args, "default_max_tokens", 256), **layers[1], **given["sampling"]}
+    sampling = {"max_tokens": getattr(args, "default_max_tokens", 256),
+                "context_overflow": getattr(args, "default_context_overflow", "error"),
+                **layers[1], **given["sampling"]}
     spec = {**layers[2], **given["speculation"]}
     if spec.get("draft_model"):
         spec["draft_model"] = library_file(spec["draft_model"])
@@ -318,6 +325,9 @@ def _result(model: str, loaded: Any, text: str, stats: dict[str, Any], done: Any
         "llama_perf": stats.get("llama_perf", {}),
         "finish_reason": done.finish_reason if done else None,
         "tool_calls": done.tool_calls if done else [],
+        "cached_tokens": done.usage.get("cached_tokens", 0) if done else 0,
+        "truncated_tokens": done.usage.get("truncated_tokens", 0) if done else 0,
+        "context_overflow": done.overflow if done else "",
     }
     usage = done.usage if done else {}
     if loaded.reasoning:
@@ -372,8 +382,13 @@ def _generate(client: Any, args: argparse.Namespace, prompt: str, sampling: Samp
                 out.flush()
         elif isinstance(ev, P.Stats):
             stats = dataclasses.asdict(ev)
+        elif isinstance(ev, P.Overflow) and not args.json:
+            from ggufdesk.session.prompt import context_note
+
+            print(f"[{context_note(ev)}]", file=sys.stderr)
         elif isinstance(ev, P.Done):
             done = ev
         elif isinstance(ev, P.Error):
             raise KnownError(ev.message)
     return "".join(text), stats, done
+

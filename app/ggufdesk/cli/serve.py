@@ -40,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-limit", type=int, default=0,
                    help="prompt + generated tokens per minute per API key or client address (0 = off)")
     p.add_argument("--max-body", type=int, default=4 * 1024 * 1024, help="largest request body in bytes")
+    # --context-overflow (from add_model_arguments) is each request's default; a request's own
+    # "context_overflow" field wins
     p.add_argument("--max-image-body", type=int, default=96 * 1024 * 1024,
                    help="largest chat request body in bytes (chat bodies may carry images)")
     p.add_argument("--allow-remote-images", action="store_true",

@@ -28,6 +28,11 @@ _WIRE: dict[str, Any] = {"extra": "forbid"}
 LOOKUP_HINTS = ("quotes", "sentence_ends", "counts")
 MAX_PARALLEL = 256  # llama.cpp's LLAMA_MAX_SEQ
 PREFILL_CHUNK = 0  # 0 = sized each step from measured times (engine/batching/chunking.py, bench/batch.py)
+# What happens when a conversation or prompt outgrows the context (docs/context.md): refuse it, drop
+# whole older turns, cut the middle of a long prompt, or shift the KV cache while generating.
+OVERFLOW_POLICIES = ("error", "rolling", "truncate-middle", "shift")
+PROMPT_CACHE_BYTES = 4 << 30  # the disk prompt cache's size cap (least recently used entries go first)
+PROMPT_CACHE_MIN_TOKENS = 256  # shorter prefixes are cheap to prefill again: not worth a file
 
 
 def _int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
@@ -87,12 +92,18 @@ class LoadSettings:
     prefill_chunk: int = PREFILL_CHUNK  # prompt tokens per engine step while others decode; 0 = auto
     rpc: list[str] = field(default_factory=list)  # RPC workers, host:port (`ggufdesk worker`)
     chat_template: str | None = None  # Jinja text used instead of the model's own (serve --chat-template-file)
+    # the KV of finished prompts saved on disk and restored by later requests, also after a restart
+    # (engine/batching/disk_cache.py); a cap of 0 bytes turns it off
+    prompt_cache_bytes: int = PROMPT_CACHE_BYTES
+    prompt_cache_min_tokens: int = PROMPT_CACHE_MIN_TOKENS
     # a mixture of experts: the routed experts of the first N layers stay in RAM while the rest of
     # those layers is on the GPU (llama.cpp's --n-cpu-moe; core/planner.py proposes N)
     n_cpu_moe: int = 0
 
     def __post_init__(self) -> None:
         _int("context length (n_ctx)", self.n_ctx, 16, 1 << 20)
+        _int("prompt cache size (prompt_cache_bytes)", self.prompt_cache_bytes, 0, 1 << 50)
+        _int("shortest cached prompt (prompt_cache_min_tokens)", self.prompt_cache_min_tokens, 1, 1 << 20)
         _int("layers with experts on the CPU (n_cpu_moe)", self.n_cpu_moe, 0, 100_000)
         if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template
                                                or len(self.chat_template) > 1 << 20):
@@ -161,6 +172,9 @@ class SamplingSettings:
     stop: list[str] = field(default_factory=list)
     # structured output: "" off, "json_object", a JSON schema or a JSON list of tools (core/tools.py)
     structured: str = ""
+    # when the prompt outgrows the context: one of OVERFLOW_POLICIES (the window's default; the
+    # server's is "error", `ggufdesk serve --context-overflow`)
+    context_overflow: str = "rolling"
     # with tools: "auto" (the model decides), "required" (it must call one), "none" (it may not),
     # or a tool's name (it must call that one) — the API's tool_choice
     tool_choice: str = "auto"
@@ -171,6 +185,7 @@ class SamplingSettings:
 
     def __post_init__(self) -> None:
         _float("temperature", self.temperature, 0.0, 5.0)
+        _choice("context overflow policy (context_overflow)", self.context_overflow, OVERFLOW_POLICIES)
         _int("reasoning budget", self.reasoning_budget, -1, 1 << 20)
         _choice("think", self.think, THINK_CHOICES)
         _int("top-k", self.top_k, 0, 1_000_000)

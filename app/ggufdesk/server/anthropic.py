@@ -36,7 +36,7 @@ def sampling_for(svc: Service, req: MessagesRequest, model: str) -> SamplingSett
     if len(stop) > 16:
         raise invalid("stop_sequences: at most 16", param="stop_sequences")
     return sampling_from(svc, model, max_tokens=req.max_tokens, stop=stop, temperature=req.temperature,
-                         top_p=req.top_p, top_k=req.top_k)
+                         top_p=req.top_p, top_k=req.top_k, context_overflow=req.context_overflow)
 
 
 # Content blocks a model's earlier turn may hold that are not for the model to read again: its own
@@ -113,11 +113,15 @@ def _text(content: str | list[AnthropicBlock], where: str) -> str:
     return "".join(b.text or "" for b in content if b.type == "text")
 
 
-def usage(n_in: int, n_out: int) -> dict[str, int]:
-    """Anthropic's usage: input_tokens is the whole prompt here (KV-cache reuse is not billed apart, so
-    the cache fields stay 0 and a client adding them up counts each token once)."""
-    return {"input_tokens": n_in, "output_tokens": n_out, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0}
+def usage_counts(prompt: int, out: int, cached: int = 0) -> dict[str, int]:
+    """Anthropic's usage: input_tokens are those not read from a cache; with cache_read_input_tokens they
+    add up to the prompt (as Anthropic's prompt caching counts them, and Claude Code adds them up)."""
+    return {"input_tokens": prompt - cached, "output_tokens": out, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached}
+
+
+def usage(job: Job) -> dict[str, int]:
+    return usage_counts(job.prompt_tokens, job.completion_tokens, job.cached_tokens)
 
 
 def image_block(b: Any, where: str, images: RequestImages) -> dict[str, Any]:
@@ -197,8 +201,8 @@ async def messages(request: Request) -> Response:
     return JSONResponse({
         "id": mid, "type": "message", "role": "assistant", "model": model,
         "content": content,
-        "stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job),
-        "usage": usage(job.prompt_tokens, job.completion_tokens),
+        "stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job), "usage": usage(job),
+        **job.context_fields(),
     })
 
 
@@ -272,8 +276,7 @@ class _Blocks:
             yield sse({"type": "content_block_stop", "index": k}, "content_block_stop")
         yield sse({"type": "message_delta",
                    "delta": {"stop_reason": stop_reason(job), "stop_sequence": stop_sequence(job)},
-                   "usage": usage(job.prompt_tokens, job.completion_tokens)},
-                  "message_delta")
+                   "usage": usage(job), **job.context_fields()}, "message_delta")
         yield sse({"type": "message_stop"}, "message_stop")
 
 
@@ -282,10 +285,9 @@ async def _stream(job: Job, mid: str, model: str, calls: CallStream | None, reas
     """Anthropic's event sequence: a thinking block while the model reasons (`reasons`: it may), a text
     block for the answer; with tools, call text is held back and each call becomes a tool_use block
     (content_block_start + one input_json_delta + content_block_stop) at the end."""
-    def message(usage_in: int) -> dict[str, Any]:
+    def message(prompt: int, cached: int) -> dict[str, Any]:
         return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
-                "stop_reason": None, "stop_sequence": None,
-                "usage": usage(usage_in, 0)}
+                "stop_reason": None, "stop_sequence": None, "usage": usage_counts(prompt, 0, cached)}
 
     started = False
     blocks = _Blocks()
@@ -296,8 +298,11 @@ async def _stream(job: Job, mid: str, model: str, calls: CallStream | None, reas
             lines: Iterator[str] = iter(())
             if not started and not isinstance(ev, P.Error):
                 started = True
-                known = ev.n_prompt if isinstance(ev, P.Progress) and ev.n_prompt else job.prompt_tokens
-                yield sse({"type": "message_start", "message": message(known)}, "message_start")
+                if isinstance(ev, P.Progress) and ev.n_prompt:  # the prompt, less what a cache already held
+                    head = message(ev.n_prompt, max(0, ev.n_prompt - ev.total))
+                else:
+                    head = message(job.prompt_tokens, job.cached_tokens)
+                yield sse({"type": "message_start", "message": head}, "message_start")
                 if not reasons:  # the text block at once, as Anthropic sends it
                     for line in blocks.open("text"):
                         yield line

@@ -40,6 +40,12 @@ class Metrics:
         self.acceptance = Gauge("ggufdesk_speculative_acceptance_ratio",
                                 "Accepted / drafted tokens since start (0 when nothing was drafted)", registry=r)
         self.acceptance.set_function(self._acceptance)
+        self.cached_tokens = Counter("ggufdesk_prompt_tokens_cached",
+                                     "Prompt tokens served from a cache (memory or the disk prompt cache)", registry=r)
+        self.restored_tokens = Counter("ggufdesk_prompt_tokens_restored",
+                                       "Prompt tokens read from the disk prompt cache", registry=r)
+        self.truncated_tokens = Counter("ggufdesk_truncated_tokens",
+                                        "Tokens the context overflow policy dropped, by policy", ["policy"], registry=r)
         self.model_loads = Counter("ggufdesk_model_loads", "Model loads completed, by model", ["model"], registry=r)
         self.model_unloads = Counter("ggufdesk_model_unloads", "Models unloaded, by model and reason "
                                      "(idle, evicted, requested, keep_alive, failed)", ["model", "reason"], registry=r)
@@ -62,6 +68,13 @@ class Metrics:
         self._accepted += accepted
         self.drafted.inc(drafted)
         self.accepted.inc(accepted)
+
+    def context(self, cached: int, restored: int, policy: str, truncated: int) -> None:
+        """One request's cache use and what its overflow policy dropped."""
+        self.cached_tokens.inc(cached)
+        self.restored_tokens.inc(restored)
+        if truncated:
+            self.truncated_tokens.labels(policy or "unknown").inc(truncated)
 
     def _acceptance(self) -> float:
         return self._accepted / self._drafted if self._drafted else 0.0

@@ -34,7 +34,7 @@ from ggufdesk.server.service import GenSpec, Job, Service, complete_all, engine_
 def sampling_for(svc: Service, req: SamplingFields, max_tokens: int | None, model: str) -> SamplingSettings:
     return sampling_from(svc, model, max_tokens=max_tokens, stop=stops(req.stop), temperature=req.temperature,
                          top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, repeat_penalty=req.repeat_penalty,
-                         seed=req.seed)
+                         seed=req.seed, context_overflow=req.context_overflow)
 
 
 def want_logprobs(svc: Service, model: str, n: int) -> int:
@@ -183,7 +183,7 @@ async def chat_completions(request: Request) -> Response:
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model,
                          "choices": choices, "usage": usage, "system_fingerprint": head["system_fingerprint"],
-                         "timings": timings(jobs[0]), **verbose})
+                         "timings": timings(jobs[0]), **jobs[0].context_fields(), **verbose})
 
 
 async def _collect_n(svc: Service, request: Request, spec: GenSpec, n: int) -> list[Job]:
@@ -233,7 +233,9 @@ def _chat_stream(job: Job, head: dict[str, Any], top: int | None, include_usage:
     """Chunks as tokens come; with tools, text that may be a call is held back and calls come at the end."""
 
     def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
-        return sse({**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+        extra = job.context_fields() if finish else {}
+        return sse({**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+                    **extra})
 
     def lines(ev: P.Event) -> Iterator[str]:
         if isinstance(ev, P.Token):
@@ -295,13 +297,15 @@ async def completions(request: Request) -> Response:
               "finish_reason": job.finish_reason}
     return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": model,
                          "choices": [choice], "usage": job.usage(), "system_fingerprint": head["system_fingerprint"],
-                         "timings": timings(job)})
+                         "timings": timings(job), **job.context_fields()})
 
 
 def _completion_stream(job: Job, head: dict[str, Any], top: int | None, include_usage: bool,
                        extras: Extras) -> AsyncIterator[str]:
     def chunk(text: str, finish: str | None = None, logprobs: Any = None) -> str:
-        return sse({**head, "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]})
+        extra = job.context_fields() if finish else {}
+        return sse({**head, "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
+                    **extra})
 
     offset = 0
 
@@ -358,7 +362,7 @@ def _stream_end(head: dict[str, Any], job: Job, include_usage: bool) -> Iterator
     """The end of a stream: the usage chunk if asked for (`stream_options.include_usage`, with llama-server's
     `timings`), then [DONE]."""
     if include_usage:
-        yield sse({**head, "choices": [], "usage": job.usage(), "timings": timings(job)})
+        yield sse({**head, "choices": [], "usage": job.usage(), "timings": timings(job), **job.context_fields()})
     yield "data: [DONE]\n\n"
 
 

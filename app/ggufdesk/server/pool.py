@@ -121,7 +121,7 @@ class EnginePool:
         if logprobs:
             kwargs["logprobs"] = logprobs
         await asyncio.to_thread(self._client.generate, prompt=prompt, messages=messages, sampling=sampling,
-                                context_policy="refuse", request_id=rid, **kwargs)
+                                request_id=rid, **kwargs)
 
     async def embed(self, rid: str, inputs: list[str | list[int]], *, truncate: bool = False) -> None:
         """Ask for embeddings under `rid` (opened with open()): its Embeddings or Error event follows."""

@@ -13,6 +13,8 @@ from ggufdesk.server.errors import invalid, not_supported
 
 Stop = str | list[str] | None
 MAX_N = 8  # choices in one chat request (each is a generation of its own)
+# our extra field on every endpoint: what to do with a prompt longer than the context (docs/context.md)
+ContextOverflow = Literal["error", "rolling", "truncate-middle", "shift"] | None
 # Nesting levels in a request body: room for a schema at core/schema.py's own limit inside tools; every
 # walker after json.loads (pydantic, the protocol's encoder, jsonschema) recurses once per level, and a
 # 600-deep tool argument had killed the engine link (issue 34).
@@ -59,6 +61,7 @@ class SamplingFields(Strict):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float | bool | None] | list[list[int | float | bool]] | None = None
     user: str | None = None
+    context_overflow: ContextOverflow = None
 
 
 class LlamaFields(Strict):
@@ -154,6 +157,7 @@ class MessagesRequest(Strict):
     thinking: dict[str, Any] | None = None  # accepted; ignored until the model reasons
     output_config: dict[str, Any] | None = None  # format (a JSON schema) is honoured; effort is ignored
     output_format: dict[str, Any] | None = None  # the structured-outputs beta's older name for the format
+    context_overflow: ContextOverflow = None
 
 
 class CountTokensRequest(Strict):
@@ -163,6 +167,7 @@ class CountTokensRequest(Strict):
     tools: list[Any] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    context_overflow: ContextOverflow = None
 
 
 def _no_constant(name: str) -> Any:

@@ -44,7 +44,8 @@ class ServerConfig:
     max_image_body: int = 96 * 1024 * 1024  # bytes of a chat body, which may carry images (server/images.py)
     allow_remote_images: bool = False  # fetch http(s) image URLs (off: only data: URLs and base64)
     default_max_tokens: int = 1024
-    sampling: SamplingSettings = field(default_factory=SamplingSettings)  # defaults for omitted fields
+    # defaults for omitted fields; an API refuses what does not fit unless asked (`context_overflow`)
+    sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(context_overflow="error"))
     metrics: bool = True  # /metrics (off: 501, as llama-server without --metrics)
     slots: bool = False  # /slots (llama-server's --slots)
     tags: tuple[str, ...] = ()  # labels /models lists (llama-server's --tags)
@@ -393,6 +394,7 @@ class Service:
             m.failures.labels(outcome).inc()
         m.prompt_tokens.inc(job.prompt_tokens)
         m.generated_tokens.inc(job.completion_tokens)
+        m.context(job.cached_tokens, job.restored_tokens, job.overflow_policy, job.truncated_tokens)
         if job.stats is not None:
             m.speculation(job.stats.drafted, job.stats.accepted)
         self.limiter.settle(job.caller, job.reserved, job.prompt_tokens + job.completion_tokens)
@@ -513,6 +515,7 @@ class Job:
         self.done: P.Done | None = None
         self.error: P.Error | None = None
         self.stats: P.Stats | None = None
+        self.overflow: P.Overflow | None = None  # the latest: what the overflow policy dropped so far
         self.n_tokens = 0
         self.text: list[str] = []  # the answer
         self.reasoning: list[str] = []  # a reasoning model's thinking
@@ -568,6 +571,8 @@ class Job:
                 self.logprobs.extend(lp)
         elif isinstance(ev, P.Stats):
             self.stats = ev
+        elif isinstance(ev, P.Overflow):
+            self.overflow = ev
         elif isinstance(ev, P.Done):
             self.done = ev
             if self._t_cancel is not None and ev.finish_reason == "cancelled":
@@ -598,18 +603,47 @@ class Job:
         return "length" if reason in ("length", "context") else "tool_calls" if reason == "tool_calls" else "stop"
 
     @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from a cache, memory or disk (OpenAI's prompt_tokens_details.cached_tokens)."""
+        if self.done is not None and "cached_tokens" in self.done.usage:
+            return self.done.usage["cached_tokens"]
+        return self.stats.n_reused if self.stats else 0
+
+    @property
+    def restored_tokens(self) -> int:
+        """Of the cached tokens, those read from the disk prompt cache."""
+        return self.done.usage.get("restored_tokens", 0) if self.done is not None else 0
+
+    @property
+    def truncated_tokens(self) -> int:
+        """Tokens the overflow policy dropped (prompt tokens left out, tokens shifted out)."""
+        if self.done is not None and "truncated_tokens" in self.done.usage:
+            return self.done.usage["truncated_tokens"]
+        return self.overflow.truncated_tokens if self.overflow is not None else 0
+
+    @property
+    def overflow_policy(self) -> str:
+        if self.done is not None and self.done.overflow:
+            return self.done.overflow
+        return self.overflow.policy if self.overflow is not None else ""
+
+    @property
     def reasoning_tokens(self) -> int | None:
         """Tokens spent reasoning (None: the model does not reason)."""
         return self.done.usage.get("reasoning_tokens") if self.done is not None else None
 
     def usage(self) -> dict[str, Any]:
         p, c = self.prompt_tokens, self.completion_tokens
-        cached = self.stats.n_reused if self.stats is not None else 0
         out: dict[str, Any] = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-                               "prompt_tokens_details": {"cached_tokens": cached}}
+                               "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
         if self.reasoning_tokens is not None:
             out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
         return out
+
+    def context_fields(self) -> dict[str, Any]:
+        """What a response adds when the overflow policy dropped tokens: their count and the policy."""
+        n = self.truncated_tokens
+        return {"truncated_tokens": n, "context_overflow": self.overflow_policy} if n else {}
 
     def finish(self, outcome: str | None) -> None:
         if self._ended:

@@ -22,7 +22,7 @@ from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.session.docs import Attached
 from ggufdesk.session.guard import repeat_cut
-from ggufdesk.session.prompt import ImageSource, build_request, title_from
+from ggufdesk.session.prompt import ImageSource, build_request, context_note, title_from
 from ggufdesk.session.tool_loop import ToolCall, ToolLoop
 from ggufdesk.session.tool_turns import ToolTurns
 from ggufdesk.session.turns import Ref, Turn
@@ -35,7 +35,7 @@ BASE_MODEL_TURN_END = "\n\n"  # a base model's chat answer ends at a blank line
 THINKING = ("reasoning", "reasoning_tokens", "reasoning_s")  # an answer's stats about its thinking
 Phase = Literal["idle", "saving", "streaming", "stopping", "tool"]  # tool: calls being decided or run
 Level = Literal["info", "warning", "error"]
-KEPT_STATS = ("model", "citations", "sources_left_out")  # what the engine's stats do not replace
+KEPT_STATS = ("model", "context_note", "citations", "sources_left_out")  # what the engine's stats do not replace
 
 
 class Refused(KnownError):
@@ -74,6 +74,11 @@ class SessionView:
     def turn_finished(self, turn: Turn) -> None:
         """An answer ended; turn.status is done | cancelled | partial | error."""
 
+    def context_noted(self, turn: Turn) -> None:
+        """The overflow policy dropped part of the conversation for this answer: turn.stats["context_note"]
+        says what, in a quiet line ("3 earlier turns no longer fit the 4,096-token context")."""
+        self.notice(str(turn.stats.get("context_note", "")))
+
     def phase_changed(self, phase: Phase) -> None: ...
 
     def save_state_changed(self, state: SaveState) -> None: ...
@@ -110,8 +115,7 @@ class ChatSession(ToolTurns):
     def __init__(self, *, engine: Engine, writer: HistoryWriter | None = None,
                  view: SessionView | None = None, post: Callable[[Callable[[], None]], None] = _now,
                  save_every: float = SAVE_PARTIAL_EVERY_S, clock: Callable[[], float] = time.monotonic,
-                 context_policy: Literal["truncate", "refuse"] = "truncate", tools: ToolLoop | None = None,
-                 images: ImageSource | None = None) -> None:
+                 tools: ToolLoop | None = None, images: ImageSource | None = None) -> None:
         self.engine = engine
         self.writer = writer
         # the messages' images by sha256: those sent here, and the history's (`images`: its store's get)
@@ -121,7 +125,6 @@ class ChatSession(ToolTurns):
         self.post = post
         self.save_every = save_every
         self.clock = clock
-        self.context_policy = context_policy
         self.conv: Conversation | None = None
         self.conv_row = Ref()
         self.turns: list[Turn] = []
@@ -553,6 +556,10 @@ class ChatSession(ToolTurns):
         if isinstance(ev, (P.Token, P.Stats, P.Done)):
             if mine and answer is not None:
                 self._on_answer_event(answer, ev)
+        elif isinstance(ev, P.Overflow):
+            if mine and answer is not None:  # what the overflow policy left out: a quiet line above the answer
+                answer.stats["context_note"] = context_note(ev)
+                self.view.context_noted(answer)
         elif isinstance(ev, P.Error):
             self._on_error(ev, mine)
         elif isinstance(ev, P.Loaded):

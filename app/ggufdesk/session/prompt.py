@@ -7,6 +7,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from ggufdesk.core.history import Conversation
 from ggufdesk.core.image_store import images_of
+from ggufdesk.engine.link import protocol as P
 
 
 class _Said(Protocol):
@@ -93,3 +94,20 @@ def title_from(text: str, limit: int = 48) -> str:
     if len(first) <= limit:
         return first
     return first[:limit].rsplit(" ", 1)[0] + "…"
+
+
+def context_note(ev: P.Overflow) -> str:
+    """What the overflow policy dropped, in a quiet line: "3 earlier turns no longer fit the 4,096-token context"."""
+    room = f"the {ev.n_ctx:,}-token context" if ev.n_ctx else "the context"
+    if ev.dropped_messages:
+        turns = "turn no longer fits" if ev.dropped_messages == 1 else "turns no longer fit"
+        line = f"{ev.dropped_messages} earlier {turns} {room}"
+    elif ev.policy == "truncate-middle":
+        line = f"the middle of the conversation ({ev.truncated_tokens:,} tokens) was left out to fit {room}"
+    elif ev.policy == "shift":
+        line = f"the oldest {ev.truncated_tokens:,} tokens were dropped as the answer filled {room}"
+    elif ev.truncated_tokens:
+        line = f"the first {ev.truncated_tokens:,} tokens no longer fit {room}"
+    else:
+        line = ""
+    return "; ".join(x for x in (line, ev.note) if x)

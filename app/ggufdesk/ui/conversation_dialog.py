@@ -39,6 +39,13 @@ TOOL_CHOICE_WORDS = {"auto": "the model decides (auto)", "required": "it must ca
 
 MODE_HELP = ("chat: the model's chat template turns messages into a prompt. "
              "completion: the text is continued as it is (base models without a template).")
+# SamplingSettings.context_overflow, in words (docs/context.md); the first is the window's default
+OVERFLOW_CHOICES = {
+    "rolling": "Drop the oldest turns",
+    "truncate-middle": "Cut the middle of a long message",
+    "shift": "Drop the oldest tokens while writing (context shift)",
+    "error": "Stop and say so",
+}
 
 
 class ConversationDialog(QDialog):
@@ -61,6 +68,12 @@ class ConversationDialog(QDialog):
         self.seed = self._spin(-1, 2**31 - 1, sampling.seed)
         self.structured_valid = True
         self._rest = {"repeat_last_n": sampling.repeat_last_n, "stop": list(sampling.stop)}
+        self.overflow = QComboBox()
+        for policy, label in OVERFLOW_CHOICES.items():
+            self.overflow.addItem(label, policy)
+        self.overflow.setCurrentIndex(max(0, self.overflow.findData(sampling.context_overflow)))
+        self.overflow.setToolTip("What happens when the conversation no longer fits the model's context; "
+                                 "anything left out is said above the answer")
         self.structured_kind = QComboBox()
         self.structured_kind.addItems(list(STRUCTURED_KINDS))
         self.structured_text = QPlainTextEdit()
@@ -89,6 +102,7 @@ class ConversationDialog(QDialog):
         form.addRow("Repeat penalty", self.repeat_penalty)
         form.addRow("Max tokens per answer", self.max_tokens)
         form.addRow("Seed (-1 = random)", self.seed)
+        form.addRow("When the conversation outgrows the context", self.overflow)
         form.addRow("Structured output", self.structured_kind)
         form.addRow("", self.structured_text)
         form.addRow("", self.structured_status)
@@ -126,7 +140,7 @@ class ConversationDialog(QDialog):
             repeat_penalty=self.repeat_penalty.value(), seed=self.seed.value(),
             max_tokens=self.max_tokens.value(), structured=self.structured(),
             tool_choice=self.chosen_tool() if self.structured_kind.currentText() == "Tools" else "auto",
-            **self._rest,
+            context_overflow=str(self.overflow.currentData()), **self._rest,
         )
 
     def chosen_tool(self) -> str:

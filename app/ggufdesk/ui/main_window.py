@@ -110,6 +110,10 @@ class _WindowView(SessionView, ModelView):
         if (widget := self.win.chat.widget_for(turn.key)) is not None:
             widget.set_text(turn.content)
 
+    def context_noted(self, turn: Turn) -> None:
+        if (widget := self.win.chat.widget_for(turn.key)) is not None:
+            widget.set_stats(turn.stats)  # a quiet line above the answer, not a banner
+
     def tool_call_changed(self, call: ToolCall) -> None:
         card = self.win.chat.show_call(key=call.key, call_id=call.call_id, server=call.server, tool=call.tool,
                                        arguments=call.arguments_text, state=call.state, result=call.result)

@@ -174,6 +174,10 @@ class MessageWidget(QFrame):
         self.header = QLabel()
         self.header.setTextFormat(Qt.TextFormat.RichText)
         self.header.setMinimumWidth(20)
+        self.context = QLabel()  # what the overflow policy left out for this answer, said quietly above it
+        self.context.setObjectName("msgContext")
+        self.context.setWordWrap(True)
+        self.context.setVisible(False)
         self.thinking = ThinkingSection()  # a reasoning model's thinking, folded, above the answer
         self.body = MarkdownView()
         self.tools = QLabel()  # the answer's tool calls, when it made some
@@ -213,6 +217,7 @@ class MessageWidget(QFrame):
         lay.setContentsMargins(10, 6, 10, 8)
         lay.setSpacing(2)
         lay.addLayout(top)
+        lay.addWidget(self.context)
         lay.addWidget(self.thinking)
         self.images_row: ImageRow | None = None  # a user's images (set_images), above the text
         lay.addWidget(self.body)
@@ -261,6 +266,7 @@ class MessageWidget(QFrame):
                  f" color: {theme.css(text)}; }}"
                  f" #msg_{self.role} QLabel {{ color: {theme.css(text)}; }}"
                  f" #msg_{self.role} QLabel#msgFooter {{ color: {theme.css(theme.muted(pal))}; }}"
+                 f" #msg_{self.role} QLabel#msgContext {{ color: {theme.css(theme.muted(pal))}; }}"
                  f" #msg_{self.role} QLabel#thinkText {{ color: {theme.css(theme.muted(pal))}; }}"
                  f" #msg_{self.role} QToolButton {{ color: {theme.css(text)}; }}")
         if style != self._style:
@@ -304,6 +310,9 @@ class MessageWidget(QFrame):
         text = footer_text(self.stats) if self.role == "assistant" else ""
         self.footer.setText(text)
         self.footer.setVisible(bool(text))
+        note = str(self.stats.get("context_note") or "") if self.role == "assistant" else ""
+        self.context.setText(note)
+        self.context.setVisible(bool(note))
         cites = self.citations()
         self.sources.setText(sources_html(cites, self.stats.get("sources_left_out") or []))
         self.sources.setVisible(bool(cites) or bool(self.stats.get("sources_left_out")))

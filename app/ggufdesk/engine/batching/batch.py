@@ -13,12 +13,14 @@ steps; speculation runs inside batched steps, each sequence with its own drafter
 Hooks for what comes next (keep them in these places):
 - a per-request deadline (done: `Sequence.deadline`, read on `clock`) or any other end decided
   between steps: `_reap`;
-- a persistent prompt cache restored before prefill: `_admit`, after the slot is acquired (extend the
-  slot with the restored tokens and set `n_done`);
+- the disk prompt cache (engine/batching/disk_cache.py): restored in `_admit`, after the slot is
+  acquired (text-only prompts); saved when a prompt is prefilled (`_prefilled`, sliding-window models)
+  or when a sequence finishes (`Update.on_finished`);
 - image chunks as prefill (done: engine/batching/media.py): `_images` makes an image the step's
   prefill item (`Plan.image`) and stops a text chunk at the next image; the runner decodes it after
   the step's rows (`ModelRunner._image`); the prefix cache compares an image's span by its hash;
-- context shift: `Update.take` ends a sequence at the context's edge (FINISHED_CONTEXT);
+- context shift (engine/batching/shift.py): `_make_room`, after the plan, for the `shift` requests
+  whose rows would pass the context's edge; the others end there (`Update.take`, FINISHED_CONTEXT);
 - a reasoning model: its split in `Update._text_out`, its budget's closing tokens in `Sampling.sample`;
   `Update.token_hooks` see every token taken and `Sequence.force` writes tokens in the next row.
 """
@@ -32,12 +34,14 @@ from typing import Any
 import llama_cpp
 
 from ggufdesk.core.errors import KnownError
+from ggufdesk.engine.batching.disk_cache import DiskCache
 from ggufdesk.engine.batching.media import text_only
 from ggufdesk.engine.batching.prefix_cache import Slots
 from ggufdesk.engine.batching.runner import Memory, ModelRunner, StepResult
 from ggufdesk.engine.batching.sampling import Sampling, make_sampler
 from ggufdesk.engine.batching.scheduler import Overloaded, Plan, Scheduler
 from ggufdesk.engine.batching.sequence import Sequence, SequenceStatus
+from ggufdesk.engine.batching.shift import room_needed, shift
 from ggufdesk.engine.batching.text import TextStream
 from ggufdesk.engine.batching.threads import Threads
 from ggufdesk.engine.batching.update import Update
@@ -62,6 +66,7 @@ class BatchEngine:
     step decided before computing, such as a cancel's Done, does not wait for the computation).
     clock: the time request deadlines are read on. decode, timer: llama.cpp's decode call and the
     timer of steps and drafting, whose costs speculation decides on (tests pass modelled ones).
+    disk: the disk prompt cache (engine/batching/disk_cache.py), None when it is off.
     """
 
     def __init__(self, lm: LoadedModel, vocab: Vocab, *, emit: Callable[[Any], None],
@@ -71,14 +76,16 @@ class BatchEngine:
                  clock: Callable[[], float] = time.monotonic,
                  decode: Callable[[Any, Any], int] = llama_cpp.llama_decode,
                  timer: Callable[[], float] = time.perf_counter,
-                 set_threads: Callable[[Any, int, int], None] = llama_cpp.llama_set_n_threads) -> None:
+                 set_threads: Callable[[Any, int, int], None] = llama_cpp.llama_set_n_threads,
+                 disk: DiskCache | None = None) -> None:
         s = lm.settings
         self.clock = clock  # for request deadlines
         self.lm, self.vocab, self.emit, self.cancelled = lm, vocab, emit, cancelled
         self.n_ctx = lm.n_ctx  # each sequence may grow to the whole context (unified KV cache)
         self.n_parallel = s.n_parallel
         self.mem = Memory(lm)
-        self.slots = Slots(s.n_parallel, lm.n_ctx, self.mem)
+        self.slots = Slots(s.n_parallel, lm.n_ctx, self.mem, n_swa=int(llama_cpp.llama_model_n_swa(lm.model.model)))
+        self.disk = disk
         self.sched: Scheduler[Sequence] = Scheduler(n_slots=s.n_parallel, n_cells=lm.n_ctx, n_batch=s.n_batch,
                                                     prefill_chunk=s.prefill_chunk)
         self.runner = ModelRunner(lm, self.slots, Sampling(lm, vocab), set_batch=set_batch, flush=flush,
@@ -86,7 +93,7 @@ class BatchEngine:
         self.drafts = DraftPlanner(StepCosts(verify_costs), n_outputs=lm.n_outputs, n_batch=s.n_batch,
                                    n_ctx=lm.n_ctx, set_batch=set_batch, clock=timer)
         self.update = Update(lm, vocab, self.sched, self.slots, emit=emit, cancelled=cancelled,
-                             on_plain_done=on_plain_done)
+                             on_plain_done=on_plain_done, on_finished=None if disk is None else disk.finished)
         # fewer threads while another program takes a core (engine/batching/threads.py); --threads: fixed
         self.threads = Threads(s.threads, s.threads_batch, fixed=bool(s.n_threads or s.n_threads_batch),
                                apply=lambda n, nb: set_threads(lm.ctx.ctx, n, nb))
@@ -153,6 +160,7 @@ class BatchEngine:
         else:
             if result is not None:  # (None: a cancel aborted the decode; the next step reaps it)
                 self._settle(plan, result)
+                self._prefilled(result)
                 self.update.apply(result)
         self._status(force=False)
 
@@ -173,6 +181,7 @@ class BatchEngine:
                 r.forced, r.seq.forced = r.seq.forced[:max(room, 0)], r.seq.forced[max(room, 0):]
                 room -= len(r.forced)
         self.drafts.plan(plan)
+        self._make_room(plan)
         return plan
 
     @staticmethod
@@ -201,7 +210,10 @@ class BatchEngine:
         if seq.media is not None:  # an image is decoded whole or not at all
             seq.stats.n_reused = seq.media.align(seq.stats.n_reused)
             self.slots.truncate(seq.slot, seq.stats.n_reused)
-        seq.n_done = seq.stats.n_reused  # (a persistent prompt cache would restore more here)
+        elif self.disk is not None:  # a longer prefix saved on disk, also by an earlier process
+            seq.ctx.restored = self.disk.restore(self.slots, seq.slot, seq.prompt)
+            seq.stats.n_reused = len(seq.slot.tokens)
+        seq.n_done = seq.stats.n_reused
         if len(self.sched.running) == 1:
             llama_cpp.llama_perf_context_reset(self.lm.ctx.ctx)
         seq.sampler = make_sampler(self.lm, seq.sampling)
@@ -218,6 +230,33 @@ class BatchEngine:
             sizer.observe(result.rows - result.n_prompt, result.n_prompt, result.seconds)
         self.drafts.settle(plan, result)
         self.threads.observe(result.rows, result.n_prompt, result.seconds)
+
+    # ---- the context --------------------------------------------------------------------------
+
+    def _make_room(self, plan: Plan[Sequence]) -> None:
+        """A `shift` request whose rows would pass the context's edge drops its oldest tokens after
+        the system prompt (engine/batching/shift.py) and says so; the others never get that far."""
+        for r in plan.decode:
+            s = r.seq
+            assert s.slot is not None
+            if s.ctx.shifting and room_needed(s.slot, 1 + len(r.forced) + len(r.draft), self.n_ctx) \
+                    and shift(self.slots, s.slot, s.ctx, self.n_ctx):
+                self.emit(self.overflow_event(s))
+
+    def _prefilled(self, result: StepResult) -> None:
+        """Prompts that finished prefilling this step: a sliding-window model saves them now."""
+        if self.disk is None:
+            return
+        for out in result.outputs:
+            s = out.seq
+            if out.prompt_done and s.slot is not None and s.n_done == len(s.prompt):
+                self.disk.prefilled(s.slot)
+
+    def overflow_event(self, s: Sequence) -> P.Overflow:
+        """What the overflow policy dropped from s so far."""
+        c = s.ctx
+        return P.Overflow(id=s.rid, policy=c.applied or c.policy, truncated_tokens=c.truncated,
+                          dropped_messages=c.dropped_messages, n_ctx=self.n_ctx, note=c.note)
 
     # ---- status -------------------------------------------------------------------------------
 

@@ -10,6 +10,13 @@ first when cells run short.
 
 `Slots` mirrors llama.cpp's cell bookkeeping exactly (a cell is free when no sequence holds it)
 so the scheduler knows the free cells without asking llama.cpp, which has no call for it.
+
+Sliding-window attention (Gemma 3: `n_swa` 512): llama.cpp keeps a sequence's sliding-window layers
+only for its last n_swa positions, so a prefix cut back further than that lacks what the next token
+must see. Such a prefix is not reused (llama-server's rule: the smallest position the sequence
+holds must be at most n - n_swa + 1); the whole prompt is prefilled instead. (A sequence in memory
+holds all its positions: llama.cpp's SWA cache is full-size here; a state read back from the disk
+prompt cache holds only the last window.)
 """
 from __future__ import annotations
 
@@ -18,13 +25,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ggufdesk.core.prompt_cache import common_prefix
+
 
 class Memory(Protocol):
-    """The two llama.cpp memory calls we need (engine/batching/batch.py passes the real ones; tests a fake)."""
+    """The llama.cpp memory calls we need (engine/batching/batch.py passes the real ones; tests a fake)."""
 
     def seq_rm(self, seq: int, p0: int, p1: int) -> bool: ...
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None: ...
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None: ...
+
+    def seq_pos_min(self, seq: int) -> int: ...
 
 
 @dataclass
@@ -34,24 +47,23 @@ class Slot:
     cells: list[int] = field(default_factory=list)  # our id of the cell behind each position
     busy: bool = False
     last_used: int = 0  # a tick; smaller = evicted first
+    # positions whose KV equals a fresh prefill of `tokens` (None: all). A context shift keeps the KV of
+    # later tokens, computed beside tokens that are gone: never reused for another prompt.
+    exact: int | None = None
 
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    @property
+    def reusable(self) -> list[int]:
+        return self.tokens if self.exact is None else self.tokens[:self.exact]
 
 
 class Slots:
     """The sequences of one context and the cells they hold."""
 
-    def __init__(self, n_slots: int, n_cells: int, memory: Memory) -> None:
+    def __init__(self, n_slots: int, n_cells: int, memory: Memory, *, n_swa: int = 0) -> None:
         self.slots = [Slot(seq=i) for i in range(n_slots)]
         self.n_cells = n_cells
         self.mem = memory
+        self.n_swa = n_swa  # the model's sliding window (0: none)
         self._refs: Counter[int] = Counter()  # cell id -> sequences holding it
         self._ids = itertools.count()
         self._tick = itertools.count(1)
@@ -88,6 +100,28 @@ class Slots:
             self.mem.seq_rm(slot.seq, -1, -1)
         self._drop(slot.cells[n:])
         del slot.tokens[n:], slot.cells[n:]
+        if slot.exact is not None and slot.exact >= n:
+            slot.exact = None
+
+    def shared(self, slot: Slot) -> int:
+        """How many leading positions of `slot` are cells another sequence holds too (a copied prefix)."""
+        n = 0
+        for c in slot.cells:
+            if self._refs[c] <= 1:
+                break
+            n += 1
+        return n
+
+    def shift(self, slot: Slot, n_keep: int, n_discard: int) -> None:
+        """Context shift: positions [n_keep, n_keep + n_discard) leave the sequence and the ones after
+        move back by n_discard (llama.cpp shifts their keys' RoPE at the next decode). The caller
+        makes sure no shifted cell is shared (`shared`): a shift moves a cell for every sequence."""
+        end = n_keep + n_discard
+        self.mem.seq_rm(slot.seq, n_keep, end)
+        self.mem.seq_add(slot.seq, end, -1, -n_discard)
+        self._drop(slot.cells[n_keep:end])
+        del slot.tokens[n_keep:end], slot.cells[n_keep:end]
+        slot.exact = n_keep if slot.exact is None else min(slot.exact, n_keep)
 
     def clear(self, slot: Slot) -> None:
         self.truncate(slot, 0)
@@ -98,10 +132,18 @@ class Slots:
         """The slot (busy or idle) sharing the longest prefix with prompt, and that length."""
         best, n_best = None, 0
         for s in self.slots:
-            n = common_prefix(s.tokens, prompt)
+            n = common_prefix(s.reusable, prompt)
             if n > n_best or (n == n_best and best is not None and best.busy and not s.busy):
                 best, n_best = s, n
         return best, n_best
+
+    def window_holds(self, slot: Slot, n: int) -> bool:
+        """Whether `slot` cut back to n positions still holds, in its sliding-window layers, the
+        n_swa positions before n that the next token attends to (always, without a window)."""
+        if not self.n_swa or n >= len(slot.tokens) or not slot.tokens:
+            return True
+        # the token at position n sees positions p with n - p < n_swa (llama.cpp's is_masked_swa)
+        return self.mem.seq_pos_min(slot.seq) <= max(0, n - self.n_swa + 1)
 
     def idle(self) -> list[Slot]:
         return [s for s in self.slots if not s.busy]
@@ -117,6 +159,8 @@ class Slots:
             raise RuntimeError("no idle slot")  # the scheduler admits only when one is
         src, n = self.best_match(prompt)
         n = min(n, len(prompt) - 1)
+        if src is not None and n > 0 and not self.window_holds(src, n):
+            n = 0  # its sliding-window layers no longer hold what follows position n
         others = [s for s in idle if s is not src]
         if src is not None and not src.busy and n > 0 and (n == len(src.tokens) or not others):
             slot = src  # continue where it left off (a conversation's next turn)
@@ -142,6 +186,11 @@ class Slots:
         if not keep:
             self.clear(slot)
 
+    def room_for(self, slot: Slot, need: int) -> bool:
+        """Whether `need` cells can be had for `slot` by clearing it and evicting idle slots."""
+        held = {c for s in self.slots if s.busy and s is not slot for c in s.cells}
+        return self.n_cells - len(held) >= need
+
     def evict(self, need: int) -> bool:
         """Clear idle slots, least recently used first, until `need` cells are free; True if they are."""
         for s in sorted(self.idle(), key=lambda s: s.last_used):
@@ -156,4 +205,5 @@ class Slots:
             s.tokens.clear()
             s.cells.clear()
             s.busy = False
+            s.exact = None
         self._refs.clear()

@@ -63,6 +63,15 @@ class Memory:
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self._mem, True)
 
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        llama_cpp.llama_memory_seq_add(self._mem, seq, p0, p1, delta)
+
+    def seq_pos_min(self, seq: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_min(self._mem, seq))
+
+    def can_shift(self) -> bool:
+        return bool(llama_cpp.llama_memory_can_shift(self._mem))
+
 
 def fill_batch(batch: internals.LlamaBatch, rows: list[Row]) -> None:
     """rows: (token, position, sequence id, wants logits)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ggufdesk.core.settings import SamplingSettings
+from ggufdesk.engine.batching.shift import ContextUse
 from ggufdesk.engine.link import protocol as P
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ class Sequence:
     deadline: float | None = None  # BatchEngine.clock() time past which the request is ended (Generate.deadline_s)
     limit_s: float | None = None  # the deadline_s it came with (for the message)
     bias: tuple[Any, Any] | None = None  # logit bias: token ids and what to add to their logits (-inf: never)
+    ctx: ContextUse = field(default_factory=ContextUse)  # overflow policy, what it dropped, what it restored
     media: MediaPrompt | None = None  # a prompt with images: each image span is one prefill item
     stats: RunStats = field(default_factory=RunStats)
     # its state in the loop
@@ -125,8 +127,14 @@ class Sequence:
 
     @property
     def reserve(self) -> int:
-        """KV cells it may need in all: prompt + tokens it may still generate."""
-        return len(self.prompt) + self.max_gen
+        """KV cells it may need in all: prompt + tokens it may still generate (a shifting one: the context at most)."""
+        n = len(self.prompt) + self.max_gen
+        return min(n, self.ctx.cells) if self.ctx.cells else n
+
+    @property
+    def kv_end(self) -> int:
+        """The KV position of its next token: prompt + generated, less what context shifts dropped."""
+        return len(self.prompt) + self.stats.n_gen - self.ctx.shifted
 
     def force(self, tokens: list[int]) -> None:
         """Write `tokens` next, as if sampled, then sample on (a hook: a reasoning budget closing a

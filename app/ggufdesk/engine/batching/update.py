@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ggufdesk.core.errors import KnownError
-from ggufdesk.engine.batching.prefix_cache import Slots
+from ggufdesk.engine.batching.prefix_cache import Slot, Slots
 from ggufdesk.engine.batching.runner import SeqOutput, StepResult
 from ggufdesk.engine.batching.sampling import llama_perf
 from ggufdesk.engine.batching.scheduler import Scheduler
@@ -33,14 +33,17 @@ class Update:
 
     token_hooks: called with each token a sequence takes and goes on after (a reasoning budget
     may `Sequence.force` the tokens that close a think block). on_plain_done(stats): a request
-    that ran alone without speculation ended (its final Stats).
+    that ran alone without speculation ended (its final Stats). on_finished(slot): a sequence
+    ended with a Done, its KV kept in `slot` (the disk prompt cache saves it).
     """
 
     def __init__(self, lm: LoadedModel, vocab: Vocab, sched: Scheduler[Sequence], slots: Slots, *,
                  emit: Callable[[Any], None], cancelled: Callable[[str], bool],
-                 on_plain_done: Callable[[P.Stats], None] | None = None) -> None:
+                 on_plain_done: Callable[[P.Stats], None] | None = None,
+                 on_finished: Callable[[Slot], object] | None = None) -> None:
         self.lm, self.vocab, self.sched, self.slots = lm, vocab, sched, slots
         self.emit, self.cancelled, self.on_plain_done = emit, cancelled, on_plain_done
+        self.on_finished = on_finished
         self.token_hooks: list[TokenHook] = []
         self.threads: Callable[[], int] = lambda: 0  # decode threads now, for Stats (the engine sets it)
 
@@ -65,7 +68,7 @@ class Update:
 
     def _take_all(self, s: Sequence, out: SeqOutput) -> None:
         for t, lp in zip(out.tokens, out.logprobs):
-            at = len(s.prompt) + s.stats.n_gen  # where t would go in the KV cache
+            at = s.kv_end  # where t would go in the KV cache
             end = self.take(s, t, lp)
             if end is not None:
                 self.finish(s, end, keep=at)
@@ -91,8 +94,7 @@ class Update:
         self._text_out(s, s.stream.push(self.vocab.piece(t)))
         if s.stream.stopped:
             return SequenceStatus.FINISHED_STOP
-        if st.n_gen >= s.max_gen:
-            # (issue 28's context shift would make room here instead of ending at the context's edge)
+        if st.n_gen >= s.max_gen:  # (a `shift` request has no edge: BatchEngine._make_room)
             full = s.max_gen < s.sampling.max_tokens
             return SequenceStatus.FINISHED_CONTEXT if full else SequenceStatus.FINISHED_LENGTH
         s.last = t
@@ -143,17 +145,21 @@ class Update:
         if s.slot is not None:
             if keep is not None:
                 self.slots.truncate(s.slot, keep)  # tokens after the end (the rest of a draft) are not kept
+            if s.slot.exact is not None:  # after a context shift only the part before it is exact
+                self.slots.truncate(s.slot, s.slot.exact)
             self.slots.release(s.slot)
             s.slot = None
 
     def finish(self, s: Sequence, end: SequenceStatus, keep: int | None = None) -> None:
         """End s with a Done. keep: KV positions to keep (default: those of the tokens it emitted)."""
-        started = s.status is not SequenceStatus.WAITING
+        started, slot = s.status is not SequenceStatus.WAITING, s.slot
         s.status = end
-        self.release(s, len(s.prompt) + s.stats.n_gen if keep is None else keep)
+        self.release(s, s.kv_end if keep is None else keep)
+        if slot is not None and self.on_finished is not None:
+            self.on_finished(slot)
         if end is SequenceStatus.FINISHED_CANCELLED:
             self.emit(P.Done(id=s.rid, finish_reason="cancelled", text="".join(s.pieces), tokens=s.stats.tokens,
-                             usage=self._usage(s), reasoning=self._thoughts(s)))
+                             usage=self._usage(s), reasoning=self._thoughts(s), overflow=s.ctx.applied or ""))
             return
         if s.stream is not None:
             self._text_out(s, s.stream.flush(), final=True)
@@ -174,13 +180,17 @@ class Update:
         if s.reasoning is not None:
             usage["reasoning_tokens"] = s.reasoning.tokens
         return P.Done(id=s.rid, finish_reason=reason, text=text, tokens=s.stats.tokens, usage=usage,
+                      overflow=s.ctx.applied or "",
                       tool_calls=calls, content=parsed.content if calls and parsed is not None else None,
                       stop=s.stream.matched if s.stream is not None and reason == "stop" else None,
                       reasoning=self._thoughts(s), warnings=parsed.warnings if parsed is not None else [])
 
     @staticmethod
     def _usage(s: Sequence) -> dict[str, int]:
-        usage = {"prompt_tokens": s.stats.n_prompt, "completion_tokens": s.stats.n_gen}
+        """Token counts, what came from a cache (memory or disk) and what the overflow policy dropped."""
+        st, c = s.stats, s.ctx
+        usage = {"prompt_tokens": st.n_prompt, "completion_tokens": st.n_gen, "cached_tokens": st.n_reused,
+                 "restored_tokens": c.restored, "truncated_tokens": c.truncated}
         if s.media is not None:
             m = s.media
             usage.update(image_tokens=m.image_tokens, images=len(m.spans), images_encoded=m.n_encoded,
@@ -196,7 +206,7 @@ class Update:
         if s.stream is not None:
             self._text_out(s, s.stream.flush())
         s.status = SequenceStatus.EXPIRED
-        self.release(s, len(s.prompt) + s.stats.n_gen)
+        self.release(s, s.kv_end)
         self.emit(P.Error(kind="timeout", id=s.rid, message=(
             f"the request was stopped after {s.limit_s:g} s ({s.stats.n_gen} tokens generated): it took "
             "longer than the engine allows it (ggufdesk serve --request-timeout)")))

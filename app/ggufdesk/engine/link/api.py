@@ -1,7 +1,7 @@
 """What the front ends ask of an engine client: the typed surface EngineClient offers and fakes copy."""
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Callable, Protocol
 
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
 from ggufdesk.engine.link import protocol as P
@@ -31,7 +31,7 @@ class EngineAPI(Protocol):
     def generate(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
                  sampling: SamplingSettings | dict[str, Any] | None = None,
                  speculation: SpeculationSettings | dict[str, Any] | None = None,
-                 context_policy: Literal["truncate", "refuse"] = "truncate", request_id: str | None = None,
+                 request_id: str | None = None,
                  logprobs: int = 0, **extra: Any) -> str: ...
 
     def start_embed(self, inputs: list[str | list[int]], *, truncate: bool = False,

@@ -598,7 +598,6 @@ class EngineClient:
         messages: list[dict[str, Any]] | None = None,
         sampling: SamplingSettings | dict[str, Any] | None = None,
         speculation: SpeculationSettings | dict[str, Any] | None = None,
-        context_policy: Literal["truncate", "refuse"] = "truncate",
         request_id: str | None = None,
         logprobs: int = 0,
         **extra: Any,
@@ -610,7 +609,7 @@ class EngineClient:
         rid = request_id or f"r{next(self._ids)}"
         msg = P.Generate(id=rid, prompt=prompt, messages=messages, sampling=P.settings_of(SamplingSettings, sampling),
                          speculation=P.fields_of(speculation) if speculation is not None else None,
-                         context_policy=context_policy, logprobs=logprobs, **extra)
+                         logprobs=logprobs, **extra)
         return self._send_tracked(rid, msg)
 
     def _send_tracked(self, rid: str, msg: P.Generate | P.Embed) -> str:

@@ -39,6 +39,7 @@ ErrorKind = Literal[
     "bug",  # an internal error of ours, with a trace in `detail`
 ]
 FinishReason = Literal["stop", "length", "cancelled", "context", "tool_calls"]
+OverflowPolicy = Literal["error", "rolling", "truncate-middle", "shift"]  # core/settings.py OVERFLOW_POLICIES
 EngineState = Literal[
     "stopped",  # not started, or shut down
     "starting",  # the process is starting (first start or a restart)
@@ -85,7 +86,7 @@ class Generate:
     images: dict[str, str] = field(default_factory=dict)  # sha256 -> the image file, base64
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     speculation: dict[str, Any] | None = None  # SpeculationSettings fields over the loaded ones
-    context_policy: Literal["truncate", "refuse"] = "truncate"  # drop oldest turns, or refuse
+    # (a prompt longer than the context: sampling.context_overflow, engine/runtime/overflow.py)
     logprobs: int = 0  # 0 = off; N = the top-N alternatives (with their logprobs) for every token
     # structured output (engine/structured/request.py), at most one of the three:
     json_schema: dict[str, Any] | str | None = None  # a JSON schema, or "json_object" for any object
@@ -254,16 +255,34 @@ class Stats:
 
 
 @dataclass(kw_only=True)
+class Overflow:
+    """The request's overflow policy dropped tokens to fit the context (engine/runtime/overflow.py): sent
+    before its first token when the prompt was fitted, and again after each context shift. The
+    counts are the request's totals so far."""
+
+    TYPE: ClassVar[str] = "overflow"
+    id: str
+    policy: OverflowPolicy  # the policy that dropped them
+    truncated_tokens: int  # tokens dropped (prompt tokens, and with "shift" tokens shifted out)
+    dropped_messages: int = 0  # whole messages left out of the prompt (rolling)
+    n_ctx: int = 0  # the context they did not fit
+    note: str = ""  # e.g. the model cannot shift its context, so rolling was used instead
+
+
+@dataclass(kw_only=True)
 class Done:
     TYPE: ClassVar[str] = "done"
     id: str
     finish_reason: FinishReason
     text: str = ""
     tokens: list[int] = field(default_factory=list)  # the generated token ids
+    # prompt_tokens, completion_tokens; cached_tokens: prompt tokens served from a cache (memory or disk),
+    # restored_tokens: of them, read from the disk prompt cache; truncated_tokens: dropped to fit (Overflow)
     usage: dict[str, int] = field(default_factory=dict)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style, parsed from text
     content: str | None = None  # with tool calls: the text that is not a call
     stop: str | None = None  # finish_reason "stop" because of this stop string (None: end of generation)
+    overflow: str = ""  # the overflow policy that dropped usage["truncated_tokens"] ("" when none was dropped)
     reasoning: str | None = None  # a reasoning model's thinking (`text` is then the answer alone)
     warnings: list[str] = field(default_factory=list)  # e.g. a tool call that could not be read
 
@@ -340,15 +359,15 @@ class Lifecycle:
 
 
 Request = Load | Generate | Embed | Tokenize | Cancel | Unload | Shutdown | Ping
-Event = (Ready | Loaded | Unloaded | Loading | Progress | Token | Stats | Done | Embeddings | Tokenized | Error
-         | Status | Log | Pong | Lifecycle)
+Event = (Ready | Loaded | Unloaded | Loading | Progress | Token | Stats | Overflow | Done | Embeddings | Tokenized
+         | Error | Status | Log | Pong | Lifecycle)
 Message = Request | Event
 
 REQUESTS: Final[dict[str, type[Any]]] = {
     c.TYPE: c for c in (Load, Generate, Embed, Tokenize, Cancel, Unload, Shutdown, Ping)}
 EVENTS: Final[dict[str, type[Any]]] = {c.TYPE: c for c in (
-    Ready, Loaded, Unloaded, Loading, Progress, Token, Stats, Done, Embeddings, Tokenized, Error, Status, Log,
-    Pong, Lifecycle)}
+    Ready, Loaded, Unloaded, Loading, Progress, Token, Stats, Overflow, Done, Embeddings, Tokenized, Error, Status,
+    Log, Pong, Lifecycle)}
 _ALL: Final[dict[str, type[Any]]] = {**REQUESTS, **EVENTS}
 _S = TypeVar("_S", LoadSettings, SamplingSettings, SpeculationSettings)
 _SURROGATES = re.compile("[\ud800-\udfff]")

@@ -150,24 +150,3 @@ class _Refused(KnownError):
 
 class _OverBudget(_Refused):
     """Stopped for time, size or safety: no other probe is tried."""
-
-
-def fit_messages(messages: list[dict[str, str]], count_tokens, budget: int) -> list[dict[str, str]]:
-    """Drop the oldest turns (never the system prompt, never the last message) until the prompt fits.
-
-    count_tokens(messages) -> int. Raises KnownError if even the shortest form does not fit.
-    """
-    system = [m for m in messages[:1] if m.get("role") == "system"]
-    rest = messages[len(system):]
-    while True:
-        if count_tokens(system + rest) <= budget:
-            return system + rest
-        if len(rest) <= 1:
-            raise KnownError(
-                f"the message is too long for the context ({count_tokens(system + rest)} tokens, "
-                f"room for {budget}); shorten it or load the model with a larger context"
-            )
-        rest = rest[1:]
-        # a conversation should not start with an assistant turn
-        while len(rest) > 1 and rest[0].get("role") == "assistant":
-            rest = rest[1:]

@@ -236,7 +236,8 @@ class Engine:
                 self.speculation = dataclasses.replace(spec, mode="off", draft_model=None)
         self.batch = BatchEngine(lm, self.vocab, emit=self._emit, cancelled=self.book.is_cancelled,
                                  set_batch=self.book.set_batch, flush=getattr(self.emit, "flush", None),
-                                 on_plain_done=lambda st: self._calibrate(st.n_gen, st.decode_tok_s))
+                                 on_plain_done=lambda st: self._calibrate(st.n_gen, st.decode_tok_s),
+                                 disk=None if self.embedding_only else _disk_cache(lm))
         if self.speculation.mode != "off":  # measured before Loaded, so no first request waits for it
             self._start_calibration()
             while self._calibration is not None:
@@ -297,6 +298,8 @@ class Engine:
     def unload(self, quiet: bool = False) -> None:
         if self.batch is not None:
             self.batch.cancel_all()
+            if self.batch.disk is not None:
+                self.batch.disk.close()  # the saves still pending land before the model goes
             self.batch = None
         if self.draft is not None:
             self.draft.close()
@@ -361,7 +364,12 @@ class Engine:
             if spec.k_max > cap:
                 spec = dataclasses.replace(spec, k_max=cap, k_min=min(spec.k_min, cap))
             structured = self._structured(req, sampling)
-            prompt, stops = self._prompt(req, sampling, structured)
+            sampling, use = self._overflow_policy(sampling)
+            fitted, stops = self._prompt(req, sampling, structured)
+            prompt = fitted.tokens
+            use.n_keep, use.truncated, use.applied = fitted.n_keep, fitted.truncated_tokens, fitted.applied
+            use.dropped_messages = fitted.dropped_messages
+            use.cells = self.lm.n_ctx if use.shifting else 0
             if stops:
                 sampling = dataclasses.replace(sampling, stop=sampling.stop + stops)
             vocab = self.vocab
@@ -375,13 +383,16 @@ class Engine:
                 drafter = None if constraint or budgeted else self._drafter(spec, text, sampling.max_tokens)
                 if spec.lookup_history and self.ngrams is not None:
                     self._lookup_prompts[req.id] = text
+                room = sampling.max_tokens if use.shifting else self.lm.n_ctx - len(prompt)  # shift: no edge
                 seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs,
-                               drafter=drafter, max_gen=min(sampling.max_tokens, self.lm.n_ctx - len(prompt)),
+                               drafter=drafter, max_gen=min(sampling.max_tokens, room),
                                stats=RunStats(n_prompt=len(prompt), t_start=t_start),
                                constraint=constraint, structured=structured, reasoning=thinking, limit_s=limit,
                                deadline=None if limit is None else self.batch.clock() + limit,
-                               chat=req.messages is not None, media=media, bias=self._bias(req))
+                               chat=req.messages is not None, media=media, bias=self._bias(req), ctx=use)
                 self.batch.submit(seq)
+                if use.truncated or use.note:
+                    self._emit(self.batch.overflow_event(seq))
             except (KnownError, TypeError):
                 if constraint is not None:
                     constraint.close()
@@ -539,15 +550,28 @@ class Engine:
         except KnownError as e:
             raise P.EngineRequestError("schema", str(e)) from e
 
-    def _prompt(self, req: P.Generate, sampling: SamplingSettings,
-                structured: Any = None) -> tuple[list[int], list[str]]:
+    def _overflow_policy(self, sampling: SamplingSettings) -> tuple[SamplingSettings, Any]:
+        """The request's overflow policy as this model can follow it (engine/batching/shift.py)."""
+        from ggufdesk.engine.batching.shift import NO_SHIFT_NOTE, ContextUse
+
+        if sampling.context_overflow == "shift" and not self.batch.mem.can_shift():
+            return dataclasses.replace(sampling, context_overflow="rolling"), ContextUse(
+                policy="rolling", note=NO_SHIFT_NOTE)
+        return sampling, ContextUse(policy=sampling.context_overflow)
+
+    def _prompt(self, req: P.Generate, sampling: SamplingSettings, structured: Any = None) -> tuple[Any, list[str]]:
+        """The prompt's tokens fitted to the context under the request's overflow policy
+        (engine/runtime/overflow.py), and the template's stop strings."""
+        import llama_cpp
+
         from ggufdesk.core.reasoning import strip_reasoning, template_switches
         from ggufdesk.engine.batching.batch import context_error
-        from ggufdesk.engine.runtime.chat import fit_messages
+        from ggufdesk.engine.runtime import overflow
         from ggufdesk.engine.structured.request import prepare_messages
 
-        vocab, n_ctx = self.vocab, self.lm.n_ctx
-        reserve = min(sampling.max_tokens, n_ctx // 2)
+        vocab, n_ctx, policy = self.vocab, self.lm.n_ctx, sampling.context_overflow
+        budget = overflow.budget_for(n_ctx, sampling.max_tokens)
+        bos = llama_cpp.llama_vocab_bos(self.lm.vocab)
         self._media = None
         if req.messages is not None:
             tools = structured.tools if structured is not None and structured.fmt is not None \
@@ -557,21 +581,18 @@ class Engine:
             msgs = strip_reasoning(msgs, self.reasoning)
             switches, _ = template_switches(self.template.source, _think(req, sampling))
 
-            def count(m: list[dict[str, Any]]) -> int:
+            def render(m: list[dict[str, Any]]) -> list[int]:
                 if pics:
-                    return self._media_count(m, pics, tools, switches)
-                return len(self._chat_tokens(m, tools, switches))
+                    return self._media_tokens(m, pics, tools, switches)
+                return self._chat_tokens(m, tools, switches)
 
-            if req.context_policy == "refuse":  # (the server) the prompt must fit; the answer gets what is left,
-                n = count(msgs)  # as llama-server does with a large max_tokens
-                if n > n_ctx - 1:
-                    raise context_error(n, n_ctx - 1)
-                messages = msgs
-            else:
-                messages = fit_messages(msgs, count, n_ctx - reserve)
-            if pics:
-                return self._media_tokens(messages, pics, tools, switches), list(self.template.stops)
-            return self._chat_tokens(messages, tools, switches), list(self.template.stops)
+            fitted = overflow.fit_chat(
+                msgs, policy, render=render, budget=budget, too_long=context_error,
+                tokenize=lambda t: vocab.tokenize(t, add_bos=False), detokenize=self._detokenize, bos_id=bos,
+                known=self._cached_sequences, n_ctx=n_ctx)
+            # the prompt that runs, rendered last: the reasoning reads its text, a vision model its images
+            render(fitted.messages)
+            return fitted, list(self.template.stops)
         if req.prompt_tokens is not None:
             from ggufdesk.engine.runtime.tokens import check_ids
 
@@ -580,9 +601,19 @@ class Engine:
             raise KnownError("a generate request needs a prompt or messages")
         else:
             tokens = vocab.tokenize(req.prompt)
-        if len(tokens) >= n_ctx:
-            raise context_error(len(tokens), n_ctx - 1)
-        return tokens, []
+        return overflow.fit_text(tokens, policy, n_ctx=n_ctx, budget=budget, bos_id=bos, too_long=context_error,
+                                 known=self._cached_sequences), []
+
+    def _cached_sequences(self) -> list[list[int]]:
+        """What the KV caches hold, memory and disk (rolling keeps cutting where they already do)."""
+        held = [list(s.reusable) for s in self.batch.slots.slots if s.tokens]
+        disk = self.batch.disk
+        if disk is not None and disk.key is not None:
+            held += [e.tokens for e in disk.store.entries(disk.key.digest)]
+        return held
+
+    def _detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.vocab.piece(t) for t in tokens).decode("utf-8", "replace")
 
     def _chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                      switches: dict[str, Any] | None = None) -> list[int]:
@@ -737,6 +768,18 @@ def _n_embd(lm: Any) -> int:
     import llama_cpp
 
     return int(llama_cpp.llama_model_n_embd_out(lm.model.model) or llama_cpp.llama_model_n_embd(lm.model.model))
+
+
+def _disk_cache(lm: Any) -> Any:
+    """The disk prompt cache for a loaded model (engine/batching/disk_cache.py); None when it is off
+    or its directory cannot be used."""
+    from ggufdesk.engine.batching.disk_cache import DiskCache
+
+    try:
+        return DiskCache.open(lm)
+    except OSError as e:
+        log.warning("prompt cache off: %s", e)
+        return None
 
 
 def _projector_for(req: P.Load) -> str | None:

@@ -18,7 +18,7 @@ from llama_cpp import _internals as internals
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import SpeculationSettings
-from ggufdesk.engine.batching.prefix_cache import common_prefix
+from ggufdesk.core.prompt_cache import common_prefix
 from ggufdesk.engine.batching.runner import fill_batch
 from ggufdesk.engine.runtime.native import LlamaLog, LoadedModel, load_model
 from ggufdesk.engine.speculation.adaptive import DraftLength

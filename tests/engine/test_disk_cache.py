@@ -1,0 +1,162 @@
+"""The disk prompt cache on the real engine (tiny f32 models): a prompt's KV survives a restart and gives the
+same logits; another model, KV type or a changed file is never used; damaged files, a full disk and a
+read-only folder leave every answer as it would be without the cache."""
+from __future__ import annotations
+
+import errno
+import os
+import string
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ggufdesk.core import prompt_cache as pc
+from ggufdesk.core.settings import LoadSettings
+from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.link.client import EngineClient
+from tests.engine.inproc import Live, one
+from tests.fixtures import ggufs
+
+N_BATCH = 64
+LOAD = dict(n_ctx=512, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=1, n_threads_batch=1, type_k="f32",
+            type_v="f32", flash_attn="off", prompt_cache_min_tokens=32)
+# One token per letter (" x" is a piece of the tiny vocabulary) after the BOS: 1 + 128 tokens, so a
+# fresh prefill evaluates the last token alone (chunks of 64, 64, 1), as a restored prompt does;
+# llama.cpp's batched matmul rounds the last bits differently from a single row.
+ALIGNED = " ".join(string.ascii_lowercase[i * 7 % 26] for i in range(128))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "prompt-cache"
+    monkeypatch.setenv("GGUFDESK_PROMPT_CACHE", str(root))
+    return root
+
+
+def entries(root: Path) -> list[Path]:
+    return sorted(root.glob("*.kv")) if root.exists() else []
+
+
+def answer(model: Path, prompt: str = ALIGNED, **load: Any) -> tuple[P.Done, list[dict[str, Any]]]:
+    """One greedy answer from a fresh engine process (its pending saves land before it stops)."""
+    with EngineClient(auto_restart=False) as client:
+        client.load(str(model), settings=LoadSettings(**{**LOAD, **load}))
+        rid = client.generate(prompt=prompt, sampling={"temperature": 0.0, "max_tokens": 6}, logprobs=20)
+        events = list(client.stream(rid, timeout=120))
+    errors = [e for e in events if isinstance(e, P.Error)]
+    assert not errors, errors
+    lps = [lp for e in events if isinstance(e, P.Token) for lp in (e.logprobs or [])]
+    return one(events, P.Done), lps
+
+
+def test_a_prompt_saved_before_a_restart_is_restored_with_the_same_logits(tiny_model, cache):
+    cold, cold_lp = answer(tiny_model)
+    assert cold.usage["prompt_tokens"] == 129 and cold.usage["restored_tokens"] == 0
+    (saved,) = entries(cache)
+    warm, warm_lp = answer(tiny_model)  # a new engine process: only the disk can know the prompt
+    assert warm.usage["restored_tokens"] == warm.usage["cached_tokens"] == 128
+    assert warm_lp == cold_lp and warm.tokens == cold.tokens  # every logprob of every token, exactly
+    assert entries(cache) == [saved]  # nothing new to save: the entry already holds all of it
+
+
+def test_a_longer_prompt_restores_the_shared_prefix_and_prefills_the_rest(tiny_model, cache):
+    answer(tiny_model)
+    longer = ALIGNED + " hello cat dog red blue green"
+    cold, _ = answer(tiny_model, longer, prompt_cache_bytes=0)
+    warm, _ = answer(tiny_model, longer)
+    assert warm.usage["restored_tokens"] >= 128 and warm.tokens == cold.tokens
+
+
+@pytest.mark.parametrize("change", ["other model", "kv type", "flash attention"])
+def test_an_entry_of_another_key_is_not_used(tiny_model, tiny_draft, cache, change):
+    answer(tiny_model)
+    (saved,) = entries(cache)
+    if change == "other model":
+        done, _ = answer(tiny_draft)
+    elif change == "kv type":
+        done, _ = answer(tiny_model, type_k="f16", type_v="f16")
+    else:
+        done, _ = answer(tiny_model, flash_attn="on")
+    assert done.usage["restored_tokens"] == 0
+    assert saved in entries(cache)  # still good for its own model and settings
+
+
+def test_a_changed_model_file_is_never_used_and_its_entries_go(tmp_path, cache):
+    model = ggufs.write_tiny_llama(tmp_path / "m.gguf", ggufs.TinySpec(seed=11))
+    answer(model)
+    assert len(entries(cache)) == 1
+    ggufs.write_tiny_llama(model, ggufs.TinySpec(seed=12))  # new weights under the same name
+    fresh, _ = answer(model, prompt_cache_bytes=0)
+    done, _ = answer(model)
+    assert done.usage["restored_tokens"] == 0 and done.tokens == fresh.tokens
+    assert [pc.read_entry(p).model_sha256 for p in entries(cache)] == [pc.known_sha256(str(model), cache)]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random bytes"])
+def test_a_damaged_entry_is_deleted_and_the_answer_is_unaffected(tiny_model, cache, damage):
+    cold, cold_lp = answer(tiny_model)
+    (saved,) = entries(cache)
+    data = saved.read_bytes()
+    saved.write_bytes(data[:len(data) // 2] if damage == "truncated" else os.urandom(len(data)))
+    done, lp = answer(tiny_model)
+    assert done.usage["restored_tokens"] == 0
+    assert done.tokens == cold.tokens and lp == cold_lp
+    assert [pc.read_entry(p).n_tokens for p in entries(cache)] == [len(cold.tokens) + 128]  # saved again, whole
+
+
+def test_a_full_disk_while_saving_leaves_the_answer_and_no_file(tiny_model, cache, monkeypatch):
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pc.os, "fsync", full)
+    live = Live(tiny_model, **LOAD)
+    try:
+        events = live.run("r", prompt=ALIGNED, sampling={"temperature": 0.0, "max_tokens": 6})
+        live.engine.batch.disk.close()  # the writer has tried (and failed)
+        again = live.run("s", prompt=ALIGNED, sampling={"temperature": 0.0, "max_tokens": 6})
+    finally:
+        live.close()
+    assert one(events, P.Done).tokens == one(again, P.Done).tokens
+    assert entries(cache) == [] and [p for p in cache.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_read_only_cache_folder_still_restores_and_saves_nothing(tiny_model, cache, monkeypatch):
+    cold, _ = answer(tiny_model)
+    (saved,) = entries(cache)
+
+    def refuse(path: Path, parts: list) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(pc, "write_atomic", refuse)
+    live = Live(tiny_model, **LOAD)
+    try:
+        warm = one(live.run("r", prompt=ALIGNED, sampling={"temperature": 0.0, "max_tokens": 6}), P.Done)
+        other = one(live.run("s", prompt="hello " * 80, sampling={"temperature": 0.0, "max_tokens": 6}), P.Done)
+        live.engine.batch.disk.close()
+        assert live.engine.batch.disk.store.read_only
+    finally:
+        live.close()
+    assert warm.usage["restored_tokens"] == 128 and warm.tokens == cold.tokens
+    assert other.usage["completion_tokens"] == 6
+    assert entries(cache) == [saved]
+
+
+def test_llama_cpp_refusing_a_state_is_a_plain_prefill(tiny_model, cache, monkeypatch):
+    """A state that passes our checks but not llama.cpp's (another build writing the same format)."""
+    import llama_cpp
+
+    cold, _ = answer(tiny_model)
+    monkeypatch.setattr(llama_cpp, "llama_state_seq_set_data", lambda *a: 0)
+    live = Live(tiny_model, **LOAD)
+    try:
+        done = one(live.run("r", prompt=ALIGNED, sampling={"temperature": 0.0, "max_tokens": 6}), P.Done)
+    finally:
+        live.close()
+    assert done.usage["restored_tokens"] == 0 and done.tokens == cold.tokens
+    assert len(entries(cache)) == 1  # the refused entry went; this answer's own KV was saved again
+
+
+def test_the_cache_is_off_with_a_zero_cap(tiny_model, cache):
+    answer(tiny_model, prompt_cache_bytes=0)
+    assert entries(cache) == []
