@@ -165,3 +165,52 @@ def test_a_text_only_model_answers_400(served):
         with pytest.raises(openai.BadRequestError) as e:
             c.chat.completions.create(model="m", messages=openai_image(data_url(png_bytes())), max_tokens=2)
         assert "reads text only" in str(e.value) and e.value.body["code"] == "model_not_vision"
+
+
+def test_ollama_images_on_chat_and_generate(vision_served):
+    import ollama
+
+    picture = base64.b64encode(png_bytes(seed=11)).decode()
+    client = ollama.Client(host=vision_served.url, timeout=120)
+    r = client.chat(model=MODEL, messages=[{"role": "user", "content": "what is this", "images": [picture]}],
+                    options={"num_predict": 2})
+    plain = client.chat(model=MODEL, messages=[{"role": "user", "content": "what is this"}],
+                        options={"num_predict": 1})
+    assert r.prompt_eval_count == plain.prompt_eval_count + 16 + 2  # the image and its two markers
+    g = client.generate(model=MODEL, prompt="describe", images=[picture], options={"num_predict": 2})
+    assert g.done and g.prompt_eval_count > 16
+    for bad, words in ((base64.b64encode(truncated_jpeg()).decode(), "cannot be decoded"), ("%%%", "the image is empty")):
+        with pytest.raises(ollama.ResponseError) as e:
+            client.chat(model=MODEL, messages=[{"role": "user", "content": "x", "images": [bad]}],
+                        options={"num_predict": 1})
+        assert e.value.status_code == 400 and words in str(e.value), bad[:20]
+    r = httpx.post(vision_served.url + "/api/chat", timeout=60, json={
+        "model": MODEL, "stream": False, "messages": [{"role": "user", "content": "x", "images": "notalist"}]})
+    assert r.status_code == 400 and "error" in r.json()
+    assert client.chat(model=MODEL, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 1}).done
+
+
+def test_responses_input_image_and_a_follow_up(oai):
+    url = data_url(png_bytes(seed=12))
+    first = oai.responses.create(model=MODEL, max_output_tokens=2, input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "what is this"}, {"type": "input_image", "image_url": url}]}])
+    text_only = oai.responses.create(model=MODEL, max_output_tokens=2, input="what is this")
+    assert first.usage.input_tokens > text_only.usage.input_tokens + 16
+    # the next turn carries the stored image with it (previous_response_id)
+    second = oai.responses.create(model=MODEL, max_output_tokens=2, previous_response_id=first.id, input="and?")
+    assert second.usage.input_tokens > first.usage.input_tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model=MODEL, max_output_tokens=2, input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": data_url(truncated_jpeg())}]}])
+    assert "cannot be decoded" in str(e.value)
+
+
+def test_ollama_and_responses_images_on_a_text_only_model(served):
+    picture = base64.b64encode(png_bytes()).decode()
+    name = httpx.get(served.url + "/api/tags", timeout=30).json()["models"][0]["name"]
+    r = httpx.post(served.url + "/api/chat", timeout=60, json={
+        "model": name, "stream": False, "messages": [{"role": "user", "content": "x", "images": [picture]}]})
+    assert r.status_code == 400 and "reads text only" in r.json()["error"]
+    r = httpx.post(served.url + "/v1/responses", timeout=60, json={"model": "m", "input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": data_url(png_bytes())}]}]})
+    assert r.status_code == 400 and "reads text only" in r.text

@@ -15,7 +15,7 @@ import base64
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 
@@ -24,6 +24,7 @@ from ggufdesk.server.errors import ApiError, invalid
 
 FETCH_TIMEOUT_S = 10.0
 MAX_REDIRECTS = 3
+_T = TypeVar("_T")
 
 
 def image_error(message: str, param: str | None = None) -> ApiError:
@@ -131,9 +132,10 @@ def ollama_content(text: str, images: Any, where: str, found: RequestImages) -> 
     """An Ollama message (or /api/generate prompt) and its `images` (a list of base64 strings)."""
     if not images:
         return text
+    field = f"{where}.images" if where else "images"  # (/api/generate: the body's own field)
     if not isinstance(images, list):
-        raise image_error(f"{where}.images must be a list of base64 strings", f"{where}.images")
-    return with_text([found.part_from_base64(b, f"{where}.images[{k}]") for k, b in enumerate(images)], text)
+        raise image_error(f"{field} must be a list of base64 strings", field)
+    return with_text([found.part_from_base64(b, f"{field}[{k}]") for k, b in enumerate(images)], text)
 
 
 def responses_image(part: dict[str, Any], where: str, found: RequestImages) -> dict[str, Any]:
@@ -148,8 +150,8 @@ def responses_image(part: dict[str, Any], where: str, found: RequestImages) -> d
     return found.part_from_url(url, where)
 
 
-async def with_images(request: Request, model_id: str, convert: Callable[..., list[dict[str, Any]]],
-                      req: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
+async def with_images(request: Request, model_id: str, convert: Callable[..., _T],
+                      req: Any) -> tuple[_T, dict[str, str]]:
     """A route's messages (convert(req, images), off the event loop: images are decoded and checked)
     and their images (sha256 -> base64); a 400 when the model cannot see them. The body was read under
     --max-image-body; without its images it keeps to --max-body (a 413 otherwise)."""

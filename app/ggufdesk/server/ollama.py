@@ -27,6 +27,7 @@ from ggufdesk.server import reasoning, structured
 from ggufdesk.server.embeddings import MAX_INPUTS
 from ggufdesk.server.errors import ApiError, invalid, not_supported
 from ggufdesk.server.http import caller, off_loop, parse_body, service
+from ggufdesk.server.images import RequestImages, ollama_content, with_images
 from ggufdesk.server.sampling import sampling_from
 from ggufdesk.server.schemas import Strict
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
@@ -201,17 +202,20 @@ def format_fields(fmt: str | dict[str, Any] | None) -> dict[str, Any]:
     raise invalid(f"format must be \"json\" or a JSON schema, not {str(fmt)[:40]!r}", param="format")
 
 
-def chat_messages(msgs: list[Message]) -> list[dict[str, Any]]:
+def chat_messages(msgs: list[Message], found: RequestImages | None = None) -> list[dict[str, Any]]:
     """Ollama messages as the engine's: tool calls get ids (arguments as JSON text), a tool result
-    answers the oldest call of its name (or in order) that has no answer yet."""
+    answers the oldest call of its name (or in order) that has no answer yet; a user message's
+    `images` (base64) become image parts before its text when the route reads images (`found`)."""
     out: list[dict[str, Any]] = []
     pending: list[tuple[str, str]] = []  # (call id, function name) not yet answered
     for i, m in enumerate(msgs):
-        if m.images:
-            raise not_supported(f"messages[{i}].images (this model reads text only)")
         if m.role not in ("system", "user", "assistant", "tool"):
             raise invalid(f"messages[{i}].role must be system, user, assistant or tool", param="messages")
-        msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        if m.images and (found is None or m.role != "user"):
+            raise not_supported(f"messages[{i}].images" + ("" if found is None else " outside a user message"))
+        content = ollama_content(m.content or "", m.images, f"messages[{i}]", found) if m.images and found is not None \
+            else m.content or ""
+        msg: dict[str, Any] = {"role": m.role, "content": content}
         if m.role == "assistant" and m.thinking:
             msg["reasoning_content"] = m.thinking
         if m.role == "assistant" and m.tool_calls:
@@ -279,55 +283,64 @@ def check_model(svc: Service, name: str) -> str:
 # ---- chat and generate ----------------------------------------------------------------------------
 
 
-def chat_spec(svc: Service, req: ChatRequest, model: str) -> GenSpec:
-    """The generation an /api/chat request asks for, checked (400s)."""
+def chat_spec(svc: Service, req: ChatRequest, model: str, messages: list[dict[str, Any]] | None = None,
+              images: dict[str, str] | None = None) -> GenSpec:
+    """The generation an /api/chat request asks for, checked (400s); `messages` (with their `images`)
+    already read from it by the route."""
     extra = format_fields(req.format)
     tools = structured.openai_tools(req.tools, None, True) if req.tools else {}
     if extra and tools:
         raise invalid("use format or tools, not both", param="format")
-    return GenSpec(endpoint="ollama_chat", messages=chat_messages(req.messages),
+    return GenSpec(endpoint="ollama_chat", messages=chat_messages(req.messages) if messages is None else messages,
                    sampling=sampling_for(svc, req.options, model), structured=extra or tools,
-                   reasoning=reasoning.openai_fields(think=req.think), model=model)
+                   reasoning=reasoning.openai_fields(think=req.think), model=model, images=images or {})
 
 
-def generate_spec(svc: Service, req: GenerateRequest, model: str) -> GenSpec:
-    """The generation an /api/generate request asks for, checked (400s)."""
-    for name, value in (("images", req.images), ("suffix", req.suffix), ("template", req.template),
-                        ("context", req.context)):
+def generate_spec(svc: Service, req: GenerateRequest, model: str, prompt: str | list[dict[str, Any]] | None = None,
+                  images: dict[str, str] | None = None) -> GenSpec:
+    """The generation an /api/generate request asks for, checked (400s); `prompt` (the user turn with
+    its `images` as parts) already read from it by the route."""
+    for name, value in (("images", req.images if prompt is None else None), ("suffix", req.suffix),
+                        ("template", req.template), ("context", req.context)):
         if value:
             raise not_supported(f"{name} (send the conversation to /api/chat)" if name == "context" else name)
     sampling = sampling_for(svc, req.options, model)
     extra = format_fields(req.format)
     think = reasoning.openai_fields(think=req.think)
     if req.raw:
+        if images:
+            raise not_supported("images with raw (a raw prompt is text)")
         return GenSpec(endpoint="ollama_generate", prompt=(req.system or "") + req.prompt, sampling=sampling,
                        structured=extra, model=model)
     msgs = ([{"role": "system", "content": req.system}] if req.system else []) + [
-        {"role": "user", "content": req.prompt}]
+        {"role": "user", "content": req.prompt if prompt is None else prompt}]
     return GenSpec(endpoint="ollama_generate", messages=msgs, sampling=sampling, structured=extra,
-                   reasoning=think, model=model)
+                   reasoning=think, model=model, images=images or {})
 
 
 async def chat(request: Request) -> Response:
     svc = service(request)
-    req = await parse_body(request, ChatRequest)
+    req = await parse_body(request, ChatRequest, svc.config.max_image_body)
     model = check_model(svc, req.model)
     if not req.messages:  # Ollama's "load the model" (or, with keep_alive 0, "unload it") request
         why = await load_or_unload(svc, model, req.keep_alive)
         return JSONResponse({"model": req.model, "created_at": now_rfc3339(),
                              "message": {"role": "assistant", "content": ""}, "done_reason": why, "done": True})
-    return await _answer(request, svc, req, await off_loop(chat_spec, svc, req, model), chat=True)
+    messages, images = await with_images(request, model, lambda r, f: chat_messages(r.messages, f), req)
+    return await _answer(request, svc, req, await off_loop(chat_spec, svc, req, model, messages, images), chat=True)
 
 
 async def generate(request: Request) -> Response:
     svc = service(request)
-    req = await parse_body(request, GenerateRequest)
+    req = await parse_body(request, GenerateRequest, svc.config.max_image_body)
     model = check_model(svc, req.model)
     if not req.prompt and not req.system:  # "load the model" (keep_alive 0: "unload it")
         why = await load_or_unload(svc, model, req.keep_alive)
         return JSONResponse({"model": req.model, "created_at": now_rfc3339(), "response": "", "done": True,
                              "done_reason": why})
-    return await _answer(request, svc, req, await off_loop(generate_spec, svc, req, model), chat=False)
+    prompt, images = await with_images(request, model, lambda r, f: ollama_content(r.prompt, r.images, "", f), req)
+    spec = await off_loop(generate_spec, svc, req, model, prompt, images)
+    return await _answer(request, svc, req, spec, chat=False)
 
 
 async def _answer(request: Request, svc: Service, req: ChatRequest | GenerateRequest, spec: GenSpec, *,

@@ -29,6 +29,7 @@ from ggufdesk.engine.link import protocol as P
 from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import ApiError, invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
+from ggufdesk.server.images import RequestImages, responses_image, with_images, with_text
 from ggufdesk.server.sampling import sampling_from
 from ggufdesk.server.schemas import Strict, system_first
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
@@ -64,6 +65,7 @@ class Stored:
 
     body: dict[str, Any]
     history: list[dict[str, Any]] = field(default_factory=list)  # engine messages, instructions excluded
+    images: dict[str, str] = field(default_factory=dict)  # sha256 -> base64 of the history's image parts
 
 
 class ResponseStore:
@@ -98,25 +100,29 @@ def store_of(request: Request) -> ResponseStore:
 # ---- request -> engine ----------------------------------------------------------------------------
 
 
-def _text(content: Any, where: str) -> str:
-    """A message's content: a string, or input_text/output_text parts (images refused)."""
+def _text(content: Any, where: str, found: RequestImages | None = None) -> str | list[dict[str, Any]]:
+    """A message's content: a string, or input_text/output_text parts, and input_image parts when the
+    route reads images (`found`): then the image parts followed by the text (server/images.py)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise invalid(f"{where}.content must be a string or a list of parts", param="input")
-    out = []
+    out: list[str] = []
+    pics: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text", "text", "summary_text") and isinstance(part.get("text"), str):
             out.append(part["text"])
+        elif kind == "input_image" and found is not None:
+            pics.append(responses_image(part, f"{where}.content[{j}]", found))
         elif kind in ("input_image", "input_file", "input_audio"):
             raise not_supported(f"{where}.content[{j}] of type {kind!r} (this model reads text only)")
         elif kind != "refusal":
             raise invalid(f"{where}.content[{j}] must be an input_text part", param="input")
-    return "".join(out)
+    return with_text(pics, "".join(out))
 
 
-def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+def input_messages(items: str | list[dict[str, Any]], found: RequestImages | None = None) -> list[dict[str, Any]]:
     """Input items as the engine's messages: function_call items join the assistant turn before them
     as tool_calls, function_call_output items become tool messages, reasoning items are skipped."""
     if isinstance(items, str):
@@ -125,17 +131,20 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         raise invalid(f"input holds {len(items)} items; at most {MAX_ITEMS}", param="input")
     out: list[dict[str, Any]] = []
     for i, item in enumerate(items):
-        _add_item(out, item, f"input[{i}]")
+        _add_item(out, item, f"input[{i}]", found)
     return out
 
 
-def _add_item(out: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
+def _add_item(out: list[dict[str, Any]], item: dict[str, Any], where: str,
+              found: RequestImages | None = None) -> None:
     kind = item.get("type", "message")
     if kind == "message":
         role = item.get("role")
         if role not in ("user", "assistant", "system", "developer"):
             raise invalid(f"{where}.role must be user, assistant, system or developer", param="input")
-        out.append({"role": "system" if role == "developer" else role, "content": _text(item.get("content"), where)})
+        found = found if role == "user" else None  # images come from the user
+        out.append({"role": "system" if role == "developer" else role,
+                    "content": _text(item.get("content"), where, found)})
     elif kind == "function_call":
         name, args, cid = item.get("name"), item.get("arguments", "{}"), item.get("call_id")
         if not (isinstance(name, str) and isinstance(args, str) and isinstance(cid, str)):
@@ -260,17 +269,18 @@ def remember(store: ResponseStore, draft: Draft, body: dict[str, Any], history: 
                             else "".join(job.text)}
     if answer is not None and answer.tool_calls:
         turn["tool_calls"] = answer.tool_calls
-    store.put(draft.rid, Stored(body=body, history=[*history, turn]))
+    store.put(draft.rid, Stored(body=body, history=[*history, turn], images=dict(job.spec.images)))
 
 
 # ---- routes -------------------------------------------------------------------------------------------
 
 
 def responses_spec(svc: Service, req: ResponsesRequest, model: str,
-                   history: list[dict[str, Any]]) -> tuple[GenSpec, dict[str, Any], list[str]]:
+                   history: list[dict[str, Any]], fresh: list[dict[str, Any]] | None = None,
+                   images: dict[str, str] | None = None) -> tuple[GenSpec, dict[str, Any], list[str]]:
     """The generation a Responses request asks for, checked (400s), given the stored conversation it
     continues; with its tool fields and the built-in tool types left out."""
-    history += input_messages(req.input)
+    history += input_messages(req.input) if fresh is None else fresh
     if not any(m["role"] in ("user", "tool", "assistant") for m in history):
         raise invalid("input must hold at least one message", param="input")
     tools, ignored = tool_fields(req.tools, req.tool_choice, req.parallel_tool_calls)
@@ -282,23 +292,25 @@ def responses_spec(svc: Service, req: ResponsesRequest, model: str,
                              top_p=req.top_p)
     think = reasoning.openai_fields(effort=(req.reasoning or {}).get("effort"))
     spec = GenSpec(endpoint="responses", messages=system_first(system + history), sampling=sampling,
-                   structured=tools or fmt, reasoning=think, model=model)
+                   structured=tools or fmt, reasoning=think, model=model, images=images or {})
     return spec, tools, ignored
 
 
 async def create(request: Request) -> Response:
     svc = service(request)
-    req = await parse_body(request, ResponsesRequest)
+    req = await parse_body(request, ResponsesRequest, svc.config.max_image_body)
     model = svc.check_model(req.model)
     history: list[dict[str, Any]] = []
+    images: dict[str, str] = {}
     if req.previous_response_id:
         prev = store_of(request).get(req.previous_response_id)
         if prev is None:
             raise ApiError(404, f"the response {req.previous_response_id!r} is not stored here (responses are kept "
                                 f"in memory, the newest {RESPONSE_STORE}, until the server stops)",
                            code="previous_response_not_found", param="previous_response_id", reason="invalid")
-        history = list(prev.history)
-    spec, tools, ignored = await off_loop(responses_spec, svc, req, model, history)
+        history, images = list(prev.history), dict(prev.images)
+    fresh, found = await with_images(request, model, lambda r, f: input_messages(r.input, f), req)
+    spec, tools, ignored = await off_loop(responses_spec, svc, req, model, history, fresh, {**images, **found})
     if ignored:
         log.info("responses: ignoring tools of types %s (not available here)", ", ".join(sorted(set(ignored))))
     job = await svc.start(caller(request), spec, request.receive)
