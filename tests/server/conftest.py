@@ -25,6 +25,16 @@ def fake_server():
     server.close()
 
 
+@pytest.fixture(scope="package")
+def agent_fake_server():
+    """The fake engine with the context an agent's recorded request needs (Claude Code, Codex: --ctx 32768)."""
+    from tests.server.serving import InProcess
+
+    server = InProcess(env={"FAKE_ENGINE_TOKENS_PER_S": "0"}, n_ctx=32768)
+    yield server
+    server.close()
+
+
 SCRIPTED_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 

@@ -70,22 +70,22 @@ class ServeProcess:
         procs.terminate(self.proc, 10)
 
 
-def fake_pool(model: str = "/models/fake-model.gguf", **kwargs) -> EnginePool:
+def fake_pool(model: str = "/models/fake-model.gguf", *, n_ctx: int = 512, **kwargs) -> EnginePool:
     """An EnginePool over tests/fixtures/fake_engine.py (no llama.cpp): fast and scriptable."""
     from ggufdesk.core.settings import LoadSettings
     from ggufdesk.engine.link.client import EngineClient
 
     env = dict(os.environ, **{k: str(v) for k, v in kwargs.pop("env", {}).items()})
-    return EnginePool(model=model, load=LoadSettings(n_ctx=512),
+    return EnginePool(model=model, load=LoadSettings(n_ctx=n_ctx),
                       client_factory=lambda **kw: EngineClient(command=FAKE_ENGINE, env=env, **kw), **kwargs)
 
 
 class InProcess:
     """A server on a thread of this process over the fake engine."""
 
-    def __init__(self, *, env: dict | None = None, load: bool = True, **config) -> None:
+    def __init__(self, *, env: dict | None = None, load: bool = True, n_ctx: int = 512, **config) -> None:
         memory = config.pop("memory_check", lambda: None)
-        self.pool = fake_pool(env=env or {})
+        self.pool = fake_pool(env=env or {}, n_ctx=n_ctx)
         cfg = ServerConfig(**config)
         self.svc = Service(pool=self.pool, config=cfg,
                            admission=Admission(slots=cfg.parallel, max_queue=cfg.max_queue, memory_check=memory))

@@ -108,3 +108,25 @@ def test_metrics_count_dropped_and_cached_tokens(small):
     assert dropped and float(dropped[0].split()[-1]) > 0
     assert any(ln.startswith("ggufdesk_prompt_tokens_cached_total ") for ln in text.splitlines())
     assert any(ln.startswith("ggufdesk_prompt_tokens_restored_total ") for ln in text.splitlines())
+
+
+def test_ollama_and_responses_take_the_field_and_say_what_they_dropped(served):
+    name = httpx.get(served.url + "/api/tags", timeout=30).json()["models"][0]["name"]
+    msgs = conversation(40)
+    chat = {"model": name, "messages": msgs, "stream": False, "options": {"num_predict": 2}}
+    refused = httpx.post(served.url + "/api/chat", json=chat, timeout=120)
+    assert refused.status_code == 400 and "error" in refused.json()
+    rolled = httpx.post(served.url + "/api/chat", json={**chat, "context_overflow": "rolling"}, timeout=120).json()
+    assert rolled["done"] and rolled["truncated_tokens"] > 0 and rolled["context_overflow"] == "rolling"
+    lines = []
+    with httpx.stream("POST", served.url + "/api/chat", json={**chat, "stream": True, "context_overflow": "rolling"},
+                      timeout=120) as r:
+        lines = [json.loads(x) for x in r.iter_lines() if x]
+    assert lines[-1]["done"] and lines[-1]["truncated_tokens"] == rolled["truncated_tokens"]
+    items = [{"role": m["role"], "content": m["content"]} for m in msgs]
+    body = {"input": items, "max_output_tokens": 2}
+    assert post(served, "/v1/responses", body).status_code == 400  # OpenAI's truncation defaults to disabled
+    auto = post(served, "/v1/responses", {**body, "truncation": "auto"}).json()  # OpenAI's own word for rolling
+    assert auto["status"] in ("completed", "incomplete") and auto["truncated_tokens"] > 0
+    ours = post(served, "/v1/responses", {**body, "context_overflow": "truncate-middle"}).json()
+    assert ours["context_overflow"] == "truncate-middle" and ours["truncated_tokens"] > 0

@@ -108,9 +108,9 @@ def test_retrieve_and_delete(client, scripted):
             call()
 
 
-def test_codexs_recorded_request_gets_a_well_formed_stream(fake_server):
+def test_codexs_recorded_request_gets_a_well_formed_stream(agent_fake_server):
     body = json.loads((CLIENTS / "codex_0.171.0_exec.json").read_text())
-    with httpx.stream("POST", fake_server.url + "/v1/responses", json=body, timeout=60) as r:
+    with httpx.stream("POST", agent_fake_server.url + "/v1/responses", json=body, timeout=60) as r:
         assert r.status_code == 200, r.read()
         assert r.headers["x-ggufdesk-ignored-tools"] == "namespace, web_search"
         events = sse_events(r)

@@ -29,7 +29,7 @@ from ggufdesk.server.errors import ApiError, invalid, not_supported
 from ggufdesk.server.http import caller, off_loop, parse_body, service
 from ggufdesk.server.images import RequestImages, ollama_content, with_images
 from ggufdesk.server.sampling import sampling_from
-from ggufdesk.server.schemas import Strict
+from ggufdesk.server.schemas import ContextOverflow, Strict
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
 API_VERSION = "0.13.5"  # the Ollama API these routes follow (clients check a minimum version)
@@ -90,6 +90,7 @@ class Base(Strict):
     format: str | dict[str, Any] | None = None
     keep_alive: str | int | float | None = None
     think: bool | str | None = None  # a reasoning model: think or not, or how hard ("low"|"medium"|"high")
+    context_overflow: ContextOverflow = None  # ours (docs/context.md); Ollama itself cuts silently
 
 
 class ChatRequest(Base):
@@ -144,7 +145,8 @@ def ollama_name(model_id: str) -> str:
     return model_id if ":" in model_id else f"{model_id}:latest"
 
 
-def sampling_for(svc: Service, opts: Options | None, model: str) -> SamplingSettings:
+def sampling_for(svc: Service, opts: Options | None, model: str,
+                 overflow: ContextOverflow = None) -> SamplingSettings:
     o = opts or Options.model_validate({})
     for name, neutral in UNSUPPORTED_OPTIONS.items():
         value = getattr(o, name, None)
@@ -159,7 +161,7 @@ def sampling_for(svc: Service, opts: Options | None, model: str) -> SamplingSett
     seed = None if o.seed is None else o.seed if 0 <= o.seed < 2**32 else -1  # Ollama: a negative seed is random
     return sampling_from(svc, model, max_tokens=max_tokens, stop=stop, temperature=o.temperature, top_p=o.top_p,
                          top_k=o.top_k, min_p=o.min_p, repeat_penalty=o.repeat_penalty,
-                         repeat_last_n=o.repeat_last_n, seed=seed)
+                         repeat_last_n=o.repeat_last_n, seed=seed, context_overflow=overflow)
 
 
 DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)?$")
@@ -292,7 +294,7 @@ def chat_spec(svc: Service, req: ChatRequest, model: str, messages: list[dict[st
     if extra and tools:
         raise invalid("use format or tools, not both", param="format")
     return GenSpec(endpoint="ollama_chat", messages=chat_messages(req.messages) if messages is None else messages,
-                   sampling=sampling_for(svc, req.options, model), structured=extra or tools,
+                   sampling=sampling_for(svc, req.options, model, req.context_overflow), structured=extra or tools,
                    reasoning=reasoning.openai_fields(think=req.think), model=model, images=images or {})
 
 
@@ -304,7 +306,7 @@ def generate_spec(svc: Service, req: GenerateRequest, model: str, prompt: str | 
                         ("template", req.template), ("context", req.context)):
         if value:
             raise not_supported(f"{name} (send the conversation to /api/chat)" if name == "context" else name)
-    sampling = sampling_for(svc, req.options, model)
+    sampling = sampling_for(svc, req.options, model, req.context_overflow)
     extra = format_fields(req.format)
     think = reasoning.openai_fields(think=req.think)
     if req.raw:
@@ -363,7 +365,8 @@ async def _answer(request: Request, svc: Service, req: ChatRequest | GenerateReq
         body = {**head, "message": message}
     else:
         body = {**head, "response": text, **({"thinking": "".join(job.reasoning)} if job.reasoning else {})}
-    return JSONResponse({**body, "done_reason": done_reason(job), "done": True, **durations(job, t0)})
+    return JSONResponse({**body, "done_reason": done_reason(job), "done": True, **durations(job, t0),
+                         **job.context_fields()})
 
 
 async def _stream(job: Job, name: str, t0: float, *, chat: bool,
@@ -391,7 +394,8 @@ async def _stream(job: Job, name: str, t0: float, *, chat: bool,
                                                      "tool_calls": ollama_calls(ev.tool_calls)}}
                 elif calls is not None and (rest := calls.finish()):
                     yield piece(rest)
-                yield {**piece(""), "done_reason": done_reason(job), "done": True, **durations(job, t0)}
+                yield {**piece(""), "done_reason": done_reason(job), "done": True, **durations(job, t0),
+                       **job.context_fields()}
             elif isinstance(ev, P.Error):
                 yield {"error": engine_error(ev).message}
                 return

@@ -31,7 +31,7 @@ from ggufdesk.server.errors import ApiError, invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
 from ggufdesk.server.images import RequestImages, responses_image, with_images, with_text
 from ggufdesk.server.sampling import sampling_from
-from ggufdesk.server.schemas import Strict, system_first
+from ggufdesk.server.schemas import ContextOverflow, Strict, system_first
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
 
 log = logging.getLogger("ggufdesk.server")
@@ -56,7 +56,8 @@ class ResponsesRequest(Strict):
     reasoning: dict[str, Any] | None = None  # {"effort": none|minimal|low|medium|high, "summary": ...}
     metadata: dict[str, str] | None = None
     user: str | None = None
-    truncation: Literal["auto", "disabled"] | None = None
+    truncation: Literal["auto", "disabled"] | None = None  # OpenAI's: auto drops the oldest turns (rolling)
+    context_overflow: ContextOverflow = None  # ours, as on every API (docs/context.md)
 
 
 @dataclass
@@ -230,8 +231,7 @@ class Draft:
         r = self.req
         usage = None
         if job is not None and status != "in_progress":
-            p, c = job.prompt_tokens, job.completion_tokens
-            cached = job.stats.n_reused if job.stats is not None else 0
+            p, c, cached = job.prompt_tokens, job.completion_tokens, job.cached_tokens
             usage = {"input_tokens": p, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": c,
                      "output_tokens_details": {"reasoning_tokens": job.reasoning_tokens or 0}, "total_tokens": p + c}
         return {
@@ -244,7 +244,7 @@ class Draft:
             "store": r.store, "temperature": r.temperature, "text": r.text or {"format": {"type": "text"}},
             "tool_choice": r.tool_choice or "auto", "tools": [t for t in r.tools or [] if t.get("type") == "function"],
             "top_p": r.top_p, "truncation": r.truncation or "disabled", "usage": usage, "user": r.user,
-            "metadata": r.metadata or {},
+            "metadata": r.metadata or {}, **(job.context_fields() if job is not None and usage else {}),
         }
 
 
@@ -288,8 +288,9 @@ def responses_spec(svc: Service, req: ResponsesRequest, model: str,
     if tools and fmt:
         raise invalid("use text.format or tools, not both", param="text")
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    overflow = req.context_overflow or ("rolling" if req.truncation == "auto" else None)
     sampling = sampling_from(svc, model, max_tokens=req.max_output_tokens, temperature=req.temperature,
-                             top_p=req.top_p)
+                             top_p=req.top_p, context_overflow=overflow)
     think = reasoning.openai_fields(effort=(req.reasoning or {}).get("effort"))
     spec = GenSpec(endpoint="responses", messages=system_first(system + history), sampling=sampling,
                    structured=tools or fmt, reasoning=think, model=model, images=images or {})
