@@ -49,7 +49,7 @@ def pump(app, seconds: float, until=None) -> None:
 
 
 def demo_services():
-    from ggufdesk.ui.services import ModelChoice, ModelServices, rough_plan
+    from ggufdesk.ui.services import ModelChoice, ModelServices
 
     class Demo(ModelServices):
         def hub_reachable(self, timeout: float = 3.0) -> bool:
@@ -61,8 +61,10 @@ def demo_services():
                     ("gpt-oss 20B MXFP4", "ggml-org/gpt-oss-20b-GGUF", 12.1, ("reasoning", "tools", "moe")),
                     ("Gemma 3 4B Instruct Q4_K_M", "ggml-org/gemma-3-4b-it-GGUF", 2.49, ("vision",)),
                     ("Qwen3 30B-A3B Q4_K_M", "Qwen/Qwen3-30B-A3B-GGUF", 18.6, ("reasoning", "tools", "moe"))]
-            out = [rough_plan(ModelChoice(label=lbl, source="catalog", repo=r, filename="x.gguf",
-                                          size_bytes=int(s * GB), capabilities=caps), hw)
+            # demo rows: no hub here, so no header to plan from (one planner, core/planner.py): their
+            # fit says "unknown", as the wizard says for any file whose header it cannot read
+            out = [ModelChoice(label=lbl, source="catalog", repo=r, filename="x.gguf", size_bytes=int(s * GB),
+                               capabilities=caps, note="demo row: planned once its header can be read")
                    for lbl, r, s, caps in rows]
             out[1].recommended = True
             out[1].draft = ModelChoice(label="Llama 3.2 1B Instruct Q8_0", source="catalog",
