@@ -59,7 +59,11 @@ def test_bad_requests_are_settings_errors(engine):
     for inputs in ([], [3.5], [["a"]], ["ok", {"x": 1}]):
         rid = engine.start_embed(inputs)  # type: ignore[arg-type]
         events = list(engine.stream(rid, timeout=60))
-        assert isinstance(events[-1], P.Error) and events[-1].kind == "settings", inputs
+        last = events[-1]
+        assert isinstance(last, P.Error), inputs
+        # a wrong type is refused by the typed protocol (naming the field), an empty list by the engine
+        assert (last.kind, "inputs" in last.message) in (("settings", True), ("settings", False), ("protocol", True)), \
+            (inputs, last)
     assert engine.embed(["still fine"])  # the engine lives on
 
 

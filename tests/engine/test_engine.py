@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.settings import LoadSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.link.client import EngineClient, EngineError
@@ -92,9 +93,10 @@ def test_chat_without_template_uses_builtin_and_drops_oldest_turns(engine):
 
 
 def test_bad_sampling_settings_give_a_clear_error(engine):
-    rid = engine.generate(prompt=PROMPT, sampling={"temperature": -3})
-    r = collect(engine, rid)
-    assert r.error is not None and "temperature" in r.error.message
+    # refused before the engine sees it (the settings travel typed: engine/link/protocol.py settings_of)
+    with pytest.raises(SettingsError, match="temperature"):
+        engine.generate(prompt=PROMPT, sampling={"temperature": -3})
+    assert collect(engine, engine.generate(prompt=PROMPT, sampling=greedy(2))).error is None  # and it goes on
 
 
 def test_cancel_mid_generation(engine):
@@ -184,11 +186,11 @@ def test_template_escaping_the_sandbox_is_blocked(tmp_path):
 
 def test_bad_load_settings_and_missing_file(tiny_model, tmp_path):
     with EngineClient() as c:
-        with pytest.raises(EngineError, match="micro-batch"):
+        with pytest.raises(SettingsError, match="micro-batch"):  # refused before it is sent
             c.load(str(tiny_model), settings={"n_batch": 32, "n_ubatch": 64})
         with pytest.raises(EngineError, match="not found"):
             c.load(str(tmp_path / "nope.gguf"), settings=TINY_LOAD)
-        with pytest.raises(EngineError):
+        with pytest.raises(SettingsError, match="warp_drive"):
             c.load(str(tiny_model), settings={"n_ctx": 512, "warp_drive": True})
         assert c.load(str(tiny_model), settings=TINY_LOAD).n_ctx == 512
 
