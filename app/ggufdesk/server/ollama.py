@@ -285,25 +285,24 @@ def check_model(svc: Service, name: str) -> str:
 # ---- chat and generate ----------------------------------------------------------------------------
 
 
-def chat_spec(svc: Service, req: ChatRequest, model: str, messages: list[dict[str, Any]] | None = None,
-              images: dict[str, str] | None = None) -> GenSpec:
+def chat_spec(svc: Service, req: ChatRequest, model: str, messages: list[dict[str, Any]],
+              images: dict[str, str]) -> GenSpec:
     """The generation an /api/chat request asks for, checked (400s); `messages` (with their `images`)
     already read from it by the route."""
     extra = format_fields(req.format)
     tools = structured.openai_tools(req.tools, None, True) if req.tools else {}
     if extra and tools:
         raise invalid("use format or tools, not both", param="format")
-    return GenSpec(endpoint="ollama_chat", messages=chat_messages(req.messages) if messages is None else messages,
+    return GenSpec(endpoint="ollama_chat", messages=messages,
                    sampling=sampling_for(svc, req.options, model, req.context_overflow), structured=extra or tools,
-                   reasoning=reasoning.openai_fields(think=req.think), model=model, images=images or {})
+                   reasoning=reasoning.openai_fields(think=req.think), model=model, images=images)
 
 
-def generate_spec(svc: Service, req: GenerateRequest, model: str, prompt: str | list[dict[str, Any]] | None = None,
-                  images: dict[str, str] | None = None) -> GenSpec:
+def generate_spec(svc: Service, req: GenerateRequest, model: str, prompt: str | list[dict[str, Any]],
+                  images: dict[str, str]) -> GenSpec:
     """The generation an /api/generate request asks for, checked (400s); `prompt` (the user turn with
     its `images` as parts) already read from it by the route."""
-    for name, value in (("images", req.images if prompt is None else None), ("suffix", req.suffix),
-                        ("template", req.template), ("context", req.context)):
+    for name, value in (("suffix", req.suffix), ("template", req.template), ("context", req.context)):
         if value:
             raise not_supported(f"{name} (send the conversation to /api/chat)" if name == "context" else name)
     sampling = sampling_for(svc, req.options, model, req.context_overflow)
@@ -315,9 +314,9 @@ def generate_spec(svc: Service, req: GenerateRequest, model: str, prompt: str | 
         return GenSpec(endpoint="ollama_generate", prompt=(req.system or "") + req.prompt, sampling=sampling,
                        structured=extra, model=model)
     msgs = ([{"role": "system", "content": req.system}] if req.system else []) + [
-        {"role": "user", "content": req.prompt if prompt is None else prompt}]
+        {"role": "user", "content": prompt}]
     return GenSpec(endpoint="ollama_generate", messages=msgs, sampling=sampling, structured=extra,
-                   reasoning=think, model=model, images=images or {})
+                   reasoning=think, model=model, images=images)
 
 
 async def chat(request: Request) -> Response:

@@ -276,11 +276,12 @@ def remember(store: ResponseStore, draft: Draft, body: dict[str, Any], history: 
 
 
 def responses_spec(svc: Service, req: ResponsesRequest, model: str,
-                   history: list[dict[str, Any]], fresh: list[dict[str, Any]] | None = None,
-                   images: dict[str, str] | None = None) -> tuple[GenSpec, dict[str, Any], list[str]]:
+                   history: list[dict[str, Any]], fresh: list[dict[str, Any]],
+                   images: dict[str, str]) -> tuple[GenSpec, dict[str, Any], list[str]]:
     """The generation a Responses request asks for, checked (400s), given the stored conversation it
-    continues; with its tool fields and the built-in tool types left out."""
-    history += input_messages(req.input) if fresh is None else fresh
+    continues, its input as messages (`fresh`, read by the route with their `images`); with its tool
+    fields and the built-in tool types left out."""
+    history += fresh
     if not any(m["role"] in ("user", "tool", "assistant") for m in history):
         raise invalid("input must hold at least one message", param="input")
     tools, ignored = tool_fields(req.tools, req.tool_choice, req.parallel_tool_calls)
@@ -293,7 +294,7 @@ def responses_spec(svc: Service, req: ResponsesRequest, model: str,
                              top_p=req.top_p, context_overflow=overflow)
     think = reasoning.openai_fields(effort=(req.reasoning or {}).get("effort"))
     spec = GenSpec(endpoint="responses", messages=system_first(system + history), sampling=sampling,
-                   structured=tools or fmt, reasoning=think, model=model, images=images or {})
+                   structured=tools or fmt, reasoning=think, model=model, images=images)
     return spec, tools, ignored
 
 
