@@ -118,14 +118,11 @@ def fit_chat(messages: Messages, policy: OverflowPolicy, *, render: Render, budg
     `n_ctx`, `error` refuses only a prompt that can never fit, as fit_text does: the answer gets the
     room that is left (Claude Code asks max_tokens 32000 of a 32k context beside a 20k prompt)."""
     tokens = render(messages)
-    if policy == "error" and n_ctx is not None:
-        if len(tokens) >= n_ctx:
-            raise too_long(len(tokens), n_ctx - 1)
-        fitted = Fitted(tokens, policy, messages=messages)
-    elif len(tokens) <= budget:
+    limit = n_ctx - 1 if policy == "error" and n_ctx is not None else budget
+    if len(tokens) <= limit:
         fitted = Fitted(tokens, policy, messages=messages)
     elif policy == "error":
-        raise too_long(len(tokens), budget)
+        raise too_long(len(tokens), limit)
     elif policy == "truncate-middle":
         assert tokenize is not None and detokenize is not None
         fitted = _truncate_middle(messages, tokens, render=render, budget=budget, too_long=too_long,
