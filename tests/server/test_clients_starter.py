@@ -12,7 +12,9 @@ import pytest
 
 from tests.server.serving import ServeProcess
 
-pytestmark = pytest.mark.slow
+# A hang guard, not a budget: the recorded Claude Code request is ~20k tokens of prompt, 147 s of prefill
+# on a quiet 2-core machine (llama-cpp-python alone: 204 s), and over 300 s on a busy CI runner.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 CLIENTS = Path(__file__).resolve().parents[1] / "fixtures" / "clients"
 
 
