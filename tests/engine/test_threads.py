@@ -1,7 +1,11 @@
-"""The thread tuner (engine/batching/threads.py) on modelled step times: a neighbour takes a core ->
-fewer threads; it leaves -> a probe finds more threads faster again; a fixed count never moves."""
+"""The thread tuner (engine/batching/threads.py) on modelled step times and fake CPU times
+(engine/batching/cpu_load.py): a neighbour takes a core -> fewer threads; it leaves -> a probe finds
+more threads faster again; a fixed count never moves."""
 from __future__ import annotations
 
+import math
+
+from ggufdesk.engine.batching.cpu_load import PERIOD, CpuLoad, busy_cpu_reader
 from ggufdesk.engine.batching.threads import GAP_FIRST, WINDOW, Threads, ThreadTuner, units
 
 # the starter on 2 cores, as measured (issue 29): seconds per token by thread count
@@ -76,3 +80,221 @@ def test_units_explain_the_batch():
     assert units(1, 0) == 1.0
     assert units(3, 0) == 2.0  # two more decode rows at half a step each
     assert units(64, 64) == 6.4  # a prefill chunk: a tenth of a step per prompt row
+
+
+# ---- the CPU load sensor (engine/batching/cpu_load.py) on fake CPU-time sources ----------------------
+
+class Machine:
+    """Two CPUs on a fake clock: `others` cores busy with other programs, our process busy on `own`
+    cores; step(seconds) advances the clock and both CPU-time counters."""
+
+    def __init__(self, others: float = 0.0) -> None:
+        self.t, self.busy_s, self.own_s = 100.0, 5000.0, 3.0
+        self.others = others
+
+    def clock(self) -> float:
+        return self.t
+
+    def busy(self) -> float:
+        return self.busy_s
+
+    def own(self) -> float:
+        return self.own_s
+
+    def step(self, seconds: float, own_cores: float) -> None:
+        """The scheduler shares the 2 CPUs among every busy thread alike when there are more: beside
+        our 2 spinning threads, a busy loop gets 2/3 of a CPU."""
+        self.t += seconds
+        share = min(1.0, 2 / (own_cores + self.others)) if own_cores + self.others else 1.0
+        self.own_s += own_cores * share * seconds
+        self.busy_s += (own_cores + self.others) * share * seconds
+
+    def load(self) -> CpuLoad:
+        return CpuLoad(2, self.busy, own=self.own, clock=self.clock)
+
+
+def engine(machine: Machine, *, fixed: bool = False) -> tuple[Threads, list[tuple[int, int]]]:
+    applied: list[tuple[int, int]] = []
+    th = Threads(2, 2, fixed=fixed, apply=lambda n, nb: applied.append((n, nb)), load=machine.load())
+    return th, applied
+
+
+def decode(th: Threads, machine: Machine, steps: int, speeds: dict[int, float]) -> list[int]:
+    """One-row steps as the engine runs them: prepare, run at the count in use (its spinning threads
+    are our CPU), observe."""
+    used = []
+    for _ in range(steps):
+        th.prepare()
+        n = th.decode.n
+        used.append(n)
+        machine.step(speeds[n], own_cores=n)
+        th.observe(1, 0, speeds[n])
+    return used
+
+
+COLLAPSED = {2: 1.25, 1: 1 / 39.9}  # bench/contention.py beside one busy loop: a 2-thread step ~1.25 s
+
+
+def test_a_neighbour_there_from_the_start_gets_one_thread_from_the_first_step():
+    m = Machine(others=1.0)
+    th, applied = engine(m)
+    m.step(5.0, own_cores=0.0)  # the engine idles after loading; the busy loop runs
+    th.prepare()  # before the request's prefill
+    assert th.now == (1, 1) and applied == [(1, 1)]
+    assert decode(th, m, 100, COLLAPSED) == [1] * 100  # the ceiling forbids probes up while it stays
+
+
+def test_a_neighbour_arriving_mid_answer_drops_to_one_thread_at_the_next_step():
+    m = Machine()
+    th, _ = engine(m)
+    assert set(decode(th, m, 30, QUIET)) == {2}
+    m.others = 1.0
+    used = decode(th, m, 20, COLLAPSED)
+    assert used[0] == 2 and used[1:] == [1] * 19  # one collapsed step, then 1 thread at once
+
+
+def left_after_a_neighbour(then: dict[int, float], steps: int) -> list[int]:
+    """The counts used for `steps` steps at `then` speeds after a busy loop, there from the start, left."""
+    m = Machine(others=1.0)
+    th, _ = engine(m)
+    m.step(1.0, own_cores=0.0)
+    assert set(decode(th, m, 30, COLLAPSED)) == {1}
+    m.others = 0.0
+    return decode(th, m, steps, then)
+
+
+def test_the_neighbour_leaving_brings_two_threads_back_when_they_are_faster():
+    used = left_after_a_neighbour(QUIET, 60)
+    assert used[-1] == 2 and used.index(2) <= PERIOD / QUIET[1] + 2  # the next reading, then a probe at once
+
+
+def test_a_probe_up_that_step_times_find_slower_goes_back():
+    hidden = {2: 1 / 20, 1: 1 / 25}  # free CPUs, but 2 threads slower (memory bandwidth, SMT siblings)
+    used = left_after_a_neighbour(hidden, 40)
+    assert 2 in used and used[-1] == 1 and used.count(2) <= WINDOW
+
+
+def test_half_a_core_keeps_the_count_it_has():
+    m = Machine(others=0.4)  # within the hysteresis band: taken by neither reading
+    load = m.load()
+    m.step(1.0, own_cores=1.0)
+    assert load.free() == 2
+    m.others = 0.6
+    m.step(1.0, own_cores=1.0)
+    assert load.free() == 1
+    m.others = 0.4
+    m.step(1.0, own_cores=1.0)
+    assert load.free() == 1  # not given back until below 0.3
+    m.others = 0.2
+    m.step(1.0, own_cores=1.0)
+    assert load.free() == 2
+
+
+def test_readings_that_go_backwards_or_are_not_numbers_or_fail_are_ignored():
+    m = Machine(others=1.0)
+    bad: list[object] = []
+
+    def busy() -> float:
+        if bad:
+            v = bad.pop()
+            if isinstance(v, Exception):
+                raise v
+            return float(v)  # type: ignore[arg-type]
+        return m.busy_s
+
+    load = CpuLoad(2, busy, own=m.own, clock=m.clock)
+    m.step(1.0, own_cores=1.0)
+    assert load.free() == 1
+    m.others = 0.0
+    for v in (float("nan"), -1e9, OSError("no /proc/stat"), float("inf")):
+        bad.append(v)
+        m.step(1.0, own_cores=1.0)
+        assert load.free() == 1  # the last good reading stands
+    m.step(1.0, own_cores=1.0)
+    load.free()  # (the interval after a bad sample is skipped, the next counts)
+    m.step(1.0, own_cores=1.0)
+    assert load.free() == 2
+    m.t -= 10  # the clock jumped back
+    assert load.free() == 2
+    m.own_s += 50  # own CPU beyond the system's: inconsistent, ignored
+    m.step(1.0, own_cores=1.0)
+    assert load.free() == 2 and load.last is not None and load.last >= 0
+
+
+def test_samples_come_no_more_often_than_the_period():
+    m = Machine(others=1.0)
+    calls = []
+    load = CpuLoad(2, lambda: calls.append(1) or m.busy_s, own=m.own, clock=m.clock)
+    for _ in range(50):
+        m.step(PERIOD / 10, own_cores=1.0)
+        load.free()
+    assert len(calls) <= 1 + 50 // 10
+
+
+def test_a_fixed_count_never_consults_the_sensor():
+    th = Threads(2, 2, fixed=True, apply=lambda n, nb: None, load=_Exploding())  # type: ignore[arg-type]
+    for _ in range(50):
+        th.prepare()
+        th.observe(1, 0, COLLAPSED[2])
+    assert th.now == (2, 2)
+
+
+class _Exploding:
+    def free(self) -> int:
+        raise AssertionError("a fixed count consulted the sensor")
+
+
+def test_without_a_sensor_it_behaves_as_step_times_say():
+    th = Threads(2, 2, fixed=False, apply=lambda n, nb: None, load=None)
+    for _ in range(200):
+        th.prepare()
+        th.observe(1, 0, QUIET[th.decode.n])
+    assert th.now == (2, 2)
+
+
+def test_the_machine_reader_reads_or_says_none():
+    busy = busy_cpu_reader()
+    if busy is not None:  # psutil is a dependency; where it reads nothing the engine runs on step times
+        assert math.isfinite(busy()) and busy() >= 0
+    load = CpuLoad.of_this_machine()
+    assert load is None or load.cpus >= 1
+
+
+def test_the_engine_asks_the_sensor_before_the_first_decode_call_and_reports_the_count_in_use(tiny_model):
+    import llama_cpp
+
+    from ggufdesk.core.settings import LoadSettings, SamplingSettings
+    from ggufdesk.engine.batching.batch import BatchEngine
+    from ggufdesk.engine.batching.sequence import Sequence
+    from ggufdesk.engine.batching.vocab import Vocab
+    from ggufdesk.engine.link import protocol as P
+    from ggufdesk.engine.runtime.native import LlamaLog, load_model
+
+    lm = load_model(str(tiny_model), LoadSettings(n_ctx=256, n_batch=64, n_ubatch=64), LlamaLog())  # adaptive
+    try:
+        events: list[object] = []
+        now: list[tuple[int, int]] = []
+        at_decode: list[tuple[int, int]] = []
+
+        def set_threads(ctx: object, n: int, nb: int) -> None:
+            now.append((n, nb))
+            llama_cpp.llama_set_n_threads(ctx, n, nb)
+
+        def decode(ctx: object, batch: object) -> int:
+            at_decode.append(now[-1] if now else (lm.settings.threads, lm.settings.threads_batch))
+            return int(llama_cpp.llama_decode(ctx, batch))
+
+        loop = BatchEngine(lm, Vocab(lm), emit=events.append, cancelled=lambda rid: False,
+                           set_batch=lambda rids: None, decode=decode, set_threads=set_threads)
+        m = Machine(others=1.0)
+        loop.threads.load = m.load()
+        m.step(5.0, own_cores=0.0)  # a busy loop beside the idle engine
+        loop.submit(Sequence(rid="r", prompt=loop.vocab.tokenize("the cat " * 4), max_gen=4,
+                             sampling=SamplingSettings(temperature=0, max_tokens=4)))
+        while loop.busy:
+            loop.step()
+    finally:
+        lm.close()
+    assert at_decode and set(at_decode) == {(1, 1)}  # the prefill and every decode ran on 1 thread
+    stats = [e for e in events if isinstance(e, P.Stats)]
+    assert stats and stats[-1].threads == 1

@@ -43,6 +43,7 @@ from ggufdesk.engine.batching.scheduler import Overloaded, Plan, Scheduler
 from ggufdesk.engine.batching.sequence import Sequence, SequenceStatus
 from ggufdesk.engine.batching.shift import room_needed, shift
 from ggufdesk.engine.batching.text import TextStream
+from ggufdesk.engine.batching.cpu_load import CpuLoad
 from ggufdesk.engine.batching.threads import Threads
 from ggufdesk.engine.batching.update import Update
 from ggufdesk.engine.batching.vocab import Vocab
@@ -95,8 +96,10 @@ class BatchEngine:
         self.update = Update(lm, vocab, self.sched, self.slots, emit=emit, cancelled=cancelled,
                              on_plain_done=on_plain_done, on_finished=None if disk is None else disk.finished)
         # fewer threads while another program takes a core (engine/batching/threads.py); --threads: fixed
-        self.threads = Threads(s.threads, s.threads_batch, fixed=bool(s.n_threads or s.n_threads_batch),
-                               apply=lambda n, nb: set_threads(lm.ctx.ctx, n, nb))
+        fixed = bool(s.n_threads or s.n_threads_batch)
+        self.threads = Threads(s.threads, s.threads_batch, fixed=fixed,
+                               apply=lambda n, nb: set_threads(lm.ctx.ctx, n, nb),
+                               load=None if fixed else CpuLoad.of_this_machine())
         self.update.threads = lambda: self.threads.decode.n
         self._status_sent: tuple[int, int, int, str] | None = None
         self._status_t = 0.0
@@ -152,6 +155,7 @@ class BatchEngine:
         if not plan.decode and plan.prefill is None:
             self._status(force=True)
             return
+        self.threads.prepare()  # a neighbour that took a core since the last step: fewer threads now
         try:
             result = self.runner.run(plan)
         except KnownError as e:

@@ -3,19 +3,34 @@
 llama.cpp's threads spin-wait for each other at every operation, so when another program takes a
 core, a decode with threads = cores waits for the descheduled thread every time: measured on the
 starter (2 cores), quiet 2 threads 47 tok/s vs 1 thread 25; with one busy loop beside it 2 threads
-16.8 vs 1 thread 24.9. The step loop times every step; `ThreadTuner` reads those times, normalised
-by what the batch explains (`units`), and when they slow down beyond SLOW x the best seen at the
-current count, tries one thread fewer for a window of steps and keeps whichever was faster. Every
-`gap` steps it probes one thread more the same way (the neighbour may have left), or at the top
-count one fewer (a neighbour that was there from the start leaves no slowdown to notice); a probe
-that loses doubles the gap, up to GAP_MAX. llama.cpp runs one-row batches on `n_threads` and larger ones
-on `n_threads_batch`, so the engine keeps one tuner for each (`Threads`), and `llama_set_n_threads`
-sets both between steps. A fixed thread count (`--threads`) turns the tuner off.
+16.8 vs 1 thread 24.9, and in `bench/contention.py` 0.8 vs 39.9 (each 2-thread step ~1.25 s).
+
+Two signals. The ceiling comes from a sensor (`cpu_load.CpuLoad`): the CPUs other programs leave
+free, read from CPU times before every step, caps the count at once, with no window of steps: step
+times alone could not meet the target, because a tuner that must see slow steps before it acts pays
+~1.25 s per collapsed step (more than a whole 128-token answer at 1 thread, ~3 s), and a neighbour
+there from the start shows no slowdown at all until a probe. When the ceiling rises (the neighbour
+left), a probe of one thread more starts at once and a window of step times judges it.
+
+Below the ceiling, step times decide, for what the sensor cannot see (memory-bandwidth contention,
+SMT siblings, a platform without the sensor): `ThreadTuner` reads them normalised by what the batch
+explains (`units`), and when they slow down beyond SLOW x the best seen at the current count, tries
+one thread fewer for a window of steps and keeps whichever was faster. Every `gap` steps it probes
+one thread more the same way, or at the ceiling one fewer (contention the sensor does not see leaves
+no slowdown to notice when it was there from the start); a probe that loses doubles the gap, up to
+GAP_MAX. llama.cpp runs one-row batches on `n_threads` and larger ones on `n_threads_batch`, so the
+engine keeps one tuner for each (`Threads`), and `llama_set_n_threads` sets both between steps. A
+fixed thread count (`--threads`) turns both signals off.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ggufdesk.engine.batching.cpu_load import CpuLoad
 
 WINDOW = 6  # steps timed per thread count before comparing: a median of 6 shrugs off one stalled step
 SLOW = 1.3  # steps this much slower than the best seen at the count are not explained by the batch
@@ -48,6 +63,7 @@ class ThreadTuner:
         self.n_max = max(1, n_max)
         self.fixed = fixed
         self.n = self.n_max
+        self.ceiling = self.n_max  # the most the CPUs other programs leave free allow (`limit`)
         self.times: list[float] = []  # normalised seconds at n since it was last set
         self.best: dict[int, float] = {}  # per count, the best window median seen (its quiet speed)
         self.trial_from: tuple[int, float] | None = None  # during a trial: (the count before, its median)
@@ -67,12 +83,33 @@ class ThreadTuner:
             self._judge(med)
         elif self.n > 1 and med > SLOW * self.best.get(self.n, med):
             self._try(self.n - 1, med)
-        elif self.n_max > 1 and self.since >= self.gap:
-            # one more (the neighbour may have left), or at the top one fewer (it was there from the start)
-            self._try(self.n + 1 if self.n < self.n_max else self.n - 1, med)
+        elif self.since >= self.gap and self._probe() != self.n:
+            self._try(self._probe(), med)
         else:
             self.best[self.n] = min(self.best.get(self.n, med), med)
             self.times = self.times[-WINDOW:]
+
+    def _probe(self) -> int:
+        """One more (the neighbour may have left), or at the ceiling one fewer (contention the sensor
+        does not see, there from the start)."""
+        return self.n + 1 if self.n < self.ceiling else max(1, self.n - 1)
+
+    def limit(self, free: int) -> None:
+        """The CPUs other programs leave free now: above them, drop at once; when they rise, probe
+        one more at once (step times judge it after a window)."""
+        if self.fixed:
+            return
+        ceiling = max(1, min(self.n_max, free))
+        rose, self.ceiling = ceiling > self.ceiling, ceiling
+        if self.trial_from is not None and self.trial_from[0] > ceiling:
+            self.trial_from = None  # the count a trial would go back to is no longer allowed
+        if self.n > ceiling:
+            self.trial_from = None
+            self._set(ceiling)
+        elif rose and self.n < ceiling and self.trial_from is None:
+            # judged against this count's window so far, else its best, else unknown: kept
+            now = statistics.median(self.times[-WINDOW:]) if self.times else self.best.get(self.n, math.inf)
+            self._try(self.n + 1, now)
 
     def _try(self, n: int, med: float) -> None:
         self.trial_from = (self.n, med)
@@ -101,10 +138,11 @@ class Threads:
     times and applied between steps by `apply(n_threads, n_threads_batch)` (llama_set_n_threads)."""
 
     def __init__(self, n_threads: int, n_threads_batch: int, *, fixed: bool,
-                 apply: Callable[[int, int], None]) -> None:
+                 apply: Callable[[int, int], None], load: CpuLoad | None = None) -> None:
         self.decode = ThreadTuner(n_threads, fixed=fixed)
         self.batch = ThreadTuner(n_threads_batch, fixed=fixed)
         self.apply = apply
+        self.load = None if fixed else load  # the CPUs other programs leave free (None: step times only)
         self._applied = (n_threads, n_threads_batch)
 
     @property
@@ -116,6 +154,17 @@ class Threads:
         if rows <= 0:
             return
         (self.decode if rows == 1 else self.batch).observe(seconds / units(rows, n_prompt))
+        self._apply()
+
+    def prepare(self) -> None:
+        """Before a step: the CPUs other programs leave free cap both counts (`CpuLoad`)."""
+        free = None if self.load is None else self.load.free()
+        if free is not None:
+            self.decode.limit(free)
+            self.batch.limit(free)
+            self._apply()
+
+    def _apply(self) -> None:
         if self.now != self._applied:
             self._applied = self.now
             self.apply(*self.now)
