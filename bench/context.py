@@ -327,7 +327,7 @@ def main() -> int:
         else:
             chat, agent = library.resolve(a.model), library.resolve(a.agent_model)
             wide = chat
-            model, sys_words, agent_words, ctx, agent_ctx, turns = chat, 1200, 0, 4096, 24576, a.replay_turns
+            model, sys_words, agent_words, ctx, agent_ctx, turns = chat, 1400, 0, 4096, 24576, a.replay_turns
         if "restart" in parts:
             results["restart"] = restart_rounds("system prompt", chat, ctx, system_body(sys_words), a)
         if "agent" in parts:

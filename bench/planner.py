@@ -1,7 +1,7 @@
 """Planner accuracy: predicted vs measured RAM (llama.cpp's buffers and the process's RSS) and decode tok/s.
 
 Run: .venv/bin/python bench/planner.py [--quick]
-     .venv/bin/python bench/planner.py --moe [--small]   (issue 27: decode of a mixture of experts)
+     .venv/bin/python bench/planner.py --moe [--small | --held-out]   (issue 27: decode of a mixture of experts)
 Each case loads the model in a fresh subprocess (mmap off, the engine's own load path), reads
 llama.cpp's reported buffer sizes, the RSS growth after a prefill + decode, and the decode speed.
 
@@ -10,6 +10,8 @@ experts with shared experts (qwen2moe: 16 layers, 64 experts, 4 used, ~1.6 GB) a
 about the same size, remeasures the RAM bandwidth first (a figure cached while the machine was busy
 makes every prediction low by the same factor), and checks decode predictions within 15% for both;
 it also prints the efficiency that would make each exact. --small: tiny versions, to check it runs.
+--held-out: another pair (a qwen3moe without shared experts, 24 layers, 32 experts, 8 used; a 24-layer
+dense llama) on which no planner constant was fitted: the check that the per-matmul cost generalises.
 """
 from __future__ import annotations
 
@@ -97,7 +99,7 @@ def models(tmp: Path) -> list[tuple[str, Path]]:
     return out
 
 
-def moe_models(tmp: Path, small: bool) -> list[tuple[str, Path]]:
+def moe_models(tmp: Path, small: bool, held_out: bool = False) -> list[tuple[str, Path]]:
     from tests.fixtures.ggufs import TinySpec, write_tiny_llama
     from tests.fixtures.moe import MoeSpec, write_moe
 
@@ -105,15 +107,21 @@ def moe_models(tmp: Path, small: bool) -> list[tuple[str, Path]]:
         moe = MoeSpec(n_layer=4, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_expert=16, n_expert_used=2,
                       n_ff_exp=256, n_ff_shexp=256)
         dense = TinySpec(n_embd=512, n_layer=4, n_head=8, n_head_kv=4, n_ff=1536, dtype="f16", n_ctx_train=8192)
+    elif held_out:  # chosen before the per-matmul cost was fitted on the pair below, and never fitted on:
+        # a qwen3moe without shared experts, more layers, twice the experts per token; a deeper, narrower dense
+        moe = MoeSpec(n_layer=24, n_embd=768, n_head=12, n_head_kv=4, head_dim=64, n_expert=32, n_expert_used=8,
+                      n_ff_exp=384, n_ff_shexp=0)
+        dense = TinySpec(n_embd=1536, n_layer=24, n_head=12, n_head_kv=4, n_ff=4096, dtype="f16", n_ctx_train=8192)
     else:  # the issue's shapes: ~1.6 GB each
         moe = MoeSpec(n_layer=16, n_embd=1024, n_head=16, n_head_kv=4, head_dim=64, n_expert=64, n_expert_used=4,
                       n_ff_exp=256, n_ff_shexp=512)
         dense = TinySpec(n_embd=2048, n_layer=16, n_head=16, n_head_kv=4, n_ff=5632, dtype="f16", n_ctx_train=8192)
-    return [(f"moe {moe.n_expert}x{moe.n_expert_used}+shared f16", write_moe(tmp / "moe.gguf", moe)),
+    shared = "+shared" if moe.n_ff_shexp else ""
+    return [(f"moe {moe.n_expert}x{moe.n_expert_used}{shared} f16", write_moe(tmp / "moe.gguf", moe)),
             (f"dense {dense.n_embd}x{dense.n_layer} f16", write_tiny_llama(tmp / "dense.gguf", dense))]
 
 
-def moe_main(small: bool) -> int:
+def moe_main(small: bool, held_out: bool = False) -> int:
     """Decode predicted vs measured for a mixture of experts and a dense model of the same size."""
     from ggufdesk.core import hardware, planner
     from ggufdesk.core.gguf_meta import read_gguf
@@ -126,7 +134,7 @@ def moe_main(small: bool) -> int:
           f"{'effective GB/s':>14s} {'efficiency':>10s}")
     worst = 1.0
     with tempfile.TemporaryDirectory() as tmp:
-        for label, path in moe_models(Path(tmp), small):
+        for label, path in moe_models(Path(tmp), small, held_out):
             info = read_gguf(path)
             load = wait_quiet()
             m = measure(path, 2048)
@@ -171,9 +179,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one context length per model")
     ap.add_argument("--moe", action="store_true", help="decode of a mixture of experts and a dense model")
     ap.add_argument("--small", action="store_true", help="with --moe: tiny models, to check that it runs")
+    ap.add_argument("--held-out", action="store_true",
+                    help="with --moe: the held-out pair (other shapes; no planner constant was fitted on them)")
     args = ap.parse_args()
     if args.moe:
-        return moe_main(args.small)
+        return moe_main(args.small, args.held_out)
     from ggufdesk.core import hardware, planner
     from ggufdesk.core.gguf_meta import read_gguf
 

@@ -8,7 +8,7 @@ import pytest
 from ggufdesk.core import planner, quants
 from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.gguf_meta import read_gguf
-from ggufdesk.core.hardware import CPUInfo, GPUInfo, HardwareInfo, calibration, record_decode_run
+from ggufdesk.core.hardware import MATMUL_CPU_S, CPUInfo, GPUInfo, HardwareInfo, calibration, record_decode_run
 from tests.fixtures import ggufs
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -134,7 +134,7 @@ def test_kv_advice_when_context_is_the_limit(info):
 def test_decode_speed_formula(info):
     h = hw(bw=10.0)
     read = sum(t.n_bytes for t in info.tensors if t.name != "token_embd.weight")  # all f32
-    expect = planner.T0_CPU + read / (10e9 * planner.EFF_CPU_FLOAT)
+    expect = MATMUL_CPU_S * planner.matmuls_per_token(info) + read / (10e9 * planner.EFF_CPU_FLOAT)
     assert planner.decode_seconds(info, h, n_gpu_layers=0) == pytest.approx(expect)
     # with 1000 tokens in the cache each layer also reads 1000 x 2 x 16 x (2 + 2) bytes
     deep = planner.decode_seconds(info, h, n_gpu_layers=0, depth=1000)
@@ -152,9 +152,25 @@ def test_calibration_replaces_the_default_efficiency(info):
     after = planner.decode_seconds(info, h, n_gpu_layers=0, calibration=calibration())
     assert planner.decode_seconds(info, replace(h, calibration=calibration()), n_gpu_layers=0) == after
     read = planner.weight_bytes_per_token(info)
-    # the calibrated bandwidth comes from whole-token times, so the fixed per-token cost is inside it
-    assert after == pytest.approx(read / ((100 << 20) * 1.0))
+    fixed = MATMUL_CPU_S * planner.matmuls_per_token(info)
+    # a run recorded without its matrix count keeps the fixed cost inside its whole-token bandwidth
+    assert after == pytest.approx(read / ((100 << 20) * 1.0) + fixed)
     assert after > before
+
+
+def test_calibration_takes_the_matrices_fixed_cost_out_of_the_bandwidth(info):
+    """A run's token time is bytes at the machine's bandwidth plus a fixed cost per matrix multiplied;
+    the calibrated bandwidth is what is left after that cost, so a model that multiplies many small
+    matrices (a mixture of experts) is not predicted at a dense model's speed."""
+    big, n_big = 64 << 20, 300  # a recorded run of a model big enough to be bandwidth-bound
+    record_decode_run(where="cpu", bytes_per_token=big, tok_s=1 / (big / 2e9 + n_big * MATMUL_CPU_S), matmuls=n_big)
+    assert calibration().cpu_gbs == pytest.approx(2.0)  # 2 GB/s once its matrices' fixed cost is out
+    n, read = planner.matmuls_per_token(info), planner.weight_bytes_per_token(info)
+    expect = read / 2e9 + n * MATMUL_CPU_S
+    assert planner.decode_seconds(info, hw(), n_gpu_layers=0, calibration=calibration()) == pytest.approx(expect)
+    # a nonsense recorded count (a fixed cost above half the token's time) is not subtracted
+    record_decode_run(where="cpu", bytes_per_token=big, tok_s=1 / (big / 1e9), matmuls=10**9)
+    assert calibration().cpu_gbs == pytest.approx(2.0)
 
 
 def test_prefill_formula(info):

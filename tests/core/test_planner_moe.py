@@ -76,3 +76,10 @@ def test_experts_on_the_cpu_are_read_at_ram_speed(info):
     half = planner.decode_seconds(info, machine, n_gpu_layers=-1, n_cpu_moe=24)
     cpu = planner.decode_seconds(info, machine, n_gpu_layers=-1, n_cpu_moe=48)
     assert gpu < half < cpu
+
+
+def test_a_token_multiplies_only_the_active_experts(info):
+    """Per layer: q, k, v, output, the router, 3 matrices per active expert, 3 shared: the fixed cost
+    a mixture of experts pays per token (hardware.MATMUL_CPU_S each) grows with the experts used."""
+    per_layer = 4 + 1 + 3 * SPEC.n_expert_used + 3
+    assert planner.matmuls_per_token(info) == SPEC.n_layer * per_layer + 1  # + the output matrix

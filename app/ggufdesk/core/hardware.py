@@ -317,12 +317,21 @@ def with_ggml_devices(hw: HardwareInfo, devices: list[dict[str, Any]]) -> Hardwa
 # --------------------------------------------------------------------------- self-calibration
 
 
+# The CPU's fixed cost per weight matrix multiplied for one decoded token (handing the rows to the
+# threads and back, starting a small matrix), on top of reading its bytes. A mixture of experts
+# multiplies three small matrices per active expert per layer, so it pays this several times as often
+# as a dense model of the same size: bytes alone predicted a 64-expert, 4-used model 43% too fast.
+# Fitted on that model and a dense one (bench/planner.py --moe), checked on another pair (--held-out).
+MATMUL_CPU_S = 12e-6
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DecodeRun:
     where: str  # "cpu" or "gpu"
     bytes_per_token: int
     tok_s: float
     n_layer: int = 0
+    matmuls: int = 0  # weight matrices multiplied per token: their fixed cost is not bandwidth
     at: float = field(default_factory=time.time)
 
 
@@ -339,7 +348,8 @@ def calibration() -> Calibration:
     return Calibration(cpu_gbs=effective_bandwidth_gbs("cpu"), gpu_gbs=effective_bandwidth_gbs("gpu"))
 
 
-def record_decode_run(*, where: str, bytes_per_token: int, tok_s: float, n_layer: int = 0) -> None:
+def record_decode_run(*, where: str, bytes_per_token: int, tok_s: float, n_layer: int = 0,
+                      matmuls: int = 0) -> None:
     """Remember a real run's decode speed; later predictions use this machine's effective bandwidth."""
     if bytes_per_token <= 0 or not tok_s > 0 or where not in ("cpu", "gpu"):
         return
@@ -347,7 +357,7 @@ def record_decode_run(*, where: str, bytes_per_token: int, tok_s: float, n_layer
     runs = _load_json(path)
     runs = runs if isinstance(runs, list) else []
     runs.append(asdict(DecodeRun(where=where, bytes_per_token=int(bytes_per_token), tok_s=float(tok_s),
-                                 n_layer=int(n_layer))))
+                                 n_layer=int(n_layer), matmuls=max(0, int(matmuls)))))
     _save_json(path, runs[-MAX_RUNS:])
 
 
@@ -360,8 +370,18 @@ def effective_bandwidth_gbs(where: str, *, min_bytes: int = 32 << 20) -> float |
     runs = _load_json(cache_dir() / CALIBRATION_FILE)
     if not isinstance(runs, list):
         return None
-    vals = [r["bytes_per_token"] * r["tok_s"] / 1e9 for r in runs
+    vals = [_run_gbs(r) for r in runs
             if isinstance(r, dict) and r.get("where") == where
             and isinstance(r.get("bytes_per_token"), int) and r["bytes_per_token"] >= min_bytes
             and isinstance(r.get("tok_s"), (int, float)) and r["tok_s"] > 0]
     return max(vals) if vals else None
+
+
+def _run_gbs(r: dict[str, Any]) -> float:
+    """A run's bytes per second of token time left after its CPU matrices' fixed cost (MATMUL_CPU_S,
+    which the planner adds back per model); runs recorded before it was counted keep it inside."""
+    seconds = 1 / r["tok_s"]
+    mm = r.get("matmuls")
+    if r.get("where") == "cpu" and isinstance(mm, int) and 0 < mm * MATMUL_CPU_S < 0.5 * seconds:
+        seconds -= mm * MATMUL_CPU_S
+    return float(r["bytes_per_token"] / seconds / 1e9)

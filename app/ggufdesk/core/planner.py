@@ -32,7 +32,7 @@ import gguf
 from ggufdesk.core import quants
 from ggufdesk.core.errors import KnownError, SettingsError
 from ggufdesk.core.gguf_meta import GGUFInfo, TensorInfo
-from ggufdesk.core.hardware import Calibration, HardwareInfo
+from ggufdesk.core.hardware import MATMUL_CPU_S, Calibration, HardwareInfo
 from ggufdesk.core.projector import ProjectorInfo
 from ggufdesk.core.settings import LOGITS_ROWS
 
@@ -49,7 +49,7 @@ EFF_CPU_FLOAT, EFF_CPU_QUANT, EFF_GPU = 0.90, 0.62, 0.75
 # (dequantize + dot), measured with llama.cpp on a 2-core AVX2 EPYC (bench/planner.py): f16 layers
 # ran at 33 GB/s on 2 threads and the Q4_K/Q8_0 starter at 21 GB/s, both below what RAM delivers.
 PER_THREAD_FLOAT, PER_THREAD_QUANT = 16.5, 10.5  # GB/s
-T0_CPU = 0.76e-3  # fixed per-token cost on the CPU (graph, sampling), seconds
+# The CPU's fixed cost per token is per weight matrix multiplied (hardware.MATMUL_CPU_S): see matmuls().
 # On a GPU the fixed cost is kernel launches, which grow with depth: 1.04 ms/token for a 16-layer
 # 1.5 GB f16 model on an H200 of which 0.42 ms is reading weights (bench/gpu.py) -> ~0.1 + 0.033/layer.
 T0_GPU_BASE, T0_GPU_LAYER = 0.1e-3, 0.033e-3
@@ -212,6 +212,22 @@ def is_shared_expert(t: TensorInfo) -> bool:
     return "_shexp" in t.name
 
 
+def matmuls(t: TensorInfo, info: GGUFInfo) -> int:
+    """Weight matrices one decoded token multiplies in tensor `t`: one per 2-D weight, one per active
+    expert of a routed-expert tensor, none for norms, biases and the embedding lookup."""
+    if len(t.shape) < 2 or t.name == "token_embd.weight":
+        return 0
+    if is_routed_expert(t) and info.n_expert_used:
+        return info.n_expert_used
+    return 1
+
+
+def matmuls_per_token(info: GGUFInfo) -> int:
+    """All of a model's weight matrix multiplications per decoded token (a tied output counts once)."""
+    tied = info.tensor("output.weight") is None and info.tensor("token_embd.weight") is not None
+    return sum(matmuls(t, info) for t in info.tensors) + int(tied)
+
+
 def _read_bytes(t: TensorInfo, info: GGUFInfo) -> float:
     """Bytes of a tensor read per decoded token (MoE: only the active experts)."""
     if is_routed_expert(t) and info.n_expert and info.n_expert_used:
@@ -256,6 +272,34 @@ def weight_bytes_per_token(info: GGUFInfo) -> int:
     return decode_bytes(info).per_token
 
 
+@dataclass(frozen=True)
+class _Reader:
+    """Seconds to read weight or cache bytes where they live: a calibrated bandwidth when this machine
+    recorded runs, else the fitted efficiencies on its measured RAM (memory- or compute-bound)."""
+
+    hw: HardwareInfo
+    cal: Calibration
+
+    def seconds(self, nbytes: float, on_gpu: bool, float_type: bool) -> float:
+        if on_gpu:
+            bw = max((g.bandwidth_gbs or 0.0) for g in self.hw.gpus) if self.hw.gpus else 0.0
+            return nbytes / ((self.cal.gpu_gbs or (bw or 300.0) * EFF_GPU) * 1e9)
+        if self.cal.cpu_gbs:
+            return nbytes / (self.cal.cpu_gbs * 1e9)
+        eff = EFF_CPU_FLOAT if float_type else EFF_CPU_QUANT
+        per_thread = PER_THREAD_FLOAT if float_type else PER_THREAD_QUANT
+        threads = max(1, self.hw.cpu.cores_physical)  # the engine decodes on the physical cores by default
+        rate = min(self.hw.ram_bandwidth_gbs * eff, threads * per_thread)
+        return nbytes / (max(rate, 1e-3) * 1e9)
+
+
+def _gpu_layers(info: GGUFInfo, hw: HardwareInfo, n_gpu_layers: int) -> int:
+    """How many of the n_layer + 1 (output) layers llama.cpp puts on the GPU."""
+    if not hw.gpus or n_gpu_layers == 0:
+        return 0
+    return info.n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, info.n_layer + 1)
+
+
 def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth: int = 0,
                    type_k: str = "f16", type_v: str = "f16", calibration: Calibration | None = None,
                    n_cpu_moe: int = 0) -> float:
@@ -263,45 +307,25 @@ def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth
 
     `calibration` (default: the one probe() put into `hw`) replaces the fitted efficiencies;
     n_cpu_moe: the routed experts of the first N layers are read on the CPU (see memory())."""
-    gpu = bool(hw.gpus) and n_gpu_layers != 0
-    n_layer = info.n_layer
-    ngl = 0 if not gpu else (n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1))
-    first_gpu = n_layer + 1 - ngl
-    threads = max(1, hw.cpu.cores_physical)  # the engine decodes on the physical cores by default
-    cal = hw.calibration if calibration is None else calibration
-    cal_cpu, cal_gpu = cal.cpu_gbs, cal.gpu_gbs
-    gpu_bw = max((g.bandwidth_gbs or 0.0) for g in hw.gpus) if hw.gpus else 0.0
-    gpu_bw = gpu_bw or 300.0
-    t0_gpu = T0_GPU_BASE + T0_GPU_LAYER * max(0, ngl - 1)
-    all_gpu = ngl >= n_layer + 1 and not (n_cpu_moe and any(is_routed_expert(x) for x in info.tensors))
-    t = t0_gpu if all_gpu else T0_CPU + (t0_gpu if ngl else 0.0)
-    if (ngl == 0 and cal_cpu) or (all_gpu and cal_gpu):
-        t = 0.0  # a calibrated bandwidth comes from whole-token times: the fixed cost is inside it
-
-    def cost(nbytes: float, on_gpu: bool, float_type: bool) -> float:
-        if on_gpu:
-            return nbytes / ((cal_gpu or gpu_bw * EFF_GPU) * 1e9)
-        if cal_cpu:
-            return nbytes / (cal_cpu * 1e9)
-        eff = EFF_CPU_FLOAT if float_type else EFF_CPU_QUANT
-        per_thread = PER_THREAD_FLOAT if float_type else PER_THREAD_QUANT
-        rate = min(hw.ram_bandwidth_gbs * eff, threads * per_thread)  # memory- or compute-bound
-        return nbytes / (max(rate, 1e-3) * 1e9)
-
+    ngl = _gpu_layers(info, hw, n_gpu_layers)
+    first_gpu = info.n_layer + 1 - ngl
+    read = _Reader(hw, hw.calibration if calibration is None else calibration)
+    all_gpu = ngl >= info.n_layer + 1 and not (n_cpu_moe and any(is_routed_expert(x) for x in info.tensors))
+    # kernel launches; a calibrated GPU bandwidth comes from whole-token times, so they are inside it
+    t = 0.0 if not ngl or (all_gpu and read.cal.gpu_gbs) else T0_GPU_BASE + T0_GPU_LAYER * (ngl - 1)
     for tt in info.tensors:
         if tt.name == "token_embd.weight":
             continue  # one row per token
-        where = tt.layer >= first_gpu if tt.layer is not None else ngl >= 1
-        if tt.layer is not None and tt.layer < n_cpu_moe and is_routed_expert(tt):
-            where = False
-        t += cost(_read_bytes(tt, info), where, tt.ggml_type in FLOAT_TYPES)
+        on_gpu = tt.layer >= first_gpu if tt.layer is not None else ngl >= 1
+        on_gpu = on_gpu and not (tt.layer is not None and tt.layer < n_cpu_moe and is_routed_expert(tt))
+        t += read.seconds(_read_bytes(tt, info), on_gpu, tt.ggml_type in FLOAT_TYPES)
+        t += 0.0 if on_gpu else MATMUL_CPU_S * matmuls(tt, info)
     if info.tensor("output.weight") is None and (emb := info.tensor("token_embd.weight")):
-        t += cost(emb.n_bytes, ngl >= 1, emb.ggml_type in FLOAT_TYPES)
-    if depth:
-        tk, tv = type_size(type_k), type_size(type_v)
-        for i in range(n_layer):
-            d = min(depth, info.n_swa) if info.swa_layers[i] else depth
-            t += cost(d * info.n_head_kv[i] * (info.head_dim_k * tk + info.head_dim_v * tv), i >= first_gpu, True)
+        t += read.seconds(emb.n_bytes, ngl >= 1, emb.ggml_type in FLOAT_TYPES) + (0.0 if ngl else MATMUL_CPU_S)
+    tk, tv = type_size(type_k), type_size(type_v)
+    for i in range(info.n_layer if depth else 0):
+        d = min(depth, info.n_swa) if info.swa_layers[i] else depth
+        t += read.seconds(d * info.n_head_kv[i] * (info.head_dim_k * tk + info.head_dim_v * tv), i >= first_gpu, True)
     return t
 
 

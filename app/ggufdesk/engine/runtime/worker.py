@@ -144,7 +144,7 @@ class Engine:
         self.batch = None  # batch.BatchEngine: runs the admitted requests step by step
         self.ngrams = None  # lookup.NgramCache: every prompt and answer so far, for prompt lookup
         self._lookup_prompts: dict[str, list[int]] = {}  # rid -> prompt, fed to ngrams at its Done
-        self._bytes_per_token: int | None = None  # for self-calibration, read once per model
+        self._bytes_per_token: tuple[int, int] | None = None  # (bytes, matmuls) for self-calibration, once per model
         self.verify_costs: dict[int, float] | None = None  # engine/speculation/verify_cost.py, once per loaded model
         self._calibration: Any = None  # verify_cost.Calibration still to run while idle
         self._token_text: Any = None  # speculative.TokenText of the loaded model, read as lookup asks
@@ -727,9 +727,11 @@ class Engine:
             from ggufdesk.core import gguf_meta, hardware, planner
 
             if self._bytes_per_token is None:
-                self._bytes_per_token = planner.weight_bytes_per_token(gguf_meta.read_gguf(lm.path))
-            hardware.record_decode_run(where=where, bytes_per_token=self._bytes_per_token, tok_s=tok_s,
-                                       n_layer=lm.n_layer)
+                info = gguf_meta.read_gguf(lm.path)
+                self._bytes_per_token = planner.weight_bytes_per_token(info), planner.matmuls_per_token(info)
+            nbytes, matmuls = self._bytes_per_token
+            hardware.record_decode_run(where=where, bytes_per_token=nbytes, tok_s=tok_s, n_layer=lm.n_layer,
+                                       matmuls=matmuls)
         except (KnownError, OSError, ValueError) as e:
             log.warning("could not record the decode speed: %s", e)
 
