@@ -62,3 +62,29 @@ def test_a_nonsense_deadline_is_refused(tiny_model):
         engine.generate(P.Generate(id="r", prompt="hi", sampling=SamplingSettings(**greedy(2)), deadline_s=bad))  # type: ignore[arg-type]
         assert isinstance(events[-1], P.Error) and "deadline_s" in events[-1].message
     engine.unload(quiet=True)
+
+
+def test_reading_a_long_prompt_does_not_count_against_the_deadline(tiny_model):
+    """A prompt read in many chunks (a 20k-token agent prompt takes minutes on a small CPU) keeps its
+    deadline for the answer: the clock jumps past it at every prefill step, and the request still
+    answers; once it generates, the deadline holds again."""
+    now = [0.0]
+    events: list = []
+    engine = Engine(events.append, CancelBook())  # type: ignore[arg-type]
+    engine.load(P.Load(id="l", model=str(tiny_model),
+                       settings=LoadSettings(n_ctx=512, n_parallel=1, n_batch=16, n_ubatch=16)))
+    engine.batch.clock = lambda: now[0]
+    prompt = "the cat sat on the mat and the dog ran in the park " * 8
+    engine.generate(P.Generate(id="long", prompt=prompt, sampling=SamplingSettings(**greedy(400)), deadline_s=30))
+    steps = 0
+    while steps < 200 and not any(isinstance(e, (P.Token, P.Error)) and e.id == "long" for e in events):
+        engine.batch.step()
+        now[0] += 31  # every prefill step takes longer than the whole deadline
+        steps += 1
+    assert not any(isinstance(e, P.Error) for e in events)
+    assert steps > 3, "the prompt must take several steps to read for this test to mean anything"
+    now[0] += 31  # generating now: past the deadline
+    engine.batch.step()
+    err = next(e for e in events if isinstance(e, P.Error) and e.id == "long")
+    assert err.kind == "timeout"
+    engine.unload(quiet=True)

@@ -50,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a web page origin allowed to call the API from a browser, e.g. http://localhost:3000 "
                         "(repeatable; none by default)")
     p.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
-                   help="seconds one generation may take before it is stopped with a 504 (0 = no limit)")
+                   help="seconds a request may wait and generate before it is stopped with a 504 (reading its "
+                        "prompt is not counted; 0 = no limit)")
     p.add_argument("--read-timeout", type=float, default=30.0, metavar="S",
                    help="seconds a request's headers and body may take to arrive")
     p.add_argument("--max-connections", type=int, default=0, metavar="N",

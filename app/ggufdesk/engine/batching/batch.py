@@ -81,6 +81,7 @@ class BatchEngine:
                  disk: DiskCache | None = None) -> None:
         s = lm.settings
         self.clock = clock  # for request deadlines
+        self._reaped_at: float | None = None  # the clock at the last _reap (prompt reading is not counted)
         self.lm, self.vocab, self.emit, self.cancelled = lm, vocab, emit, cancelled
         self.n_ctx = lm.n_ctx  # each sequence may grow to the whole context (unified KV cache)
         self.n_parallel = s.n_parallel
@@ -199,12 +200,20 @@ class BatchEngine:
         plan.chunk = 0 if plan.image is not None else p.media.text_room(p.n_done, plan.chunk)
 
     def _reap(self) -> None:
-        """Requests that end between steps: cancelled, or past their deadline."""
-        now = self.clock()
+        """Requests that end between steps: cancelled, or past their deadline. The time a request spends
+        reading its prompt moves its deadline on: that is bounded by the context size the server chose
+        (a 20k-token agent prompt takes minutes on a small CPU), while the deadline is for waiting and for
+        runaway generations."""
+        now, since = self.clock(), self._reaped_at
+        self._reaped_at = now
         for seq in [*self.sched.running, *self.sched.waiting]:
             if self.cancelled(seq.rid):
                 self.update.finish(seq, SequenceStatus.FINISHED_CANCELLED)
-            elif seq.deadline is not None and now >= seq.deadline:
+            elif seq.deadline is None:
+                continue
+            elif seq.status is SequenceStatus.PREFILLING:
+                seq.deadline += 0.0 if since is None else max(0.0, now - since)
+            elif now >= seq.deadline:
                 self.update.expire(seq)
 
     def _admit(self, seq: Sequence) -> None:
