@@ -322,7 +322,12 @@ def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth
         t += 0.0 if on_gpu else MATMUL_CPU_S * matmuls(tt, info)
     if info.tensor("output.weight") is None and (emb := info.tensor("token_embd.weight")):
         t += read.seconds(emb.n_bytes, ngl >= 1, emb.ggml_type in FLOAT_TYPES) + (0.0 if ngl else MATMUL_CPU_S)
-    tk, tv = type_size(type_k), type_size(type_v)
+    return t + _kv_seconds(info, read, depth, type_size(type_k), type_size(type_v), first_gpu)
+
+
+def _kv_seconds(info: GGUFInfo, read: _Reader, depth: int, tk: float, tv: float, first_gpu: int) -> float:
+    """Reading `depth` cached tokens' keys and values in every layer (a sliding-window layer: its window)."""
+    t = 0.0
     for i in range(info.n_layer if depth else 0):
         d = min(depth, info.n_swa) if info.swa_layers[i] else depth
         t += read.seconds(d * info.n_head_kv[i] * (info.head_dim_k * tk + info.head_dim_v * tv), i >= first_gpu, True)
