@@ -81,6 +81,10 @@ def test_every_api_reports_what_its_default_dropped(small):
     assert last["truncated_tokens"] == chat["truncated_tokens"] == stream[-1]["truncated_tokens"]
     text = post(small, "/v1/completions", {"prompt": "the cat " * 300, "max_tokens": 4}).json()
     assert text["truncated_tokens"] > 0 and text["context_overflow"] == "rolling"
+    native = post(small, "/completion", {"prompt": "the cat " * 300, "n_predict": 4}).json()  # llama-server's own
+    assert native["truncated"] and native["truncated_tokens"] > 0 and native["context_overflow"] == "rolling"
+    assert post(small, "/completion", {"prompt": "the cat " * 300, "n_predict": 4,
+                                       "context_overflow": "error"}).status_code == 400
     msg = post(small, "/v1/messages", body).json()
     assert msg["truncated_tokens"] == chat["truncated_tokens"]
     events = sse(small, "/v1/messages", body)

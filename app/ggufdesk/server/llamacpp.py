@@ -25,7 +25,7 @@ from ggufdesk.server import structured
 from ggufdesk.server.errors import ApiError, invalid, native_error, not_supported
 from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
 from ggufdesk.server.sampling import sampling_from
-from ggufdesk.server.schemas import LlamaFields, SamplingFields, Strict, stops, validate
+from ggufdesk.server.schemas import ContextOverflow, LlamaFields, SamplingFields, Strict, stops, validate
 from ggufdesk.server.service import GenSpec, Job, Service, complete_all, engine_error
 
 # llama.cpp sampling options ggufdesk does not have, with the value that means "off"
@@ -135,6 +135,7 @@ class CompletionRequest(SamplingFields, LlamaFields):
     seed: int | None = None  # (a negative seed: a random one, as llama-server takes it)
     response_fields: list[str] | None = None
     model: str | None = None
+    context_overflow: ContextOverflow = None  # ours, as on every API (docs/context.md)
 
 
 def prompts_of(prompt: str | list[Any]) -> list[str | list[int]]:
@@ -159,7 +160,7 @@ def settings_of(svc: Service, req: CompletionRequest, model: str) -> Any:
     seed = None if req.seed is None else req.seed if 0 <= req.seed < 2**32 else -1
     return sampling_from(svc, model, max_tokens=max_tokens, stop=stops(req.stop), temperature=req.temperature,
                          top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, repeat_penalty=req.repeat_penalty,
-                         repeat_last_n=req.repeat_last_n, seed=seed)
+                         repeat_last_n=req.repeat_last_n, seed=seed, context_overflow=req.context_overflow)
 
 
 def generation_settings(job: Job, req: CompletionRequest) -> dict[str, Any]:
@@ -186,12 +187,12 @@ def final_fields(job: Job, req: CompletionRequest, model: str, content: str) -> 
            "id_slot": 0, "stop": True, "model": model, "tokens_predicted": job.completion_tokens,
            "tokens_evaluated": job.prompt_tokens, "generation_settings": generation_settings(job, req),
            "prompt": req.prompt if isinstance(req.prompt, str) else "", "has_new_line": "\n" in content,
-           "truncated": bool(getattr(done, "truncated", False)), "stop_type": stop_type(job),
+           "truncated": bool(getattr(done, "truncated", False) or job.truncated_tokens), "stop_type": stop_type(job),
            "stopping_word": (done.stop or "") if done else "",
            "tokens_cached": job.stats.n_reused if job.stats else 0, "timings": timings(job)}
     if req.n_probs:
         out["completion_probabilities"] = probabilities(job.logprobs, req.n_probs)
-    return out
+    return {**out, **job.context_fields()}
 
 
 def pick(body: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
