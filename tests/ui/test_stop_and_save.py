@@ -29,7 +29,9 @@ def test_stop_ends_an_answer_whose_engine_ignores_it(qtbot, quick_bridge, histor
     assert finished.args == ["partial"]
     assert any("did not stop within" in text for _, _, text in w.banner.messages)
     assert w.send_btn.isEnabled()
-    qtbot.waitUntil(lambda: quick_bridge.state == "loaded", timeout=20000)  # restarted, reloaded
+    # restarted, reloaded, and the session has taken the new Loaded (the bridge's state can be first)
+    qtbot.waitUntil(lambda: quick_bridge.state == "loaded" and w.session.model is not None and not w.session.busy,
+                    timeout=20000)
     with qtbot.waitSignal(w.answer_finished, timeout=15000) as done:
         assert w.send("and now a normal one")
     assert done.args == ["done"]
