@@ -144,7 +144,7 @@ class Engine:
         self.batch = None  # batch.BatchEngine: runs the admitted requests step by step
         self.ngrams = None  # lookup.NgramCache: every prompt and answer so far, for prompt lookup
         self._lookup_prompts: dict[str, list[int]] = {}  # rid -> prompt, fed to ngrams at its Done
-        self._bytes_per_token: tuple[int, int] | None = None  # (bytes, matmuls) for self-calibration, once per model
+        self._decode_work: tuple[int, int] | None = None  # (bytes, matrices) per token, read once per model
         self.verify_costs: dict[int, float] | None = None  # engine/speculation/verify_cost.py, once per loaded model
         self._calibration: Any = None  # verify_cost.Calibration still to run while idle
         self._token_text: Any = None  # speculative.TokenText of the loaded model, read as lookup asks
@@ -210,7 +210,7 @@ class Engine:
 
         self.ngrams = NgramCache(spec.ngram)
         self._token_text = None
-        self._bytes_per_token = None
+        self._decode_work = None
         self.verify_costs = self._calibration = None
         meta = lm.metadata
         bos = _piece(lm, meta.get("tokenizer.ggml.bos_token_id"))
@@ -726,10 +726,10 @@ class Engine:
         try:
             from ggufdesk.core import gguf_meta, hardware, planner
 
-            if self._bytes_per_token is None:
+            if self._decode_work is None:
                 info = gguf_meta.read_gguf(lm.path)
-                self._bytes_per_token = planner.weight_bytes_per_token(info), planner.matmuls_per_token(info)
-            nbytes, matmuls = self._bytes_per_token
+                self._decode_work = planner.weight_bytes_per_token(info), planner.matmuls_per_token(info)
+            nbytes, matmuls = self._decode_work
             hardware.record_decode_run(where=where, bytes_per_token=nbytes, tok_s=tok_s, n_layer=lm.n_layer,
                                        matmuls=matmuls)
         except (KnownError, OSError, ValueError) as e:
