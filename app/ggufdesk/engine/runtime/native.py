@@ -152,7 +152,8 @@ class LoadedModel:
 
     @property
     def vocab(self) -> llama_cpp.llama_vocab_p:
-        return llama_cpp.llama_vocab_p(self.model.vocab)
+        vocab: llama_cpp.llama_vocab_p = self.model.vocab  # (read per token: no conversion call)
+        return vocab
 
     @property
     def arch(self) -> str:
