@@ -163,3 +163,18 @@ def test_unreadable_catalog_is_a_known_error(tmp_path):
     p.write_text("model = 5\n")
     c = catalog.load(p)
     assert c.entries == () and len(c.warnings) == 2
+
+
+def test_a_sha256_that_is_not_text_is_reported_not_a_crash(tmp_path):
+    # a number among the digests used to raise TypeError out of load() (the regex got an int)
+    p = tmp_path / "c.toml"
+    p.write_text(GOOD + '''
+[[model.file]]
+quant = "Q4_K_M"
+file = "Small-Q4_K_M.gguf"
+size = 1000
+sha256 = [5]
+''')
+    c = catalog.load(p)
+    assert c.get("small").files == ()
+    assert 'model #2 (small) file #1: sha256 needs one 64-hex digest (or "missing") per part' in c.warnings
