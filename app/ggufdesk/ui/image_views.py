@@ -38,7 +38,7 @@ def png_bytes(image: QImage) -> bytes:
     """A pasted image (QImage) as PNG bytes."""
     buf = QBuffer()
     buf.open(QIODevice.OpenModeFlag.WriteOnly)
-    image.save(buf, "PNG")
+    image.save(buf, b"PNG")
     return bytes(buf.data().data())
 
 

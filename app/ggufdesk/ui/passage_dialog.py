@@ -59,7 +59,8 @@ class PassageDialog(QDialog):
         from ggufdesk.core.docs.extract import render_pdf_page
 
         try:
-            w, h, data = render_pdf_page(Path(str(self.citation["source"])), int(figure(self.citation["page"])), width=700)
+            w, h, data = render_pdf_page(Path(str(self.citation["source"])), int(figure(self.citation["page"])),
+                                         width=700)
         except (KnownError, OSError) as e:
             self.page.setText(f"the page cannot be shown: {e}")
             self.page_area.setVisible(True)
