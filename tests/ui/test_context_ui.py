@@ -35,6 +35,20 @@ def test_the_conversation_settings_choose_the_policy(qtbot):
     assert again.overflow.currentData() == "error"
 
 
+def test_the_conversation_settings_keep_what_they_do_not_show(qtbot):
+    # think and the reasoning budget (a model's preset can set them) are not fields of the dialog:
+    # pressing OK must not put them back to their defaults
+    kept = SamplingSettings(think="off", reasoning_budget=128, repeat_last_n=32, stop=["END"])
+    dlg = ConversationDialog(system_prompt="", sampling=kept, mode="chat")
+    qtbot.addWidget(dlg)
+    dlg.temperature.setValue(0.3)
+    got = dlg.sampling()
+    assert (got.think, got.reasoning_budget, got.repeat_last_n, got.stop) == ("off", 128, 32, ["END"])
+    assert got.temperature == 0.3
+    got.stop.append("x")
+    assert kept.stop == ["END"]  # a copy, not the conversation's own list
+
+
 def test_a_conversation_past_the_context_goes_on_and_says_what_it_dropped(qtbot, loaded_window):
     w = loaded_window
     long = "the cat sat on the mat " * 300  # 1,800 words: two fit the 4,096-token context, three do not

@@ -100,9 +100,10 @@ def test_wanted_scheme_reads_the_style_hints(qapp, monkeypatch):
     from PySide6.QtCore import Qt
 
     monkeypatch.delenv("GGUFDESK_THEME", raising=False)
-    monkeypatch.setattr(theme, "QGuiApplication", type("G", (), {
-        "instance": staticmethod(lambda: type("A", (), {"styleHints": staticmethod(
-            lambda: type("H", (), {"colorScheme": staticmethod(lambda: Qt.ColorScheme.Dark)})())})())}))
+    hints = type("H", (), {"colorScheme": staticmethod(lambda: Qt.ColorScheme.Dark)})()
+    app_class = type("G", (), {"styleHints": staticmethod(lambda: hints)})
+    app_class.instance = staticmethod(lambda: app_class())  # a GUI application: an instance of the class
+    monkeypatch.setattr(theme, "QGuiApplication", app_class)
     assert theme.wanted_scheme() == Qt.ColorScheme.Dark
 
 

@@ -154,3 +154,24 @@ def test_a_file_that_is_not_a_gguf_is_refused_with_the_readers_reason(qtbot, wiz
     assert page.model.rowCount() == rows  # not listed
     assert page.status.text().startswith("notes.gguf cannot be opened as a model: ")
     assert "not a GGUF file (it starts with b'hell', not b'GGUF')" in page.status.text()
+
+
+def test_a_repo_is_listed_unplanned_when_the_probe_failed(monkeypatch):
+    # The hardware page said "Could not look at this computer" (hw None): a repo looked up then is
+    # listed with its files and sizes, fit unknown; the planner, which needs the machine, is not asked.
+    from ggufdesk.core import downloads, gguf_meta
+    from ggufdesk.core.downloads import RemoteFile, RemoteModel
+    from ggufdesk.ui.services import ModelServices
+
+    models = [RemoteModel(name="m-Q4_K_M", quant="Q4_K_M", files=(RemoteFile("m-Q4_K_M.gguf", 700, None),)),
+              RemoteModel(name="m-Q8_0", quant="Q8_0", files=(RemoteFile("m-Q8_0.gguf", 1200, None),))]
+    monkeypatch.setattr(downloads, "list_gguf", lambda repo: models)
+
+    def no_header(*_a, **_k):
+        raise AssertionError("no header is read without a machine to plan for")
+
+    monkeypatch.setattr(gguf_meta, "read_gguf", no_header)
+    rows = ModelServices().lookup_repo("org/m-GGUF", None)
+    assert [(r.label, r.filename, r.size_bytes, r.fit, r.repo) for r in rows] == [
+        ("m-GGUF Q4_K_M", "m-Q4_K_M.gguf", 700, "unknown", "org/m-GGUF"),
+        ("m-GGUF Q8_0", "m-Q8_0.gguf", 1200, "unknown", "org/m-GGUF")]

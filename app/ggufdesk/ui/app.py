@@ -8,14 +8,23 @@ import os
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from PySide6.QtCore import QSettings
 from PySide6.QtGui import QIcon
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
-from PySide6.QtWidgets import QApplication, QMessageBox
+from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
 
 from ggufdesk import __version__
 from ggufdesk.core.errors import KnownError
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from ggufdesk.core.history import History
+    from ggufdesk.ui.engine_adapter import EngineBridge
+    from ggufdesk.ui.main_window import MainWindow
+    from ggufdesk.ui.services import ModelServices
 
 log = logging.getLogger("ggufdesk.ui")
 
@@ -69,27 +78,28 @@ class SingleInstance:
             return True
         return False
 
-    def listen(self, on_raise) -> bool:
+    def listen(self, on_raise: Callable[[], object]) -> bool:
         QLocalServer.removeServer(self.name)  # a stale socket from a crashed instance
         self.server = QLocalServer()
         self.server.setSocketOptions(QLocalServer.SocketOption.UserAccessOption)
         self.server.newConnection.connect(lambda: self._accept(on_raise))
         return self.server.listen(self.name)
 
-    def _accept(self, on_raise) -> None:
+    def _accept(self, on_raise: Callable[[], object]) -> None:
         while self.server and (conn := self.server.nextPendingConnection()):
             conn.readyRead.connect(lambda c=conn: c.readAll())
             conn.disconnected.connect(conn.deleteLater)
             on_raise()
 
 
-def raise_window(win) -> None:
+def raise_window(win: QWidget) -> None:
     win.showNormal()
     win.raise_()
     win.activateWindow()
 
 
-def build_main_window(*, engine_command: list[str] | None = None, services=None):
+def build_main_window(*, engine_command: list[str] | None = None, services: ModelServices | None = None,
+                      ) -> tuple[MainWindow, EngineBridge, History, Callable[[], None]]:
     """Everything main() builds, also used by benches and tests: (window, engine, history)."""
     from ggufdesk.core.history import History
     from ggufdesk.core.settings import open_settings
@@ -123,7 +133,7 @@ def build_main_window(*, engine_command: list[str] | None = None, services=None)
     return win, engine, history, choose_model
 
 
-def load_starter(win) -> None:
+def load_starter(win: MainWindow) -> None:
     """Nothing chosen and nothing loaded: open the offline starter model, so the first run can chat.
 
     The chat starter when installed, else the base one. Checking or assembling it the first time
@@ -134,7 +144,7 @@ def load_starter(win) -> None:
     if default_starter() is None:
         return
 
-    def done(fut) -> None:
+    def done(fut: Future[Path]) -> None:
         if (msg := describe_failure(fut)) is not None:
             log.warning("starter model: %s", msg)
             return
@@ -152,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     if QApplication.instance() is None and (line := platform_check.check()):
         print(line, file=sys.stderr)  # Qt itself would abort with a core dump and one name
         return 1
-    app = QApplication.instance() or QApplication(sys.argv if argv is None else argv)
+    existing = QApplication.instance()
+    app = existing if isinstance(existing, QApplication) else QApplication(sys.argv if argv is None else argv)
     theme.follow_system(app)  # light or dark as the system says, and when it changes (parented to app)
     app.setApplicationName("ggufdesk")
     app.setOrganizationName("ggufdesk")

@@ -1,9 +1,8 @@
 """Qt table model over a plain list of ModelChoice rows (the wizard's model list)."""
 from __future__ import annotations
 
-from typing import Any
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QObject, QPersistentModelIndex, Qt
 from PySide6.QtGui import QColor
 
 from ggufdesk.ui import theme
@@ -39,7 +38,7 @@ def gpu_layers(c: ModelChoice) -> str:
 
 
 class ChoiceTableModel(QAbstractTableModel):
-    def __init__(self, parent: Any = None) -> None:
+    def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._rows: list[ModelChoice] = []
 
@@ -50,13 +49,13 @@ class ChoiceTableModel(QAbstractTableModel):
         return 0 if parent.isValid() else len(COLUMNS)
 
     def headerData(self, section: int, orientation: Qt.Orientation,  # noqa: N802 - Qt API
-                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+                   role: int = Qt.ItemDataRole.DisplayRole) -> object:
         if (role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal
                 and 0 <= section < len(COLUMNS)):
             return COLUMNS[section]
         return None
 
-    def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+    def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> object:
         if not index.isValid() or not 0 <= index.row() < len(self._rows):
             return None
         c = self._rows[index.row()]
@@ -73,7 +72,7 @@ class ChoiceTableModel(QAbstractTableModel):
         return None
 
     @staticmethod
-    def _cell(c: ModelChoice, col: int) -> Any:
+    def _cell(c: ModelChoice, col: int) -> str:
         if col == 0:
             return ("★ " if c.recommended else "") + c.label
         return (badges(c), human_bytes(c.size_bytes) if c.size_bytes else "?", FIT_WORDS.get(c.fit, c.fit),

@@ -1,7 +1,8 @@
 """Per-conversation settings: system prompt, sampling, chat or completion mode."""
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import TypedDict
 
 from PySide6.QtWidgets import (
     QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QLabel, QPlainTextEdit,
@@ -48,6 +49,16 @@ OVERFLOW_CHOICES = {
 }
 
 
+class FunctionSpec(TypedDict):
+    name: str
+
+
+class FunctionTool(TypedDict):
+    """An OpenAI-style function tool as core/tools.py reads it (only what the dialog uses)."""
+
+    function: FunctionSpec
+
+
 class ConversationDialog(QDialog):
     def __init__(self, *, system_prompt: str, sampling: SamplingSettings, mode: str,
                  parent: QWidget | None = None) -> None:
@@ -67,7 +78,7 @@ class ConversationDialog(QDialog):
         self.max_tokens = self._spin(1, 1 << 20, sampling.max_tokens)
         self.seed = self._spin(-1, 2**31 - 1, sampling.seed)
         self.structured_valid = True
-        self._rest = {"repeat_last_n": sampling.repeat_last_n, "stop": list(sampling.stop)}
+        self._sampling = sampling  # what the dialog does not show (stop, think...) is kept as it was
         self.overflow = QComboBox()
         for policy, label in OVERFLOW_CHOICES.items():
             self.overflow.addItem(label, policy)
@@ -134,20 +145,20 @@ class ConversationDialog(QDialog):
         return sb
 
     def sampling(self) -> SamplingSettings:
-        return SamplingSettings(
-            temperature=self.temperature.value(), top_k=self.top_k.value(),
+        return dataclasses.replace(
+            self._sampling, temperature=self.temperature.value(), top_k=self.top_k.value(),
             top_p=self.top_p.value(), min_p=self.min_p.value(),
             repeat_penalty=self.repeat_penalty.value(), seed=self.seed.value(),
             max_tokens=self.max_tokens.value(), structured=self.structured(),
             tool_choice=self.chosen_tool() if self.structured_kind.currentText() == "Tools" else "auto",
-            context_overflow=str(self.overflow.currentData()), **self._rest,
+            context_overflow=str(self.overflow.currentData()), stop=list(self._sampling.stop),
         )
 
     def chosen_tool(self) -> str:
         """auto | required | none | a tool's name (SamplingSettings.tool_choice)."""
         return str(self.tool_choice.currentData() or self._wanted_choice or "auto")
 
-    def _fill_tool_choice(self, tools: list[dict[str, Any]]) -> None:
+    def _fill_tool_choice(self, tools: list[FunctionTool]) -> None:
         keep = self.chosen_tool() if self.tool_choice.count() else self._wanted_choice
         self.tool_choice.blockSignals(True)
         self.tool_choice.clear()

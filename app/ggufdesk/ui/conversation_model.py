@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
-from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, Qt
+from PySide6.QtCore import QAbstractListModel, QModelIndex, QObject, QPersistentModelIndex, Qt
 
 from ggufdesk.core.history import Conversation
 
@@ -14,14 +13,14 @@ Index = QModelIndex | QPersistentModelIndex
 
 
 class ConversationListModel(QAbstractListModel):
-    def __init__(self, parent: Any = None) -> None:
+    def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._items: list[Conversation] = []
 
     def rowCount(self, parent: Index = QModelIndex()) -> int:  # noqa: N802 - Qt API
         return 0 if parent.isValid() else len(self._items)
 
-    def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+    def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> object:
         if not index.isValid() or not 0 <= index.row() < len(self._items):
             return None
         c = self._items[index.row()]

@@ -12,17 +12,22 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QEvent, QFileSystemWatcher, QObject, QSettings, Qt, QTimer, Signal
-from PySide6.QtWidgets import QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow, QProgressBar, QToolButton, QWidget
+from PySide6.QtCore import QEvent, QFileSystemWatcher, QMimeData, QObject, QSettings, Qt, QTimer, Signal
+from PySide6.QtWidgets import QFileDialog, QFrame, QHBoxLayout, QLabel, QProgressBar, QToolButton, QWidget
 
 from ggufdesk.core.docs.indexer import Progress, Report
 from ggufdesk.core.docs.store import Collection, collection_path
 from ggufdesk.core.errors import KnownError
 from ggufdesk.session.docs import Attached, Retriever
 from ggufdesk.session.docs_index import IndexJob, describe, eta_text, summary
+from ggufdesk.ui.message_widget import Citation
 from ggufdesk.ui.tasks import run_on_main
+
+if TYPE_CHECKING:
+    from ggufdesk.session.embedding import EmbeddingEngine
+    from ggufdesk.ui.main_window import MainWindow
 
 log = logging.getLogger("ggufdesk.ui")
 EMBED_MODEL_KEY = "docs/embed_model"  # an embedding GGUF chosen by the user (none: BM25 only)
@@ -97,13 +102,13 @@ class DocsAttach(QObject):
     attached = Signal(str)  # the collection's name, once it answers
     indexing_done = Signal(object)  # the Report (or None after an error)
 
-    def __init__(self, window: Any) -> None:
+    def __init__(self, window: MainWindow) -> None:
         super().__init__(window)
         self.window = window
         self.name = ""
         self.job: IndexJob | None = None
         self.coll: Collection | None = None
-        self.engine: Any = None
+        self.engine: EmbeddingEngine | None = None
         self.chip = self._new_chip()
         self.chip_shown = False
         self.files_btn = QToolButton()
@@ -115,10 +120,10 @@ class DocsAttach(QObject):
         self.folder_btn.setText("Attach folder…")
         self.folder_btn.setToolTip("Answer from every document in a folder; it is watched while attached")
         self.folder_btn.clicked.connect(lambda: self.choose_folder())
+        self._changed = QTimer(self, singleShot=True, interval=WATCH_DEBOUNCE_MS)
         self.watcher = QFileSystemWatcher(self)
         self.watcher.directoryChanged.connect(lambda _p: self._changed.start())
         self.watcher.fileChanged.connect(lambda _p: self._changed.start())
-        self._changed = QTimer(self, singleShot=True, interval=WATCH_DEBOUNCE_MS)
         self._changed.timeout.connect(self.refresh)
         self._last_progress = 0.0
 
@@ -186,7 +191,7 @@ class DocsAttach(QObject):
                             on_done=lambda report, error: run_on_main(lambda: self._done(name, report, error)))
         self.job.start()
 
-    def _embedder(self, name: str, model: str = "") -> tuple[Any, str]:
+    def _embedder(self, name: str, model: str = "") -> tuple[EmbeddingEngine | None, str]:
         """The embedding engine for this collection: the model just chosen, else its own model, else the
         user's chosen one, else none."""
         if not model and collection_path(name).exists():
@@ -343,7 +348,7 @@ class DocsAttach(QObject):
         return False
 
 
-def dropped_documents(mime: Any) -> list[Path]:
+def dropped_documents(mime: QMimeData) -> list[Path]:
     """Local files and folders in a drop, other than GGUF models (the window loads those)."""
     if not mime.hasUrls():
         return []
@@ -351,7 +356,7 @@ def dropped_documents(mime: Any) -> list[Path]:
     return [p for p in out if not p.name.lower().endswith(".gguf")]
 
 
-def attach(window: QMainWindow) -> DocsAttach:
+def attach(window: MainWindow) -> DocsAttach:
     """Give the window its documents: the Attach button under the message box, drops on the window,
     the chat and the box, sources that open their passage, and detaching when the conversation changes."""
     docs = DocsAttach(window)
@@ -364,7 +369,7 @@ def attach(window: QMainWindow) -> DocsAttach:
     return docs
 
 
-def open_passage(window: QWidget, citation: dict[str, Any]) -> None:
+def open_passage(window: QWidget, citation: Citation) -> None:
     from ggufdesk.ui.passage_dialog import PassageDialog
 
     dialog = PassageDialog(citation, window)

@@ -4,8 +4,6 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Any
-
 from PySide6.QtCore import QObject, Signal
 
 from ggufdesk.core.errors import KnownError
@@ -16,10 +14,11 @@ from ggufdesk.engine.link.api import ClientFactory, EngineAPI
 log = logging.getLogger("ggufdesk.ui.engine")
 
 
-def default_client_factory(**kwargs: Any) -> EngineAPI:
+def default_client_factory(**kwargs: object) -> EngineAPI:
     from ggufdesk.engine.link.client import EngineClient
 
-    return EngineClient(**kwargs)
+    factory: ClientFactory = EngineClient  # imported on first use: the window opens before the engine
+    return factory(**kwargs)
 
 
 class EngineBridge(QObject):
@@ -50,7 +49,7 @@ class EngineBridge(QObject):
     def __init__(
         self, *, command: list[str] | None = None,
         client_factory: ClientFactory = default_client_factory, parent: QObject | None = None,
-        client_options: dict[str, Any] | None = None,
+        client_options: dict[str, object] | None = None,
     ) -> None:
         super().__init__(parent)
         self._command = command
@@ -144,7 +143,7 @@ class EngineBridge(QObject):
     def pid(self) -> int | None:
         return self._client.pid if self._client is not None else None
 
-    def devices(self) -> list[dict[str, Any]]:
+    def devices(self) -> list[dict[str, object]]:
         """The engine's ggml device list (from its Ready event; [] until it has started)."""
         ready = self._client.ready if self._client is not None else None
         return list(ready.devices) if ready is not None else []
@@ -180,12 +179,16 @@ class EngineBridge(QObject):
         except Exception as e:  # noqa: BLE001 - a dead engine is reported like a load error
             self.error.emit(p.Error(kind="load", message=str(e)))
 
-    def generate(self, *, messages: list[dict[str, Any]] | None = None, prompt: str | None = None,
-                 sampling: SamplingSettings | None = None, **extra: Any) -> str:
+    def generate(self, *, messages: list[dict[str, object]] | None = None, prompt: str | None = None,
+                 sampling: SamplingSettings | None = None, **extra: object) -> str:
         """Queue a generation; raises KnownError when the engine is gone for good. `extra` are
         further Generate fields (the MCP tools offered)."""
-        rid: str = self._running().generate(prompt=prompt, messages=messages,
-                                            sampling=sampling or SamplingSettings(), speculation=None, **extra)
+        # extra: Generate fields of many types (tools, tool_choice, images...) that the client
+        # takes as **extra and protocol.Generate validates; mypy would match each against
+        # request_id/logprobs too.
+        rid: str = self._running().generate(
+            prompt=prompt, messages=messages, sampling=sampling or SamplingSettings(), speculation=None,
+            **extra)  # type: ignore[arg-type]
         self.active_id = rid
         return rid
 

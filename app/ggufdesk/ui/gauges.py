@@ -4,10 +4,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Callable
 
 from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QPainter, QPainterPath, QPalette, QPen
+from PySide6.QtGui import QColor, QPainter, QPainterPath, QPaintEvent, QPalette, QPen
 from PySide6.QtWidgets import (
     QFormLayout, QFrame, QGroupBox, QLabel, QProgressBar, QScrollArea, QSizePolicy, QVBoxLayout,
     QWidget,
@@ -120,7 +122,8 @@ class SystemSampler(QObject):
 
     sampled = Signal(object)  # SystemSample
 
-    def __init__(self, pid_getter, *, interval_ms: int = 1000, parent: QObject | None = None) -> None:
+    def __init__(self, pid_getter: Callable[[], int | None], *, interval_ms: int = 1000,
+                 parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._pid = pid_getter
         self._busy = False
@@ -140,7 +143,7 @@ class SystemSampler(QObject):
         self._busy = True
         pid = self._pid()
 
-        def done(fut) -> None:
+        def done(fut: Future[SystemSample]) -> None:
             self._busy = False
             if fut.exception() is None:
                 self.sampled.emit(fut.result())
@@ -164,7 +167,7 @@ class MemoryBar(QWidget):
         self.total, self.parts = total, dict(parts)
         self.update()
 
-    def paintEvent(self, event) -> None:  # noqa: N802 - Qt API
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 - Qt API
         qp = QPainter(self)
         qp.setRenderHint(QPainter.RenderHint.Antialiasing)
         r = QRectF(self.rect()).adjusted(1, 1, -1, -1)
@@ -197,7 +200,7 @@ class RateGraph(QWidget):
         self.values.append(max(0.0, value))
         self.update()
 
-    def paintEvent(self, event) -> None:  # noqa: N802 - Qt API
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 - Qt API
         qp = QPainter(self)
         qp.setRenderHint(QPainter.RenderHint.Antialiasing)
         r = QRectF(self.rect()).adjusted(1, 1, -1, -1)
@@ -210,7 +213,7 @@ class RateGraph(QWidget):
             qp.drawText(r, Qt.AlignmentFlag.AlignCenter, "tok/s history")
             return
         top = max(self.values) * 1.15 or 1.0
-        step = r.width() / (self.values.maxlen - 1)
+        step = r.width() / ((self.values.maxlen or len(self.values)) - 1)
         x0 = r.right() - step * (len(self.values) - 1)
         path = QPainterPath()
         for i, v in enumerate(self.values):

@@ -38,7 +38,8 @@ def png_bytes(image: QImage) -> bytes:
     """A pasted image (QImage) as PNG bytes."""
     buf = QBuffer()
     buf.open(QIODevice.OpenModeFlag.WriteOnly)
-    image.save(buf, "PNG")
+    # PySide6 wants the format as str here (bytes is refused at run time); its stubs say bytes
+    image.save(buf, "PNG")  # type: ignore[call-overload]
     return bytes(buf.data().data())
 
 

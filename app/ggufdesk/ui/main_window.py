@@ -42,7 +42,7 @@ from ggufdesk.ui.conversation_dialog import ConversationDialog
 from ggufdesk.ui.engine_adapter import EngineBridge
 from ggufdesk.ui.gauges import GaugePanel, SystemSampler
 from ggufdesk.ui.header import Header
-from ggufdesk.ui.model_switcher import ModelSwitcher
+from ggufdesk.ui.model_switcher import ModelSwitcher, ServerModel
 from ggufdesk.ui.notify import Banner
 from ggufdesk.ui.services import ContextEstimate
 from ggufdesk.ui.settings_dialog import SettingsDialog
@@ -515,7 +515,7 @@ class MainWindow(QMainWindow):
         except SettingsError:
             return self.settings
 
-    def _server_models(self) -> list[dict[str, object]]:
+    def _server_models(self) -> list[ServerModel]:
         panel = getattr(self, "server_panel", None)
         service = panel.service if panel is not None else None
         return list(service.snapshot()["models"]) if service is not None else []

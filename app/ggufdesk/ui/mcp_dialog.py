@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap
@@ -132,7 +132,7 @@ class ServerEditor(QGroupBox):
         self.forget_btn.setToolTip("Ask again before every call of this server's tools")
         self.forget_btn.clicked.connect(lambda _checked=False: self._forget())
         self._always: tuple[str, ...] = ()
-        self._extra: dict[str, Any] = {}
+        self._extra: dict[str, object] = {}
         form = QFormLayout(self)
         self.rows: dict[str, QWidget] = {}
         for label, widget in (("&Name", self.name), ("&Kind", self.kind), ("&Command", self.command),
@@ -182,9 +182,9 @@ class ServerEditor(QGroupBox):
         self._show_allowed()
         self._kind_changed()
 
-    def entry(self) -> tuple[str, dict[str, Any]]:
+    def entry(self) -> tuple[str, dict[str, object]]:
         """(name, the mcpServers entry) as typed; raises McpConfigError for a field that cannot be read."""
-        entry: dict[str, Any] = dict(self._extra)
+        entry: dict[str, object] = dict(self._extra)
         kind = self.kind.currentData()
         if kind == "stdio":
             try:
@@ -218,7 +218,7 @@ class McpServersDialog(QDialog):
 
     conversation_changed = Signal(object)  # tuple[str, ...]: the servers turned off in this conversation
 
-    def __init__(self, host: McpHost, *, save: Callable[[McpConfig], Any], signals: McpSignals | None = None,
+    def __init__(self, host: McpHost, *, save: Callable[[McpConfig], object], signals: McpSignals | None = None,
                  conversation_off: tuple[str, ...] | None = None,
                  sources: list[tuple[str, Path]] | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -417,7 +417,7 @@ class McpServersDialog(QDialog):
         return True
 
     def add_server(self) -> None:
-        self.list.setCurrentItem(None)
+        self.list.setCurrentRow(-1)  # no item is current: the form is a new server
         self.editing = None
         base, n = "server", 1
         name = base

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import html
 import json
-
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QGuiApplication, QPalette, QTextCursor, QTextDocument
+from PySide6.QtGui import QGuiApplication, QPalette, QResizeEvent, QTextCursor, QTextDocument
 from PySide6.QtWidgets import (
     QFrame, QHBoxLayout, QLabel, QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout, QWidget,
 )
@@ -18,10 +17,23 @@ from ggufdesk.ui.image_views import ImageRow
 
 RENDER_INTERVAL_MS = 50  # a streaming body re-renders at most 20 times a second
 
+Stats = Mapping[str, object]  # a message's stored stats (history's Message.stats): JSON values
+Citation = dict[str, object]  # session/docs.Citation.as_dict(), as the answer keeps it
 
-def thinking_title(stats: dict[str, Any], *, streaming: bool) -> str:
+
+def figure(value: object) -> float:
+    """A stored figure (a JSON number; None or absent when not measured) as a float, 0 when absent."""
+    return float(value) if isinstance(value, (int, float, str)) and value != "" else 0.0
+
+
+def records(value: object) -> list[dict[str, object]]:
+    """A stored list of JSON objects (citations, tool calls); [] when absent."""
+    return [d for d in value if isinstance(d, dict)] if isinstance(value, list) else []
+
+
+def thinking_title(stats: Stats, *, streaming: bool) -> str:
     """'Thinking… · 120 tokens · 4.2 s' while it thinks, 'Thought for 4.2 s · 120 tokens' after."""
-    n, secs = int(stats.get("reasoning_tokens") or 0), float(stats.get("reasoning_s") or 0.0)
+    n, secs = int(figure(stats.get("reasoning_tokens"))), figure(stats.get("reasoning_s"))
     parts = [f"{n} tokens"] if n else []
     if streaming:
         return " · ".join(["Thinking…", *parts, *([f"{secs:.1f} s"] if secs else [])])
@@ -58,19 +70,20 @@ class ThinkingSection(QWidget):
         self.toggle.setArrowType(Qt.ArrowType.DownArrow if open_ else Qt.ArrowType.RightArrow)
         self.text.setVisible(open_)
 
-    def show_thinking(self, reasoning: str, stats: dict[str, Any], *, streaming: bool) -> None:
+    def show_thinking(self, reasoning: str, stats: Stats, *, streaming: bool) -> None:
         self.setVisible(bool(reasoning))
         self.toggle.setText(thinking_title(stats, streaming=streaming))
         self.text.setText(reasoning)
 
 
-def tool_calls_html(calls: list[dict[str, Any]]) -> str:
+def tool_calls_html(calls: list[dict[str, object]]) -> str:
     """Tool calls (OpenAI-style) as a block a person can read: the function and its arguments."""
     blocks = []
     for call in calls:
-        fn = call.get("function") or {}
+        function = call.get("function")
+        fn: dict[str, object] = function if isinstance(function, dict) else {}
         try:
-            args = json.dumps(json.loads(fn.get("arguments") or "{}"), indent=2, ensure_ascii=False)
+            args = json.dumps(json.loads(str(fn.get("arguments") or "{}")), indent=2, ensure_ascii=False)
         except ValueError:
             args = str(fn.get("arguments", ""))
         blocks.append(f"<p><b>Tool call: {html.escape(str(fn.get('name', '?')))}</b></p>"
@@ -78,15 +91,15 @@ def tool_calls_html(calls: list[dict[str, Any]]) -> str:
     return "".join(blocks)
 
 
-def footer_text(stats: dict[str, Any]) -> str:
+def footer_text(stats: Stats) -> str:
     """'stopped at the token limit · 512 tokens · 41.8 tok/s' from a message's stored stats."""
     parts = []
-    if (reason := stats.get("finish_reason")) in FINISH_WORDS:
+    if (reason := str(stats.get("finish_reason"))) in FINISH_WORDS:
         parts.append(FINISH_WORDS[reason])
-    n_gen = int(stats.get("n_gen") or 0)
+    n_gen = int(figure(stats.get("n_gen")))
     if n_gen:
         parts.append(f"{n_gen} tokens")
-    rate = float(stats.get("decode_tok_s") or 0.0)
+    rate = figure(stats.get("decode_tok_s"))
     if n_gen > 1 and rate > 0:
         parts.append(f"{rate:.1f} tok/s")
     if stats.get("model"):
@@ -94,15 +107,16 @@ def footer_text(stats: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def citation_words(c: dict[str, Any]) -> str:
+def citation_words(c: Citation) -> str:
     from pathlib import Path
 
     page = f", page {c['page']}" if c.get("page") else ""
-    a, b = c.get("lines") or (0, 0)
+    lines = c.get("lines")
+    a, b = lines if isinstance(lines, (list, tuple)) and lines else (0, 0)
     return f"[{c.get('index', '?')}] {Path(str(c.get('source', ''))).name}{page}, lines {a}-{b}"
 
 
-def sources_html(cites: list[dict[str, Any]], left_out: list[dict[str, Any]]) -> str:
+def sources_html(cites: list[Citation], left_out: list[Citation]) -> str:
     """'Sources: [1] a.pdf, page 3 · [2] b.md' as links (cite:N); the ones left out named after them."""
     links = " · ".join(f"<a href='cite:{c.get('index')}'>{html.escape(citation_words(c))}</a>" for c in cites)
     out = f"Sources: {links}" if links else ""
@@ -143,7 +157,7 @@ class MarkdownView(QTextBrowser):
         if h != self.height():
             self.setFixedHeight(h)
 
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt API
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt API
         super().resizeEvent(event)
         self._fit()
 
@@ -159,14 +173,14 @@ class MessageWidget(QFrame):
     citation_requested = Signal(dict)  # a source the answer cites (session/docs.Citation.as_dict())
 
     def __init__(self, *, message_id: int, role: str, text: str, status: str = "done",
-                 stats: dict[str, Any] | None = None, mode: str = "chat",
+                 stats: Stats | None = None, mode: str = "chat",
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.message_id = message_id
         self.role = role
         self.status = status
         self.mode = mode
-        self.stats: dict[str, Any] = dict(stats or {})
+        self.stats: dict[str, object] = dict(stats or {})
         self.version = (1, 1)  # (this one, how many)
         self._text = text
         self._style = ""
@@ -213,7 +227,7 @@ class MessageWidget(QFrame):
         for b in (self.prev_btn, self.version_label, self.next_btn, self.copy_btn, self.edit_btn,
                   self.regen_btn):
             top.addWidget(b)
-        lay = QVBoxLayout(self)
+        lay = self._column = QVBoxLayout(self)
         lay.setContentsMargins(10, 6, 10, 8)
         lay.setSpacing(2)
         lay.addLayout(top)
@@ -240,10 +254,9 @@ class MessageWidget(QFrame):
             self.images_row = None
         if images:
             self.images_row = ImageRow(images)
-            lay = self.layout()
-            lay.insertWidget(lay.indexOf(self.body), self.images_row)
+            self._column.insertWidget(self._column.indexOf(self.body), self.images_row)
 
-    def _button(self, text: str, tip: str, slot) -> QToolButton:
+    def _button(self, text: str, tip: str, slot: Callable[[], object]) -> QToolButton:
         b = QToolButton()
         b.setText(text)
         b.setToolTip(tip)
@@ -304,7 +317,7 @@ class MessageWidget(QFrame):
         if hasattr(self, "thinking"):
             self._show_thinking()
 
-    def set_stats(self, stats: dict[str, Any]) -> None:
+    def set_stats(self, stats: Stats) -> None:
         """Why the answer ended and how fast it was written (assistant messages)."""
         self.stats = dict(stats or {})
         text = footer_text(self.stats) if self.role == "assistant" else ""
@@ -314,10 +327,10 @@ class MessageWidget(QFrame):
         self.context.setText(note)
         self.context.setVisible(bool(note))
         cites = self.citations()
-        self.sources.setText(sources_html(cites, self.stats.get("sources_left_out") or []))
+        self.sources.setText(sources_html(cites, records(self.stats.get("sources_left_out"))))
         self.sources.setVisible(bool(cites) or bool(self.stats.get("sources_left_out")))
         self._show_thinking()
-        calls = self.stats.get("tool_calls") or [] if self.role == "assistant" else []
+        calls = records(self.stats.get("tool_calls")) if self.role == "assistant" else []
         if self.stats.get("tool_loop"):
             calls = []  # MCP calls: each has its own card below the answer (ui/tool_card.py)
         self.tools.setText(tool_calls_html(calls))
@@ -325,10 +338,10 @@ class MessageWidget(QFrame):
         if calls:
             self._render()
 
-    def citations(self) -> list[dict[str, Any]]:
-        return list(self.stats.get("citations") or []) if self.role == "assistant" else []
+    def citations(self) -> list[Citation]:
+        return records(self.stats.get("citations")) if self.role == "assistant" else []
 
-    def _citation(self, link: str) -> dict[str, Any] | None:
+    def _citation(self, link: str) -> Citation | None:
         index = link.removeprefix("cite:")
         return next((c for c in self.citations() if str(c.get("index")) == index), None)
 
@@ -370,7 +383,7 @@ class MessageWidget(QFrame):
         self.thinking.show_thinking(str(self.stats.get("reasoning") or ""), self.stats,
                                     streaming=self.status == "streaming")
 
-    def think(self, stats: dict[str, Any]) -> None:
+    def think(self, stats: Stats) -> None:
         """Streaming: the thinking grew (stats: reasoning, reasoning_tokens, reasoning_s)."""
         self.stats.update({k: stats[k] for k in ("reasoning", "reasoning_tokens", "reasoning_s") if k in stats})
         self._show_thinking()

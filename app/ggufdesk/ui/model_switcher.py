@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, TypedDict
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QHideEvent
@@ -28,6 +28,17 @@ def list_library() -> list[LocalModel]:
     return library.entries()
 
 
+class ServerModel(TypedDict):
+    """A model the local server holds: one of server/service.py's Service.snapshot()["models"]."""
+
+    id: str
+    path: str
+    state: str  # loading | ready | unloading | failed
+    active: int
+    ram_bytes: int
+    vram_bytes: int
+
+
 class ModelSwitcher(QToolButton):
     """The loaded model's name; pressed, a menu of the models: the one loaded here (with the memory its
     engine reports), those the local server holds, then every other model of the library with its size.
@@ -37,7 +48,7 @@ class ModelSwitcher(QToolButton):
     choose_other = Signal()  # "Choose or download a model…"
 
     def __init__(self, *, models: Callable[[], list[LocalModel]] | None = None,
-                 server_models: Callable[[], list[dict[str, Any]]] | None = None,
+                 server_models: Callable[[], list[ServerModel]] | None = None,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("modelSwitcher")
@@ -123,7 +134,7 @@ class ModelSwitcher(QToolButton):
         a.triggered.connect(lambda _=False, p=path, i=model_id: self._choose(p, i))
         return a
 
-    def _server_loaded(self) -> list[dict[str, Any]]:
+    def _server_loaded(self) -> list[ServerModel]:
         if self._server_models is None:
             return []
         try:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any
 
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices, QImage, QPixmap
@@ -11,21 +10,21 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QLabel, QPushButton, Q
                                QVBoxLayout, QWidget)
 
 from ggufdesk.core.errors import KnownError
-from ggufdesk.ui.message_widget import citation_words
+from ggufdesk.ui.message_widget import Citation, citation_words, figure
 
 
-def file_url(c: dict[str, Any]) -> QUrl:
+def file_url(c: Citation) -> QUrl:
     """The file, at its page for a PDF (viewers that read '#page=N' open it there)."""
     url = QUrl.fromLocalFile(str(c.get("source", "")))
     if c.get("page"):
-        url.setFragment(f"page={int(c['page'])}")
+        url.setFragment(f"page={int(figure(c['page']))}")
     return url
 
 
 class PassageDialog(QDialog):
     """Shows citation `c` (a dict as session/docs.Citation.as_dict() keeps it with the answer)."""
 
-    def __init__(self, c: dict[str, Any], parent: QWidget | None = None) -> None:
+    def __init__(self, c: Citation, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.citation = c
         self.setWindowTitle(citation_words(c))
@@ -60,7 +59,8 @@ class PassageDialog(QDialog):
         from ggufdesk.core.docs.extract import render_pdf_page
 
         try:
-            w, h, data = render_pdf_page(Path(str(self.citation["source"])), int(self.citation["page"]), width=700)
+            w, h, data = render_pdf_page(Path(str(self.citation["source"])), int(figure(self.citation["page"])),
+                                         width=700)
         except (KnownError, OSError) as e:
             self.page.setText(f"the page cannot be shown: {e}")
             self.page_area.setVisible(True)

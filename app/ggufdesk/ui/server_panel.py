@@ -14,18 +14,28 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-from typing import Any, Callable
+from concurrent.futures import Future
+from functools import partial
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from PySide6.QtCore import QEvent, QObject, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import (
     QCheckBox, QComboBox, QDockWidget, QFormLayout, QFrame, QHBoxLayout, QLabel, QLineEdit, QMainWindow,
-    QPlainTextEdit, QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget,
+    QPlainTextEdit, QPushButton, QScrollArea, QSpinBox, QToolBar, QVBoxLayout, QWidget,
 )
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, Settings
 from ggufdesk.ui.tasks import describe_failure, run_in_background
+
+if TYPE_CHECKING:
+    from ggufdesk.core.library import LocalModel
+    from ggufdesk.server.budget import Need
+    from ggufdesk.server.pool import EnginePool
+    from ggufdesk.server.router import ModelEntry
+    from ggufdesk.server.runner import ServerRunner
+    from ggufdesk.server.service import Service
 
 log = logging.getLogger("ggufdesk.ui.server")
 
@@ -33,6 +43,20 @@ ModelSource = Callable[[], "tuple[str, LoadSettings] | None"]
 PORT_KEY = "server/port"
 DEFAULT_PORT = 8080
 PANEL_MIN_WIDTH = 220  # with the chat's minimum, fits an 800 px window (the gauges fold away)
+NeedFn = Callable[[str, "ModelEntry"], "Need"]  # the router's memory estimate of a model
+
+
+class PoolFactory(Protocol):
+    """server/pool.py's EnginePool as the panel makes it (tests pass stand-in engines)."""
+
+    def __call__(self, *, model: str, load: LoadSettings) -> EnginePool: ...
+
+
+def _library_file(m: LocalModel) -> str:
+    """The path to load for a library model, made ready (a starter is assembled on first use)."""
+    from ggufdesk.core import library
+
+    return str(library.file_for(m))
 
 
 def snippets(url: str, model: str, key: str) -> str:
@@ -64,9 +88,9 @@ class ServerPanel(QDockWidget):
     state_changed = Signal(str)  # "off" | "loading" | "ready" | "failed"
 
     def __init__(self, *, model_source: ModelSource, parallel: int = 4, parent: QWidget | None = None,
-                 pool_factory: Callable[..., Any] | None = None,
+                 pool_factory: PoolFactory | None = None,
                  settings_source: Callable[[], Settings] | None = None, idle_unload_s: float = 600.0,
-                 need: Callable[..., Any] | None = None) -> None:
+                 need: NeedFn | None = None) -> None:
         """`pool_factory(model=, load=)` and `need(path, entry)` (the router's memory estimate) are for
         tests: stand-in engines, made-up sizes."""
         super().__init__("Local server", parent)
@@ -77,8 +101,8 @@ class ServerPanel(QDockWidget):
         self._pool_factory = pool_factory
         self._idle_unload_s = idle_unload_s
         self._need = need
-        self.service: Any = None
-        self.runner: Any = None
+        self.service: Service | None = None
+        self.runner: ServerRunner | None = None
         self.state = "off"
         self.url = ""
         self.view_action: QAction | None = None  # the toolbar's toggle (attach)
@@ -167,7 +191,7 @@ class ServerPanel(QDockWidget):
                           owner=self)
         return True
 
-    def _entries(self, model: str, load: LoadSettings, settings: Settings | None) -> list[Any]:
+    def _entries(self, model: str, load: LoadSettings, settings: Settings | None) -> list[ModelEntry]:
         """The window's model first, then the library's others (each with its preset), off the GUI thread."""
         from ggufdesk.core import library
         from ggufdesk.server.router import ModelEntry
@@ -191,10 +215,10 @@ class ServerPanel(QDockWidget):
                 load=dataclasses.replace(ms.load if ms else load, n_parallel=self._parallel),
                 sampling=preset.known("sampling") if preset else {},
                 system_prompt=preset.system_prompt if preset else None,
-                file=lambda m=m: str(library.file_for(m))))
+                file=partial(_library_file, m)))
         return out
 
-    def _serve(self, fut: Any, key: str) -> None:
+    def _serve(self, fut: Future[list[ModelEntry]], key: str) -> None:
         if self.state != "loading":
             return  # stopped meanwhile
         if (msg := describe_failure(fut)) is not None:
@@ -207,7 +231,7 @@ class ServerPanel(QDockWidget):
         from ggufdesk.server.service import ServerConfig, Service
 
         entries = fut.result()
-        factory = self._pool_factory or EnginePool
+        factory: PoolFactory = self._pool_factory or EnginePool
         router = Router(entries=entries, idle_unload_s=self._idle_unload_s, need=self._need,
                         pool_factory=lambda e, path: factory(model=path, load=e.load))
         self.service = Service(router=router, config=ServerConfig(api_keys=(key,) if key else (),
@@ -223,14 +247,14 @@ class ServerPanel(QDockWidget):
         self.url_label.setText(self.url)
         self.snippet.setPlainText(snippets(self.url, router.default_id, key))
         self.load_box.clear()
-        for e in entries:
-            self.load_box.addItem(e.id, e.id)
+        for entry in entries:
+            self.load_box.addItem(entry.id, entry.id)
         self.load_btn.setEnabled(True)
         self.timer.start()
         service = self.service
         run_in_background(lambda: service.request_load(router.default_id).result(), self._loaded, owner=self)
 
-    def _loaded(self, fut: Any) -> None:
+    def _loaded(self, fut: Future[None]) -> None:
         if self.service is None:
             return  # stopped meanwhile
         err = fut.exception()
@@ -246,7 +270,7 @@ class ServerPanel(QDockWidget):
             return
         self.status.setText(f"Loading {model_id} in the server…")
 
-        def done(fut: Any) -> None:
+        def done(fut: Future[None]) -> None:
             if self.service is not service:
                 return
             msg = describe_failure(fut)
@@ -310,7 +334,7 @@ class _StopOnClose(QObject):
         return False
 
 
-def attach(window: QMainWindow, toolbar: Any, model_source: ModelSource, *,
+def attach(window: QMainWindow, toolbar: QToolBar, model_source: ModelSource, *,
            settings_source: Callable[[], Settings] | None = None,
            make_room: Callable[[bool], None] | None = None) -> ServerPanel:
     """Add the panel to a main window: a hidden dock, a toolbar toggle, and stop-on-close.

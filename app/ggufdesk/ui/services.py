@@ -10,12 +10,19 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SpeculationSettings
 
+if TYPE_CHECKING:
+    from ggufdesk.core.downloads import Progress, RemoteModel
+    from ggufdesk.core.gguf_meta import GGUFInfo
+    from ggufdesk.core.hardware import HardwareInfo
+
 log = logging.getLogger("ggufdesk.ui.services")
+
+DevicesFn = Callable[[], list[dict[str, object]]]  # the running engine's ggml device list
 
 FIT_WORDS = {
     "full_gpu": "fits on the GPU",
@@ -111,16 +118,16 @@ class DownloadStopped(Exception):
 NO_GPU_NOTES = ("no usable GPU found", "no NVIDIA driver in use", "nvidia-ml-py is not installed")
 
 
-def describe_hardware(hw: Any) -> list[str]:
+def describe_hardware(hw: HardwareInfo) -> list[str]:
     """The probe's findings as sentences a user understands."""
     gb = 1024**3
     lines = []
     gpus = list(getattr(hw, "gpus", ()) or ())
     if gpus:
         for g in gpus:
-            bw = f", moving about {g.bandwidth_gbs:.0f} GB/s" if g.bandwidth_gbs else ""
+            speed = f", moving about {g.bandwidth_gbs:.0f} GB/s" if g.bandwidth_gbs else ""
             lines.append(f"Graphics card: {g.name} with {g.vram_total / gb:.1f} GB of its own memory "
-                         f"({g.vram_free / gb:.1f} GB free{bw}). Models that fit in it run fastest.")
+                         f"({g.vram_free / gb:.1f} GB free{speed}). Models that fit in it run fastest.")
     else:
         lines.append("No graphics card we can use: models run on the processor (slower, but it works).")
     cpu = getattr(hw, "cpu", None)
@@ -140,7 +147,7 @@ def describe_hardware(hw: Any) -> list[str]:
     return lines
 
 
-def _pick_draft_file(models: list[Any]) -> Any:
+def _pick_draft_file(models: list[RemoteModel]) -> RemoteModel:
     """A draft should be small and faithful: Q8_0 if offered, else the smallest file."""
     q8 = [m for m in models if (m.quant or "").upper() == "Q8_0"]
     return q8[0] if q8 else min(models, key=lambda m: m.size)
@@ -151,12 +158,12 @@ class ModelServices:
 
     MAX_CATALOG_ROWS = 3  # each one costs a repo listing and a remote header read
 
-    def __init__(self, *, engine_devices: Any = None) -> None:
-        self.hw: Any = None
-        self._infos: dict[str, Any] = {}  # GGUF headers read for context estimates
+    def __init__(self, *, engine_devices: DevicesFn | None = None) -> None:
+        self.hw: HardwareInfo | None = None
+        self._infos: dict[str, GGUFInfo] = {}  # GGUF headers read for context estimates
         self.engine_devices = engine_devices  # () -> the running engine's ggml device list
 
-    def probe(self) -> Any:
+    def probe(self) -> HardwareInfo:
         from ggufdesk.core import hardware
 
         self.hw = hardware.probe()
@@ -167,7 +174,7 @@ class ModelServices:
             self.hw = hardware.with_ggml_devices(self.hw, devices)
         return self.hw
 
-    def describe(self, hw: Any) -> list[str]:
+    def describe(self, hw: HardwareInfo) -> list[str]:
         return describe_hardware(hw)
 
     def hub_reachable(self, timeout: float = 3.0) -> bool:
@@ -175,7 +182,7 @@ class ModelServices:
 
         return downloads.hub_reachable(timeout)
 
-    def recommendations(self, hw: Any) -> list[ModelChoice]:
+    def recommendations(self, hw: HardwareInfo | None) -> list[ModelChoice]:
         """The biggest catalog models that should fit here, each with its best quant for this machine."""
         from ggufdesk.core import catalog, planner
 
@@ -216,7 +223,7 @@ class ModelServices:
         return ModelChoice(label=f"{name} {m.quant or ''}".strip(), source="catalog", repo=repo,
                            filename=m.first, size_bytes=m.size)
 
-    def lookup_repo(self, repo: str, hw: Any, *, label: str | None = None) -> list[ModelChoice]:
+    def lookup_repo(self, repo: str, hw: HardwareInfo | None, *, label: str | None = None) -> list[ModelChoice]:
         """Every GGUF in a hub repo, ranked for this machine by the planner."""
         from ggufdesk.core import downloads, planner
         from ggufdesk.core.gguf_meta import read_gguf
@@ -224,6 +231,10 @@ class ModelServices:
         models = downloads.list_gguf(repo)
         if not models:
             raise KnownError(f"{repo} has no .gguf files")
+        name = label or repo.split("/")[-1]
+        if hw is None:  # the probe failed: list the files unplanned (the planner needs the machine)
+            return [ModelChoice(label=f"{name} {m.quant or m.first}", source="repo", repo=repo,
+                                filename=m.first, size_bytes=m.size) for m in models]
         ref = next((m for m in models if (m.quant or "").upper() == "Q4_K_M"),
                    models[len(models) // 2])
         info = read_gguf(f"hf://{repo}/{ref.first}")
@@ -233,7 +244,7 @@ class ModelServices:
 
         caps = capabilities_of(info)
         return [ModelChoice(
-            label=f"{label or repo.split('/')[-1]} {r.quant or r.file}", source="repo", repo=repo,
+            label=f"{name} {r.quant or r.file}", source="repo", repo=repo,
             filename=r.file, size_bytes=r.size, fit=r.plan.fit, n_gpu_layers=r.plan.n_gpu_layers,
             n_cpu_moe=r.plan.n_cpu_moe, capabilities=caps,
             n_ctx=r.plan.n_ctx, pred_prefill_tok_s=r.plan.pred_prefill_tok_s,
@@ -242,7 +253,7 @@ class ModelServices:
                                        if len(by_file[r.file].files) > 1 else ""),
         ) for r in ranked]
 
-    def local_choices(self, hw: Any) -> list[ModelChoice]:
+    def local_choices(self, hw: HardwareInfo | None) -> list[ModelChoice]:
         """The starter model (works offline) and GGUF files already on this computer."""
         from ggufdesk.core import library, starter
 
@@ -257,7 +268,7 @@ class ModelServices:
                                              size_bytes=m.size), hw))
         return out
 
-    def choice_for_file(self, path: Path, hw: Any) -> ModelChoice:
+    def choice_for_file(self, path: Path, hw: HardwareInfo | None) -> ModelChoice:
         """A file the user picked, planned; refused (KnownError, the reader's reason) when it is
         not a GGUF model llama.cpp could load, rather than listed with a guess from its size."""
         from ggufdesk.core.gguf_meta import read_gguf
@@ -271,7 +282,7 @@ class ModelServices:
         return self.plan(ModelChoice(label=path.name, source="file", path=path,
                                      size_bytes=path.stat().st_size), hw)
 
-    def plan(self, choice: ModelChoice, hw: Any) -> ModelChoice:
+    def plan(self, choice: ModelChoice, hw: HardwareInfo | None) -> ModelChoice:
         """The planner's verdict for one file (its header is read locally or over HTTP ranges)."""
         if hw is None:
             return choice
@@ -315,7 +326,7 @@ class ModelServices:
         done_before = 0
         first: Path | None = None
         for name in names:
-            def progress(pr: Any, base: int = done_before) -> None:
+            def progress(pr: Progress, base: int = done_before) -> None:
                 on_progress(base + pr.done, max(choice.size_bytes, base + pr.total))
 
             try:

@@ -5,7 +5,7 @@ import logging
 import threading
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Callable, TypeVar
 
 import shiboken6
 from PySide6.QtCore import QCoreApplication, QObject, Qt, Signal
@@ -13,6 +13,8 @@ from PySide6.QtCore import QCoreApplication, QObject, Qt, Signal
 from ggufdesk.core.errors import KnownError
 
 log = logging.getLogger("ggufdesk.ui.tasks")
+
+T = TypeVar("T")
 
 
 class _Main(QObject):
@@ -26,7 +28,7 @@ class _Main(QObject):
         # must not run inside the caller that scheduled it.
         self.call.connect(self._run, Qt.ConnectionType.QueuedConnection)
 
-    def _run(self, fn: Callable[[], Any]) -> None:
+    def _run(self, fn: Callable[[], object]) -> None:
         try:
             fn()
         except Exception:
@@ -46,15 +48,15 @@ class TaskManager:
         if app is not None:
             self._main.moveToThread(app.thread())
 
-    def run_on_main(self, fn: Callable[[], Any]) -> None:
+    def run_on_main(self, fn: Callable[[], object]) -> None:
         if self._closed:
             return  # the app is closing: nothing is left on the main thread to call into
         self._main.call.emit(fn)
 
     def run_in_background(
-        self, task: Callable[[], Any], on_done: Callable[[Future], Any] | None = None, *,
+        self, task: Callable[[], T], on_done: Callable[[Future[T]], object] | None = None, *,
         owner: QObject | None = None,
-    ) -> Future:
+    ) -> Future[T]:
         """Run `task` on a worker thread; `on_done(future)` runs on the GUI thread afterwards.
 
         With an `owner` (the widget the callback touches), the callback is dropped when the owner
@@ -63,7 +65,7 @@ class TaskManager:
         with self._lock:
             self._pending += 1
 
-        def deliver(f: Future) -> None:
+        def deliver(f: Future[T]) -> None:
             try:
                 if on_done is None:
                     return
@@ -97,7 +99,7 @@ def alive(obj: QObject) -> bool:
     return shiboken6.isValid(obj)
 
 
-def describe_failure(fut: Future) -> str | None:
+def describe_failure(fut: Future[T]) -> str | None:
     """The user-readable message of a failed future (KnownError as it is, bugs with a trace logged)."""
     exc = fut.exception()
     if exc is None:
@@ -118,10 +120,10 @@ def manager() -> TaskManager:
     return _manager
 
 
-def run_in_background(task: Callable[[], Any], on_done: Callable[[Future], Any] | None = None, *,
-                      owner: QObject | None = None) -> Future:
+def run_in_background(task: Callable[[], T], on_done: Callable[[Future[T]], object] | None = None, *,
+                      owner: QObject | None = None) -> Future[T]:
     return manager().run_in_background(task, on_done, owner=owner)
 
 
-def run_on_main(fn: Callable[[], Any]) -> None:
+def run_on_main(fn: Callable[[], object]) -> None:
     manager().run_on_main(fn)

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
+
+if TYPE_CHECKING:
+    from PySide6.QtWidgets import QApplication, QWidget
 
 log = logging.getLogger("ggufdesk.ui.theme")
 
@@ -29,7 +33,7 @@ SUCCESS_HUE = 140  # green
 
 def palette() -> QPalette:
     app = QGuiApplication.instance()
-    return app.palette() if app is not None else QPalette()
+    return app.palette() if isinstance(app, QGuiApplication) else QPalette()
 
 
 def is_dark(pal: QPalette | None = None) -> bool:
@@ -74,7 +78,7 @@ def series(i: int, pal: QPalette | None = None) -> QColor:
     return QColor.fromHsl((h + i * 97) % 360, s, lightness)
 
 
-def restyle(widget, sheet: str) -> None:  # widget: QWidget
+def restyle(widget: QWidget, sheet: str) -> None:
     """Set a style sheet only when it changes: setting one changes the widget's palette, which
     would restyle it again, and again."""
     if widget.styleSheet() != sheet:
@@ -96,7 +100,7 @@ def mirrored(pal: QPalette) -> QPalette:
                       QPalette.ColorRole.LinkVisited, QPalette.ColorRole.Accent):
                 continue  # the accent keeps its colour; only its neighbours turn dark
             c = pal.color(group, cr)
-            h, s, lig, a = c.getHslF()
+            h, s, lig, a = c.hslHueF(), c.hslSaturationF(), c.lightnessF(), c.alphaF()
             out.setColor(group, cr, QColor.fromHslF(max(h, 0.0), s, 1.0 - lig * 0.92, a))
     return out
 
@@ -123,7 +127,7 @@ def wanted_scheme() -> Qt.ColorScheme:
     if choice == "light":
         return Qt.ColorScheme.Light
     app = QGuiApplication.instance()
-    return app.styleHints().colorScheme() if app is not None else Qt.ColorScheme.Unknown
+    return app.styleHints().colorScheme() if isinstance(app, QGuiApplication) else Qt.ColorScheme.Unknown
 
 
 class ThemeFollower(QObject):
@@ -131,7 +135,7 @@ class ThemeFollower(QObject):
     changes (macOS/Windows dark mode toggles). "System" on a desktop that reports no scheme means
     the palette the platform handed Qt at start."""
 
-    def __init__(self, app) -> None:  # app: QApplication
+    def __init__(self, app: QApplication) -> None:
         super().__init__(app)
         self.app = app
         self._original = QPalette(app.palette())
@@ -175,7 +179,7 @@ class ThemeFollower(QObject):
 _follower: ThemeFollower | None = None
 
 
-def follow_system(app) -> ThemeFollower:
+def follow_system(app: QApplication) -> ThemeFollower:
     global _follower
     _follower = ThemeFollower(app)
     return _follower

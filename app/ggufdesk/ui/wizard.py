@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent
@@ -16,8 +18,11 @@ from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SpeculationSettings
 from ggufdesk.ui.choice_model import ChoiceTableModel
 from ggufdesk.ui.gauges import human_bytes
-from ggufdesk.ui.services import DownloadControl, DownloadStopped, ModelChoice, Selection
+from ggufdesk.ui.services import DownloadControl, DownloadStopped, ModelChoice, ModelServices, Selection
 from ggufdesk.ui.tasks import alive, describe_failure, run_in_background, run_on_main
+
+if TYPE_CHECKING:
+    from ggufdesk.core.hardware import HardwareInfo
 
 log = logging.getLogger("ggufdesk.ui.wizard")
 
@@ -78,7 +83,7 @@ class HardwarePage(QWizardPage):
         if self.done:
             return
 
-        def probed(fut) -> None:
+        def probed(fut: Future[HardwareInfo]) -> None:
             if (msg := describe_failure(fut)) is not None:
                 self.text.setText(f"Could not look at this computer: {msg}<br>"
                                   "You can still pick a model.")
@@ -148,7 +153,7 @@ class ModelPage(QWizardPage):
             rows = svc.recommendations(hw) if online else []
             return online, rows + svc.local_choices(hw)
 
-        def done(fut) -> None:
+        def done(fut: Future[tuple[bool, list[ModelChoice]]]) -> None:
             if (msg := describe_failure(fut)) is not None:
                 self.status.setText(f"Could not list models: {msg}. You can open a .gguf file.")
             else:
@@ -191,7 +196,7 @@ class ModelPage(QWizardPage):
                     raise KnownError(offline_message(repo)) from e
                 raise
 
-        def done(fut) -> None:
+        def done(fut: Future[list[ModelChoice]]) -> None:
             self.lookup_btn.setEnabled(True)
             if (msg := describe_failure(fut)) is not None:
                 self.status.setText(msg)
@@ -242,9 +247,9 @@ class ModelPage(QWizardPage):
 
     def nextId(self) -> int:  # noqa: N802 - Qt API
         c = self.current()
-        want_draft = c is not None and c.draft is not None and self.draft_box.isChecked()
+        draft = c.draft if c is not None and self.draft_box.isChecked() else None
         if c is not None and not c.needs_download and c.source != "starter" and not (
-                want_draft and c.draft.needs_download):
+                draft is not None and draft.needs_download):
             return FINISH_PAGE
         return DOWNLOAD_PAGE
 
@@ -320,9 +325,9 @@ class DownloadPage(QWizardPage):
             now = time.monotonic()
             if now - last_ui[0] >= 0.1 or done >= total:
                 last_ui[0] = now
-                run_on_main(lambda: alive(self) and self._show_progress(done, total))
+                run_on_main(lambda: self._show_progress_if_open(done, total))
 
-        def finished(fut) -> None:
+        def finished(fut: Future[Path]) -> None:
             if control is not self.control:
                 return
             exc = fut.exception()
@@ -364,6 +369,10 @@ class DownloadPage(QWizardPage):
         if starter.ready(s):
             return f"Opening {item.label}"
         return f"{'Unpacking' if s.assembled else 'Checking'} {item.label} (first time only)"
+
+    def _show_progress_if_open(self, done: int, total: int) -> None:
+        if alive(self):  # the wizard may have closed while the download ran
+            self._show_progress(done, total)
 
     def _show_progress(self, done: int, total: int) -> None:
         if self.state != "running":
@@ -413,6 +422,7 @@ class FinishPage(QWizardPage):
             if c.draft is not None and self.wiz.model_page.draft_box.isChecked():
                 self.wiz.draft_path = c.draft.path
         draft = f" with {Path(self.wiz.draft_path).name} as draft" if self.wiz.draft_path else ""
+        assert self.wiz.model_path is not None  # the model page moves on only with a choice on disk or fetched
         self.text.setText(f"Press Load to open {Path(self.wiz.model_path).name}{draft}. "
                           "You can change engine settings later from the toolbar.")
 
@@ -423,13 +433,13 @@ class ModelWizard(QWizard):
     download_state = Signal(str)
     download_finished = Signal()
 
-    def __init__(self, services, parent: QWidget | None = None) -> None:
+    def __init__(self, services: ModelServices, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("ggufdesk — choose a model")
         self.setWizardStyle(QWizard.WizardStyle.ModernStyle)
         self.setOption(QWizard.WizardOption.NoBackButtonOnStartPage, True)
         self.services = services
-        self.hw = None
+        self.hw: HardwareInfo | None = None
         self.online = False
         self.model_path: Path | None = None
         self.draft_path: Path | None = None
