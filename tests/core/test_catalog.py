@@ -48,13 +48,21 @@ quant = "F16"
 file = "Small-F16.gguf"
 size = -1
 sha256 = "missing"
+
+[[model.file]]
+quant = "BF16"
+file = "Small-BF16.gguf"
+size = 3000
+sha256 = [5]
 ''')
     c = catalog.load(p)
     small = c.get("small")
     assert [f.quant for f in small.files] == ["Q4_K_M"] and small.files[0].sha256 == (None,)
     assert [w for w in c.warnings if "file #" in w] == [
         'model #2 (small) file #2: sha256 needs one 64-hex digest (or "missing") per part',
-        "model #2 (small) file #3: needs quant, file and a size in bytes"]
+        "model #2 (small) file #3: needs quant, file and a size in bytes",
+        # a digest that is not text: a warning like the others (it used to raise TypeError out of load)
+        'model #2 (small) file #4: sha256 needs one 64-hex digest (or "missing") per part']
     again = tmp_path / "again.toml"
     again.write_text(catalog.dumps(c, header="# test"))
     assert catalog.load(again).get("small").files == small.files
@@ -163,3 +171,4 @@ def test_unreadable_catalog_is_a_known_error(tmp_path):
     p.write_text("model = 5\n")
     c = catalog.load(p)
     assert c.entries == () and len(c.warnings) == 2
+

@@ -158,3 +158,56 @@ def test_an_engine_that_never_starts_is_reported(tmp_path):
         c.start(timeout=120)
     assert c.state == "failed"
     c.shutdown()
+
+
+def test_a_shutdown_during_the_engines_spawn_leaves_no_engine_running(monkeypatch):
+    """The router's storm saw three engines with two allowed: a shutdown that came while the
+    supervisor was still spawning returned at once, and the engine spawned after it lived on."""
+    import subprocess
+    import threading
+    import time
+
+    from ggufdesk.engine.link import client as client_module
+
+    spawning, spawned = threading.Event(), []
+    real = subprocess.Popen
+
+    def slow_popen(*a, **kw):  # a fork on a loaded machine: the shutdown arrives meanwhile
+        spawning.set()
+        time.sleep(0.5)
+        p = real(*a, **kw)
+        spawned.append(p)
+        return p
+
+    monkeypatch.setattr(client_module.subprocess, "Popen", slow_popen)
+    c = EngineClient(command=[sys.executable, "-c", "import time; time.sleep(120)"])
+    c.start(wait=False)
+    assert spawning.wait(60)
+    c.shutdown(timeout=0.5)
+    assert all(p.poll() is not None for p in spawned)  # (it never became ready: nothing to wait for)
+    c._supervisor.join(30)
+    assert not c._supervisor.is_alive()
+    assert all(p.poll() is not None for p in spawned)
+
+
+def test_a_shutdown_before_the_queued_start_spawns_nothing(monkeypatch):
+    import threading
+
+    from ggufdesk.engine.link import client as client_module
+
+    spawned = []
+    gate = threading.Event()
+    real_spawn = EngineClient._spawn
+
+    def held_spawn(self, **kw):  # the supervisor picks the start job up only after the shutdown
+        gate.wait(60)
+        return real_spawn(self, **kw)
+
+    monkeypatch.setattr(EngineClient, "_spawn", held_spawn)
+    monkeypatch.setattr(client_module.subprocess, "Popen", lambda *a, **kw: spawned.append(a) or 1 / 0)
+    c = EngineClient(command=[sys.executable, "-c", "import time; time.sleep(120)"])
+    c.start(wait=False)
+    c.shutdown(timeout=0.5)
+    gate.set()
+    c._supervisor.join(30)
+    assert not c._supervisor.is_alive() and spawned == []

@@ -60,6 +60,28 @@ def test_tool_grammar_wraps_calls_in_the_format():
     assert tool_grammar(tools, T.MISTRAL, "auto").lazy
 
 
+def test_qwen3_coder_values_follow_their_schema():
+    """A plain string is raw text, a string enum its words (raw too), anything else the JSON of its
+    own rule; the required parameters come first, in the schema's order, then the optional ones."""
+    from ggufdesk.engine.structured.grammar import check_bounded
+
+    tools = T.check_tools([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "required": ["n", "s"], "properties": {
+            "mode": {"enum": ["fast", "slow"]}, "s": {"type": "string"}, "tag": {"type": "string", "pattern": "^[a-z]+$"},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9}}}}},
+        {"type": "function", "function": {"name": "g"}}])
+    g = tool_grammar(tools, T.QWEN3_CODER, "required", parallel=True).gbnf
+    assert check_bounded(g) == g
+    assert g.startswith("root ::= tc (nl tc){0,3}\n")
+    body = ('"<function=f>" nl ("<parameter=s>" nl xml-text nl "</parameter>" nl) '
+            '("<parameter=n>" nl v0-3 nl "</parameter>" nl) '
+            '("<parameter=mode>" nl ("fast" | "slow") nl "</parameter>" nl | '
+            '"<parameter=tag>" nl v0-2 nl "</parameter>" nl)* "</function>"')
+    assert body in g and '"<function=g>" nl  "</function>"' in g
+    assert re.search(r"^v0-3 ::= ", g, re.M) and re.search(r"^v0-2 ::= ", g, re.M)
+    assert not re.search(r"^v0-[01] ::= ", g, re.M)  # the raw-text values need no JSON rule
+
+
 def test_a_tool_whose_schema_cannot_be_enforced_is_offered_without_a_grammar_for_its_arguments():
     from ggufdesk.engine.structured.request import plan
 

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import psutil
+import pytest
 
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
@@ -107,3 +108,16 @@ def test_parent_is_gone_compares_the_parent_pid():
     assert not parent_is_gone({PARENT_ENV: str(os.getppid())})
     assert parent_is_gone({PARENT_ENV: str(os.getppid() + 100000)})
     assert not parent_is_gone({})  # started by hand: nothing to compare
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_the_parent_death_signal_is_set_without_running_a_program():
+    """find_library ran `ldconfig -p` at every engine start: a child of the engine that the router's
+    storm test counted as a third engine beside two."""
+    code = ("import ctypes.util, subprocess\n"
+            "def no(*a, **k): raise AssertionError('ran a program')\n"
+            "ctypes.util.find_library = no; subprocess.Popen = no\n"
+            "from ggufdesk.engine.link.lifeline import set_parent_death_signal\n"
+            "raise SystemExit(0 if set_parent_death_signal() else 3)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -2,11 +2,13 @@
 down at load or dies mid-answer, and the engine comes back."""
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 
 import pytest
 
 from ggufdesk.core import distributed, gguf_meta, planner
+from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.link.client import EngineClient, EngineError
@@ -94,3 +96,25 @@ def test_worker_killed_mid_answer_is_named_and_the_engine_reloads(tiny_model, tw
                       if isinstance(ev, P.Loaded) and ev.settings.get("rpc") == [alive.endpoint])
         assert c.pid != old_pid and loaded.settings["rpc"] == [alive.endpoint]
         assert collect(c, c.generate(prompt="the cat", sampling=greedy(3))).error is None
+
+
+def test_a_memory_limit_caps_what_a_served_device_reports():
+    from ggufdesk.engine.runtime import rpc
+
+    def get_memory(dev: int, free, total) -> None:
+        free[0], total[0] = 8 << 30, 16 << 30
+
+    own = rpc.GET_MEMORY(get_memory)
+    iface = (ctypes.c_void_p * 3)(None, None, ctypes.cast(own, ctypes.c_void_p).value)  # get_memory: the third
+    rpc._limit_memory(ctypes.addressof(iface), 1 << 30)
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    rpc.GET_MEMORY(iface[2])(ctypes.addressof(iface), ctypes.byref(free), ctypes.byref(total))
+    assert (free.value, total.value) == (1 << 30, 1 << 30)
+
+
+def test_a_device_without_a_memory_function_is_refused_not_called():
+    from ggufdesk.engine.runtime import rpc
+
+    iface = (ctypes.c_void_p * 3)()  # get_memory NULL: calling through it would crash the server
+    with pytest.raises(KnownError, match="reports no memory"):
+        rpc._limit_memory(ctypes.addressof(iface), 1 << 30)

@@ -37,18 +37,25 @@ def listed(url: str) -> dict[str, dict]:
 
 
 def engines(server: ServeProcess) -> list[psutil.Process]:
-    """The server's engine processes that are running."""
+    """The server's engine processes that are running (not any other child a library may start)."""
     try:
         kids = psutil.Process(server.proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-    return [k for k in kids if _running(k)]
+    return [k for k in kids if _running(k) and _is_engine(k)]
 
 
 def _running(p: psutil.Process) -> bool:
     try:
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
+        return False
+
+
+def _is_engine(p: psutil.Process) -> bool:
+    try:
+        return "ggufdesk.engine" in " ".join(p.cmdline())
+    except psutil.Error:
         return False
 
 

@@ -6,7 +6,7 @@ import json
 import logging
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -94,10 +94,27 @@ def default_path() -> Path:
 
 
 def _check(raw: Any, i: int) -> tuple[CatalogEntry | None, list[str]]:
+    """One [[model]] table as an entry (None if it cannot be used), and what is wrong with it."""
     where = f"model #{i + 1}"
     if not isinstance(raw, dict):
         return None, [f"{where}: not a table"]
     where = f"model #{i + 1} ({raw.get('id', '?')})"
+    problems = _type_problems(raw, where) or _value_problems(raw, where)
+    if problems:
+        return None, problems
+    caps = raw.get("capabilities", [])
+    files, problems = _files(raw.get("file", []), where)
+    mmproj, bad = _mmproj(raw.get("mmproj"), where, caps)
+    problems += bad
+    unknown = set(raw) - set(REQUIRED) - OPTIONAL
+    if unknown:
+        problems.append(f"{where}: unknown keys {', '.join(sorted(unknown))} (ignored)")
+    return CatalogEntry(**{k: raw[k] for k in REQUIRED}, draft=raw.get("draft"), capabilities=tuple(caps),
+                        active_params_b=raw.get("active_params_b"), files=files, mmproj=mmproj), problems
+
+
+def _type_problems(raw: dict[str, Any], where: str) -> list[str]:
+    """The required keys that are missing or of the wrong type."""
     problems = []
     for key, typ in REQUIRED.items():
         v = raw.get(key)
@@ -105,8 +122,12 @@ def _check(raw: Any, i: int) -> tuple[CatalogEntry | None, list[str]]:
             problems.append(f"{where}: missing {key}")
         elif not isinstance(v, typ) or isinstance(v, bool):
             problems.append(f"{where}: {key} has the wrong type ({type(v).__name__})")
-    if problems:
-        return None, problems
+    return problems
+
+
+def _value_problems(raw: dict[str, Any], where: str) -> list[str]:
+    """Values out of range, once every required key has its type."""
+    problems = []
     if not REPO_RE.match(raw["repo"]):
         problems.append(f"{where}: repo {raw['repo']!r} is not owner/name")
     if raw["context_length"] < 256:
@@ -123,23 +144,18 @@ def _check(raw: Any, i: int) -> tuple[CatalogEntry | None, list[str]]:
     if active is not None and (isinstance(active, bool) or not isinstance(active, (int, float))
                                or not 0 < active <= raw["params_b"]):
         problems.append(f"{where}: active_params_b must be a positive number of at most params_b")
-    if problems:
-        return None, problems
-    files, bad = _files(raw.get("file", []), where)
-    problems += bad
-    mmproj = None
-    if raw.get("mmproj") is not None:
-        proj, bad = _files([{"quant": "mmproj", **raw["mmproj"]}] if isinstance(raw["mmproj"], dict) else None,
-                           f"{where} mmproj")
-        problems += bad
-        mmproj = proj[0] if proj else None
-        if mmproj is not None and "vision" not in caps:
-            problems.append(f"{where}: an mmproj without the vision capability")
-    unknown = set(raw) - set(REQUIRED) - OPTIONAL
-    if unknown:
-        problems.append(f"{where}: unknown keys {', '.join(sorted(unknown))} (ignored)")
-    return CatalogEntry(**{k: raw[k] for k in REQUIRED}, draft=draft, capabilities=tuple(caps),
-                        active_params_b=active, files=files, mmproj=mmproj), problems
+    return problems
+
+
+def _mmproj(raw: Any, where: str, caps: list[str]) -> tuple[CatalogFile | None, list[str]]:
+    """A model's [model.mmproj] table (None if absent or bad), and what is wrong with it."""
+    if raw is None:
+        return None, []
+    proj, problems = _files([{"quant": "mmproj", **raw}] if isinstance(raw, dict) else None, f"{where} mmproj")
+    mmproj = proj[0] if proj else None
+    if mmproj is not None and "vision" not in caps:
+        problems.append(f"{where}: an mmproj without the vision capability")
+    return mmproj, problems
 
 
 def _files(raw: Any, where: str) -> tuple[tuple[CatalogFile, ...], list[str]]:
@@ -148,32 +164,43 @@ def _files(raw: Any, where: str) -> tuple[tuple[CatalogFile, ...], list[str]]:
         return (), [f"{where}: file must be an array of tables"]
     out, problems = [], []
     for k, f in enumerate(raw):
-        what = f"{where} file #{k + 1}"
-        parts = f.get("parts") if isinstance(f, dict) else None
-        shas = f.get("sha256") if isinstance(f, dict) else None
-        if not (isinstance(f, dict) and isinstance(f.get("quant"), str) and isinstance(f.get("file"), str)
-                and isinstance(f.get("size"), int) and not isinstance(f.get("size"), bool) and f["size"] > 0):
-            problems.append(f"{what}: needs quant, file and a size in bytes")
-            continue
-        parts = parts if isinstance(parts, list) and parts else [f["file"]]
-        shas = shas if isinstance(shas, list) else [shas] if isinstance(shas, str) else []
-        if len(shas) != len(parts) or not all(s == "missing" or SHA256_RE.match(s) for s in shas):
-            problems.append(f"{what}: sha256 needs one 64-hex digest (or \"missing\") per part")
-            continue
-        out.append(CatalogFile(f["quant"], f["file"], f["size"], tuple(parts),
-                               tuple(None if s == "missing" else s for s in shas)))
+        got = _file(f, f"{where} file #{k + 1}")
+        if isinstance(got, str):
+            problems.append(got)
+        else:
+            out.append(got)
     return tuple(out), problems
+
+
+def _file(f: Any, what: str) -> CatalogFile | str:
+    """One [[model.file]] table, or what is wrong with it."""
+    if not _names_a_file(f):
+        return f"{what}: needs quant, file and a size in bytes"
+    parts, shas = f.get("parts"), f.get("sha256")
+    parts = parts if isinstance(parts, list) and parts else [f["file"]]
+    shas = shas if isinstance(shas, list) else [shas] if isinstance(shas, str) else []
+    if len(shas) != len(parts) or not all(_is_digest(s) for s in shas):
+        return f"{what}: sha256 needs one 64-hex digest (or \"missing\") per part"
+    return CatalogFile(f["quant"], f["file"], f["size"], tuple(parts),
+                       tuple(None if s == "missing" else s for s in shas))
+
+
+def _names_a_file(f: Any) -> bool:
+    """A table with a quant and a file name (strings) and a size in bytes (a positive whole number)."""
+    size = f.get("size") if isinstance(f, dict) else None
+    return (isinstance(f, dict) and isinstance(f.get("quant"), str) and isinstance(f.get("file"), str)
+            and isinstance(size, int) and not isinstance(size, bool) and size > 0)
+
+
+def _is_digest(s: Any) -> bool:
+    """A part's sha256 as the catalog writes it: 64 hex digits, or "missing"."""
+    return isinstance(s, str) and (s == "missing" or SHA256_RE.match(s) is not None)
 
 
 def load(path: Path | None = None) -> Catalog:
     """Load and validate; bad entries are skipped and listed in `warnings`, never fatal."""
     path = path or default_path()
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise KnownError(f"the model catalog is missing ({path})") from None
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise KnownError(f"the model catalog {path} cannot be read: {err}") from err
+    data = _read_toml(path)
     warnings: list[str] = []
     version = data.get("version")
     if not isinstance(version, int):
@@ -182,7 +209,29 @@ def load(path: Path | None = None) -> Catalog:
     raw = data.get("model", [])
     if not isinstance(raw, list):
         raw, warnings = [], warnings + ["catalog: `model` must be an array of tables"]
+    entries, bad = _entries(raw)
+    checked, bad_drafts = _checked_drafts(entries)
+    warnings += bad + bad_drafts
+    for w in warnings:
+        log.warning("catalog: %s", w)
+    refreshed = data.get("refreshed", "")
+    return Catalog(version=version, entries=tuple(checked), warnings=tuple(warnings),
+                   refreshed=refreshed if isinstance(refreshed, str) else "")
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise KnownError(f"the model catalog is missing ({path})") from None
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise KnownError(f"the model catalog {path} cannot be read: {err}") from err
+
+
+def _entries(raw: list[Any]) -> tuple[list[CatalogEntry], list[str]]:
+    """The usable [[model]] tables, the first of each id, and the problems of all of them."""
     entries: list[CatalogEntry] = []
+    warnings: list[str] = []
     for i, r in enumerate(raw):
         e, problems = _check(r, i)
         warnings += problems
@@ -192,30 +241,31 @@ def load(path: Path | None = None) -> Catalog:
             warnings.append(f"model #{i + 1}: duplicate id {e.id!r} (skipped)")
             continue
         entries.append(e)
+    return entries, warnings
+
+
+def _checked_drafts(entries: list[CatalogEntry]) -> tuple[list[CatalogEntry], list[str]]:
+    """The entries with each draft that cannot serve its model dropped (with a warning why)."""
     by_id = {e.id: e for e in entries}
-    checked = []
+    checked, warnings = [], []
     for e in entries:
-        d = by_id.get(e.draft) if e.draft else None
-        if e.draft and d is None:
-            warnings.append(f"{e.id}: draft {e.draft!r} is not in the catalog (no draft used)")
-            e = CatalogEntry(**{**_asdict(e), "draft": None})
-        elif d is not None and d.tokenizer != e.tokenizer:
-            warnings.append(f"{e.id}: draft {d.id!r} has tokenizer {d.tokenizer!r}, not {e.tokenizer!r} "
-                            "(no draft used)")
-            e = CatalogEntry(**{**_asdict(e), "draft": None})
-        elif d is not None and d.params_b >= e.params_b:
-            warnings.append(f"{e.id}: draft {d.id!r} is not smaller than the model (no draft used)")
-            e = CatalogEntry(**{**_asdict(e), "draft": None})
+        problem = _draft_problem(e, by_id.get(e.draft) if e.draft else None)
+        if problem is not None:
+            warnings.append(problem)
+            e = replace(e, draft=None)
         checked.append(e)
-    for w in warnings:
-        log.warning("catalog: %s", w)
-    refreshed = data.get("refreshed", "")
-    return Catalog(version=version, entries=tuple(checked), warnings=tuple(warnings),
-                   refreshed=refreshed if isinstance(refreshed, str) else "")
+    return checked, warnings
 
 
-def _asdict(e: CatalogEntry) -> dict[str, Any]:
-    return {k: getattr(e, k) for k in CatalogEntry.__dataclass_fields__}
+def _draft_problem(e: CatalogEntry, d: CatalogEntry | None) -> str | None:
+    """Why draft `d` (the entry named by e.draft, None if not in the catalog) cannot draft for `e`."""
+    if e.draft and d is None:
+        return f"{e.id}: draft {e.draft!r} is not in the catalog (no draft used)"
+    if d is not None and d.tokenizer != e.tokenizer:
+        return f"{e.id}: draft {d.id!r} has tokenizer {d.tokenizer!r}, not {e.tokenizer!r} (no draft used)"
+    if d is not None and d.params_b >= e.params_b:
+        return f"{e.id}: draft {d.id!r} is not smaller than the model (no draft used)"
+    return None
 
 
 # ---- writing it back (catalog/refresh.py) -----------------------------------------------------------

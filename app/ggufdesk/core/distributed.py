@@ -106,36 +106,13 @@ def split(info: GGUFInfo, hw: HardwareInfo, workers: list[WorkerInfo], *, n_ctx:
     kv = planner.kv_bytes_per_layer(info, n_ctx, type_k=type_k, type_v=type_v, n_ubatch=n_ubatch)
     costs = _layer_costs(info, kv)
     cb = planner.compute_buffer(info, n_ctx=n_ctx, n_ubatch=n_ubatch, flash=flash_attn != "off")
-    places: list[tuple[str, str | None, int]] = []
-    for g in hw.gpus:
-        margin = max(planner.VRAM_MARGIN[0], int(g.vram_total * planner.VRAM_MARGIN[1]))
-        places.append((f"GPU{g.index}", None, g.vram_free - margin - planner.CUDA_CONTEXT - cb))
-    for w in workers:
-        for j, (free, _total) in enumerate(w.devices):
-            places.append((f"RPC {w.endpoint} #{j}", w.endpoint, free - cb - WORKER_MARGIN))
+    places = _offload_devices(hw, workers, cb)
     budgets = [max(0, b) for _, _, b in places]
-    top = info.n_layer + 1
     ram_budget, _ = planner.budgets(hw)
     notes: list[str] = []
-
-    def ram_for(k: int) -> int:
-        return planner.memory(info, n_ctx=n_ctx, n_gpu_layers=k, n_ubatch=n_ubatch, type_k=type_k,
-                              type_v=type_v, flash_attn=flash_attn, gpu=bool(places)).ram
-
-    assigned: list[list[int]] = []
-    if not places:
-        k = 0
-    elif n_gpu_layers is not None:
-        k = top if n_gpu_layers < 0 else min(n_gpu_layers, top)
-        fitted = _assign(costs, budgets, k)
-        if fitted is None:
-            notes.append(f"{k} offloaded layers do not fit the devices' free memory")
-            fitted = _assign(costs, [10**18] * len(budgets), k)
-        assigned = fitted or [[] for _ in budgets]
-    else:
-        k = next((k for k in range(top, -1, -1) if _assign(costs, budgets, k) is not None), 0)
-        assigned = _assign(costs, budgets, k) or [[] for _ in budgets]
-    ram = ram_for(k)
+    k, assigned = _offloaded_layers(costs, budgets, info.n_layer + 1, n_gpu_layers, notes)
+    ram = planner.memory(info, n_ctx=n_ctx, n_gpu_layers=k, n_ubatch=n_ubatch, type_k=type_k,
+                         type_v=type_v, flash_attn=flash_attn, gpu=bool(places)).ram
     fits = ram <= ram_budget and not notes
     if ram > ram_budget:
         need = ram - ram_budget
@@ -143,14 +120,44 @@ def split(info: GGUFInfo, hw: HardwareInfo, workers: list[WorkerInfo], *, n_ctx:
     wcosts = _layer_costs(info, [0] * info.n_layer)
     out_places = [Place(name=n, endpoint=e, budget=b, layers=tuple(a), bytes=sum(costs[i] for i in a),
                         weights=sum(wcosts[i] for i in a)) for (n, e, b), a in zip(places, assigned)]
-    for p in out_places:
-        if p.endpoint and not p.layers:
-            notes.append(f"{p.name} gets no layers (free {p.budget / MiB:.0f} MiB after its compute buffer)")
+    notes += [f"{p.name} gets no layers (free {p.budget / MiB:.0f} MiB after its compute buffer)"
+              for p in out_places if p.endpoint and not p.layers]
     dec, net, local = predict_decode(info, hw, out_places, workers)
     return Split(n_gpu_layers=k, tensor_split=[float(len(a)) for a in assigned], places=out_places,
                  cpu_layers=info.n_layer - sum(1 for a in assigned for i in a if i < info.n_layer),
                  ram_bytes=ram, fits=fits, pred_decode_tok_s=dec, pred_local_tok_s=local,
                  network_s_per_token=net, notes=notes)
+
+
+def _offload_devices(hw: HardwareInfo, workers: list[WorkerInfo], cb: int) -> list[tuple[str, str | None, int]]:
+    """(name, endpoint or None for a local GPU, budget) per offload device in llama.cpp's order: the
+    local GPUs, then each worker's devices; a budget is the free memory less the compute buffer `cb`
+    and the margins (negative when the device cannot hold even that)."""
+    places: list[tuple[str, str | None, int]] = []
+    for g in hw.gpus:
+        margin = max(planner.VRAM_MARGIN[0], int(g.vram_total * planner.VRAM_MARGIN[1]))
+        places.append((f"GPU{g.index}", None, g.vram_free - margin - planner.CUDA_CONTEXT - cb))
+    for w in workers:
+        for j, (free, _total) in enumerate(w.devices):
+            places.append((f"RPC {w.endpoint} #{j}", w.endpoint, free - cb - WORKER_MARGIN))
+    return places
+
+
+def _offloaded_layers(costs: list[int], budgets: list[int], top: int, n_gpu_layers: int | None,
+                      notes: list[str]) -> tuple[int, list[list[int]]]:
+    """(n_gpu_layers, layer indices per device): the count asked for (`top` = all, the output included),
+    placed even past the budgets with a note in `notes` when they do not fit; else the most that fit."""
+    if not budgets:
+        return 0, []
+    if n_gpu_layers is not None:
+        k = top if n_gpu_layers < 0 else min(n_gpu_layers, top)
+        fitted = _assign(costs, budgets, k)
+        if fitted is None:
+            notes.append(f"{k} offloaded layers do not fit the devices' free memory")
+            fitted = _assign(costs, [10**18] * len(budgets), k)
+        return k, fitted or [[] for _ in budgets]
+    k = next((k for k in range(top, -1, -1) if _assign(costs, budgets, k) is not None), 0)
+    return k, _assign(costs, budgets, k) or [[] for _ in budgets]
 
 
 def network_seconds(info: GGUFInfo, places: list[Place], workers: list[WorkerInfo]) -> float:

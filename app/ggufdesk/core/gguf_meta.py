@@ -514,41 +514,17 @@ def _file_type_name(ft: Any) -> str | None:
 
 def _interpret(source: str, kv: dict[str, Any], tensors: list[TensorInfo], file_bytes: int,
                split_count: int) -> GGUFInfo:
-    arch = kv.get("general.architecture")
-    if not isinstance(arch, str) or not arch:
-        raise GGUFFormatError(f"{source}: no general.architecture key; not a llama.cpp model file")
-    if not tensors:
-        raise GGUFFormatError(f"{source}: the file holds no tensors (a vocabulary-only GGUF?); not a model")
+    arch = _architecture(source, kv, tensors)
     c = _Checker(source, kv)
-    n_layer = kv.get(f"{arch}.block_count")
-    if isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer <= 0:
-        raise GGUFFormatError(f"{source}: {arch}.block_count is {n_layer!r}; the model has no layers")
-    if n_layer > MAX_LAYERS:
-        raise GGUFFormatError(f"{source}: {arch}.block_count is {n_layer}; no model has more than "
-                              f"{MAX_LAYERS} layers, the file is corrupt")
+    n_layer = _layer_count(source, kv, arch)
     n_embd = c.get(f"{arch}.embedding_length", 0, 1 << 20)
-    heads = c.per_layer(f"{arch}.attention.head_count", n_layer, 0, 1 << 16)
-    n_head = max(heads) if heads else 0
-    n_head_kv = c.per_layer(f"{arch}.attention.head_count_kv", n_layer, n_head, 1 << 16)
+    n_head, n_head_kv = _heads(c, arch, n_layer)
     head_k = c.get(f"{arch}.attention.key_length", 0, 1 << 16) or (n_embd // n_head if n_head else 0)
     head_v = c.get(f"{arch}.attention.value_length", 0, 1 << 16) or head_k
-    swa = kv.get(f"{arch}.attention.sliding_window")
-    n_swa = 0 if isinstance(swa, list) else c.get(f"{arch}.attention.sliding_window", 0, 1 << 31)
-    ff = kv.get(f"{arch}.feed_forward_length")
-    if isinstance(ff, list):
-        n_ff = max(c.per_layer(f"{arch}.feed_forward_length", n_layer, 0, 1 << 24))
-    else:
-        n_ff = c.get(f"{arch}.feed_forward_length", 0, 1 << 24)
-    tok = kv.get("tokenizer.ggml.tokens")
-    n_tok = tok.count if isinstance(tok, ArrayInfo) else len(tok) if isinstance(tok, list) else 0
-    n_vocab = c.get(f"{arch}.vocab_size", 0, 1 << 24) or c.num("tokenizer.ggml.tokens (count)", n_tok, 0, 1 << 24)
-    emb = next((t for t in tensors if t.name == "token_embd.weight"), None)
-    if not n_vocab and emb is not None and len(emb.shape) == 2:
-        n_vocab = c.num("token_embd.weight (rows)", emb.shape[1], 0, 1 << 24)
-    n_expert = c.get(f"{arch}.expert_count", 0, 1 << 16)
-    n_expert_used = c.get(f"{arch}.expert_used_count", 0, 1 << 16)
-    if n_expert and n_expert_used > n_expert:
-        raise c.bad(f"{arch}.expert_used_count", n_expert_used, f"at most {arch}.expert_count ({n_expert})")
+    n_swa = _sliding_window(c, arch)
+    n_ff = _feed_forward_length(c, arch, n_layer)
+    n_vocab = _vocab_size(c, arch, tensors)
+    n_expert, n_expert_used = _experts(c, arch)
     tmpl = kv.get("tokenizer.chat_template")
     name = kv.get("general.name")
     return GGUFInfo(
@@ -561,6 +537,67 @@ def _interpret(source: str, kv: dict[str, Any], tensors: list[TensorInfo], file_
         file_type=_file_type_name(kv.get("general.file_type")), file_bytes=file_bytes,
         split_count=split_count, tensors=tuple(tensors), metadata=kv,
     )
+
+
+def _architecture(source: str, kv: dict[str, Any], tensors: list[TensorInfo]) -> str:
+    """The model's architecture; refuses a file that names none or holds no tensors (not a model)."""
+    arch = kv.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise GGUFFormatError(f"{source}: no general.architecture key; not a llama.cpp model file")
+    if not tensors:
+        raise GGUFFormatError(f"{source}: the file holds no tensors (a vocabulary-only GGUF?); not a model")
+    return arch
+
+
+def _layer_count(source: str, kv: dict[str, Any], arch: str) -> int:
+    n_layer = kv.get(f"{arch}.block_count")
+    if isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer <= 0:
+        raise GGUFFormatError(f"{source}: {arch}.block_count is {n_layer!r}; the model has no layers")
+    if n_layer > MAX_LAYERS:
+        raise GGUFFormatError(f"{source}: {arch}.block_count is {n_layer}; no model has more than "
+                              f"{MAX_LAYERS} layers, the file is corrupt")
+    return n_layer
+
+
+def _heads(c: _Checker, arch: str, n_layer: int) -> tuple[int, tuple[int, ...]]:
+    """(query heads: the most of any layer, KV heads per layer: the query heads unless given)."""
+    heads = c.per_layer(f"{arch}.attention.head_count", n_layer, 0, 1 << 16)
+    n_head = max(heads) if heads else 0
+    return n_head, c.per_layer(f"{arch}.attention.head_count_kv", n_layer, n_head, 1 << 16)
+
+
+def _sliding_window(c: _Checker, arch: str) -> int:
+    """The sliding window in tokens, 0 = none (a per-layer list is not a window size: none)."""
+    key = f"{arch}.attention.sliding_window"
+    return 0 if isinstance(c.kv.get(key), list) else c.get(key, 0, 1 << 31)
+
+
+def _feed_forward_length(c: _Checker, arch: str, n_layer: int) -> int:
+    """The feed-forward width; per layer: the widest."""
+    key = f"{arch}.feed_forward_length"
+    if isinstance(c.kv.get(key), list):
+        return max(c.per_layer(key, n_layer, 0, 1 << 24))
+    return c.get(key, 0, 1 << 24)
+
+
+def _vocab_size(c: _Checker, arch: str, tensors: list[TensorInfo]) -> int:
+    """`<arch>.vocab_size`, else the tokenizer's token count, else token_embd's rows (0 if none says)."""
+    tok = c.kv.get("tokenizer.ggml.tokens")
+    n_tok = tok.count if isinstance(tok, ArrayInfo) else len(tok) if isinstance(tok, list) else 0
+    n_vocab = c.get(f"{arch}.vocab_size", 0, 1 << 24) or c.num("tokenizer.ggml.tokens (count)", n_tok, 0, 1 << 24)
+    emb = next((t for t in tensors if t.name == "token_embd.weight"), None)
+    if not n_vocab and emb is not None and len(emb.shape) == 2:
+        n_vocab = c.num("token_embd.weight (rows)", emb.shape[1], 0, 1 << 24)
+    return n_vocab
+
+
+def _experts(c: _Checker, arch: str) -> tuple[int, int]:
+    """(experts, experts used per token); 0, 0 for a dense model."""
+    n_expert = c.get(f"{arch}.expert_count", 0, 1 << 16)
+    n_expert_used = c.get(f"{arch}.expert_used_count", 0, 1 << 16)
+    if n_expert and n_expert_used > n_expert:
+        raise c.bad(f"{arch}.expert_used_count", n_expert_used, f"at most {arch}.expert_count ({n_expert})")
+    return n_expert, n_expert_used
 
 
 def _read_parts(source: str, parts: list[_Part], limit: int) -> GGUFInfo:

@@ -167,36 +167,47 @@ def memory(info: GGUFInfo, *, n_ctx: int, n_gpu_layers: int = 0, n_ubatch: int =
     first_gpu = n_layer + 1 - ngl  # layers >= first_gpu (and the output, if ngl >= 1) are on the GPU
     on_gpu = [i >= first_gpu for i in range(n_layer)]
     output_gpu = ngl >= 1
+    w_cpu, w_gpu = _layer_weights(info, on_gpu, n_cpu_moe)
+    o_cpu, o_gpu = _outer_weights(info, output_gpu)
+    kv = kv_bytes_per_layer(info, n_ctx, type_k=type_k, type_v=type_v, n_ubatch=n_ubatch, swa_full=swa_full)
+    cb = compute_buffer(info, n_ctx=n_ctx, n_ubatch=n_ubatch, flash=flash_attn != "off")
+    any_cpu_layer = not all(on_gpu)
+    compute_cpu = cb if (any_cpu_layer or not output_gpu) else 2 * n_ubatch * info.n_embd * 4
+    return Memory(
+        weights_cpu=w_cpu + o_cpu, weights_gpu=w_gpu + o_gpu,
+        kv_cpu=sum(b for b, g in zip(kv, on_gpu) if not g), kv_gpu=sum(b for b, g in zip(kv, on_gpu) if g),
+        compute_cpu=compute_cpu, compute_gpu=cb if ngl else 0, output=info.n_vocab * 4,
+        overhead=OVERHEAD_BASE + OVERHEAD_PER_VOCAB * info.n_vocab,
+        cuda_context=CUDA_CONTEXT if ngl else 0,
+    )
+
+
+def _layer_weights(info: GGUFInfo, on_gpu: list[bool], n_cpu_moe: int) -> tuple[int, int]:
+    """(CPU, GPU) bytes of the repeating layers' tensors: each where its layer is, except the routed
+    experts of the first n_cpu_moe layers, which stay on the CPU."""
     w_gpu = w_cpu = 0
     for t in info.tensors:
-        if t.layer is None or not 0 <= t.layer < n_layer:
+        if t.layer is None or not 0 <= t.layer < info.n_layer:
             continue
         if on_gpu[t.layer] and not (is_routed_expert(t) and t.layer < n_cpu_moe):
             w_gpu += t.n_bytes
         else:
             w_cpu += t.n_bytes
+    return w_cpu, w_gpu
+
+
+def _outer_weights(info: GGUFInfo, output_gpu: bool) -> tuple[int, int]:
+    """(CPU, GPU) bytes of the tensors outside the layers: token_embd on the CPU, the output layer where
+    it goes (a tied output on the CPU shares token_embd's buffer; on the GPU it is a copy)."""
     emb = info.tensor("token_embd.weight")
-    w_cpu += emb.n_bytes if emb else 0
+    cpu = emb.n_bytes if emb else 0
+    gpu = 0
     for t in _output_tensors(info):
-        if t.name == "token_embd.weight" and not output_gpu:
-            continue  # tied output on the CPU shares token_embd's buffer
         if output_gpu:
-            w_gpu += t.n_bytes
-        else:
-            w_cpu += t.n_bytes
-    kv = kv_bytes_per_layer(info, n_ctx, type_k=type_k, type_v=type_v, n_ubatch=n_ubatch, swa_full=swa_full)
-    flash = flash_attn != "off"
-    cb = compute_buffer(info, n_ctx=n_ctx, n_ubatch=n_ubatch, flash=flash)
-    any_cpu_layer = not all(on_gpu)
-    compute_gpu = cb if ngl else 0
-    compute_cpu = cb if (any_cpu_layer or not output_gpu) else 2 * n_ubatch * info.n_embd * 4
-    return Memory(
-        weights_cpu=w_cpu, weights_gpu=w_gpu,
-        kv_cpu=sum(b for b, g in zip(kv, on_gpu) if not g), kv_gpu=sum(b for b, g in zip(kv, on_gpu) if g),
-        compute_cpu=compute_cpu, compute_gpu=compute_gpu, output=info.n_vocab * 4,
-        overhead=OVERHEAD_BASE + OVERHEAD_PER_VOCAB * info.n_vocab,
-        cuda_context=CUDA_CONTEXT if ngl else 0,
-    )
+            gpu += t.n_bytes
+        elif t.name != "token_embd.weight":
+            cpu += t.n_bytes
+    return cpu, gpu
 
 
 # --------------------------------------------------------------------------- speed

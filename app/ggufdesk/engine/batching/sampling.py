@@ -12,6 +12,7 @@ from llama_cpp import _internals as internals
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.batching.sequence import Sequence
 from ggufdesk.engine.batching.vocab import Vocab
+from ggufdesk.engine.runtime.llama_typed import add_greedy, new_sampler
 from ggufdesk.engine.runtime.native import LoadedModel
 
 
@@ -19,11 +20,11 @@ def make_sampler(lm: LoadedModel, s: SamplingSettings) -> internals.LlamaSampler
     """llama.cpp's sampler chain, in llama-cpp-python's order; None means plain greedy (argmax)."""
     if s.temperature == 0 and s.repeat_penalty == 1.0:
         return None
-    smp = internals.LlamaSampler()
+    smp = new_sampler()
     if s.repeat_penalty != 1.0:
         smp.add_penalties(lm.n_vocab, s.repeat_last_n, s.repeat_penalty, 0.0, 0.0)
     if s.temperature == 0:
-        smp.add_greedy()
+        add_greedy(smp)
         return smp
     seed = s.seed if s.seed >= 0 else int.from_bytes(os.urandom(4), "little")
     smp.add_top_k(s.top_k)

@@ -21,6 +21,7 @@ from ggufdesk.engine.batching.scheduler import Scheduler
 from ggufdesk.engine.batching.sequence import FINISH_REASONS, Sequence, SequenceStatus
 from ggufdesk.engine.batching.vocab import Vocab
 from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.runtime.llama_typed import close
 from ggufdesk.engine.runtime.native import LoadedModel
 
 STATS_EVERY_S = 0.25
@@ -135,7 +136,7 @@ class Update:
         """Free what s holds; its KV stays resident for later prefixes (the first `keep` positions)."""
         self.sched.remove(s)
         if s.sampler is not None:
-            s.sampler.close()
+            close(s.sampler)
             s.sampler = None
         if s.constraint is not None:
             s.constraint.close()

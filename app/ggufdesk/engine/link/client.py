@@ -228,21 +228,31 @@ class EngineClient:
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("GGML_NO_BACKTRACE", "1")  # no gdb attach on abort: crash fast, say why
         env[PARENT_ENV] = str(os.getpid())
-        try:
-            # Its own session: a signal for the terminal's job (Ctrl-C, SIGTERM to the group, a
-            # closed terminal) reaches this process, which stops the engine politely, instead of
-            # killing the engine first, which looked like a crash and was restarted during a normal
-            # shutdown. The engine still never outlives this process (engine/link/lifeline.py).
-            popen = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=env, bufsize=0,
-                                     start_new_session=os.name == "posix")
-        except OSError as e:
-            self._set_state("failed", f"the engine could not be started: {e}")
-            return False
+        # Spawned and published under the lock shutdown() takes to set _closing: a shutdown either
+        # comes first (nothing is spawned) or finds the process and waits for it. Without this, a
+        # shutdown that came while a start was queued returned at once and the engine it spawned
+        # afterwards lived on beside the next one (the router's storm saw three engines, max two).
         with self._cond:
-            self._gen += 1
-            self.ready = None
-            proc = self._proc = _Proc(popen=popen, gen=self._gen, last_seen=time.monotonic())
+            if self._closing:
+                return False
+            try:
+                # Its own session: a signal for the terminal's job (Ctrl-C, SIGTERM to the group, a
+                # closed terminal) reaches this process, which stops the engine politely, instead of
+                # killing the engine first, which looked like a crash and was restarted during a
+                # normal shutdown. The engine never outlives this process (engine/link/lifeline.py).
+                popen = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, env=env, bufsize=0,
+                                         start_new_session=os.name == "posix")
+            except OSError as e:
+                failed = f"the engine could not be started: {e}"
+            else:
+                failed = ""
+                self._gen += 1
+                self.ready = None
+                proc = self._proc = _Proc(popen=popen, gen=self._gen, last_seen=time.monotonic())
+        if failed:
+            self._set_state("failed", failed)
+            return False
         threading.Thread(target=self._read_events, args=(proc,), daemon=True, name="engine-events").start()
         threading.Thread(target=self._read_stderr, args=(popen,), daemon=True, name="engine-stderr").start()
         with self._cond:
@@ -252,7 +262,9 @@ class EngineClient:
         if not started:
             with self._cond:
                 self._proc = None  # its exit is not a crash to report
-            if self._closing:
+            if self._closing:  # shut down while starting: it goes now, not when the client does
+                popen.kill()
+                popen.wait()
                 return False
             why = describe_exit(popen.poll()) if ok else f"no answer in {START_TIMEOUT_S:.0f} s"
             tail = " / ".join(list(self.stderr_tail)[-3:])

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import signal
@@ -23,7 +22,10 @@ def set_parent_death_signal() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # the process's own symbols (libc is loaded): ctypes.util.find_library would run
+        # `ldconfig -p` as a child at every engine start (seen by the router's storm test as a
+        # third engine beside two)
+        libc = ctypes.CDLL(None, use_errno=True)
         return int(libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)) == 0
     except (OSError, AttributeError) as e:
         log.warning("could not set the parent-death signal: %s", e)

@@ -7,7 +7,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import SecurityError
+from jinja2.exceptions import SecurityError
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.engine.runtime.template_guard import (PROBE_SECONDS, RENDER_SECONDS, GuardedEnvironment,
@@ -76,7 +76,7 @@ class ChatTemplate:
         self.name = "builtin:plain" if self.builtin else "template"
         self.stops = list(PLAIN_STOPS) if self.builtin else []
         self.bos, self.eos = bos, eos
-        source = PLAIN_TEMPLATE if self.builtin else template
+        source = PLAIN_TEMPLATE if template is None else template
         if len(source) > MAX_TEMPLATE_CHARS:
             raise KnownError(f"the model's chat template is {len(source)} characters long "
                              f"(limit {MAX_TEMPLATE_CHARS}); refused")
@@ -84,7 +84,7 @@ class ChatTemplate:
                                  extensions=[_IgnoreGenerationTags, jinja2.ext.loopcontrols])
         env.filters["tojson"] = GuardedEnvironment._guard_filter("tojson", _tojson)
         try:
-            self._template = render_with_deadline(lambda: env.from_string(source), PROBE_SECONDS)
+            self._template: jinja2.Template = render_with_deadline(lambda: env.from_string(source), PROBE_SECONDS)
         except jinja2.TemplateSyntaxError as e:
             raise KnownError(f"the model's chat template is broken ({e})") from None
         except (jinja2.TemplateError, RecursionError, MemoryError, ValueError, TypeError, OverflowError) as e:

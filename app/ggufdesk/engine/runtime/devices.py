@@ -24,7 +24,7 @@ def _libggml() -> ctypes.CDLL:
     raise OSError(f"libggml not found in {libdir}")
 
 
-def ggml_devices() -> list[dict]:
+def ggml_devices() -> list[dict[str, str | int]]:
     """[{name, description, type, memory_free, memory_total}] for every device ggml can use; [] on error."""
     try:
         lib = _libggml()
@@ -39,7 +39,7 @@ def ggml_devices() -> list[dict]:
         lib.ggml_backend_dev_memory.restype = None
         lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
                                                 ctypes.POINTER(ctypes.c_size_t)]
-        out = []
+        out: list[dict[str, str | int]] = []
         for i in range(lib.ggml_backend_dev_count()):
             dev = lib.ggml_backend_dev_get(i)
             free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
@@ -62,7 +62,7 @@ class _BuftOverride(ctypes.Structure):
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
-def experts_on_cpu(n_layers: int) -> tuple[list[bytes], ctypes.Array]:
+def experts_on_cpu(n_layers: int) -> tuple[list[bytes], ctypes.Array[_BuftOverride]]:
     """The tensor buffer overrides that keep the routed experts of layers 0..n_layers-1 in host memory
     (llama.cpp's --n-cpu-moe N): one pattern per layer, as llama.cpp's own option writes them, the
     CPU device's buffer type, NULL-terminated. Returns (the patterns, the array): both must outlive

@@ -19,6 +19,7 @@ from llama_cpp import _internals as internals
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.gguf_meta import EMBEDDING_ARCHS, embedding_only
+from ggufdesk.engine.runtime.llama_typed import close
 from ggufdesk.engine.runtime.native import FLASH_ATTN_IDS, LlamaLog, LoadedModel
 from ggufdesk.engine.runtime.tokens import refusal, tokenize
 
@@ -131,8 +132,8 @@ class Embedder:
             pooled = self._causal(tokens) if self.causal else self._encoder(tokens)
         finally:
             if callback is not None:
-                llama_cpp.llama_set_abort_callback(self.ctx.ctx, ctypes.cast(None, llama_cpp.ggml_abort_callback),
-                                                   ctypes.c_void_p(0))
+                no_callback = ctypes.cast(ctypes.c_void_p(), llama_cpp.ggml_abort_callback)  # a NULL function pointer
+                llama_cpp.llama_set_abort_callback(self.ctx.ctx, no_callback, ctypes.c_void_p(0))
         return Vector(values=normalise(pooled), n_tokens=len(tokens), truncated=cut)
 
     def _decode(self, tokens: list[int], pos0: int) -> None:
@@ -179,8 +180,8 @@ class Embedder:
         return self._row(llama_cpp.llama_get_embeddings_ith(self.ctx.ctx, -1))
 
     def close(self) -> None:
-        self.ctx.close()
-        self._batch.close()
+        close(self.ctx)
+        close(self._batch)
 
 
 def check_inputs(inputs: object) -> None:

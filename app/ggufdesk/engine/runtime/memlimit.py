@@ -41,11 +41,13 @@ def planned_bytes(model: str, settings: LoadSettings, draft: str | None, mmproj:
     from ggufdesk.core import gguf_meta, planner
     from ggufdesk.core.projector import read_projector
 
-    kw = dict(n_ctx=settings.n_ctx, n_ubatch=settings.n_ubatch, type_k=settings.type_k,
-              type_v=settings.type_v, flash_attn=settings.flash_attn)
-    total = planner.memory(gguf_meta.read_gguf(model), **kw).ram
+    def ram(path: str) -> int:
+        return planner.memory(gguf_meta.read_gguf(path), n_ctx=settings.n_ctx, n_ubatch=settings.n_ubatch,
+                              type_k=settings.type_k, type_v=settings.type_v, flash_attn=settings.flash_attn).ram
+
+    total = ram(model)
     if draft:
-        total += planner.memory(gguf_meta.read_gguf(draft), **kw).ram
+        total += ram(draft)
     if mmproj:
         total += read_projector(mmproj).memory_bytes(settings.flash_attn != "off")
     return total

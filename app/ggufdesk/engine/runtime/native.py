@@ -9,12 +9,18 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import llama_cpp
 from llama_cpp import _internals as internals
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LOGITS_ROWS, LoadSettings
+
+if TYPE_CHECKING:
+    from _ctypes import CFuncPtr
+
+    from ggufdesk.engine.runtime.rpc import Offload
 
 log = logging.getLogger("ggufdesk.engine")
 
@@ -31,7 +37,20 @@ _NOISE = ("llama_graph_n_input_tensors", "llama_model_loader: - kv", "llama_mode
 _BUFFER_RE = re.compile(r"(\S+)\s+(model|KV|compute|output)\s+buffer size\s*=\s*([\d.]+)\s*MiB")
 
 
-_REGISTERED_LOG_CALLBACKS: list = []
+_REGISTERED_LOG_CALLBACKS: list[CFuncPtr] = []
+
+
+class _Closable(Protocol):
+    """What llama-cpp-python's wrappers (LlamaModel, LlamaContext) offer to free their C object
+    (their close() is unannotated: calling it through this is typed)."""
+
+    def close(self) -> None: ...
+
+
+def free(*objects: _Closable) -> None:
+    """Close llama-cpp-python wrappers, in order."""
+    for obj in objects:
+        obj.close()
 
 
 class LlamaLog:
@@ -44,11 +63,10 @@ class LlamaLog:
         self._count = 0  # lines ever captured; marks count from here, the deque forgets
         self.echo = os.environ.get("GGUFDESK_LLAMA_LOG") == "1"
 
-        @llama_cpp.llama_log_callback
-        def _callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        def on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
             self._write(text.decode("utf-8", errors="replace"))
 
-        self._callback = _callback
+        self._callback = _callback = llama_cpp.llama_log_callback(on_log)
         # llama.cpp's log callback is process-wide and outlives this object: a collected callback
         # crashes the process at the next log line, so every one ever registered is kept alive.
         _REGISTERED_LOG_CALLBACKS.append(_callback)
@@ -96,9 +114,9 @@ def memory_from_log(lines: list[str]) -> dict[str, int]:
     return out
 
 
-def token_piece(vocab, token: int, buf: ctypes.Array) -> bytes:
+def token_piece(vocab: llama_cpp.llama_vocab_p, token: int, buf: ctypes.Array[ctypes.c_char]) -> bytes:
     """A token's text as bytes, read into `buf` (a scratch buffer), or a buffer as long as it needs."""
-    n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+    n: int = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
     if n < 0:
         big = ctypes.create_string_buffer(-n)
         n = llama_cpp.llama_token_to_piece(vocab, token, big, -n, 0, False)
@@ -112,11 +130,10 @@ class Aborter:
     def __init__(self) -> None:
         self.flag = threading.Event()
 
-        @llama_cpp.ggml_abort_callback
-        def _callback(_data: ctypes.c_void_p) -> bool:
+        def aborted(_data: ctypes.c_void_p) -> bool:
             return self.flag.is_set()
 
-        self._callback = _callback  # keep a reference, see LlamaLog
+        self._callback = llama_cpp.ggml_abort_callback(aborted)  # keep a reference, see LlamaLog
 
 
 @dataclass
@@ -134,8 +151,9 @@ class LoadedModel:
     aborter: Aborter = field(default_factory=Aborter)
 
     @property
-    def vocab(self):  # llama_vocab_p
-        return self.model.vocab
+    def vocab(self) -> llama_cpp.llama_vocab_p:
+        vocab: llama_cpp.llama_vocab_p = self.model.vocab  # (read per token: no conversion call)
+        return vocab
 
     @property
     def arch(self) -> str:
@@ -151,7 +169,21 @@ class LoadedModel:
 
     @property
     def n_layer(self) -> int:
-        return llama_cpp.llama_model_n_layer(self.model.model)
+        return int(llama_cpp.llama_model_n_layer(self.model.model))
+
+    @property
+    def n_embd(self) -> int:
+        """The width of the model's output embeddings (of its input ones where it does not say)."""
+        m = self.model.model
+        return int(llama_cpp.llama_model_n_embd_out(m) or llama_cpp.llama_model_n_embd(m))
+
+    @property
+    def bos_id(self) -> int:
+        return int(llama_cpp.llama_vocab_bos(self.vocab))
+
+    def token_text(self, token: int) -> bytes:
+        """A token's text as the vocabulary stores it (llama_vocab_get_text: not detokenized)."""
+        return bytes(llama_cpp.llama_vocab_get_text(self.vocab, token) or b"")  # (NULL: none)
 
     @property
     def chat_template(self) -> str | None:
@@ -161,27 +193,27 @@ class LoadedModel:
         """Install the abort callback for multi-token batches only: it costs a Python call per graph node."""
         if self.ctx.ctx is None:
             raise KnownError("the model was unloaded")
-        cb = self.aborter._callback if on else ctypes.cast(None, llama_cpp.ggml_abort_callback)
+        cb = self.aborter._callback if on else llama_cpp.ggml_abort_callback()  # (no argument: NULL)
         llama_cpp.llama_set_abort_callback(self.ctx.ctx, cb, ctypes.c_void_p(0))
 
     def close(self) -> None:
-        self.ctx.close()
-        self.model.close()
+        free(self.ctx, self.model)
 
 
-def apply_offload(mparams: llama_cpp.llama_model_params, offload) -> list:
+def apply_offload(mparams: llama_cpp.llama_model_params, offload: Offload) -> list[object]:
     """RPC workers (engine/runtime/rpc.py Offload): the device list (NULL-terminated) and per-device layer
     counts as tensor_split. Returns the ctypes arrays, which must outlive the model load."""
     devs = (ctypes.c_void_p * (len(offload.devices) + 1))(*offload.devices, None)
     split = (ctypes.c_float * llama_cpp.llama_max_devices())(*offload.tensor_split)
-    mparams.devices = ctypes.addressof(devs)
+    # llama-cpp-python annotates the field as an array; it is a c_void_p, which takes an address
+    mparams.devices = ctypes.addressof(devs)  # type: ignore[assignment]
     mparams.tensor_split = split
     mparams.n_gpu_layers = offload.n_gpu_layers
     return [devs, split]
 
 
 def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog, *,
-               n_outputs: int = DEFAULT_OUTPUTS, offload=None) -> LoadedModel:
+               n_outputs: int = DEFAULT_OUTPUTS, offload: Offload | None = None) -> LoadedModel:
     """Load a GGUF and create its context; raises KnownError with llama.cpp's own reason.
 
     n_outputs is the most logits rows one decode call may ask for (a verification batch is
@@ -241,7 +273,7 @@ def load_model(path: str, settings: LoadSettings, llama_log: LlamaLog, *,
     try:
         ctx = internals.LlamaContext(model=model, params=cparams, verbose=True)
     except ValueError:
-        model.close()
+        free(model)
         why = llama_log.reason(llama_log.since(ctx_mark)) or "unknown reason"
         raise KnownError(f"llama.cpp could not create a context for {os.path.basename(path)} "
                          f"(n_ctx={settings.n_ctx}): {why}") from None

@@ -16,16 +16,22 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.rpc_wire import WorkerInfo, probe_worker
 from ggufdesk.core.settings import LoadSettings
 
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    SizePtr: TypeAlias = ctypes._Pointer[ctypes.c_size_t]
+
 P = ctypes.c_void_p
 SizeP = ctypes.POINTER(ctypes.c_size_t)
 GET_MEMORY = ctypes.CFUNCTYPE(None, P, SizeP, SizeP)  # ggml_backend_device_i.get_memory
 DEV_CPU, DEV_GPU, DEV_IGPU, DEV_ACCEL = 0, 1, 2, 3
-_KEEP: list = []  # ctypes callbacks and arrays llama.cpp holds on to: never collected
+_KEEP: list[object] = []  # ctypes callbacks and arrays llama.cpp holds on to: never collected
 
 
 def _load(name: str) -> ctypes.CDLL:
@@ -39,57 +45,91 @@ def _load(name: str) -> ctypes.CDLL:
                      "rebuild it with -DGGML_RPC=ON (installer/llama_wheel.sh does)")
 
 
-def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
-    """(libggml-rpc, libggml-base) with the signatures we use declared."""
-    import llama_cpp  # noqa: F401 - loads libggml and registers the backends first
+class _Ggml:
+    """The ggml functions we call (libggml-rpc, libggml-base, libggml), declared and typed: device
+    handles are addresses (int); a NULL handle is 0."""
 
-    rpc, base, ggml = _load("ggml-rpc"), _load("ggml-base"), _load("ggml")
-    rpc.ggml_backend_rpc_start_server.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
-                                                  ctypes.c_size_t, ctypes.POINTER(P)]
-    rpc.ggml_backend_rpc_start_server.restype = None
-    rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
-    rpc.ggml_backend_rpc_add_server.restype = P
-    base.ggml_backend_reg_dev_count.argtypes = [P]
-    base.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
-    base.ggml_backend_reg_dev_get.argtypes = [P, ctypes.c_size_t]
-    base.ggml_backend_reg_dev_get.restype = P
-    base.ggml_backend_dev_count = ggml.ggml_backend_dev_count  # the registry lives in libggml
-    base.ggml_backend_dev_get = ggml.ggml_backend_dev_get
-    base.ggml_backend_dev_count.restype = ctypes.c_size_t
-    base.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    base.ggml_backend_dev_get.restype = P
-    base.ggml_backend_dev_type.argtypes = [P]
-    base.ggml_backend_dev_type.restype = ctypes.c_int
-    base.ggml_backend_dev_name.argtypes = [P]
-    base.ggml_backend_dev_name.restype = ctypes.c_char_p
-    base.ggml_backend_dev_memory.argtypes = [P, SizeP, SizeP]
-    base.ggml_backend_dev_memory.restype = None
-    return rpc, base
+    def __init__(self) -> None:
+        import llama_cpp  # noqa: F401 - loads libggml and registers the backends first
+
+        rpc, base, ggml = _load("ggml-rpc"), _load("ggml-base"), _load("ggml")
+        rpc.ggml_backend_rpc_start_server.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                                                      ctypes.c_size_t, ctypes.POINTER(P)]
+        rpc.ggml_backend_rpc_start_server.restype = None
+        rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+        rpc.ggml_backend_rpc_add_server.restype = P
+        base.ggml_backend_reg_dev_count.argtypes = [P]
+        base.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
+        base.ggml_backend_reg_dev_get.argtypes = [P, ctypes.c_size_t]
+        base.ggml_backend_reg_dev_get.restype = P
+        ggml.ggml_backend_dev_count.restype = ctypes.c_size_t  # the registry lives in libggml
+        ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        ggml.ggml_backend_dev_get.restype = P
+        base.ggml_backend_dev_type.argtypes = [P]
+        base.ggml_backend_dev_type.restype = ctypes.c_int
+        base.ggml_backend_dev_name.argtypes = [P]
+        base.ggml_backend_dev_name.restype = ctypes.c_char_p
+        base.ggml_backend_dev_memory.argtypes = [P, SizeP, SizeP]
+        base.ggml_backend_dev_memory.restype = None
+        self._rpc, self._base, self._ggml = rpc, base, ggml
+
+    def dev_count(self) -> int:
+        return int(self._ggml.ggml_backend_dev_count())
+
+    def dev_get(self, i: int) -> int:
+        return _address(self._ggml.ggml_backend_dev_get(i))
+
+    def dev_type(self, dev: int) -> int:
+        return int(self._base.ggml_backend_dev_type(dev))
+
+    def devices(self) -> list[int]:
+        """Every device llama.cpp registered, in its order."""
+        return [self.dev_get(i) for i in range(self.dev_count())]
+
+    def add_server(self, endpoint: str) -> int:
+        """The backend registry of an RPC worker (0: none)."""
+        return _address(self._rpc.ggml_backend_rpc_add_server(endpoint.encode()))
+
+    def reg_devices(self, reg: int) -> list[int]:
+        return [_address(self._base.ggml_backend_reg_dev_get(reg, i))
+                for i in range(self._base.ggml_backend_reg_dev_count(reg))]
+
+    def start_server(self, endpoint: str, threads: int, devices: ctypes.Array[ctypes.c_void_p]) -> None:
+        """Serve `devices` at endpoint; returns only when the server could not be set up."""
+        self._rpc.ggml_backend_rpc_start_server(endpoint.encode(), None, threads, len(devices), devices)
 
 
-def local_devices(base: ctypes.CDLL) -> list[int]:
+def _address(pointer: int | None) -> int:
+    """A c_void_p result as ctypes gives it (int, None for NULL) as an int."""
+    return int(pointer or 0)
+
+
+def _libs() -> _Ggml:
+    """The ggml libraries with the signatures we use declared."""
+    return _Ggml()
+
+
+def local_devices(lib: _Ggml) -> list[int]:
     """This machine's GPUs (what a model offloads to besides the workers); [] on a CPU-only build."""
-    devs = [base.ggml_backend_dev_get(i) for i in range(base.ggml_backend_dev_count())]
-    return [d for d in devs if base.ggml_backend_dev_type(d) in (DEV_GPU, DEV_IGPU)]
+    return [d for d in lib.devices() if lib.dev_type(d) in (DEV_GPU, DEV_IGPU)]
 
 
 def remote_devices(endpoints: list[str]) -> list[int]:
     """The devices of each worker, in order. Check the workers first (core.rpc_wire): ggml-rpc
     aborts the process when one cannot be reached."""
-    rpc, base = _libs()
+    lib = _libs()
     out: list[int] = []
     for ep in endpoints:
-        reg = rpc.ggml_backend_rpc_add_server(ep.encode())
+        reg = lib.add_server(ep)
         if not reg:
             raise KnownError(f"RPC worker {ep} offers no devices")
-        out += [base.ggml_backend_reg_dev_get(reg, i) for i in range(base.ggml_backend_reg_dev_count(reg))]
+        out += lib.reg_devices(reg)
     return out
 
 
 def offload_devices(endpoints: list[str]) -> list[int]:
     """Local GPUs first, then the workers' devices: the order of LoadSettings.tensor_split shares."""
-    _, base = _libs()
-    return local_devices(base) + remote_devices(endpoints)
+    return local_devices(_libs()) + remote_devices(endpoints)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -99,7 +139,7 @@ class Offload:
     devices: list[int]
     tensor_split: list[float]
     n_gpu_layers: int
-    plan: dict = field(default_factory=dict)  # distributed.Split.to_json() + the workers' probes
+    plan: dict[str, Any] = field(default_factory=dict)  # distributed.Split.to_json() + the workers' probes
 
 
 def check_workers(endpoints: list[str], *, timeout: float = 5.0) -> list[WorkerInfo]:
@@ -140,9 +180,11 @@ def _limit_memory(dev: int, limit: int) -> None:
     does not enforce it when allocating.
     """
     slot = P.from_address(dev + 2 * ctypes.sizeof(P))
+    if not slot.value:
+        raise KnownError("this llama.cpp device reports no memory: --mem cannot limit it")
     original = GET_MEMORY(slot.value)
 
-    def limited(d: int, free: SizeP, total: SizeP) -> None:
+    def limited(d: int, free: SizePtr, total: SizePtr) -> None:
         original(d, free, total)
         total[0] = min(total[0], limit) if total[0] else limit
         free[0] = min(free[0], limit) if free[0] else limit
@@ -154,11 +196,10 @@ def _limit_memory(dev: int, limit: int) -> None:
 
 def serve(host: str, port: int, *, mem: int = 0, threads: int = 0, cpu: bool = False) -> None:
     """Serve this machine's accelerators (else its CPU) over RPC; blocks until the process ends."""
-    rpc, base = _libs()
-    devs = [] if cpu else local_devices(base)
+    lib = _libs()
+    devs = [] if cpu else local_devices(lib)
     if not devs:
-        devs = [d for d in (base.ggml_backend_dev_get(i) for i in range(base.ggml_backend_dev_count()))
-                if base.ggml_backend_dev_type(d) == DEV_CPU][:1]
+        devs = [d for d in lib.devices() if lib.dev_type(d) == DEV_CPU][:1]
     if not devs:
         raise KnownError("llama.cpp found no device to serve")
     if mem:
@@ -170,7 +211,7 @@ def serve(host: str, port: int, *, mem: int = 0, threads: int = 0, cpu: bool = F
         from ggufdesk.core.settings import default_threads
 
         threads = default_threads()
-    rpc.ggml_backend_rpc_start_server(f"{host}:{port}".encode(), None, threads, len(devs), arr)
+    lib.start_server(f"{host}:{port}", threads, arr)
     # start_server returns only when it could not set up (it printed why, e.g. the port is taken)
     raise KnownError(f"the RPC server could not listen on {host}:{port} (is the port in use?)")
 

@@ -5,9 +5,10 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.exceptions import SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # A real chat template renders a conversation in milliseconds and into at most a few MB; these limits
 # stop the hostile ones (three nested range(100000) loops spun the engine for ever, 'x' * 1.5e9
@@ -33,7 +34,7 @@ def _check_size(value: Any, what: str) -> Any:
     return value
 
 
-def _check_args(args: tuple, kwargs: dict, what: str) -> None:
+def _check_args(args: tuple[Any, ...], kwargs: dict[str, Any], what: str) -> None:
     for v in (*args, *kwargs.values()):
         if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_ITEMS:
             raise TemplateBudgetError(f"{what} called with {v} (limit {MAX_ITEMS})")
@@ -104,7 +105,10 @@ class GuardedEnvironment(ImmutableSandboxedEnvironment):
         return wrapped
 
 
-def render_with_deadline(render: Callable[[], str], seconds: float) -> str:
+_T = TypeVar("_T")
+
+
+def render_with_deadline(render: Callable[[], _T], seconds: float) -> _T:
     """Run render(), raising TemplateBudgetError if it takes longer than `seconds`.
 
     The check runs on every call and on every line executed in template code (Jinja compiles a

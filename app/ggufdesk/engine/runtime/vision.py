@@ -36,7 +36,7 @@ log = logging.getLogger("ggufdesk.engine")
 
 CACHE_BYTES = 256 * 1024 * 1024  # encoded images kept (a Gemma 3 image: 256 x 2560 floats = 2.6 MB)
 _SIZE_RE = re.compile(r"(model size|compute buffer size)\s*=?\s*:?\s*([\d.]+)\s*MiB")
-_NULL_CALLBACK = ctypes.cast(None, mtmd.mtmd_helper_post_decode_callback)
+_NULL_CALLBACK = ctypes.cast(ctypes.c_void_p(), mtmd.mtmd_helper_post_decode_callback)  # a NULL function pointer
 
 
 def vision_refusal(message: str) -> P.EngineRequestError:
@@ -166,6 +166,7 @@ class Projector:
         return self._count_cache[key]
 
     def _bitmap(self, width: int, height: int, rgb: bytes | None, key: str) -> int:
+        bm: int | None  # libmtmd's mtmd_bitmap * (c_void_p: an int, None for NULL)
         if rgb is not None:
             buf = (ctypes.c_ubyte * len(rgb)).from_buffer_copy(rgb)  # libmtmd copies it
             bm = mtmd.mtmd_bitmap_init(width, height, buf)
@@ -181,7 +182,7 @@ class Projector:
         inp = mtmd.mtmd_input_text()
         inp.text, inp.text_len, inp.add_special, inp.parse_special = raw, len(raw), add_special, True
         arr = (ctypes.c_void_p * max(1, len(bitmaps)))(*bitmaps)
-        chunks = mtmd.mtmd_input_chunks_init()
+        chunks: int = mtmd.mtmd_input_chunks_init()  # mtmd_input_chunks * (c_void_p)
         rc = mtmd.mtmd_tokenize(self.ctx, chunks, ctypes.byref(inp), arr, len(bitmaps))
         if rc != 0:
             mtmd.mtmd_input_chunks_free(chunks)

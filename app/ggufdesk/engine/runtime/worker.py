@@ -20,14 +20,40 @@ import traceback
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeGuard, TypeVar, get_args
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
 from ggufdesk.engine.link import lifeline
 from ggufdesk.engine.link import protocol as P
 
+if TYPE_CHECKING:
+    from ggufdesk.core.images import Pixels
+    from ggufdesk.core.reasoning import ReasoningFormat
+    from ggufdesk.core.tools import ToolFormat
+    from ggufdesk.engine.batching.batch import BatchEngine
+    from ggufdesk.engine.batching.disk_cache import DiskCache
+    from ggufdesk.engine.batching.media import MediaPrompt
+    from ggufdesk.engine.batching.shift import ContextUse
+    from ggufdesk.engine.batching.vocab import Vocab
+    from ggufdesk.engine.runtime.chat import ChatTemplate
+    from ggufdesk.engine.runtime.embed import Embedder
+    from ggufdesk.engine.runtime.native import LoadedModel
+    from ggufdesk.engine.runtime.overflow import Fitted
+    from ggufdesk.engine.runtime.rpc import Offload
+    from ggufdesk.engine.runtime.vision import Projector
+    from ggufdesk.engine.speculation.draft_model import DraftModel
+    from ggufdesk.engine.speculation.drafter import Drafter
+    from ggufdesk.engine.speculation.lookup import NgramCache
+    from ggufdesk.engine.speculation.speculative import TokenText
+    from ggufdesk.engine.speculation.verify_cost import Calibration
+    from ggufdesk.engine.structured.grammar import GrammarConstraint
+    from ggufdesk.engine.structured.reasoning import ReasoningControl
+    from ggufdesk.engine.structured.request import Structured
+
 log = logging.getLogger("ggufdesk.engine")
+T = TypeVar("T")
+Messages = list[dict[str, Any]]  # chat messages as the request carries them
 
 
 @dataclass
@@ -133,48 +159,92 @@ class Engine:
         self.emit = emit
         self.book = book
         self.llama_log = LlamaLog()
-        self.lm = None
-        self.vocab = None  # batching.vocab.Vocab of the loaded model
-        self.template = None
-        self.reasoning: Any = None  # core.reasoning.ReasoningFormat of the loaded model's template
-        self.tool_format: Any = None  # core.tools.ToolFormat of it
+        self.lm: LoadedModel | None = None
+        self.vocab: Vocab | None = None  # of the loaded model
+        self.template: ChatTemplate | None = None
+        self.reasoning: ReasoningFormat | None = None  # of the loaded model's template
+        self.tool_format: ToolFormat | None = None  # of it
         self._prompt_text = ""  # the last chat prompt rendered (where a reasoning block starts)
         self.speculation = SpeculationSettings()
-        self.draft = None  # speculative.DraftModel
-        self.batch = None  # batch.BatchEngine: runs the admitted requests step by step
-        self.ngrams = None  # lookup.NgramCache: every prompt and answer so far, for prompt lookup
+        self.draft: DraftModel | None = None
+        self.batch: BatchEngine | None = None  # runs the admitted requests step by step
+        self.ngrams: NgramCache | None = None  # every prompt and answer so far, for prompt lookup
         self._lookup_prompts: dict[str, list[int]] = {}  # rid -> prompt, fed to ngrams at its Done
         self._decode_work: tuple[int, int] | None = None  # (bytes, matrices) per token, read once per model
         self.verify_costs: dict[int, float] | None = None  # engine/speculation/verify_cost.py, once per loaded model
-        self._calibration: Any = None  # verify_cost.Calibration still to run while idle
-        self._token_text: Any = None  # speculative.TokenText of the loaded model, read as lookup asks
-        self.embedder: Any = None  # runtime.embed.Embedder, made at the first Embed (at load for an embedding model)
+        self._calibration: Calibration | None = None  # still to run while idle
+        self._token_text: TokenText | None = None  # of the loaded model, read as lookup asks
+        self.embedder: Embedder | None = None  # made at the first Embed (at load for an embedding model)
         self.embedding_only = False  # the loaded model computes embeddings and cannot generate
         self._embeds: deque[EmbedJob] = deque()
         self._eog: list[int] | None = None  # the loaded model's end-of-generation tokens (ignore_eos)
-        self.projector: Any = None  # runtime.vision.Projector: a vision model's images (Load.mmproj)
-        self._media: Any = None  # the MediaPrompt of the chat prompt just rendered (None: text only)
+        self.projector: Projector | None = None  # a vision model's images (Load.mmproj)
+        self._media: MediaPrompt | None = None  # of the chat prompt just rendered (None: text only)
 
     # ---- load / unload --------------------------------------------------------------------------
 
     def load(self, req: P.Load) -> None:
         from ggufdesk.engine.batching.batch import BatchEngine
         from ggufdesk.engine.batching.vocab import Vocab
-        from ggufdesk.engine.runtime.chat import ChatTemplate
-        from ggufdesk.engine.runtime.native import load_model
+        from ggufdesk.engine.runtime.embed import is_embedding_model
+        from ggufdesk.engine.speculation.lookup import NgramCache
 
-        settings, spec = req.settings, req.speculation  # validated when the line was decoded
+        spec = self._load_speculation(req)
+        if spec is None:
+            return
+        self.unload(quiet=True)
+        mmproj = _projector_for(req)
+        opened = self._open_model(req, spec, mmproj)
+        if opened is None:
+            return
+        lm, offload = opened
+        self.embedding_only = is_embedding_model(lm)
+        if self.embedding_only:
+            spec = dataclasses.replace(spec, mode="off", draft_model=None)  # nothing to speculate on
+            if not self._start_embedder(req.id, lm):
+                return
+        vocab = Vocab(lm)
+        self.lm, self.vocab, self.speculation = lm, vocab, spec
+        self.ngrams = NgramCache(spec.ngram)
+        self._token_text = None
+        self._decode_work = None
+        self.verify_costs = self._calibration = None
+        template = self.template = self._chat_template(req, lm)
+        self._formats(template, vocab)
+        memory = dict(lm.memory)
+        if mmproj and not self.embedding_only:
+            self._load_projector(req.id, mmproj, lm, memory)
+        if spec.mode == "draft":
+            self._load_draft(req.id, spec, lm, memory)
+        self.batch = BatchEngine(lm, vocab, emit=self._emit, cancelled=self.book.is_cancelled,
+                                 set_batch=self.book.set_batch, flush=getattr(self.emit, "flush", None),
+                                 on_plain_done=lambda st: self._calibrate(st.n_gen, st.decode_tok_s),
+                                 disk=None if self.embedding_only else _disk_cache(lm))
+        if self.speculation.mode != "off":  # measured before Loaded, so no first request waits for it
+            self._start_calibration()
+            while self._calibration is not None:
+                self._calibrate_step()
+        self.emit(self._loaded_event(req, lm, template, memory, offload))
+
+    def _load_speculation(self, req: P.Load) -> SpeculationSettings | None:
+        """The load's speculation settings, with Load.draft as a draft model (None: refused, said why)."""
+        spec = req.speculation  # validated when the line was decoded
         if req.draft:
             try:
                 spec = dataclasses.replace(spec, mode="draft", draft_model=req.draft)
             except KnownError as e:
                 self.emit(P.Error(kind="settings", id=req.id, message=str(e)))
-                return
-        self.unload(quiet=True)
-        # a ceiling from the plan: runaway allocations fail, not the machine
-        from ggufdesk.engine.runtime import memlimit
+                return None
+        return spec
 
-        mmproj = _projector_for(req)
+    def _open_model(self, req: P.Load, spec: SpeculationSettings,
+                    mmproj: str | None) -> tuple[LoadedModel, Offload | None] | None:
+        """Load the model file under a memory ceiling (and its RPC split); None: it failed, said why."""
+        from ggufdesk.engine.runtime import memlimit
+        from ggufdesk.engine.runtime.native import load_model
+
+        settings = req.settings
+        # a ceiling from the plan: runaway allocations fail, not the machine
         memlimit.apply(memlimit.limit_for(req.model, settings, spec.draft_model if spec.mode == "draft" else None,
                                           mmproj))
         self.emit(P.Loading(id=req.id, stage="model", path=req.model))
@@ -188,97 +258,91 @@ class Engine:
             self.emit(P.Error(kind="load", id=req.id, out_of_memory=True, message=(
                 f"ran out of memory loading {os.path.basename(req.model)}; try a smaller context (--ctx) "
                 "or a smaller model")))
-            return
+            return None
         except KnownError as e:
             self.emit(P.Error(kind="load", id=req.id, message=str(e), out_of_memory=out_of_memory(str(e)),
                               detail="\n".join(self.llama_log.since(0)[-30:])))
-            return
+            return None
         lm.aborter.flag = self.book.flag
-        from ggufdesk.engine.runtime.embed import Embedder, is_embedding_model
+        return lm, offload
 
-        self.embedding_only = is_embedding_model(lm)
-        if self.embedding_only:
-            spec = dataclasses.replace(spec, mode="off", draft_model=None)  # nothing to speculate on
-            try:
-                self.embedder = Embedder(lm, self.llama_log)
-            except KnownError as e:
-                lm.close()
-                self.emit(P.Error(kind="load", id=req.id, message=str(e)))
-                return
-        self.lm, self.vocab, self.speculation = lm, Vocab(lm), spec
-        from ggufdesk.engine.speculation.lookup import NgramCache
+    def _start_embedder(self, lid: str | None, lm: LoadedModel) -> bool:
+        """An embedding model's embedder, made at load; one that fails unloads the model (False)."""
+        from ggufdesk.engine.runtime.embed import Embedder
 
-        self.ngrams = NgramCache(spec.ngram)
-        self._token_text = None
-        self._decode_work = None
-        self.verify_costs = self._calibration = None
+        try:
+            self.embedder = Embedder(lm, self.llama_log)
+        except KnownError as e:
+            lm.close()
+            self.emit(P.Error(kind="load", id=lid, message=str(e)))
+            return False
+        return True
+
+    def _chat_template(self, req: P.Load, lm: LoadedModel) -> ChatTemplate:
+        """The load's chat template, else the model's; one that cannot be used falls back to plain text (an Error)."""
+        from ggufdesk.engine.runtime.chat import ChatTemplate
+
         meta = lm.metadata
         bos = _piece(lm, meta.get("tokenizer.ggml.bos_token_id"))
         eos = _piece(lm, meta.get("tokenizer.ggml.eos_token_id"))
         try:
-            self.template = ChatTemplate(settings.chat_template or lm.chat_template, bos=bos, eos=eos)
+            return ChatTemplate(req.settings.chat_template or lm.chat_template, bos=bos, eos=eos)
         except KnownError as e:
             self.emit(P.Error(kind="template", id=req.id, message=str(e)))
-            self.template = ChatTemplate(None, bos=bos, eos=eos)
-        self._formats()
-        memory = dict(lm.memory)
-        if mmproj and not self.embedding_only:
-            self._load_projector(req.id, mmproj, memory)
-        if spec.mode == "draft":
-            self.emit(P.Loading(id=req.id, stage="draft", path=str(spec.draft_model)))
-            try:
-                from ggufdesk.engine.speculation.draft_model import DraftModel
+            return ChatTemplate(None, bos=bos, eos=eos)
 
-                self.draft = DraftModel.load(spec, target=lm, llama_log=self.llama_log)
-                memory["draft"] = self.draft.memory_bytes
-            except KnownError as e:
-                self.emit(P.Error(kind="draft", id=req.id, message=str(e)))
-                self.speculation = dataclasses.replace(spec, mode="off", draft_model=None)
-        self.batch = BatchEngine(lm, self.vocab, emit=self._emit, cancelled=self.book.is_cancelled,
-                                 set_batch=self.book.set_batch, flush=getattr(self.emit, "flush", None),
-                                 on_plain_done=lambda st: self._calibrate(st.n_gen, st.decode_tok_s),
-                                 disk=None if self.embedding_only else _disk_cache(lm))
-        if self.speculation.mode != "off":  # measured before Loaded, so no first request waits for it
-            self._start_calibration()
-            while self._calibration is not None:
-                self._calibrate_step()
-        chat_format = "completion" if self.template.builtin else "template"
-        self.emit(P.Loaded(
+    def _load_draft(self, lid: str | None, spec: SpeculationSettings, lm: LoadedModel,
+                    memory: dict[str, int]) -> None:
+        """The draft model; one that fails turns speculation off (an Error says why)."""
+        self.emit(P.Loading(id=lid, stage="draft", path=str(spec.draft_model)))
+        try:
+            from ggufdesk.engine.speculation.draft_model import DraftModel
+
+            self.draft = DraftModel.load(spec, target=lm, llama_log=self.llama_log)
+            memory["draft"] = self.draft.memory_bytes
+        except KnownError as e:
+            self.emit(P.Error(kind="draft", id=lid, message=str(e)))
+            self.speculation = dataclasses.replace(spec, mode="off", draft_model=None)
+
+    def _loaded_event(self, req: P.Load, lm: LoadedModel, template: ChatTemplate, memory: dict[str, int],
+                      offload: Offload | None) -> P.Loaded:
+        settings = req.settings
+        return P.Loaded(
             id=req.id, model=req.model, arch=lm.arch, n_ctx=lm.n_ctx, n_ctx_train=lm.model.n_ctx_train(),
             n_vocab=lm.n_vocab, n_layer=lm.n_layer, n_gpu_layers=settings.n_gpu_layers,
-            chat_format=chat_format, memory=memory, load_s=round(lm.load_s, 3),
-            reasoning=self.reasoning.name if self.reasoning else None, tool_format=self.tool_format.name,
-            draft=self.draft.path if self.draft else None, settings=P.fields_of(settings),
-            rpc=offload.plan if offload else {}, n_embd=_n_embd(lm), embedding_only=self.embedding_only,
-            mmproj=self.projector.path if self.projector else None,
+            chat_format="completion" if template.builtin else "template", memory=memory,
+            load_s=round(lm.load_s, 3), reasoning=self.reasoning.name if self.reasoning else None,
+            tool_format=_need(self.tool_format).name, draft=self.draft.path if self.draft else None,
+            settings=P.fields_of(settings), rpc=offload.plan if offload else {}, n_embd=lm.n_embd,
+            embedding_only=self.embedding_only, mmproj=self.projector.path if self.projector else None,
             image_tokens=self.projector.native_tokens() if self.projector else 0,
-        ))
+        )
 
-    def _load_projector(self, lid: str | None, mmproj: str, memory: dict[str, int]) -> None:
+    def _load_projector(self, lid: str | None, mmproj: str, lm: LoadedModel, memory: dict[str, int]) -> None:
         """A vision model's projector; one that fails leaves the model reading text (a notice)."""
         from ggufdesk.engine.runtime.vision import Projector
 
         self.emit(P.Loading(id=lid, stage="projector", path=mmproj))
         try:
-            self.projector = Projector(mmproj, self.lm, self.llama_log)
+            self.projector = Projector(mmproj, lm, self.llama_log)
         except KnownError as e:
             self.emit(P.Error(kind="projector", id=lid, message=f"{e}; the model reads text only"))
             return
         memory["projector"] = self.projector.memory_bytes
 
-    def _formats(self) -> None:
+    def _formats(self, template: ChatTemplate, vocab: Vocab) -> None:
         """The template's reasoning and tool-call formats; their special tokens are shown as text."""
         from ggufdesk.core import reasoning, tools
 
-        source = None if self.template.builtin else self.template.source
+        source = None if template.builtin else template.source
         self.reasoning = reasoning.detect(source)
         self.tool_format = tools.detect_format(source)
         markers = self.tool_format.tokens + (self.reasoning.tokens if self.reasoning else ())
-        shown = self.vocab.show_as_text(markers)
+        shown = vocab.show_as_text(markers)
         if shown:
             log.info("shown as text: %s", " ".join(shown))
 
-    def _reasoning(self, req: P.Generate, sampling: SamplingSettings, prompt_text: str) -> Any:
+    def _reasoning(self, req: P.Generate, sampling: SamplingSettings, prompt_text: str) -> ReasoningControl | None:
         """The request's ReasoningControl (engine/structured/reasoning.py), None for a model that does not reason."""
         from ggufdesk.core.reasoning import starts_inside, template_switches
         from ggufdesk.engine.structured.reasoning import ReasoningControl
@@ -288,10 +352,10 @@ class Engine:
         budget = req.reasoning_budget if req.reasoning_budget is not None else sampling.reasoning_budget
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < -1:
             raise KnownError(f"reasoning_budget must be a whole number of tokens (-1: no limit), got {budget!r}")
-        _, honoured = template_switches(self.template.source, _think(req, sampling))
+        _, honoured = template_switches(_need(self.template).source, _think(req, sampling))
         if not honoured:
             budget = 0  # the template has no off switch: end the reasoning at once
-        close = self.vocab.tokenize(self.reasoning.force_close, add_bos=False)
+        close = _need(self.vocab).tokenize(self.reasoning.force_close, add_bos=False)
         return ReasoningControl(self.reasoning, inside=starts_inside(self.reasoning, prompt_text),
                                 budget=None if budget in (None, -1) else budget, close_tokens=close)
 
@@ -327,7 +391,7 @@ class Engine:
 
     # ---- generate -------------------------------------------------------------------------------
 
-    def _emit(self, event: Any) -> None:
+    def _emit(self, event: P.Event) -> None:
         self.emit(event)
         if isinstance(event, (P.Done, P.Error, P.Embeddings, P.Tokenized)) and event.id is not None:
             self.book.finish(event.id)
@@ -337,68 +401,88 @@ class Engine:
 
     def generate(self, req: P.Generate) -> None:
         """Check and queue a request; the step loop (next_request) runs it beside the others."""
-        from ggufdesk.engine.batching.media import text_only
-        from ggufdesk.engine.batching.sequence import RunStats, Sequence
-
         t_start = time.perf_counter()
         if self.book.is_cancelled(req.id):
             self._emit(P.Done(id=req.id, finish_reason="cancelled"))
             return
         try:
-            if self.vocab is None or self.batch is None:
-                raise KnownError("no model is loaded")
-            if self.embedding_only:
-                from ggufdesk.engine.runtime.tokens import refusal
-
-                raise refusal(f"{os.path.basename(self.lm.path)} is an embedding model: it computes "
-                              "embeddings and cannot generate text", "settings")
-            sampling = req.sampling
-            if isinstance(req.logprobs, bool) or not isinstance(req.logprobs, int) or not 0 <= req.logprobs <= 100:
-                raise KnownError(f"logprobs must be a whole number from 0 to 100, got {req.logprobs!r}")
-            limit = req.deadline_s
-            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0):
-                raise KnownError(f"deadline_s must be a positive number of seconds, got {limit!r}")
-            spec = self.speculation if req.speculation is None else dataclasses.replace(
-                self.speculation, **req.speculation)
-            cap = self.lm.n_outputs - 1  # logits rows reserved at load: [last] + K max
-            if spec.k_max > cap:
-                spec = dataclasses.replace(spec, k_max=cap, k_min=min(spec.k_min, cap))
-            structured = self._structured(req, sampling)
-            sampling, use = self._overflow_policy(sampling)
-            fitted, stops = self._prompt(req, sampling, structured)
-            prompt = fitted.tokens
-            use.n_keep, use.truncated, use.applied = fitted.n_keep, fitted.truncated_tokens, fitted.applied
-            use.dropped_messages = fitted.dropped_messages
-            use.cells = self.lm.n_ctx if use.shifting else 0
-            if stops:
-                sampling = dataclasses.replace(sampling, stop=sampling.stop + stops)
-            vocab = self.vocab
-            constraint = structured.constraint(self.lm.vocab, self.lm.n_vocab, piece=vocab.piece,
-                                               tokenize=lambda t: vocab.tokenize(t, add_bos=False))
-            thinking = self._reasoning(req, sampling, self._prompt_text)
-            media, self._media = self._media, None
-            text = text_only(prompt) if media is not None else prompt  # (what reads token ids)
-            try:  # from here on the grammar's C sampler is ours to free if the request never runs
-                budgeted = thinking is not None and thinking.budget is not None
-                drafter = None if constraint or budgeted else self._drafter(spec, text, sampling.max_tokens)
-                if spec.lookup_history and self.ngrams is not None:
-                    self._lookup_prompts[req.id] = text
-                room = sampling.max_tokens if use.shifting else self.lm.n_ctx - len(prompt)  # shift: no edge
-                seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs,
-                               drafter=drafter, max_gen=min(sampling.max_tokens, room),
-                               stats=RunStats(n_prompt=len(prompt), t_start=t_start),
-                               constraint=constraint, structured=structured, reasoning=thinking, limit_s=limit,
-                               deadline=None if limit is None else self.batch.clock() + limit,
-                               chat=req.messages is not None, media=media, bias=self._bias(req), ctx=use)
-                self.batch.submit(seq)
-                if use.truncated or use.note:
-                    self._emit(self.batch.overflow_event(seq))
-            except (KnownError, TypeError):
-                if constraint is not None:
-                    constraint.close()
-                raise
+            self._queue(req, t_start)
         except (KnownError, TypeError) as e:
             self._emit(P.Error(kind=P.error_kind(e), id=req.id, message=str(e)))
+
+    def _queue(self, req: P.Generate, t_start: float) -> None:
+        """Fit the request's prompt and submit it to the step loop; KnownError (or TypeError) refuses it."""
+        if self.vocab is None or self.batch is None:
+            raise KnownError("no model is loaded")
+        lm, vocab = _need(self.lm), self.vocab
+        self._check_generate(req, lm)
+        spec = self._request_speculation(req, lm)
+        structured = self._structured(req, req.sampling)
+        sampling, use = self._overflow_policy(req.sampling)
+        fitted, stops = self._prompt(req, sampling, structured)
+        use.n_keep, use.truncated, use.applied = fitted.n_keep, fitted.truncated_tokens, fitted.applied
+        use.dropped_messages = fitted.dropped_messages
+        use.cells = lm.n_ctx if use.shifting else 0
+        if stops:
+            sampling = dataclasses.replace(sampling, stop=sampling.stop + stops)
+        constraint = structured.constraint(lm.vocab, lm.n_vocab, piece=vocab.piece,
+                                           tokenize=lambda t: vocab.tokenize(t, add_bos=False))
+        thinking = self._reasoning(req, sampling, self._prompt_text)
+        try:  # from here on the grammar's C sampler is ours to free if the request never runs
+            self._submit(req, fitted.tokens, sampling=sampling, spec=spec, use=use, structured=structured,
+                         constraint=constraint, thinking=thinking, t_start=t_start)
+        except (KnownError, TypeError):
+            if constraint is not None:
+                constraint.close()
+            raise
+
+    def _check_generate(self, req: P.Generate, lm: LoadedModel) -> None:
+        """Refuse what this model cannot do and the request's nonsense numbers (KnownError)."""
+        if self.embedding_only:
+            from ggufdesk.engine.runtime.tokens import refusal
+
+            raise refusal(f"{os.path.basename(lm.path)} is an embedding model: it computes "
+                          "embeddings and cannot generate text", "settings")
+        if isinstance(req.logprobs, bool) or not isinstance(req.logprobs, int) or not 0 <= req.logprobs <= 100:
+            raise KnownError(f"logprobs must be a whole number from 0 to 100, got {req.logprobs!r}")
+        limit = req.deadline_s
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0):
+            raise KnownError(f"deadline_s must be a positive number of seconds, got {limit!r}")
+
+    def _request_speculation(self, req: P.Generate, lm: LoadedModel) -> SpeculationSettings:
+        """The load's speculation with the request's changes, K capped at the logits rows reserved at load."""
+        spec = self.speculation if req.speculation is None else dataclasses.replace(
+            self.speculation, **req.speculation)
+        cap = lm.n_outputs - 1  # logits rows reserved at load: [last] + K max
+        if spec.k_max > cap:
+            spec = dataclasses.replace(spec, k_max=cap, k_min=min(spec.k_min, cap))
+        return spec
+
+    def _submit(self, req: P.Generate, prompt: list[int], *, sampling: SamplingSettings,
+                spec: SpeculationSettings, use: ContextUse, structured: Structured,
+                constraint: GrammarConstraint | None, thinking: ReasoningControl | None, t_start: float) -> None:
+        """The fitted request as a Sequence, with its drafter, handed to the step loop."""
+        from ggufdesk.engine.batching.media import text_only
+        from ggufdesk.engine.batching.sequence import RunStats, Sequence
+
+        batch, n_ctx = _need(self.batch), _need(self.lm).n_ctx
+        media, self._media = self._media, None
+        text = text_only(prompt) if media is not None else prompt  # (what reads token ids)
+        budgeted = thinking is not None and thinking.budget is not None
+        drafter = None if constraint or budgeted else self._drafter(spec, text, sampling.max_tokens)
+        if spec.lookup_history and self.ngrams is not None:
+            self._lookup_prompts[req.id] = text
+        room = sampling.max_tokens if use.shifting else n_ctx - len(prompt)  # shift: no edge
+        limit = req.deadline_s
+        seq = Sequence(rid=req.id, prompt=prompt, sampling=sampling, logprobs=req.logprobs,
+                       drafter=drafter, max_gen=min(sampling.max_tokens, room),
+                       stats=RunStats(n_prompt=len(prompt), t_start=t_start),
+                       constraint=constraint, structured=structured, reasoning=thinking, limit_s=limit,
+                       deadline=None if limit is None else batch.clock() + limit,
+                       chat=req.messages is not None, media=media, bias=self._bias(req), ctx=use)
+        batch.submit(seq)
+        if use.truncated or use.note:
+            self._emit(batch.overflow_event(seq))
 
     # ---- embeddings ------------------------------------------------------------------------------
 
@@ -426,14 +510,14 @@ class Engine:
 
         job = self._embeds[0]
         rid = job.req.id
+        embedder, lm = _need(self.embedder), _need(self.lm)
         if self.book.is_cancelled(rid):
             self._embeds.popleft()
             self._emit(P.Done(id=rid, finish_reason="cancelled"))
             return
         self.book.set_batch([rid])
         try:
-            v = self.embedder.embed(job.req.inputs[len(job.vectors)], truncate=job.req.truncate,
-                                    aborter=self.lm.aborter)
+            v = embedder.embed(job.req.inputs[len(job.vectors)], truncate=job.req.truncate, aborter=lm.aborter)
         except EmbedCancelled:
             self._embeds.popleft()
             self._emit(P.Done(id=rid, finish_reason="cancelled"))
@@ -450,24 +534,24 @@ class Engine:
         if len(job.vectors) == len(job.req.inputs):
             self._embeds.popleft()
             self._emit(P.Embeddings(id=rid, vectors=job.vectors, n_tokens=job.n_tokens, truncated=job.truncated,
-                                    pooling=self.embedder.pooling_name, model=self.lm.path))
+                                    pooling=embedder.pooling_name, model=lm.path))
 
     # ---- the main loop --------------------------------------------------------------------------
 
-    def _bias(self, req: P.Generate) -> Any:
+    def _bias(self, req: P.Generate) -> tuple[Any, Any] | None:
         """Generate.logit_bias and ignore_eos as (ids, values) arrays for the sampler, or None."""
         from ggufdesk.engine.runtime.tokens import logit_bias
 
         if not req.logit_bias and not req.ignore_eos:
             return None
-        if req.ignore_eos and self._eog is None:
-            import llama_cpp
+        n_vocab = _need(self.lm).n_vocab
+        eog = self._eog
+        if req.ignore_eos and eog is None:
+            vocab = _need(self.vocab)
+            eog = self._eog = [t for t in range(n_vocab) if vocab.is_eog(t)]
+        return logit_bias(req.logit_bias or {}, eog if eog is not None and req.ignore_eos else [], n_vocab)
 
-            vocab = self.lm.vocab
-            self._eog = [t for t in range(self.lm.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)]
-        return logit_bias(req.logit_bias or {}, self._eog if req.ignore_eos else [], self.lm.n_vocab)
-
-    def next_request(self, inbox: queue.Queue) -> Any:
+    def next_request(self, inbox: queue.Queue[P.Message]) -> P.Message:
         """Run engine steps (and embedding inputs) until a request arrives (requests are read between
         steps); block when idle."""
         while (self.batch is not None and self.batch.busy) or self._embeds:
@@ -514,8 +598,9 @@ class Engine:
         if self.batch is None or cal is None:
             self._calibration = None
             return
+        lm = _need(self.lm)
         if self.batch.slots.used:  # a request came first and left its prefix cached: measure on an empty cache
-            self.batch.slots.evict(self.lm.n_ctx)
+            self.batch.slots.evict(lm.n_ctx)
         try:
             cal.step()
         except Exception as e:  # noqa: BLE001 - a failed measurement leaves speculation on its prior
@@ -528,11 +613,11 @@ class Engine:
             if cal.costs:
                 from ggufdesk.engine.speculation.verify_cost import store
 
-                store(self.lm, self.speculation.k_max, cal.costs)
+                store(lm, self.speculation.k_max, cal.costs)
                 log.info("verification cost in plain steps: %s",
                          ", ".join(f"k={k}: {c:.2f}" for k, c in cal.costs.items()))
 
-    def _structured(self, req: P.Generate, sampling: SamplingSettings) -> Any:
+    def _structured(self, req: P.Generate, sampling: SamplingSettings) -> Structured:
         """The request's schema/grammar/tools resolved (engine/structured/request.py); SchemaError if unsupported.
         Without any, a conversation's `sampling.structured` setting applies (the window's)."""
         from ggufdesk.core.tools import request_fields
@@ -545,33 +630,33 @@ class Engine:
                 fields.update(request_fields(sampling.structured, sampling.tool_choice))
             return structured.plan(**fields, parallel_tool_calls=req.parallel_tool_calls,
                                    tools_without_grammar=req.tools_without_grammar,
-                                   template_source=self.template.source,
+                                   template_source=_need(self.template).source,
                                    chat=req.messages is not None, reasoning=self.reasoning is not None)
         except KnownError as e:
             raise P.EngineRequestError("schema", str(e)) from e
 
-    def _overflow_policy(self, sampling: SamplingSettings) -> tuple[SamplingSettings, Any]:
+    def _overflow_policy(self, sampling: SamplingSettings) -> tuple[SamplingSettings, ContextUse]:
         """The request's overflow policy as this model can follow it (engine/batching/shift.py)."""
         from ggufdesk.engine.batching.shift import NO_SHIFT_NOTE, ContextUse
 
-        if sampling.context_overflow == "shift" and not self.batch.mem.can_shift():
+        if sampling.context_overflow == "shift" and not _need(self.batch).mem.can_shift():
             return dataclasses.replace(sampling, context_overflow="rolling"), ContextUse(
                 policy="rolling", note=NO_SHIFT_NOTE)
-        return sampling, ContextUse(policy=sampling.context_overflow)
+        return sampling, ContextUse(policy=_policy(sampling.context_overflow))
 
-    def _prompt(self, req: P.Generate, sampling: SamplingSettings, structured: Any = None) -> tuple[Any, list[str]]:
+    def _prompt(self, req: P.Generate, sampling: SamplingSettings,
+                structured: Structured | None = None) -> tuple[Fitted, list[str]]:
         """The prompt's tokens fitted to the context under the request's overflow policy
         (engine/runtime/overflow.py), and the template's stop strings."""
-        import llama_cpp
-
         from ggufdesk.core.reasoning import strip_reasoning, template_switches
         from ggufdesk.engine.batching.batch import context_error
         from ggufdesk.engine.runtime import overflow
         from ggufdesk.engine.structured.request import prepare_messages
 
-        vocab, n_ctx, policy = self.vocab, self.lm.n_ctx, sampling.context_overflow
+        lm, vocab, template = _need(self.lm), _need(self.vocab), _need(self.template)
+        n_ctx, policy = lm.n_ctx, _policy(sampling.context_overflow)
         budget = overflow.budget_for(n_ctx, sampling.max_tokens)
-        bos = llama_cpp.llama_vocab_bos(self.lm.vocab)
+        bos = lm.bos_id
         self._media = None
         if req.messages is not None:
             tools = structured.tools if structured is not None and structured.fmt is not None \
@@ -579,9 +664,9 @@ class Engine:
             msgs, pics = self._images(req)
             msgs = prepare_messages(msgs, structured) if structured is not None else msgs
             msgs = strip_reasoning(msgs, self.reasoning)
-            switches, _ = template_switches(self.template.source, _think(req, sampling))
+            switches, _ = template_switches(template.source, _think(req, sampling))
 
-            def render(m: list[dict[str, Any]]) -> list[int]:
+            def render(m: Messages) -> list[int]:
                 if pics:
                     return self._media_tokens(m, pics, tools, switches)
                 return self._chat_tokens(m, tools, switches)
@@ -591,8 +676,9 @@ class Engine:
                 tokenize=lambda t: vocab.tokenize(t, add_bos=False), detokenize=self._detokenize, bos_id=bos,
                 known=self._cached_sequences, n_ctx=n_ctx)
             # the prompt that runs, rendered last: the reasoning reads its text, a vision model its images
+            assert fitted.messages is not None  # fit_chat says which messages it rendered
             render(fitted.messages)
-            return fitted, list(self.template.stops)
+            return fitted, list(template.stops)
         if req.prompt_tokens is not None:
             from ggufdesk.engine.runtime.tokens import check_ids
 
@@ -606,14 +692,16 @@ class Engine:
 
     def _cached_sequences(self) -> list[list[int]]:
         """What the KV caches hold, memory and disk (rolling keeps cutting where they already do)."""
-        held = [list(s.reusable) for s in self.batch.slots.slots if s.tokens]
-        disk = self.batch.disk
+        batch = _need(self.batch)
+        held = [list(s.reusable) for s in batch.slots.slots if s.tokens]
+        disk = batch.disk
         if disk is not None and disk.key is not None:
             held += [e.tokens for e in disk.store.entries(disk.key.digest)]
         return held
 
     def _detokenize(self, tokens: list[int]) -> str:
-        return b"".join(self.vocab.piece(t) for t in tokens).decode("utf-8", "replace")
+        vocab = _need(self.vocab)
+        return b"".join(vocab.piece(t) for t in tokens).decode("utf-8", "replace")
 
     def _chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                      switches: dict[str, Any] | None = None) -> list[int]:
@@ -622,8 +710,8 @@ class Engine:
 
     def _text_tokens(self, text: str) -> list[int]:
         """A rendered chat prompt's tokens (a BOS only when the template did not write one)."""
-        bos = llama_bos_text(self.lm)
-        return self.vocab.tokenize(text, add_bos=not (bos and text.startswith(bos)))
+        bos = llama_bos_text(_need(self.lm))
+        return _need(self.vocab).tokenize(text, add_bos=not (bos and text.startswith(bos)))
 
     # ---- tokenize ---------------------------------------------------------------------------------
 
@@ -662,59 +750,59 @@ class Engine:
         tools = structured.tools if structured.fmt is not None and structured.fmt.native else None
         extra = {} if req.add_generation_prompt else {"add_generation_prompt": False}
         msgs = strip_reasoning(prepare_messages(req.messages or [], structured), self.reasoning)
-        return self.template.render(msgs, tools=tools, **extra)
+        return _need(self.template).render(msgs, tools=tools, **extra)
 
-    def _chat_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+    def _chat_text(self, messages: Messages, tools: list[dict[str, Any]] | None = None,
                    switches: dict[str, Any] | None = None) -> str:
         from ggufdesk.engine.runtime.vision import without_keys
 
-        text = self.template.render(without_keys(messages), tools=tools, **(switches or {}))
+        text = _need(self.template).render(without_keys(messages), tools=tools, **(switches or {}))
         self._prompt_text = text
         return text
 
     # ---- images (a vision model: engine/runtime/vision.py) ----------------------------------------
 
-    def _images(self, req: P.Generate) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def _images(self, req: P.Generate) -> tuple[Messages, dict[str, Pixels]]:
         """The request's messages with each image as the projector's marker, and its decoded images."""
         from ggufdesk.engine.runtime.vision import decode_images, flatten, has_images, vision_refusal
 
         if not has_images(req.messages):
             return req.messages or [], {}
         if self.projector is None:
-            raise vision_refusal(f"{os.path.basename(self.lm.path)} reads text only: it was loaded without a "
+            raise vision_refusal(f"{os.path.basename(_need(self.lm).path)} reads text only: it was loaded without a "
                                  "vision projector (mmproj), so it cannot see images")
         self.projector.check_usable()
         msgs, keys = flatten(req.messages or [], self.projector.marker)
         return msgs, decode_images(keys, req.images)
 
-    def _media_count(self, messages: list[dict[str, Any]], pics: dict[str, Any], tools: Any, switches: Any) -> int:
+    def _media_count(self, messages: Messages, pics: dict[str, Pixels], tools: list[dict[str, Any]] | None,
+                     switches: dict[str, Any] | None) -> int:
         """Prompt tokens of messages with images: the text's, plus what each image takes."""
         from ggufdesk.engine.runtime.vision import images_of
 
-        proj = self.projector
+        proj = _need(self.projector, "the model reads no images")
         text = self._chat_text(messages, tools, switches).replace(proj.marker, "")
-        bos = llama_bos_text(self.lm)
-        n = len(self.vocab.tokenize(text, add_bos=not (bos and text.startswith(bos))))
+        n = len(self._text_tokens(text))
         return n + sum(proj.count_image(pics[k].width, pics[k].height) for k in images_of(messages))
 
-    def _media_tokens(self, messages: list[dict[str, Any]], pics: dict[str, Any], tools: Any,
-                      switches: Any) -> list[int]:
+    def _media_tokens(self, messages: Messages, pics: dict[str, Pixels], tools: list[dict[str, Any]] | None,
+                      switches: dict[str, Any] | None) -> list[int]:
         from ggufdesk.engine.runtime.vision import images_of, vision_refusal
 
-        proj = self.projector
+        proj = _need(self.projector, "the model reads no images")
         text = self._chat_text(messages, tools, switches)
         keys = images_of(messages)
         if text.count(proj.marker) != len(keys):
             raise vision_refusal(f"the model's chat template kept {text.count(proj.marker)} of the "
                                  f"{len(keys)} images in the conversation; it cannot show them to the model")
-        bos = llama_bos_text(self.lm)
+        bos = llama_bos_text(_need(self.lm))
         self._media = proj.tokenize(text, [pics[k] for k in keys], add_special=not (bos and text.startswith(bos)))
         return self._media.tokens
 
     def _calibrate(self, n_gen: int, tok_s: float) -> None:
         """Feed a plain run's real decode speed back to the planner (hardware.record_decode_run),
         so later predictions on this machine use its effective bandwidth."""
-        lm = self.lm
+        lm = _need(self.lm)
         if n_gen < 32 or tok_s <= 0 or lm.settings.n_threads != 0:
             return  # too short to be steady, or a hand-picked thread count
         if lm.settings.rpc:
@@ -735,18 +823,37 @@ class Engine:
         except (KnownError, OSError, ValueError) as e:
             log.warning("could not record the decode speed: %s", e)
 
-    def _drafter(self, spec: SpeculationSettings, prompt: list[int], max_tokens: int):
+    def _drafter(self, spec: SpeculationSettings, prompt: list[int], max_tokens: int) -> Drafter | None:
         if spec.mode == "off":
             return None
         from ggufdesk.engine.speculation import speculative
 
+        lm = _need(self.lm)
         self._start_calibration()  # (no-op once measured) a request turned speculation on
         if spec.mode == "lookup" and self._token_text is None:
-            self._token_text = speculative.TokenText.of(self.lm)
-        return speculative.make_drafter(spec, prompt=prompt, draft=self.draft, target=self.lm,
+            self._token_text = speculative.TokenText.of(lm)
+        return speculative.make_drafter(spec, prompt=prompt, draft=self.draft, target=lm,
                                        max_tokens=max_tokens, costs=self.verify_costs,
                                        ngrams=self.ngrams if spec.lookup_history else None,
                                        text=self._token_text)
+
+
+def _is_policy(name: str) -> TypeGuard[P.OverflowPolicy]:
+    return name in get_args(P.OverflowPolicy)
+
+
+def _policy(name: str) -> P.OverflowPolicy:
+    """A context_overflow setting (SamplingSettings checked it) as the policy it names."""
+    if not _is_policy(name):
+        raise KnownError(f"unknown context overflow policy {name!r}")
+    return name
+
+
+def _need(part: T | None, missing: str = "no model is loaded") -> T:
+    """A part of the loaded model that the caller's path has already checked is there (KnownError if not)."""
+    if part is None:
+        raise KnownError(missing)
+    return part
 
 
 _OOM = re.compile(r"out of (device )?memory|failed to allocate|alloc_buffer|cudaMalloc|"
@@ -766,13 +873,7 @@ def _think(req: P.Generate, sampling: SamplingSettings) -> bool | str | None:
     return req.think if req.think is not None else think_value(sampling.think)
 
 
-def _n_embd(lm: Any) -> int:
-    import llama_cpp
-
-    return int(llama_cpp.llama_model_n_embd_out(lm.model.model) or llama_cpp.llama_model_n_embd(lm.model.model))
-
-
-def _disk_cache(lm: Any) -> Any:
+def _disk_cache(lm: LoadedModel) -> DiskCache | None:
     """The disk prompt cache for a loaded model (engine/batching/disk_cache.py); None when it is off
     or its directory cannot be used."""
     from ggufdesk.engine.batching.disk_cache import DiskCache
@@ -794,7 +895,7 @@ def _projector_for(req: P.Load) -> str | None:
     return str(found) if found is not None else None
 
 
-def _rpc_offload(model: str, settings: LoadSettings) -> Any:
+def _rpc_offload(model: str, settings: LoadSettings) -> Offload | None:
     """With RPC workers: check them, split the model, register their devices (engine/runtime/rpc.py)."""
     if not settings.rpc:
         return None
@@ -803,21 +904,17 @@ def _rpc_offload(model: str, settings: LoadSettings) -> Any:
     return prepare_offload(model, settings)
 
 
-def _piece(lm: Any, token_id: str | None) -> str:
-    if token_id in (None, ""):
+def _piece(lm: LoadedModel, token_id: str | None) -> str:
+    if not token_id:
         return ""
-    import llama_cpp
-
     try:
-        return llama_cpp.llama_vocab_get_text(lm.vocab, int(token_id)).decode("utf-8", "replace")
+        return lm.token_text(int(token_id)).decode("utf-8", "replace")
     except (ValueError, TypeError):
         return ""
 
 
-def llama_bos_text(lm: Any) -> str:
-    import llama_cpp
-
-    return _piece(lm, str(llama_cpp.llama_vocab_bos(lm.vocab)))
+def llama_bos_text(lm: LoadedModel) -> str:
+    return _piece(lm, str(lm.bos_id))
 
 
 _LINE_ID = re.compile(r'\{"type": "[a-z]+", "id": "([^"\\]{1,200})"')

@@ -222,7 +222,7 @@ class DraftLength:
         """(k, predicted tokens/s) of the best draft length, for the window's acceptance or `alpha`."""
         a = self.alpha() if alpha is None else alpha
         rates = {k: expected_tokens(a, k) / self.step_cost(k) for k in self.lengths()}
-        k = max(rates, key=rates.get)
+        k = max(rates, key=rates.__getitem__)
         return k, rates[k]
 
     def worth(self, alpha: float, k: int) -> int:
@@ -233,7 +233,7 @@ class DraftLength:
         if not ks:
             return 0
         rates = {j: expected_tokens(alpha, j) / self.step_cost(j) for j in ks}
-        kb = max(rates, key=rates.get)
+        kb = max(rates, key=rates.__getitem__)
         return min(k, kb) if rates[kb] > WORTH_MARGIN / self.t0 else 0
 
     def marginal(self) -> float:
@@ -251,6 +251,7 @@ class DraftLength:
         return statistics.median(rates) if rates else 0.0
 
     def _adapt(self) -> None:
+        assert self.t0 is not None  # observe() adapts only once t0 is known
         k_best, predicted = self.best()
         plain = 1.0 / self.t0
         if self.costs:  # measured lengths only: go straight to the best of them

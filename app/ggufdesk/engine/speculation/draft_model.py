@@ -31,7 +31,7 @@ VOCAB_MAX_SIZE_DIFF = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLaMo2"}
 
 
-def _text(vocab, i: int) -> bytes:
+def _text(vocab: llama_cpp.llama_vocab_p, i: int) -> bytes:
     return llama_cpp.llama_vocab_get_text(vocab, i) or b""
 
 

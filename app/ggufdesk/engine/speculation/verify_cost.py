@@ -32,6 +32,8 @@ import os
 import platform
 import statistics
 import time
+from pathlib import Path
+from typing import Any
 
 import llama_cpp
 from llama_cpp import _internals as internals
@@ -61,13 +63,13 @@ def _key(lm: LoadedModel, k_max: int) -> str:
                                      platform.node(), os.cpu_count()))
 
 
-def _store_path():
+def _store_path() -> Path:
     from ggufdesk.core.hardware import cache_dir
 
     return cache_dir() / STORE_FILE
 
 
-def _read_store() -> dict:
+def _read_store() -> dict[str, Any]:
     try:
         data = json.loads(_store_path().read_text())
     except (OSError, ValueError):

@@ -16,7 +16,7 @@ import itertools
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import llama_cpp
 import numpy as np
@@ -95,10 +95,26 @@ _JSON_CHAR = llama_grammar.BuiltinRule(
     r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])', [])
 
 
-class _Converter(llama_grammar.SchemaConverter):
+if TYPE_CHECKING:
+    class _SchemaConverter:
+        """The typed face of llama_grammar.SchemaConverter (llama-cpp-python 0.3.36 leaves it unannotated):
+        the methods used here, as they behave."""
+
+        def __init__(self, *, prop_order: dict[str, int], allow_fetch: bool, dotall: bool,
+                     raw_pattern: bool) -> None: ...
+        def _add_rule(self, name: str, rule: str) -> str: ...
+        def _add_primitive(self, name: str, rule: llama_grammar.BuiltinRule) -> str: ...
+        def resolve_refs(self, schema: dict[str, Any], url: str) -> Any: ...
+        def visit(self, schema: Any, name: str) -> str: ...
+        def format_grammar(self) -> str: ...
+else:
+    _SchemaConverter = llama_grammar.SchemaConverter
+
+
+class _Converter(_SchemaConverter):
     """llama-cpp-python's schema converter, plus the numeric ranges it ignores and JSON's string rule."""
 
-    def _add_primitive(self, name: str, rule: Any) -> str:
+    def _add_primitive(self, name: str, rule: llama_grammar.BuiltinRule) -> str:
         return super()._add_primitive(name, _JSON_CHAR if name == "char" else rule)
 
     def visit(self, schema: Any, name: str) -> str:
@@ -232,30 +248,40 @@ def _harmony_grammar(tools: list[dict[str, Any]]) -> str:
     return "\n".join([f'root ::= "to=functions." ({" | ".join(alts)})', hdr, rules])
 
 
+def _xml_value(sub: Any, rule: str, schemas: dict[str, dict[str, Any]]) -> str:
+    """One parameter's value: raw text for a plain string or a string enum, else the JSON its schema
+    says (the rule `rule`, whose schema goes into `schemas`)."""
+    plain = isinstance(sub, dict) and not ({"enum", "const", "pattern"} & sub.keys())
+    words = sub.get("enum", [sub.get("const")]) if isinstance(sub, dict) else None
+    if plain and sub.get("type") == "string":
+        return "xml-text"
+    if isinstance(words, list) and words and all(isinstance(w, str) for w in words):
+        return "(" + " | ".join(_lit(w) for w in words) + ")"  # raw text, as XML values are
+    schemas[rule] = sub if isinstance(sub, dict) else {}
+    return rule
+
+
+def _xml_function(i: int, name: str, params: dict[str, Any], schemas: dict[str, dict[str, Any]]) -> str:
+    """`<function=NAME>` and its parameters: the required ones in the schema's order, then the optional
+    ones (rules for JSON values go into `schemas`)."""
+    props = params.get("properties") or {}
+    required = [k for k in props if k in (params.get("required") or [])]
+    ps: list[str] = []
+    req: list[str] = []
+    for k, (key, sub) in enumerate(props.items()):
+        value = _xml_value(sub, f"v{i}-{k}", schemas)
+        one = f'{_lit("<parameter=" + key + ">")} nl {value} nl "</parameter>" nl'
+        (req if key in required else ps).append(one)
+    body = " ".join(f"({r})" for r in req) + (f' ({" | ".join(ps)})*' if ps else "")
+    return f'{_lit("<function=" + name + ">")} nl {body} "</function>"'
+
+
 def _xml_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
     """Qwen3-Coder: <tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function></tool_call>;
     a string value is raw text, any other value the JSON its schema says. The required parameters
     come first, in the schema's order (as the template lists them), then any optional ones."""
     schemas: dict[str, dict[str, Any]] = {}
-    funcs = []
-    for i, (name, params) in enumerate(_params(tools)):
-        props = params.get("properties") or {}
-        required = [k for k in props if k in (params.get("required") or [])]
-        ps, req = [], []
-        for k, (key, sub) in enumerate(props.items()):
-            plain = isinstance(sub, dict) and not ({"enum", "const", "pattern"} & sub.keys())
-            words = sub.get("enum", [sub.get("const")]) if isinstance(sub, dict) else None
-            if plain and sub.get("type") == "string":
-                value = "xml-text"
-            elif isinstance(words, list) and words and all(isinstance(w, str) for w in words):
-                value = "(" + " | ".join(_lit(w) for w in words) + ")"  # raw text, as XML values are
-            else:
-                value = f"v{i}-{k}"
-                schemas[value] = sub if isinstance(sub, dict) else {}
-            one = f'{_lit("<parameter=" + key + ">")} nl {value} nl "</parameter>" nl'
-            (req if key in required else ps).append(one)
-        body = " ".join(f"({r})" for r in req) + (f' ({" | ".join(ps)})*' if ps else "")
-        funcs.append(f'{_lit("<function=" + name + ">")} nl {body} "</function>"')
+    funcs = [_xml_function(i, name, params, schemas) for i, (name, params) in enumerate(_params(tools))]
     rules = _schema_rules(schemas) if schemas else ""
     more = " (nl tc){0,3}" if parallel else ""
     return "\n".join([f"root ::= tc{more}", f'tc ::= "<tool_call>" nl ({" | ".join(funcs)}) nl "</tool_call>"',
