@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from ggufdesk.core import catalog as C
-from ggufdesk.core.downloads import RemoteFile
+from ggufdesk.core.downloads import RemoteFile, RemoteModel
 from ggufdesk.core.errors import KnownError
 
 PREFERRED = ("Q4_K_M", "MXFP4", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0", "IQ4_XS", "Q3_K_M", "BF16", "F16")
@@ -34,13 +34,13 @@ def header(source: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def files_of(models: list) -> tuple[C.CatalogFile, ...]:
+def files_of(models: list[RemoteModel]) -> tuple[C.CatalogFile, ...]:
     """The preferred quants of a repo's models (core/downloads.RemoteModel), best first."""
-    by_quant = {}
+    by_quant: dict[str, RemoteModel] = {}
     for m in models:
         if m.quant and m.quant not in by_quant:
             by_quant[m.quant] = m
-    out = []
+    out: list[C.CatalogFile] = []
     for q in PREFERRED:
         if q in by_quant and len(out) < MAX_QUANTS:
             m = by_quant[q]
@@ -49,7 +49,7 @@ def files_of(models: list) -> tuple[C.CatalogFile, ...]:
     return tuple(out)
 
 
-def refresh(cat: C.Catalog, list_files: Callable[[str], list],
+def refresh(cat: C.Catalog, list_files: Callable[[str], list[RemoteModel]],
             projector: Callable[[str, str], RemoteFile | None] | None = None) -> tuple[C.Catalog, list[str]]:
     """The catalog with every model's files read anew, and a vision model's projector (projector(repo,
     model file) -> the repo's file that pairs, core/downloads.projector_for); (catalog, the problems met)."""

@@ -5,9 +5,13 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ggufdesk.core.errors import KnownError
+
+if TYPE_CHECKING:
+    from ggufdesk.core.docs.indexer import Report
+    from ggufdesk.session.docs_index import IndexJob
 
 NAME = "docs"
 HELP = "document collections: add files or folders, list, remove, search (then chat --docs NAME)"
@@ -49,10 +53,7 @@ def resolve_embed_model(model: str) -> str:
 
 
 def add(args: argparse.Namespace) -> int:
-    from ggufdesk.cli import print_json
-    from ggufdesk.core.docs.store import Collection, check_name, collection_path
-    from ggufdesk.session.docs_index import IndexJob, describe, summary
-    from ggufdesk.session.embedding import EmbeddingEngine
+    from ggufdesk.core.docs.store import check_name, collection_path
 
     check_name(args.name)
     if not args.paths and not collection_path(args.name).exists():
@@ -61,6 +62,19 @@ def add(args: argparse.Namespace) -> int:
     if missing:
         raise KnownError(f"not found: {', '.join(missing)}")
     model = resolve_embed_model(args.embed_model) if args.embed_model else _collection_model(args.name)
+    job = _index(args, model)
+    if job.error is not None:
+        raise job.error
+    assert job.report is not None
+    return _print_added(args, job.report)
+
+
+def _index(args: argparse.Namespace, model: str) -> IndexJob:
+    """Index args.paths into the collection (a progress line on a terminal; Ctrl-C cancels), the embedding
+    engine running only meanwhile; the finished job."""
+    from ggufdesk.session.docs_index import IndexJob, describe
+    from ggufdesk.session.embedding import EmbeddingEngine
+
     engine = EmbeddingEngine(model).start() if model else None
     shown = [0.0]
 
@@ -84,20 +98,26 @@ def add(args: argparse.Namespace) -> int:
             engine.close()
     if not args.json and sys.stderr.isatty():
         print("\r\033[K", end="", file=sys.stderr)
-    if job.error is not None:
-        raise job.error
-    assert job.report is not None
+    return job
+
+
+def _print_added(args: argparse.Namespace, report: Report) -> int:
+    """The collection after the run (JSON, or a summary and what was skipped); 1 when it was cancelled."""
+    from ggufdesk.cli import print_json
+    from ggufdesk.core.docs.store import Collection
+    from ggufdesk.session.docs_index import summary
+
     with Collection.open(args.name) as coll:
         stats = coll.stats()
     if args.json:
-        print_json({**stats, "run": job.report.as_dict()})
-        return 1 if job.report.cancelled else 0
-    print(f"{args.name}: {summary(job.report)}; {stats['files']} files, {stats['chunks']:,} passages in all")
-    for path, reason in job.report.notes:
+        print_json({**stats, "run": report.as_dict()})
+        return 1 if report.cancelled else 0
+    print(f"{args.name}: {summary(report)}; {stats['files']} files, {stats['chunks']:,} passages in all")
+    for path, reason in report.notes:
         print(f"  skipped {path}: {reason}")
-    if job.report.vectors:
-        print(f"  note: {job.report.vectors}")
-    return 1 if job.report.cancelled else 0
+    if report.vectors:
+        print(f"  note: {report.vectors}")
+    return 1 if report.cancelled else 0
 
 
 def _collection_model(name: str) -> str:

@@ -57,18 +57,31 @@ def _parts(file: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     if args.file is None:
-        models = downloads.list_gguf(args.repo, revision=args.revision)
-        if args.json:
-            print_json({"repo": args.repo, "models": [
-                {"name": m.name, "quant": m.quant, "bytes": m.size, "files": [f.path for f in m.files]}
-                for m in models]})
-        else:
-            for m in models:
-                parts = f" ({len(m.files)} parts)" if len(m.files) > 1 else ""
-                print(f"{m.quant or '?':>8}  {m.size / 1e9:7.2f} GB  {m.first}{parts}")
+        _list(args)
         return 0
     names = _parts(args.file)
     bar = _Bar(len(names)) if sys.stderr.isatty() else None
+    results = _download(args, names, bar)
+    mmproj = None if args.no_mmproj or args.offline else _projector(args, bar)
+    _report(args, results, mmproj)
+    return 0
+
+
+def _list(args: argparse.Namespace) -> None:
+    """The repo's GGUF models, one a line (or as JSON)."""
+    models = downloads.list_gguf(args.repo, revision=args.revision)
+    if args.json:
+        print_json({"repo": args.repo, "models": [
+            {"name": m.name, "quant": m.quant, "bytes": m.size, "files": [f.path for f in m.files]}
+            for m in models]})
+        return
+    for m in models:
+        parts = f" ({len(m.files)} parts)" if len(m.files) > 1 else ""
+        print(f"{m.quant or '?':>8}  {m.size / 1e9:7.2f} GB  {m.first}{parts}")
+
+
+def _download(args: argparse.Namespace, names: list[str], bar: _Bar | None) -> list[downloads.Downloaded]:
+    """Each part in turn; Ctrl-C says how to resume."""
     results = []
     try:
         for i, name in enumerate(names, 1):
@@ -79,7 +92,12 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\nggufdesk: paused; run the same command again to resume", file=sys.stderr)
         raise
-    mmproj = None if args.no_mmproj or args.offline else _projector(args, bar)
+    return results
+
+
+def _report(args: argparse.Namespace, results: list[downloads.Downloaded],
+            mmproj: downloads.Downloaded | None) -> None:
+    """The downloaded files: one JSON object (parts and projector inside), or a line each."""
     first = results[0]
     out = first.as_json()
     if len(results) > 1:
@@ -88,12 +106,11 @@ def run(args: argparse.Namespace) -> int:
     out["mmproj"] = mmproj.as_json() if mmproj is not None else None
     if args.json:
         print_json(out)
-    else:
-        for r in results + ([mmproj] if mmproj is not None else []):
-            how = "already downloaded" if r.from_cache else (
-                f"resumed from {r.resumed_from / 1e6:.1f} MB" if r.resumed_from else "downloaded")
-            print(f"{r.path}  ({r.bytes / 1e6:.1f} MB, sha256 {r.sha256[:16]}…, {how})")
-    return 0
+        return
+    for r in results + ([mmproj] if mmproj is not None else []):
+        how = "already downloaded" if r.from_cache else (
+            f"resumed from {r.resumed_from / 1e6:.1f} MB" if r.resumed_from else "downloaded")
+        print(f"{r.path}  ({r.bytes / 1e6:.1f} MB, sha256 {r.sha256[:16]}…, {how})")
 
 
 def _projector(args: argparse.Namespace, bar: _Bar | None) -> downloads.Downloaded | None:

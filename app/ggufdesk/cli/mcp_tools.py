@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO, cast
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.session import SessionView
@@ -184,5 +184,7 @@ def run_once(client: EngineClient, loaded: Any, host: McpHost, args: argparse.Na
     answer = next((t for t in reversed(session.turns) if t.role == "assistant"), None)
     if answer is None or answer.status == "error":
         raise KnownError(view.errors[-1] if view.errors else "the answer failed")
-    done = P.Done(id="", finish_reason=answer.finish_reason or "stop", tool_calls=answer.stats.get("tool_calls") or [])
+    # the turn keeps its Done's finish_reason (a P.FinishReason) as a plain str
+    finish = cast("P.FinishReason", answer.finish_reason or "stop")
+    done = P.Done(id="", finish_reason=finish, tool_calls=answer.stats.get("tool_calls") or [])
     return answer.content, answer.stats, done, tool_rounds(session)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ggufdesk.cli import print_json
 from ggufdesk.cli.worker import add_rpc_argument, describe_worker, probe_workers_json, rpc_from_args
@@ -20,13 +21,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_rpc_argument(p)
 
 
-def engine_devices() -> list[dict]:
+def engine_devices() -> list[dict[str, Any]]:
     """The ggml device list, from a short-lived engine process (the only place llama.cpp loads)."""
     from ggufdesk.engine.link.client import EngineClient
 
     client = EngineClient(auto_restart=False)
     try:
-        return client.start(timeout=60).devices
+        ready = client.start(timeout=60)
+        assert ready is not None  # wait=True: the Ready event, or a KnownError
+        return ready.devices
     finally:
         client.shutdown()
 

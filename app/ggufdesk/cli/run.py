@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from ggufdesk.cli.worker import add_rpc_argument, describe_split, rpc_from_args
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import OVERFLOW_POLICIES, LoadSettings, Preset, SamplingSettings, SpeculationSettings
+
+if TYPE_CHECKING:
+    from ggufdesk.engine.link.protocol import ErrorKind
 
 NAME = "run"
 HELP = "generate once from a prompt (through the engine process) and print text or JSON stats"
@@ -95,7 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mcp_tools.add_arguments(p, interactive=False)
 
 
-def structured_from_args(args: argparse.Namespace) -> dict:
+def structured_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The Generate fields for --json-schema / --json-object / --tools (checked here, before loading)."""
     import json
     from pathlib import Path
@@ -181,6 +184,10 @@ def preset_for(model: str) -> tuple[str, Preset | None]:
     return model_id, settings.presets.get(model_id)
 
 
+@overload
+def library_file(name: str) -> str: ...
+@overload
+def library_file(name: None) -> None: ...
 def library_file(name: str | None) -> str | None:
     """A library id as its file; anything else (a path, even a missing one) unchanged, for the engine to judge."""
     if not name or "/" in name or name.lower().endswith(".gguf"):
@@ -198,7 +205,7 @@ def resolve_model(model: str | None) -> str:
     return library.resolve(model)
 
 
-def mcp_host(args: argparse.Namespace, structured: dict) -> Any:
+def mcp_host(args: argparse.Namespace, structured: dict[str, Any]) -> Any:
     """The MCP host when this run offers MCP tools (--mcp-config or --allow-tools), else None."""
     if not (args.mcp_config or args.allow_tools):
         return None
@@ -264,7 +271,8 @@ def mmproj_from_args(args: argparse.Namespace) -> str | None:
 
 
 def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sampling: SamplingSettings,
-         spec: SpeculationSettings, prompt: str, structured: dict, host: Any, images: dict[str, bytes]) -> int:
+         spec: SpeculationSettings, prompt: str, structured: dict[str, Any], host: Any,
+         images: dict[str, bytes]) -> int:
     from ggufdesk.cli import print_json
     from ggufdesk.engine.link import protocol as P
     from ggufdesk.engine.link.client import EngineClient
@@ -296,7 +304,7 @@ def _run(args: argparse.Namespace, model: str, info: Any, load: LoadSettings, sa
 
 
 def _check_loaded(args: argparse.Namespace, info: Any, spec: SpeculationSettings, loaded: Any,
-                  notices: dict[str, str], model: str, images: dict[str, bytes]) -> None:
+                  notices: dict[ErrorKind, str], model: str, images: dict[str, bytes]) -> None:
     """Refuse a load that lost what was asked for (the draft model; the projector for images; the chat
     template with --chat)."""
     if spec.mode == "draft" and not loaded.draft:
@@ -351,7 +359,7 @@ def no_projector(model: str) -> str:
 
 
 def _generate(client: Any, args: argparse.Namespace, prompt: str, sampling: SamplingSettings,
-              structured: dict, images: dict[str, bytes] | None = None) -> tuple[str, dict[str, Any], Any]:
+              structured: dict[str, Any], images: dict[str, bytes] | None = None) -> tuple[str, dict[str, Any], Any]:
     """One generation, streamed to stdout unless --json: (text, the final stats, the Done event)."""
     import base64
     import dataclasses

@@ -148,13 +148,8 @@ def _presets() -> dict[str, Preset]:
         return {}
 
 
-def build(args: argparse.Namespace) -> tuple[Service, ServerRunner]:
-    """The service and runner `serve` would run (tests and the bench build the same)."""
-    from ggufdesk.server.pool import EnginePool
-    from ggufdesk.server.router import Router
-    from ggufdesk.server.runner import ServerRunner, check_exposure
-    from ggufdesk.server.service import ServerConfig, Service
-
+def _check_limits(args: argparse.Namespace) -> None:
+    """Refuse counts, sizes, timeouts and ports that cannot be."""
     if args.parallel < 1:
         raise KnownError("--parallel must be at least 1")
     if args.queue < 0 or args.rate_limit < 0 or args.max_body < 1 or args.prefill_chunk < 0:
@@ -166,11 +161,27 @@ def build(args: argparse.Namespace) -> tuple[Service, ServerRunner]:
                          "--max-connections cannot be negative")
     if args.ollama_port is not None and not 0 <= args.ollama_port <= 65535:
         raise KnownError("--ollama-port must be a port number (0-65535)")
+
+
+def _cors_origins(args: argparse.Namespace) -> tuple[str, ...]:
+    """--cors-origin's origins (scheme and host, no trailing slash); anything else is refused."""
     origins = tuple(o.rstrip("/") for o in args.cors_origin if o)
     bad = [o for o in origins if not re.match(r"^https?://[^/\s]+$", o)]
     if bad:
         raise KnownError(f"--cors-origin takes an origin such as http://localhost:3000 (scheme and host, no path), "
                          f"not {bad[0]!r}")
+    return origins
+
+
+def build(args: argparse.Namespace) -> tuple[Service, ServerRunner]:
+    """The service and runner `serve` would run (tests and the bench build the same)."""
+    from ggufdesk.server.pool import EnginePool
+    from ggufdesk.server.router import Router
+    from ggufdesk.server.runner import ServerRunner, check_exposure
+    from ggufdesk.server.service import ServerConfig, Service
+
+    _check_limits(args)
+    origins = _cors_origins(args)
     keys = tuple(k for k in args.api_key if k)
     for host in args.host.split(","):
         check_exposure(host.strip(), keys)

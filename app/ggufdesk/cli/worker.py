@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
 from ggufdesk.core import procs
 from ggufdesk.core.errors import KnownError
@@ -44,9 +45,9 @@ def rpc_from_args(args: argparse.Namespace) -> list[str]:
     return parse_workers(getattr(args, "rpc", "") or "")
 
 
-def probe_workers_json(endpoints: list[str]) -> list[dict]:
+def probe_workers_json(endpoints: list[str]) -> list[dict[str, Any]]:
     """Each worker's memory, round trip and link speed; a worker that does not answer says why."""
-    out = []
+    out: list[dict[str, Any]] = []
     for ep in endpoints:
         try:
             out.append(probe_worker(ep).to_json())
@@ -55,7 +56,7 @@ def probe_workers_json(endpoints: list[str]) -> list[dict]:
     return out
 
 
-def describe_worker(w: dict) -> str:
+def describe_worker(w: dict[str, Any]) -> str:
     if "error" in w:
         return f"RPC worker {w['endpoint']}: DOWN ({w['error']})"
     mem = ", ".join(f"{d['memory_free'] / GiB:.2f} of {d['memory_total'] / GiB:.2f} GB free" for d in w["devices"])
@@ -63,7 +64,7 @@ def describe_worker(w: dict) -> str:
             f"link {w['link_gbs']:.2f} GB/s (protocol {w['version']})")
 
 
-def describe_split(rpc: dict) -> str:
+def describe_split(rpc: dict[str, Any]) -> str:
     """One line: where the layers went and the predicted speed (Loaded.rpc)."""
     parts = [f"{d['endpoint'] or d['name']}: {d['n_layers']} layers" for d in rpc.get("devices", [])]
     parts.append(f"this machine: {rpc.get('cpu_layers', 0)} layers")
@@ -88,7 +89,8 @@ def free_port(host: str = "127.0.0.1", port: int = 0) -> int:
             s.bind((host.strip("[]"), port))
         except OSError as e:
             raise KnownError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-        return s.getsockname()[1]
+        bound: int = s.getsockname()[1]  # (host, port) or (host, port, flow, scope)
+        return bound
 
 
 def answers(endpoint: str) -> bool:

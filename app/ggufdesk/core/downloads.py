@@ -27,11 +27,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO
+from typing import IO, TYPE_CHECKING, BinaryIO, cast
 
 from ggufdesk.core.errors import KnownError, network_errors
 from ggufdesk.core.gguf_meta import split_parts
 from ggufdesk.core.quants import quant_from_name
+
+if TYPE_CHECKING:
+    from huggingface_hub.hf_api import RepoFile
 
 log = logging.getLogger("ggufdesk.downloads")
 
@@ -208,9 +211,10 @@ def check_revision(revision: str | None) -> str | None:
 # ----------------------------------------------------------------------------------- listing
 
 
-def _tree(repo_id: str, revision: str | None, token: str | bool | None, endpoint: str | None) -> list:
+def _tree(repo_id: str, revision: str | None, token: str | bool | None, endpoint: str | None) -> list[RepoFile]:
     """The repo's files (huggingface_hub's RepoFile entries), or a KnownError that says why not."""
     from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
     from huggingface_hub.utils import validate_repo_id
 
     try:
@@ -221,7 +225,7 @@ def _tree(repo_id: str, revision: str | None, token: str | bool | None, endpoint
     require_hub(endpoint)  # offline: one line now, not five retries of each request
     try:
         return [e for e in HfApi(endpoint=endpoint).list_repo_tree(
-            repo_id, revision=revision, recursive=True, token=token) if hasattr(e, "size")]
+            repo_id, revision=revision, recursive=True, token=token) if isinstance(e, RepoFile)]
     except Exception as e:
         if isinstance(e, _network_errors()) or e.__class__.__module__.startswith("huggingface_hub"):
             raise _hub_error(e, repo_id, "", revision) from e
@@ -475,15 +479,25 @@ def _storage(repo_id: str, cache_dir: str | Path | None) -> Path:
     return Path(cache_dir or constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
 
 
+@dataclass(frozen=True)
+class _Meta:
+    """The hub's answer to a HEAD of one file, once it is known to name a commit and an ETag."""
+
+    commit: str
+    etag: str  # the blob's name in the cache
+    size: int | None
+    location: str  # where the bytes are (a CDN URL after a redirect)
+
+
 def _metadata(repo_id: str, filename: str, revision: str | None, token: str | bool | None,
-              endpoint: str | None):
+              endpoint: str | None) -> _Meta:
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
     url = hf_hub_url(repo_id, filename, revision=revision, endpoint=endpoint)
     meta = get_hf_file_metadata(url, token=token, endpoint=endpoint)
     if not meta.commit_hash or not meta.etag:
         raise KnownError(f"{url} does not look like a Hugging Face hub (no commit or ETag header)")
-    return meta
+    return _Meta(meta.commit_hash, meta.etag, meta.size, meta.location)
 
 
 def _from_cache(repo_id: str, filename: str, revision: str | None, cache_dir: str | Path | None,
@@ -549,7 +563,8 @@ def download(repo_id: str, filename: str, *, revision: str | None = None, token:
     try:
         meta = _metadata(repo_id, filename, revision, token, endpoint)
     except HfHubHTTPError as e:
-        if _status(e) is not None and _status(e) < 500 and not isinstance(e, _network_errors()):
+        status = _status(e)
+        if status is not None and status < 500 and not isinstance(e, _network_errors()):
             raise _hub_error(e, repo_id, filename, revision) from e
         return _from_cache(repo_id, filename, revision, cache_dir, why=e)
     except _network_errors() as e:
@@ -565,17 +580,19 @@ def download(repo_id: str, filename: str, *, revision: str | None = None, token:
                          f"({e.strerror or e}: {e.filename or _storage(repo_id, cache_dir)})") from e
 
 
-def _expected_hashes(repo_id: str, filename: str, meta, token, endpoint) -> tuple[str | None, str | None]:
+def _expected_hashes(repo_id: str, filename: str, meta: _Meta, token: str | bool | None,
+                     endpoint: str | None) -> tuple[str | None, str | None]:
     """(sha256, git sha1) the content must have: paths-info's LFS sha256, else the ETag."""
     from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
 
     sha256 = git = None
     try:
-        (info,) = HfApi(endpoint=endpoint).get_paths_info(repo_id, [filename], revision=meta.commit_hash,
+        (info,) = HfApi(endpoint=endpoint).get_paths_info(repo_id, [filename], revision=meta.commit,
                                                           token=token)
-        if getattr(info, "lfs", None):
+        if isinstance(info, RepoFile) and info.lfs:
             sha256 = info.lfs.sha256
-        elif getattr(info, "blob_id", None):
+        elif isinstance(info, RepoFile) and info.blob_id:
             git = info.blob_id
     except Exception as e:  # noqa: BLE001 - a mirror without paths-info: fall back to the ETag
         log.info("paths-info failed for %s/%s (%s); using the ETag", repo_id, filename, e)
@@ -587,15 +604,42 @@ def _expected_hashes(repo_id: str, filename: str, meta, token, endpoint) -> tupl
     return sha256, git
 
 
-def _fetch(repo_id: str, filename: str, meta, *, revision, token, cache_dir, endpoint, progress, cancel,
-           retries, backoff_s, chunk_size) -> Downloaded:
+@dataclass(frozen=True)
+class _Job:
+    """One file's transfer: where its bytes go, what they must hash to, how to fetch and report them."""
+
+    repo_id: str
+    filename: str
+    commit: str
+    size: int
+    partial: Path  # blobs/<etag>.incomplete
+    blob: Path
+    pointer: Path  # snapshots/<commit>/<filename>
+    location: str
+    headers: dict[str, str]
+    sha256: str | None
+    git: str | None
+    progress: ProgressFn | None
+    cancel: threading.Event | None
+    retries: int
+    backoff_s: float
+    chunk_size: int | None
+
+    def kept(self) -> int:
+        """Bytes of the partial file on disk now."""
+        return self.partial.stat().st_size if self.partial.exists() else 0
+
+
+def _fetch(repo_id: str, filename: str, meta: _Meta, *, revision: str | None, token: str | bool | None,
+           cache_dir: str | Path | None, endpoint: str | None, progress: ProgressFn | None,
+           cancel: threading.Event | None, retries: int, backoff_s: float, chunk_size: int | None) -> Downloaded:
     from huggingface_hub import constants
     from huggingface_hub.file_download import (_cache_commit_hash_for_specific_revision,
-                                               _create_symlink, _get_pointer_path, hf_hub_url, http_get)
+                                               _create_symlink, _get_pointer_path, hf_hub_url)
     from huggingface_hub.utils import WeakFileLock, build_hf_headers
 
     storage = _storage(repo_id, cache_dir)
-    commit, etag, size = meta.commit_hash, meta.etag, meta.size
+    commit, etag, size = meta.commit, meta.etag, meta.size
     if "/" in etag or etag in (".", ".."):
         raise KnownError(f"the hub sent an unusable ETag {etag!r}")
     try:
@@ -634,107 +678,148 @@ def _fetch(repo_id: str, filename: str, meta, *, revision, token, cache_dir, end
         headers.pop("authorization", None)  # a CDN URL is signed; the token stays on the hub
     lock = storage.parent / ".locks" / storage.name / f"{etag}.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
+    job = _Job(repo_id, filename, commit, size, partial, blob, pointer, location, headers, sha256, git,
+               progress, cancel, retries, backoff_s, chunk_size)
     try:
         with WeakFileLock(lock, timeout=5):
-            return _transfer(partial, blob, pointer, http_get, location, headers, size, sha256, git,
-                             repo_id, filename, commit, progress, cancel, retries, backoff_s, chunk_size,
-                             _create_symlink, constants)
+            return _transfer(job)
     except TimeoutError as e:  # filelock.Timeout is a TimeoutError
         raise KnownError(f"{filename} is already being downloaded by another task") from e
 
 
-def _transfer(partial: Path, blob: Path, pointer: Path, http_get, location, headers, size, sha256, git,
-              repo_id, filename, commit, progress, cancel, retries, backoff_s, chunk_size, _create_symlink,
-              constants) -> Downloaded:
-    from huggingface_hub.utils.tqdm import silent_tqdm
+class _Traffic:
+    """The bytes received over all of a file's attempts; stops the transfer past its budget."""
 
-    start = partial.stat().st_size if partial.exists() else 0
-    meter = _Meter(filename, size, 0, progress)
-    attempt, writer = 0, None
-    best = start  # the furthest the partial file has got: only going beyond it is progress
-    received, budget = 0, TRAFFIC_FACTOR * size + TRAFFIC_SLACK
+    def __init__(self, job: _Job, meter: _Meter) -> None:
+        self.filename, self.size, self.meter = job.filename, job.size, meter
+        self.received, self.budget = 0, TRAFFIC_FACTOR * job.size + TRAFFIC_SLACK
+        self.writer: _Writer | None = None  # the latest attempt's
 
-    def count(n: int) -> None:
-        nonlocal received
-        received += n
-        meter.add(n)
-        if received > budget:
+    def count(self, n: int) -> None:
+        self.received += n
+        self.meter.add(n)
+        if self.received > self.budget:
             raise KnownError(
-                f"stopped downloading {filename}: {_mb(received)} received for a {_mb(size)} file without "
-                f"finishing (the hub or the connection keeps failing); {_mb(writer.pos if writer else 0)} "
-                "kept, run the download again to resume")
+                f"stopped downloading {self.filename}: {_mb(self.received)} received for a {_mb(self.size)} "
+                f"file without finishing (the hub or the connection keeps failing); "
+                f"{_mb(self.writer.pos if self.writer else 0)} kept, run the download again to resume")
 
+
+def _transfer(job: _Job) -> Downloaded:
+    """Receive the file into its partial, retrying with backoff while it gets further; then install it."""
+    start = job.kept()
+    meter = _Meter(job.filename, job.size, 0, job.progress)
+    traffic = _Traffic(job, meter)
+    attempt = 0
+    best = start  # the furthest the partial file has got: only going beyond it is progress
     while True:
-        have = partial.stat().st_size if partial.exists() else 0
-        if have > size:
-            partial.unlink()
-            raise KnownError(f"the hub says {filename} has {_mb(size)} ({size} bytes) but sent more "
-                             f"({have} bytes): its listing and the file disagree; try again later")
-        meter.reset(have)
-        try:
-            if cancel is not None and cancel.is_set():
-                raise DownloadCancelled("download paused")
-            with partial.open("r+b" if partial.exists() else "w+b", buffering=0) as f:
-                writer = _Writer(f, have=have, size=size, git=sha256 is None and git is not None,
-                                 report=count, cancel=cancel, max_stalls=retries, label=filename,
-                                 backlog=max(2, HASH_BACKLOG // max(chunk_size or 0, HASH_BATCH)))
-                constants.DOWNLOAD_CHUNK_SIZE = chunk_size
-                try:
-                    http_get(location, writer, resume_size=have, headers=headers, expected_size=size,
-                             displayed_filename=filename, tqdm_class=silent_tqdm)
-                except BaseException:
-                    writer.close(abort=True)  # a cancel must not wait for the hash of a long prefix
-                    raise
-                writer.close()
+        meter.reset(_refuse_oversize(job))
+        err = _attempt(job, traffic)
+        if err is None:
             break
-        except DownloadCancelled:
-            kept = partial.stat().st_size if partial.exists() else 0
-            log.info("%s paused at %d of %d bytes", filename, kept, size)
-            raise
-        except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise KnownError(f"the disk filled up while downloading {filename}: free some space and run "
-                                 f"the download again to resume ({_mb(partial.stat().st_size)} kept in "
-                                 f"{partial})") from e
-            if e.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
-                raise KnownError(f"cannot write {partial}: {e.strerror}") from e
-            err: BaseException = e
-        except _network_errors() as e:
-            status = _status(e)
-            if status in (401, 403, 404, 410):
-                raise _hub_error(e, repo_id, filename, commit) from e
-            err = e
-        now = partial.stat().st_size if partial.exists() else 0
-        if now > size:
+        now = job.kept()
+        if now > job.size:
             continue  # more bytes than the hub said: refused at the top of the loop
         attempt = 0 if now > best else attempt + 1  # net progress only: a restart from 0 is not
         best = max(best, now)
-        if attempt > retries:
-            raise KnownError(f"downloading {filename} failed {attempt} times without getting further ({err}); "
-                             f"{_mb(now)} of {_mb(size)} kept, run the download again to resume") from err
-        wait = min(backoff_s * 2 ** max(attempt - 1, 0), 30.0)
-        log.warning("%s: %s; retrying from byte %d in %.1fs", filename, err, now, wait)
-        if cancel is None:
-            time.sleep(wait)
-        elif cancel.wait(wait):
+        _back_off(job, attempt, err, now)
+    return _install(job, meter, traffic.writer, start)
+
+
+def _refuse_oversize(job: _Job) -> int:
+    """The partial file's size; a partial longer than the hub's size is deleted and refused."""
+    have = job.kept()
+    if have > job.size:
+        job.partial.unlink()
+        raise KnownError(f"the hub says {job.filename} has {_mb(job.size)} ({job.size} bytes) but sent more "
+                         f"({have} bytes): its listing and the file disagree; try again later")
+    return have
+
+
+def _attempt(job: _Job, traffic: _Traffic) -> BaseException | None:
+    """One request from the partial's end: None when the file is complete, else the error to retry on.
+
+    Raises what no retry can fix: a cancel, a full or read-only disk, a refused or missing file."""
+    try:
+        if job.cancel is not None and job.cancel.is_set():
             raise DownloadCancelled("download paused")
-    meter.done = size
-    meter.emit("verify")
-    digest, gitsum = _digests(partial, writer, size)
-    expected, got = (sha256, digest) if sha256 else (git, gitsum)
-    if expected and got != expected:
-        partial.unlink(missing_ok=True)
-        raise KnownError(f"{filename} failed its checksum (got {got[:12]}…, the hub says {expected[:12]}…): "
-                         "the corrupt file was deleted; run the download again")
-    _check_model(partial, filename, remove=True)
-    os.replace(partial, blob)  # created by open(): the mode already follows the umask
+        _receive(job, traffic)
+        return None
+    except DownloadCancelled:
+        log.info("%s paused at %d of %d bytes", job.filename, job.kept(), job.size)
+        raise
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise KnownError(f"the disk filled up while downloading {job.filename}: free some space and run "
+                             f"the download again to resume ({_mb(job.partial.stat().st_size)} kept in "
+                             f"{job.partial})") from e
+        if e.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+            raise KnownError(f"cannot write {job.partial}: {e.strerror}") from e
+        return e
+    except _network_errors() as e:
+        if _status(e) in (401, 403, 404, 410):
+            raise _hub_error(e, job.repo_id, job.filename, job.commit) from e
+        return e
+
+
+def _receive(job: _Job, traffic: _Traffic) -> None:
+    """huggingface_hub's http_get from the partial's end into it, through a hashing _Writer."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils.tqdm import silent_tqdm
+
+    have = job.kept()
+    with job.partial.open("r+b" if job.partial.exists() else "w+b", buffering=0) as f:
+        writer = traffic.writer = _Writer(
+            f, have=have, size=job.size, git=job.sha256 is None and job.git is not None, report=traffic.count,
+            cancel=job.cancel, max_stalls=job.retries, label=job.filename,
+            backlog=max(2, HASH_BACKLOG // max(job.chunk_size or 0, HASH_BATCH)))
+        # declared an int, but it goes to httpx's iter_bytes where None means "as each read brings"
+        constants.DOWNLOAD_CHUNK_SIZE = job.chunk_size  # type: ignore[assignment]
+        try:
+            # http_get wants a BinaryIO; it only calls the write/seek/tell/truncate/flush _Writer has
+            http_get(job.location, cast("BinaryIO", writer), resume_size=have, headers=job.headers,
+                     expected_size=job.size, displayed_filename=job.filename, tqdm_class=silent_tqdm)
+        except BaseException:
+            writer.close(abort=True)  # a cancel must not wait for the hash of a long prefix
+            raise
+        writer.close()
+
+
+def _back_off(job: _Job, attempt: int, err: BaseException, now: int) -> None:
+    """Wait before the next attempt (doubling, at most 30 s); give up after ``retries`` without progress."""
+    if attempt > job.retries:
+        raise KnownError(f"downloading {job.filename} failed {attempt} times without getting further ({err}); "
+                         f"{_mb(now)} of {_mb(job.size)} kept, run the download again to resume") from err
+    wait = min(job.backoff_s * 2 ** max(attempt - 1, 0), 30.0)
+    log.warning("%s: %s; retrying from byte %d in %.1fs", job.filename, err, now, wait)
+    if job.cancel is None:
+        time.sleep(wait)
+    elif job.cancel.wait(wait):
+        raise DownloadCancelled("download paused")
+
+
+def _install(job: _Job, meter: _Meter, writer: _Writer | None, start: int) -> Downloaded:
+    """Check the complete partial's digest and header, then move it into blobs/ and link its snapshot."""
+    from huggingface_hub.file_download import _create_symlink
+
     from ggufdesk.core import library
 
-    st = blob.stat()
-    library.remember_verified(blob, st.st_size, st.st_mtime_ns, digest)
-    _create_symlink(str(blob), str(pointer), new_blob=True)
+    meter.done = job.size
+    meter.emit("verify")
+    digest, gitsum = _digests(job.partial, writer, job.size)
+    expected, got = (job.sha256, digest) if job.sha256 else (job.git, gitsum)
+    if expected and got != expected:
+        job.partial.unlink(missing_ok=True)
+        raise KnownError(f"{job.filename} failed its checksum (got {got[:12]}…, the hub says {expected[:12]}…): "
+                         "the corrupt file was deleted; run the download again")
+    _check_model(job.partial, job.filename, remove=True)
+    os.replace(job.partial, job.blob)  # created by open(): the mode already follows the umask
+    st = job.blob.stat()
+    library.remember_verified(job.blob, st.st_size, st.st_mtime_ns, digest)
+    _create_symlink(str(job.blob), str(job.pointer), new_blob=True)
     meter.emit("done")
-    return Downloaded(pointer, repo_id, filename, commit, digest, size, resumed_from=start)
+    return Downloaded(job.pointer, job.repo_id, job.filename, job.commit, digest, job.size, resumed_from=start)
 
 
 def _check_model(path: Path, filename: str, *, remove: bool) -> None:

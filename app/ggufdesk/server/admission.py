@@ -63,7 +63,7 @@ class Admission:
         self.max_queue = max_queue
         self.memory_check = memory_check or MemoryGuard()
         self.running = 0
-        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._mean_s = 5.0  # running mean of request time, for Retry-After
 
     @property

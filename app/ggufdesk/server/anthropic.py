@@ -126,8 +126,9 @@ def usage(job: Job) -> dict[str, int]:
 
 def image_block(b: Any, where: str, images: RequestImages) -> dict[str, Any]:
     """An Anthropic image block (source: base64, or url with --allow-remote-images) as an engine image part."""
-    source = getattr(b, "source", None)
-    kind = source.get("type") if isinstance(source, dict) else None
+    given = getattr(b, "source", None)
+    source: dict[str, Any] = given if isinstance(given, dict) else {}
+    kind = source.get("type")
     if kind == "base64":
         return images.part_from_base64(source.get("data"), f"{where}.source")
     if kind == "url":

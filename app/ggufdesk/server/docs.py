@@ -66,7 +66,8 @@ class DocsRetrieval:
     async def _read(self, receive: Receive) -> tuple[bytes, bool]:
         """The body up to the server's limit; `more` when it is larger (the route refuses it then)."""
         limit = int(getattr(getattr(self.service, "config", None), "max_body", 4 << 20))
-        parts, size = [], 0
+        parts: list[bytes] = []
+        size = 0
         while True:
             message = await receive()
             if message["type"] != "http.request":

@@ -60,7 +60,8 @@ def body_too_large(message: str) -> ApiError:
 
 
 def service(request: Request) -> Service:
-    return request.app.state.service
+    svc: Service = request.app.state.service  # Starlette's State holds untyped attributes
+    return svc
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -80,7 +81,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 def caller(request: Request) -> str:
     """Whom the rate limit counts against: the API key when keys are in use, else the client address."""
-    key = getattr(request.state, "api_key", None)
+    key: str | None = getattr(request.state, "api_key", None)
     if key:
         return "key:" + key
     return "addr:" + (request.client.host if request.client else "unknown")

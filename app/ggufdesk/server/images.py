@@ -109,7 +109,7 @@ def fetch(url: str, *, timeout: float = FETCH_TIMEOUT_S) -> bytes:
             length = resp.headers.get("Content-Length")
             if length is not None and length.isdigit():
                 img.check_size(int(length))
-            data = resp.read(img.MAX_BYTES + 1)
+            data: bytes = resp.read(img.MAX_BYTES + 1)
     except img.ImageError:
         raise
     except urllib.error.HTTPError as e:

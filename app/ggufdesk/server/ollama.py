@@ -211,25 +211,38 @@ def chat_messages(msgs: list[Message], found: RequestImages | None = None) -> li
     out: list[dict[str, Any]] = []
     pending: list[tuple[str, str]] = []  # (call id, function name) not yet answered
     for i, m in enumerate(msgs):
-        if m.role not in ("system", "user", "assistant", "tool"):
-            raise invalid(f"messages[{i}].role must be system, user, assistant or tool", param="messages")
-        if m.images and (found is None or m.role != "user"):
-            raise not_supported(f"messages[{i}].images" + ("" if found is None else " outside a user message"))
-        content = ollama_content(m.content or "", m.images, f"messages[{i}]", found) if m.images and found is not None \
-            else m.content or ""
-        msg: dict[str, Any] = {"role": m.role, "content": content}
-        if m.role == "assistant" and m.thinking:
-            msg["reasoning_content"] = m.thinking
-        if m.role == "assistant" and m.tool_calls:
-            msg["tool_calls"] = _calls(i, m.tool_calls)
-            pending += [(c["id"], c["function"]["name"]) for c in msg["tool_calls"]]
+        msg: dict[str, Any] = {"role": m.role, "content": _content(i, m, found)}
+        if m.role == "assistant":
+            if m.thinking:
+                msg["reasoning_content"] = m.thinking
+            if m.tool_calls:
+                msg["tool_calls"] = _calls(i, m.tool_calls)
+                pending += [(c["id"], c["function"]["name"]) for c in msg["tool_calls"]]
         elif m.role == "tool":
-            match = next((p for p in pending if m.tool_call_id in (None, p[0]) and m.tool_name in (None, p[1])), None)
-            if match is not None:
-                pending.remove(match)
-            msg["tool_call_id"] = m.tool_call_id or (match[0] if match else f"call_{i}")
+            msg["tool_call_id"] = _answered_call(i, m, pending)
         out.append(msg)
     return out
+
+
+def _content(i: int, m: Message, found: RequestImages | None) -> str | list[dict[str, Any]]:
+    """Message i's content, its images as parts before the text where the route reads them (`found`);
+    a role Ollama lacks, or images where they cannot go, are refused."""
+    if m.role not in ("system", "user", "assistant", "tool"):
+        raise invalid(f"messages[{i}].role must be system, user, assistant or tool", param="messages")
+    if m.images and (found is None or m.role != "user"):
+        raise not_supported(f"messages[{i}].images" + ("" if found is None else " outside a user message"))
+    if m.images and found is not None:
+        return ollama_content(m.content or "", m.images, f"messages[{i}]", found)
+    return m.content or ""
+
+
+def _answered_call(i: int, m: Message, pending: list[tuple[str, str]]) -> str:
+    """The id of the call tool message i answers: its own tool_call_id, else the oldest unanswered call
+    of its tool_name (or any), else a made-up one; the call matched is no longer pending."""
+    match = next((p for p in pending if m.tool_call_id in (None, p[0]) and m.tool_name in (None, p[1])), None)
+    if match is not None:
+        pending.remove(match)
+    return m.tool_call_id or (match[0] if match else f"call_{i}")
 
 
 def _calls(i: int, calls: list[ToolCall]) -> list[dict[str, Any]]:

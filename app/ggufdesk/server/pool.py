@@ -43,7 +43,7 @@ class EnginePool:
         self.stage = ""  # while loading: "starting" (the process), then the engine's Loading stage
         self.tool_format: Any = None  # core.tools.ToolFormat the engine uses for this model's calls
         self._client: EngineAPI = client_factory(on_event=self._on_event)
-        self._routes: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._routes: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[P.Event]]] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._ready = threading.Event()
@@ -103,10 +103,10 @@ class EnginePool:
 
     # ---- requests -----------------------------------------------------------------------------
 
-    def open(self) -> tuple[str, asyncio.Queue]:
+    def open(self) -> tuple[str, asyncio.Queue[P.Event]]:
         """A fresh request id and the queue its events will arrive on (in the calling loop)."""
         rid = f"srv{next(self._ids)}"
-        q: asyncio.Queue = asyncio.Queue()
+        q: asyncio.Queue[P.Event] = asyncio.Queue()
         with self._lock:
             self._routes[rid] = (asyncio.get_running_loop(), q)
         return rid, q

@@ -125,8 +125,8 @@ class Service:
         self.created = int(time.time())  # the model's "created" in /v1/models
         self._seen: dict[str, float] = {}
         self._inflight: dict[str, int] = {}
-        self._tasks: set[asyncio.Task] = set()
-        self._reaper: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._reaper: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._serving = threading.Event()
 
@@ -272,7 +272,7 @@ class Service:
         return job
 
     async def _admit(self, caller: str, receive: Receive, model: str, *,
-                     reserve: int) -> tuple[float, asyncio.Future, Slot]:
+                     reserve: int) -> tuple[float, asyncio.Future[None], Slot]:
         """The rate limit, the model (loaded if needed, waiting for its one load) and a slot (waiting
         in the queue); returns the start time, a future that completes when the client disconnects,
         and the model in use (released by the caller). A client that goes away while waiting leaves.
@@ -292,7 +292,8 @@ class Service:
             self.limiter.settle(caller, reserve, 0)  # refused or gone before it started: all of it back
             raise
 
-    async def _take_slot(self, caller: str, receive: Receive, model_id: str) -> tuple[float, asyncio.Future, Slot]:
+    async def _take_slot(self, caller: str, receive: Receive,
+                         model_id: str) -> tuple[float, asyncio.Future[None], Slot]:
         self._seen[caller] = time.monotonic()
         t0 = time.perf_counter()
         gone = asyncio.ensure_future(_until_disconnect(receive))
@@ -328,7 +329,8 @@ class Service:
             except KnownError as e:
                 raise ApiError(503, str(e), code="engine_unavailable", retry_after=5, reason="engine_crash") from None
             got = asyncio.ensure_future(q.get())
-            await asyncio.wait({got, gone}, return_when=asyncio.FIRST_COMPLETED)
+            either: set[asyncio.Future[Any]] = {got, gone}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             if not got.done():
                 got.cancel()
                 outcome = "disconnected"
@@ -452,12 +454,13 @@ def model_facts(router: Router, slot: Slot) -> dict[str, Any]:
     return facts
 
 
-async def _unless_gone(gone: asyncio.Future, coro: Awaitable[T], undo: Callable[[T], Any]) -> T:
+async def _unless_gone(gone: asyncio.Future[None], coro: Awaitable[T], undo: Callable[[T], Any]) -> T:
     """`coro`'s result, unless the client leaves first: then ClientGone (and `undo` of a result that
     arrived at the same moment). Its errors are raised as they are."""
     task = asyncio.ensure_future(coro)
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        either: set[asyncio.Future[Any]] = {task, gone}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     finally:
         if not task.done():
             task.cancel()
@@ -503,8 +506,8 @@ class Job:
     released, the caller charged and the metrics recorded exactly once, after the engine confirms.
     """
 
-    def __init__(self, svc: Service, *, rid: str, queue: asyncio.Queue, caller: str, spec: GenSpec,
-                 t0: float, gone: asyncio.Future, slot: Slot, reserved: int = 0) -> None:
+    def __init__(self, svc: Service, *, rid: str, queue: asyncio.Queue[P.Event], caller: str, spec: GenSpec,
+                 t0: float, gone: asyncio.Future[None], slot: Slot, reserved: int = 0) -> None:
         self.svc, self.rid, self.caller, self.spec, self.t0 = svc, rid, caller, spec, t0
         self.reserved = reserved  # rate-limit tokens taken at admission, settled when it ends
         self.slot = slot
@@ -658,7 +661,7 @@ class Job:
             self.svc.router.release(self.slot)
             self.svc.limiter.settle(self.caller, self.reserved, 0)
 
-    def _on_gone(self, fut: asyncio.Future) -> None:
+    def _on_gone(self, fut: asyncio.Future[None]) -> None:
         if fut.cancelled() or self._ended:
             return
         self.disconnected = True
