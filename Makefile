@@ -40,11 +40,13 @@ run:
 chat: $(VENV)/.run
 	$(VENV)/bin/ggufdesk chat
 
-# Static checks first (seconds with their caches): layer contracts, ruff, mypy (see pyproject.toml).
+# Static checks first (seconds with their caches): layer contracts, ruff, mypy (see pyproject.toml),
+# complexity (radon's, through xenon: no function above 20).
 test: $(VENV)/.dev
 	QT_QPA_PLATFORM=offscreen $(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check app tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/xenon --max-absolute C app/ggufdesk
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest
 
 bench: $(VENV)/.dev
