@@ -102,6 +102,14 @@ def test_progress_bar_counts_with_an_eta_and_cancel_keeps_what_was_done(qtbot, w
             chip.cancel_btn.click()
 
     monkeypatch.setattr(chip, "show_progress", show)
+    real_one = I.Indexer._one
+
+    def one(self, item, row):  # after ten files the indexer waits for the window's cancel (on a
+        if self.report.added >= 10:  # loaded machine it once finished all 40 before the click)
+            self.cancel.wait(60)
+        return real_one(self, item, row)
+
+    monkeypatch.setattr(I.Indexer, "_one", one)
     monkeypatch.setattr(window.docs, "_last_progress", 0.0)
     monkeypatch.setattr("ggufdesk.ui.docs_attach.time.monotonic", iter(range(0, 100000, 1)).__next__)
     with qtbot.waitSignal(window.docs.indexing_done, timeout=30000) as done:
