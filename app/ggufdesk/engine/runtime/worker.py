@@ -775,16 +775,6 @@ class Engine:
         msgs, keys = flatten(req.messages or [], self.projector.marker)
         return msgs, decode_images(keys, req.images)
 
-    def _media_count(self, messages: Messages, pics: dict[str, Pixels], tools: list[dict[str, Any]] | None,
-                     switches: dict[str, Any] | None) -> int:
-        """Prompt tokens of messages with images: the text's, plus what each image takes."""
-        from ggufdesk.engine.runtime.vision import images_of
-
-        proj = _need(self.projector, "the model reads no images")
-        text = self._chat_text(messages, tools, switches).replace(proj.marker, "")
-        n = len(self._text_tokens(text))
-        return n + sum(proj.count_image(pics[k].width, pics[k].height) for k in images_of(messages))
-
     def _media_tokens(self, messages: Messages, pics: dict[str, Pixels], tools: list[dict[str, Any]] | None,
                       switches: dict[str, Any] | None) -> list[int]:
         from ggufdesk.engine.runtime.vision import images_of, vision_refusal
