@@ -211,4 +211,3 @@ def test_a_shutdown_before_the_queued_start_spawns_nothing(monkeypatch):
     gate.set()
     c._supervisor.join(30)
     assert not c._supervisor.is_alive() and spawned == []
-    assert c.state == "stopped"  # (not "starting": the queued start announced nothing)

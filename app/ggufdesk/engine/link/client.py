@@ -222,8 +222,6 @@ class EngineClient:
             self._set_state("failed", why)
 
     def _spawn(self, *, restarted: bool, reload: P.Load | None = None) -> bool:
-        if self._closing:  # a start queued before a shutdown: nothing to announce or spawn
-            return False
         self._accepting.clear()
         self._set_state("starting", self.reason if restarted else "", restarted=restarted)
         env = dict(os.environ if self.env is None else self.env)
