@@ -154,10 +154,34 @@ def test_without_auto_restart_a_dead_engine_refuses_plainly(tmp_path):
 
 def test_an_engine_that_never_starts_is_reported(tmp_path):
     c = EngineClient(command=[sys.executable, "-c", "import sys; print('boom', file=sys.stderr)"])
-    with pytest.raises(KnownError, match=r"did not start \(exit code 0\): boom"):
-        c.start(timeout=120)
-    assert c.state == "failed"
-    c.shutdown()
+    try:
+        with pytest.raises(KnownError, match=r"did not start \(exit code 0\): boom"):
+            c.start(timeout=120)
+        assert c.state == "failed"
+    finally:
+        c.shutdown()
+
+
+def test_the_start_failure_waits_for_the_engines_last_words(monkeypatch):
+    """A loaded machine: the exit is seen before the stderr reader ran; the message still says why."""
+    import threading
+
+    from ggufdesk.engine.link import client as client_module
+
+    real = client_module.EngineClient._read_stderr
+    go = threading.Event()
+
+    def late_reader(self, popen):
+        go.wait(2.0)  # descheduled past the moment the supervisor sees the exit
+        real(self, popen)
+
+    monkeypatch.setattr(client_module.EngineClient, "_read_stderr", late_reader)
+    c = EngineClient(command=[sys.executable, "-c", "import sys; print('boom', file=sys.stderr)"])
+    try:
+        with pytest.raises(KnownError, match=r"did not start \(exit code 0\): boom"):
+            c.start(timeout=120)
+    finally:
+        c.shutdown()
 
 
 def test_a_shutdown_during_the_engines_spawn_leaves_no_engine_running(monkeypatch):
@@ -211,3 +235,4 @@ def test_a_shutdown_before_the_queued_start_spawns_nothing(monkeypatch):
     gate.set()
     c._supervisor.join(30)
     assert not c._supervisor.is_alive() and spawned == []
+    assert c.state == "stopped"  # (not "starting": the queued start announced nothing)

@@ -32,7 +32,9 @@ def test_chat_stream_gives_the_same_greedy_text_and_usage_at_the_end(client):
     chunks = list(client.chat.completions.create(model=MODEL, messages=USER, max_completion_tokens=8, stream=True,
                                                  stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == plain.choices[0].message.content
+    # (the prompt sizes beside the texts: a loaded full run once saw the texts differ from the 2nd token
+    # and it was never reproduced alone; if it comes back, this says whether the prompts differed)
+    assert (text, chunks[-1].usage.prompt_tokens) == (plain.choices[0].message.content, plain.usage.prompt_tokens)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8

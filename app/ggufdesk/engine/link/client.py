@@ -64,6 +64,7 @@ class _Proc:
     last_seen: float  # monotonic time of its last event line
     kill_reason: str = ""  # set when the client killed it (hang, a cancel that did not land)
     ping_out: float = 0.0  # when the unanswered Ping was sent (0: none out)
+    stderr: threading.Thread | None = None  # its stderr reader: joined before its last words are read
 
 
 _Job = Literal["start", "exited", "close", "watch"]  # "watch": no job came, the watchdog runs
@@ -222,6 +223,8 @@ class EngineClient:
             self._set_state("failed", why)
 
     def _spawn(self, *, restarted: bool, reload: P.Load | None = None) -> bool:
+        if self._closing:  # a start queued before a shutdown: nothing to announce or spawn
+            return False
         self._accepting.clear()
         self._set_state("starting", self.reason if restarted else "", restarted=restarted)
         env = dict(os.environ if self.env is None else self.env)
@@ -233,28 +236,22 @@ class EngineClient:
         # shutdown that came while a start was queued returned at once and the engine it spawned
         # afterwards lived on beside the next one (the router's storm saw three engines, max two).
         with self._cond:
-            if self._closing:
-                return False
-            try:
-                # Its own session: a signal for the terminal's job (Ctrl-C, SIGTERM to the group, a
-                # closed terminal) reaches this process, which stops the engine politely, instead of
-                # killing the engine first, which looked like a crash and was restarted during a
-                # normal shutdown. The engine never outlives this process (engine/link/lifeline.py).
-                popen = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, env=env, bufsize=0,
-                                         start_new_session=os.name == "posix")
-            except OSError as e:
-                failed = f"the engine could not be started: {e}"
-            else:
-                failed = ""
+            closing = self._closing
+            popen, failed = (None, "") if closing else self._popen(env)
+            if popen is not None:
                 self._gen += 1
                 self.ready = None
                 proc = self._proc = _Proc(popen=popen, gen=self._gen, last_seen=time.monotonic())
-        if failed:
+        if closing:  # shut down since the check above: its "stopped" stands, not our "starting"
+            self._set_state("stopped", "")
+            return False
+        if popen is None:
             self._set_state("failed", failed)
             return False
+        stderr = proc.stderr = threading.Thread(target=self._read_stderr, args=(popen,), daemon=True,
+                                                name="engine-stderr")
+        stderr.start()
         threading.Thread(target=self._read_events, args=(proc,), daemon=True, name="engine-events").start()
-        threading.Thread(target=self._read_stderr, args=(popen,), daemon=True, name="engine-stderr").start()
         with self._cond:
             ok = self._cond.wait_for(lambda: self.ready is not None or popen.poll() is not None
                                      or self._closing, START_TIMEOUT_S)
@@ -267,8 +264,13 @@ class EngineClient:
                 popen.wait()
                 return False
             why = describe_exit(popen.poll()) if ok else f"no answer in {START_TIMEOUT_S:.0f} s"
-            tail = " / ".join(list(self.stderr_tail)[-3:])
             popen.kill()
+            popen.wait()
+            # Its last words, read to the end of the pipe first: on a loaded machine the stderr reader
+            # may not have been scheduled yet when the exit was seen (the message lost its "boom").
+            # A bounded wait: a grandchild holding the pipe open must not hold the supervisor.
+            stderr.join(timeout=5.0)
+            tail = " / ".join(list(self.stderr_tail)[-3:])
             self._set_state("failed", f"the engine did not start ({why}){': ' + tail if tail else ''}")
             return False
         if reload is not None:
@@ -281,6 +283,19 @@ class EngineClient:
             self._set_state("ready", self.reason, restarted=restarted)
         self._accepting.set()
         return True
+
+    def _popen(self, env: dict[str, str]) -> tuple[subprocess.Popen[bytes] | None, str]:
+        """The engine process, or None and why it could not be started."""
+        try:
+            # Its own session: a signal for the terminal's job (Ctrl-C, SIGTERM to the group, a
+            # closed terminal) reaches this process, which stops the engine politely, instead of
+            # killing the engine first, which looked like a crash and was restarted during a
+            # normal shutdown. The engine never outlives this process (engine/link/lifeline.py).
+            return subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, env=env, bufsize=0,
+                                    start_new_session=os.name == "posix"), ""
+        except OSError as e:
+            return None, f"the engine could not be started: {e}"
 
     def _read_stderr(self, popen: subprocess.Popen[bytes]) -> None:
         assert popen.stderr is not None
@@ -317,7 +332,8 @@ class EngineClient:
         finally:
             try:
                 proc.popen.wait()
-                time.sleep(0.05)  # let the stderr reader catch the last words
+                if proc.stderr is not None:  # its last words are read before its exit is reported
+                    proc.stderr.join(timeout=5.0)  # (bounded: a grandchild may hold the pipe open)
                 with self._cond:
                     self._cond.notify_all()  # a start waiting for Ready learns that it never comes
             finally:
