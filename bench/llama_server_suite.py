@@ -195,9 +195,9 @@ def main() -> int:
             r = outcomes[name][kind]
             print(f"  {name:22s} {kind:12s} {sum(o == 'passed' for o, _ in r.values()):4d} passed of {len(r)}",
                   file=sys.stderr, flush=True)
+            if a.json:  # after every file: a run stopped part way keeps what it measured (--merge reads it)
+                Path(a.json).write_text(json.dumps(outcomes, indent=1))
     report(outcomes, list(kinds))
-    if a.json:
-        Path(a.json).write_text(json.dumps(outcomes, indent=1))
     return 0
 
 

@@ -28,12 +28,18 @@ def test_chat_completion_with_usage(client):
 
 
 def test_chat_stream_gives_the_same_greedy_text_and_usage_at_the_end(client):
+    # This random-weight model's greedy text sits on a near-tie: any change in the arithmetic flips its 2nd
+    # token (llama-cpp-python alone answers '\ufffd5a_ under@ x\ufffd' with flash attention off and our
+    # answer, '\ufffd here\ufffd this@...', with it on). A loaded full run once gave the first request here
+    # the other answer: its prompt was read into a KV cache that earlier tests of this package had
+    # left in some state (which cells, in which order), never reproduced alone. The second request and
+    # the stream both find the first one's prompt cached and read only its last token, so they compare
+    # like with like.
+    client.chat.completions.create(model=MODEL, messages=USER, max_tokens=8)
     plain = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=8)
     chunks = list(client.chat.completions.create(model=MODEL, messages=USER, max_completion_tokens=8, stream=True,
                                                  stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    # (the prompt sizes beside the texts: a loaded full run once saw the texts differ from the 2nd token
-    # and it was never reproduced alone; if it comes back, this says whether the prompts differed)
     assert (text, chunks[-1].usage.prompt_tokens) == (plain.choices[0].message.content, plain.usage.prompt_tokens)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -42,6 +48,7 @@ def test_chat_stream_gives_the_same_greedy_text_and_usage_at_the_end(client):
 
 
 def test_completions_plain_and_streamed(client):
+    client.completions.create(model=MODEL, prompt="the cat", max_tokens=6)  # (cached first: see above)
     plain = client.completions.create(model=MODEL, prompt="the cat", max_tokens=6)
     assert plain.object == "text_completion" and plain.choices[0].finish_reason == "length"
     assert plain.usage.completion_tokens == 6
