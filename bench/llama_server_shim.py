@@ -27,8 +27,9 @@ VALUED = {
 IGNORED_VALUED = {"--reasoning-format", "--reasoning"}
 # switches that are ggufdesk's behaviour anyway (Jinja templates, a unified KV cache, embeddings on, no web UI)
 IGNORED = {"--no-slots", "--jinja", "--no-jinja", "--cont-batching", "--embedding", "--embeddings", "--kv-unified",
-           "--offline", "--verbose", "--no-ui", "--no-webui"}
-SWITCHES = {"--metrics": "--metrics", "--slots": "--slots", "--context-shift": "--context-shift"}
+           "--offline", "--verbose", "--no-ui", "--no-webui",
+           "--metrics"}  # (ggufdesk serves /metrics unless --no-metrics: llama-server's is off unless --metrics)
+SWITCHES = {"--slots": "--slots", "--context-shift": "--context-shift"}
 
 
 def translate(argv: list[str], offered: set[str]) -> list[str]:
