@@ -91,3 +91,19 @@ def test_budget_applies_to_later_renders_too(short_budget):
     t = ChatTemplate(tmpl, bos="", eos="")
     with pytest.raises(KnownError, match="budget"):
         t.render([{"role": "user", "content": "x"}] * 6)
+
+
+def test_templates_that_read_todays_date_from_a_variable_get_it(monkeypatch):
+    """Llama 3.x's template reads `date_string` (without it: "26 Jul 2024"), Firefunction v2's `datetime`;
+    llama.cpp's server passes both, so a model's idea of today does not depend on which server runs it."""
+    from datetime import datetime
+
+    from ggufdesk.engine.runtime import chat
+
+    monkeypatch.setattr(chat, "_now", lambda: datetime(2026, 12, 2, 9, 30))
+    llama33 = ("{%- if not date_string is defined %}{%- set date_string = '26 Jul 2024' %}{%- endif %}"
+               "Today Date: {{ date_string }}|{% for m in messages %}{{ m.content }}{% endfor %}")
+    firefunction = "{{ datetime }}|{% for m in messages %}{{ m.content }}{% endfor %}|{{ strftime_now('%Y') }}"
+    msgs = [{"role": "user", "content": "What is today?"}]
+    assert ChatTemplate(llama33, bos="", eos="").render(msgs) == "Today Date: 02 Dec 2026|What is today?"
+    assert ChatTemplate(firefunction, bos="", eos="").render(msgs) == "Dec 02 2026 09:30:00 GMT|What is today?|2026"

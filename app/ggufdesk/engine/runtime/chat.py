@@ -58,8 +58,20 @@ def _raise_exception(message: str) -> None:
     raise TemplateRaised(message)
 
 
+def _now() -> datetime:
+    return datetime.now()  # (local time, as llama.cpp's templates get it; tests replace this)
+
+
 def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
+    return _now().strftime(fmt)
+
+
+def _dates() -> dict[str, str]:
+    """Today for templates that take it as a variable rather than calling strftime_now, in the forms
+    llama.cpp's server passes (common/chat.cpp): Llama 3.x reads `date_string` (else it says "26 Jul
+    2024"), Firefunction v2 `datetime`."""
+    now = _now()
+    return {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y %H:%M:%S GMT")}
 
 
 class ChatTemplate:
@@ -130,7 +142,7 @@ class ChatTemplate:
     def _render(self, messages: list[dict[str, str]], *, seconds: float, **extra: Any) -> str:
         kwargs = dict(messages=messages, eos_token=self.eos, bos_token=self.bos, add_generation_prompt=True,
                       raise_exception=_raise_exception, strftime_now=_strftime_now, tools=None,
-                      functions=None, function_call=None, tool_choice=None)
+                      functions=None, function_call=None, tool_choice=None, **_dates())
         kwargs.update(extra)
         try:
             return render_with_deadline(lambda: self._template.render(**kwargs), seconds)
