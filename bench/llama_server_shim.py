@@ -21,10 +21,10 @@ VALUED = {
     "--n-predict": "--max-tokens", "--threads": "--threads", "-t": "--threads", "--n-gpu-layers": "--gpu-layers",
     "-ngl": "--gpu-layers", "--api-key": "--api-key", "-fa": "--flash-attn", "--chat-template": "--chat-template",
     "--chat-template-file": "--chat-template-file", "--cors-origins": "--cors-origin", "-ctk": "--kv-type",
-    "--tags": "--tags",
+    "--tags": "--tags", "--reasoning": "--think",  # (on, off, auto: the same words)
 }
 # flags whose value changes nothing ggufdesk could honour differently (output format of reasoning: later)
-IGNORED_VALUED = {"--reasoning-format", "--reasoning"}
+IGNORED_VALUED = {"--reasoning-format"}
 # switches that are ggufdesk's behaviour anyway (Jinja templates, a unified KV cache, embeddings on, no web UI)
 IGNORED = {"--no-slots", "--jinja", "--no-jinja", "--cont-batching", "--embedding", "--embeddings", "--kv-unified",
            "--offline", "--verbose", "--no-ui", "--no-webui",

@@ -70,8 +70,8 @@ def _dates() -> dict[str, str]:
     """Today for templates that take it as a variable rather than calling strftime_now, in the forms
     llama.cpp's server passes (common/chat.cpp): Llama 3.x reads `date_string` (else it says "26 Jul
     2024"), Firefunction v2 `datetime`."""
-    now = _now()
-    return {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y %H:%M:%S GMT")}
+    now = _now().astimezone()  # (llama.cpp writes local time and calls it GMT; this names the zone)
+    return {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y %H:%M:%S %Z")}
 
 
 class ChatTemplate:
