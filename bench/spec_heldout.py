@@ -79,6 +79,11 @@ HELDOUT: list[Workload] = [
     # ---- lists that count on (copy-heavy): full-width digits
     Workload("list-ja", "rice",
              f"ご飯の炊き方：\n{_numbered_ja(STEPS_JA)}\n\nもう一度、同じ手順を書いてください：\n１．"),
+    # ---- lists that count on past the prompt (added 2026-12-02 for the `counts` hint, before any run of it:
+    # the numbers to write are not in the prompt, so only counting on can draft them)
+    Workload("count-de", "monate", "Die Monate des Jahres, nummeriert:\n1. Januar\n2. Februar\n3. März\n4."),
+    Workload("count-fr", "etapes", "Les étapes pour planter un arbre :\n1) Choisir l'emplacement.\n2) Creuser un "
+             "trou deux fois plus large que la motte.\n3)"),
     # ---- editing structured text (copy-heavy)
     Workload("edit-en", "table", f"{MD_TABLE}\nAdd a row for Aarhus, Denmark, 285,000 after Ghent and return the whole "
              "table.\n\n| City | Country | Population |\n"),
