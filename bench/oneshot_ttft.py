@@ -50,7 +50,8 @@ def main() -> int:
     ap.add_argument("--json", help="write every run here")
     a = ap.parse_args()
     first = next(iter(PROMPTS.values()))
-    one(a.model, first, False, a), one(a.model, first, True, a)  # warm-up: caches, the cost table on disk
+    for lookup in (False, True):  # warm-up, not counted: the OS's file cache, the cost table on disk
+        one(a.model, first, lookup, a)
     runs: dict[str, dict[str, list[dict[str, float]]]] = {n: {"plain": [], "lookup": []} for n in PROMPTS}
     for r in range(a.rounds):
         for name, prompt in PROMPTS.items():

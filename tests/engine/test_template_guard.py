@@ -106,5 +106,5 @@ def test_templates_that_read_todays_date_from_a_variable_get_it(monkeypatch):
     firefunction = "{{ datetime }}|{% for m in messages %}{{ m.content }}{% endfor %}|{{ strftime_now('%Y') }}"
     msgs = [{"role": "user", "content": "What is today?"}]
     assert ChatTemplate(llama33, bos="", eos="").render(msgs) == "Today Date: 02 Dec 2026|What is today?"
-    assert ChatTemplate(firefunction, bos="", eos="").render(msgs).startswith("Dec 02 2026 09:30:00 ")
-    assert ChatTemplate(firefunction, bos="", eos="").render(msgs).endswith("|What is today?|2026")
+    fire = ChatTemplate(firefunction, bos="", eos="").render(msgs)
+    assert fire.startswith("Dec 02 2026 09:30:00 ") and fire.endswith("|What is today?|2026")
