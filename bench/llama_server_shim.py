@@ -27,9 +27,9 @@ VALUED = {
 IGNORED_VALUED = {"--reasoning-format"}
 # switches that are ggufdesk's behaviour anyway (Jinja templates, a unified KV cache, embeddings on, no web UI)
 IGNORED = {"--no-slots", "--jinja", "--no-jinja", "--cont-batching", "--embedding", "--embeddings", "--kv-unified",
-           "--offline", "--verbose", "--no-ui", "--no-webui",
+           "--offline", "--no-ui", "--no-webui",
            "--metrics"}  # (ggufdesk serves /metrics unless --no-metrics: llama-server's is off unless --metrics)
-SWITCHES = {"--slots": "--slots", "--context-shift": "--context-shift"}
+SWITCHES = {"--slots": "--slots", "--context-shift": "--context-shift", "--verbose": "--verbose"}
 
 
 def translate(argv: list[str], offered: set[str]) -> list[str]:

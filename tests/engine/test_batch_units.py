@@ -132,3 +132,17 @@ def test_the_batch_size_bounds_the_chunk():
         r.status = SequenceStatus.DECODING
     plan = sched.plan()
     assert len(plan.decode) == 3 and plan.chunk == 1
+
+
+def test_cache_prompt_false_reuses_no_cached_prefix():
+    """llama-server's `cache_prompt: false`: the prompt is read whole, the cached prefix stays for others."""
+    mem = FakeMemory()
+    slots = Slots(2, 100, mem)
+    a, _ = slots.acquire([1, 2, 3, 4])
+    slots.extend(a, [1, 2, 3, 4])
+    slots.release(a)
+    b, reused = slots.acquire([1, 2, 3, 4, 5], reuse=False)
+    assert reused == 0 and b is not a and not any(c[0] == "cp" for c in mem.calls)
+    slots.release(b)
+    c, reused = slots.acquire([1, 2, 3, 4, 5])
+    assert reused == 4  # a's prefix was kept for the next request that may reuse it

@@ -65,3 +65,16 @@ def test_a_chat_answer_has_no_whitespace_at_its_ends():
 def test_a_continued_text_keeps_its_spaces():
     s = TextStream()
     assert "".join(feed(s, [b" there", b" was "])) == " there was "
+
+
+def test_a_chat_answers_logprob_tokens_join_into_its_text():
+    """The answer drops its leading space (" under" -> "under"): its first tokens' logprob entries do too,
+    so that their tokens joined are the answer, as OpenAI's are; the rest are untouched."""
+    from ggufdesk.engine.batching.update import lead_trimmed
+
+    lps = [{"token": "\n", "logprob": -1.0}, {"token": " under", "logprob": -0.5, "top": [{"token": " under"}]},
+           {"token": " into", "logprob": -0.1}]
+    out = lead_trimmed(lps)
+    assert [e["token"] for e in out] == ["", "under", " into"] and out[1]["top"] == lps[1]["top"]
+    assert lps[1]["token"] == " under"  # (a copy: the engine's own entries are not changed)
+    assert lead_trimmed([{"token": " "}]) == [{"token": ""}] and lead_trimmed([]) == []

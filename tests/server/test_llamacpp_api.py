@@ -117,7 +117,14 @@ def test_extensions_we_cannot_honour_are_refused_never_dropped(served, field, va
 
 
 @pytest.mark.parametrize("path,body", [
-    ("/completion", {"prompt": 5}), ("/completion", {"prompt": [[1, "a"]]}), ("/completion", {"prompt": []}),
+    ("/completion", {"prompt": 5}), ("/completion", {"prompt": [[1, ["a"]]]}), ("/completion", {"prompt": []}),
+    ("/completion", {"prompt": [[True]]}), ("/completion", {"prompt": {"text": "x"}}),
+    ("/completion", {"prompt": [{"prompt_string": 5}]}), ("/completion", {"prompt": [1, {"prompt_string": "x"}]}),
+    ("/completion", {"prompt": [1] + ["a"] * 300}), ("/completion", {"prompt": "x", "logit_bias": {"1": None}}),
+    ("/completion", {"prompt": "x", "logit_bias": [["a", True]]}), ("/completion", {"prompt": "x", "logit_bias":
+                                                                                 [[1.5, 1]]}),
+    ("/completion", {"prompt": "x", "logit_bias": [["x" * 5000, -1]]}),
+    ("/completion", {"prompt": "x", "logit_bias": {str(i): 1 for i in range(70_000)}}),
     ("/completion", {"prompt": "x", "n_probs": 500}), ("/completion", {"prompt": "x", "logit_bias": {"1": "x"}}),
     ("/completion", {"prompt": "x", "logit_bias": [[1, 2, 3]]}), ("/completion", {"prompt": [10**9]}),
     ("/completion", {"prompt": [[1]] * 100_000}), ("/tokenize", {"content": 5}), ("/detokenize", {"tokens": "x"}),
@@ -131,3 +138,89 @@ def test_hostile_bodies_are_400_in_llama_servers_shape(served, path, body):
     err = r.json()["error"]
     assert err["code"] == r.status_code and err["type"] and err["message"]
     assert httpx.get(served.url + "/health").status_code == 200
+
+
+def test_prompts_of_token_ids_with_text_among_them_and_prompt_objects(served):
+    """llama-server's prompt forms: ids, [ids, "text", ids], {"prompt_string": ...}, lists of those; the
+    answer's `prompt` is the prompt as the model read it, its BOS as text."""
+    text = "the cat"
+    ids = post(served, "/tokenize", {"content": text, "add_special": True}).json()["tokens"]
+    bos = post(served, "/tokenize", {"content": "", "add_special": True, "with_pieces": True}).json()["tokens"]
+    by_text = post(served, "/completion", {"prompt": text, "n_predict": 4}).json()
+    assert by_text["prompt"] == bos[0]["piece"] + post(served, "/detokenize", {"tokens": ids[1:]}).json()["content"]
+    for prompt in (ids, {"prompt_string": text}, [text], {"prompt_string": [text]}):
+        assert post(served, "/completion", {"prompt": prompt, "n_predict": 4}).json()["content"] == by_text["content"]
+    several = post(served, "/completion", {"prompt": [ids, text, {"prompt_string": text}], "n_predict": 4}).json()
+    assert [x["content"] for x in several] == [by_text["content"]] * 3
+    # text among ids is read without a BOS of its own (only a first text gets one)
+    mixed = post(served, "/completion", {"prompt": [ids[0], *ids[1:2], text, 5], "n_predict": 2,
+                                         "return_tokens": True}).json()
+    tail = post(served, "/tokenize", {"content": text}).json()["tokens"]
+    assert mixed["tokens_evaluated"] == 2 + len(tail) + 1
+    refused = post(served, "/completion", {"prompt": {"prompt_string": "x", "multimodal_data": ["aGk="]}})
+    assert refused.status_code == 400 and "multimodal_data" in refused.json()["error"]["message"]
+
+
+def test_logit_bias_text_keys_and_the_bias_applied_in_the_answer(served):
+    """A text key biases each of its tokens (llama.cpp's rule); generation_settings.logit_bias lists what
+    the sampler applied: text keys as their tokens, ignore_eos's end tokens as null (never)."""
+    first = post(served, "/completion", {"prompt": "the cat", "n_predict": 6, "return_tokens": True}).json()
+    words = post(served, "/detokenize", {"tokens": first["tokens"][:2]}).json()["content"]
+    toks = post(served, "/tokenize", {"content": words}).json()["tokens"]
+    for bias in ([[words, False]], {words: False}):
+        r = post(served, "/completion", {"prompt": "the cat", "n_predict": 6, "return_tokens": True,
+                                         "logit_bias": bias}).json()
+        assert not set(toks) & set(r["tokens"])
+        assert sorted(e["token"] for e in r["generation_settings"]["logit_bias"]) == sorted(set(toks))
+        assert all(e["bias"] is None for e in r["generation_settings"]["logit_bias"])
+    # a key that is a whole number is a token id (in a map); in a list a string is always text
+    by_id = post(served, "/completion", {"prompt": "x", "n_predict": 1, "logit_bias": {str(toks[0]): -3}}).json()
+    assert by_id["generation_settings"]["logit_bias"] == [{"token": toks[0], "bias": -3.0}]
+    eos = post(served, "/completion", {"prompt": "x", "n_predict": 2, "ignore_eos": True}).json()
+    assert eos["generation_settings"]["logit_bias"] and all(
+        e["bias"] is None for e in eos["generation_settings"]["logit_bias"])
+    plain = post(served, "/completion", {"prompt": "x", "n_predict": 2}).json()
+    assert plain["generation_settings"]["logit_bias"] == []
+
+
+def test_verbose_answer_is_the_native_one_with_the_prompt_as_read(served):
+    r = post(served, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                                              "verbose": True}).json()
+    v = r["__verbose"]
+    bos = post(served, "/tokenize", {"content": "", "add_special": True, "with_pieces": True}).json()["tokens"][0]
+    assert v["prompt"].startswith(bos["piece"]) and v["prompt"].endswith("Assistant:")
+    assert v["content"] == r["choices"][0]["message"]["content"] and v["tokens_predicted"] == 3
+    assert v["generation_settings"]["n_predict"] == 3 and "timings" in v
+    c = post(served, "/v1/completions", {"model": "x", "prompt": "the", "max_tokens": 2, "verbose": True}).json()
+    assert c["__verbose"]["prompt"].startswith(bos["piece"]) and c["__verbose"]["content"] == c["choices"][0]["text"]
+    assert "__verbose" not in post(served, "/v1/completions", {"model": "x", "prompt": "the", "max_tokens": 2}).json()
+
+
+def progress_of(served, body: dict) -> list[dict]:
+    with httpx.stream("POST", served.url + "/chat/completions", timeout=120, json={
+            **body, "max_tokens": 2, "stream": True, "return_progress": True}) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    return [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
+
+
+def test_progress_starts_at_the_cached_part_and_cache_prompt_false_reads_it_all(served):
+    """llama-server's first report says what the cache held (processed == cache) before any batch is read;
+    `cache_prompt: false` reuses no cached prefix."""
+    body = {"messages": [{"role": "user", "content": "a prompt for progress " * 6}]}
+    cold = progress_of(served, body)
+    assert cold[0]["processed"] == cold[0]["cache"] and cold[-1]["processed"] == cold[-1]["total"]
+    warm = progress_of(served, body)
+    assert warm[0]["cache"] == warm[0]["processed"] == warm[0]["total"] - 1 and len(warm) == 2
+    fresh = progress_of(served, {**body, "cache_prompt": False})
+    assert fresh[0]["cache"] == 0 and fresh[-1]["processed"] == fresh[-1]["total"] == cold[-1]["total"]
+
+
+def test_chat_logprob_tokens_join_into_the_answer(served):
+    """The answer drops the leading space of its first token (" the" -> "the"): so does that token's
+    logprob entry, so that the tokens joined are the answer, as OpenAI's are (a grammar makes the model
+    start with a space)."""
+    r = post(served, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                                              "logprobs": True, "top_logprobs": 2, "grammar": 'root ::= " the cat"'})
+    choice = r.json()["choices"][0]
+    tokens = [t["token"] for t in choice["logprobs"]["content"]]
+    assert choice["message"]["content"] == "the cat" == "".join(tokens) and len(tokens) > 1

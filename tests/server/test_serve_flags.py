@@ -1,4 +1,5 @@
-"""llama-server's serve flags ggufdesk takes: --alias, --tags, --chat-template(-file), --slots, --no-metrics, hosts."""
+"""llama-server's serve flags ggufdesk takes: --alias, --tags, --chat-template(-file), --slots, --no-metrics,
+--verbose, hosts."""
 from __future__ import annotations
 
 import socket
@@ -23,7 +24,7 @@ def flagged(tiny_model, tmp_path_factory):
     hosts = "127.0.0.1,::1" if ipv6_loopback() else "127.0.0.1"
     server = ServeProcess(tiny_model, "--ctx", "512", "--parallel", "2", "--temperature", "0", "--host", hosts,
                           "--alias", "zeta,alpha", "--tags", "chat,small", "--chat-template", "chatml", "--slots",
-                          "--no-metrics", home=tmp_path_factory.mktemp("flags-home"))
+                          "--no-metrics", "--verbose", home=tmp_path_factory.mktemp("flags-home"))
     yield server
     server.stop()
 
@@ -40,6 +41,15 @@ def test_aliases_name_the_model_and_tags_label_it(flagged):
 def test_the_chat_template_named_is_used(flagged):
     prompt = httpx.post(flagged.url + "/apply-template", json={"messages": [{"role": "user", "content": "hi"}]}).json()
     assert prompt["prompt"] == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_verbose_puts_the_native_answer_in_every_openai_answer(flagged):
+    """llama-server's --verbose: `__verbose` without the request asking, its prompt as the model read it
+    (BOS and template as text)."""
+    r = httpx.post(flagged.url + "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                           "max_tokens": 2}).json()
+    assert r["__verbose"]["prompt"] == "<s> <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert r["__verbose"]["content"] == r["choices"][0]["message"]["content"]
 
 
 def test_slots_on_metrics_off(flagged):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import logging
 import re
 import sys
 import signal
@@ -69,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-metrics", action="store_true", help="no /metrics endpoint (it answers 501)")
     p.add_argument("--metrics", action="store_true", help=argparse.SUPPRESS)  # llama-server's flag: on anyway
     p.add_argument("--slots", action="store_true", help="serve llama-server's /slots monitoring endpoint")
+    p.add_argument("--verbose", dest="verbose_answers", action="store_true",
+                   help="as llama-server's --verbose: every OpenAI answer carries `__verbose` (the prompt as the "
+                        "model read it, the native answer), and the log says what happens (as ggufdesk -v)")
     p.add_argument("--ollama-port", type=int, default=None,
                    help="also listen on this port (11434 for clients that hard-code Ollama's); off by default")
 
@@ -190,7 +194,7 @@ def build(args: argparse.Namespace) -> tuple[Service, ServerRunner]:
                           max_queue=args.queue, max_body=args.max_body, default_max_tokens=sampling.max_tokens,
                           sampling=sampling, request_timeout=args.request_timeout, cors_origins=origins,
                           read_timeout=args.read_timeout, max_connections=args.max_connections,
-                          metrics=not args.no_metrics, slots=args.slots,
+                          metrics=not args.no_metrics, slots=args.slots, verbose=args.verbose_answers,
                           tags=tuple(t.strip() for t in args.tags.split(",") if t.strip()),
                           max_image_body=max(args.max_image_body, args.max_body),
                           allow_remote_images=args.allow_remote_images)
@@ -219,6 +223,8 @@ def chat_template(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from ggufdesk.server.errors import ApiError
 
+    if args.verbose_answers:  # llama-server's --verbose logs too
+        logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
     service, runner = build(args)
     router = service.router
     url = runner.bind()

@@ -12,6 +12,7 @@ to anything but their neutral value, never silently dropped. Errors use llama-se
 """
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, AsyncIterator, Iterator
 
@@ -25,7 +26,7 @@ from ggufdesk.server import structured
 from ggufdesk.server.errors import ApiError, invalid, native_error, not_supported
 from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
 from ggufdesk.server.sampling import sampling_from
-from ggufdesk.server.schemas import ContextOverflow, LlamaFields, SamplingFields, Strict, stops, validate
+from ggufdesk.server.schemas import ContextOverflow, LlamaFields, LlamaRequest, Strict, stops, validate
 from ggufdesk.server.service import GenSpec, Job, Service, complete_all, engine_error
 
 # llama.cpp sampling options ggufdesk does not have, with the value that means "off"
@@ -34,7 +35,10 @@ NEUTRAL: dict[str, Any] = {"mirostat": 0, "typical_p": 1.0, "dry_multiplier": 0.
                            "post_sampling_probs": False, "min_keep": 0,
                            "presence_penalty": 0.0, "frequency_penalty": 0.0}
 MAX_PROMPTS = 64  # prompts in one /completion request (each is a request of its own)
+MAX_BIAS = 1 << 16  # logit_bias entries
+TOKEN_ID = re.compile(r"\s*[+-]?[0-9]+")  # a logit_bias key read as a token id (as strtol reads it)
 REFUSED = ("lora", "image_data", "multimodal_data", "samplers")
+MAX_TEXT_PIECES = 256  # texts among one prompt's token ids (each is tokenized by a round trip to the engine)
 
 
 def refuse_extensions(req: Any) -> None:
@@ -50,28 +54,48 @@ def refuse_extensions(req: Any) -> None:
 
 
 def bias_fields(req: Any) -> dict[str, Any]:
-    """Generate's logit_bias ({id: bias or None for never}) from OpenAI's {"id": bias} or llama.cpp's
-    [[id, bias or false]], and ignore_eos."""
+    """Generate's logit_bias ({id: bias or None for never}) and logit_bias_text ([[text, bias]]) from
+    OpenAI's {"id": bias} or llama.cpp's [[id or text, bias or false]] and {"text": bias}, and ignore_eos.
+    As in llama-server, a key that is a whole number is a token id, any other is a text whose tokens
+    all get the bias (the engine tokenizes it)."""
     out: dict[str, Any] = {"ignore_eos": True} if getattr(req, "ignore_eos", False) else {}
     raw = getattr(req, "logit_bias", None)
     if not raw:
         return out
     pairs = raw.items() if isinstance(raw, dict) else [tuple(p) for p in raw]
-    bias: dict[str, float | None] = {}
+    if len(pairs) > MAX_BIAS:
+        raise invalid(f"logit_bias: at most {MAX_BIAS} entries", param="logit_bias")
+    ids: dict[str, float | None] = {}
+    texts: list[list[Any]] = []
     for pair in pairs:
-        if len(pair) != 2 or (isinstance(pair[1], bool) and pair[1]):
-            raise invalid("logit_bias: give {\"token id\": bias} or [[token id, bias or false]]", param="logit_bias")
-        key, value = pair
-        bias[str(key)] = None if value is False else float(value)
-    if len(bias) > 1 << 16:
-        raise invalid("logit_bias: at most 65536 tokens", param="logit_bias")
-    return {**out, "logit_bias": bias}
+        key, value = _bias_pair(pair, by_name=isinstance(raw, dict))
+        if isinstance(key, int):
+            ids[str(key)] = value
+        else:
+            texts.append([key, value])
+    return {**out, **({"logit_bias": ids} if ids else {}), **({"logit_bias_text": texts} if texts else {})}
+
+
+def _bias_pair(pair: tuple[Any, ...], *, by_name: bool) -> tuple[int | str, float | None]:
+    """(token id or text, bias or None for never) of one logit_bias entry; a 400 for a malformed one."""
+    if len(pair) != 2 or isinstance(pair[0], (bool, float)) or not _is_bias(pair[1]):
+        raise invalid("logit_bias: give {\"token id or text\": bias} or [[token id or text, bias or false]] "
+                      "(bias: a number, or false for never)", param="logit_bias")
+    key, value = pair
+    if isinstance(key, str) and by_name and TOKEN_ID.fullmatch(key):
+        key = int(key)
+    return key, None if value is False else float(value)
+
+
+def _is_bias(value: Any) -> bool:
+    return value is False or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def extension_structured(req: LlamaFields, response_format: dict[str, Any] | None = None) -> dict[str, Any]:
     """Generate's structured fields from grammar, json_schema or response_format (with llama.cpp's
-    {"type": "json_object", "schema": ...} form); at most one of them; and the logit bias."""
-    return {**_constraint(req, response_format), **bias_fields(req)}
+    {"type": "json_object", "schema": ...} form); at most one of them; the logit bias; cache_prompt."""
+    return {**_constraint(req, response_format), **bias_fields(req),
+            **({} if req.cache_prompt else {"cache_prompt": False})}
 
 
 def _constraint(req: LlamaFields, response_format: dict[str, Any] | None) -> dict[str, Any]:
@@ -128,8 +152,9 @@ def probabilities(items: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
 # ---- /completion --------------------------------------------------------------------------------------
 
 
-class CompletionRequest(SamplingFields, LlamaFields):
-    prompt: str | list[int] | list[str | list[int]] = ""
+class CompletionRequest(LlamaRequest):
+    # text, token ids, text and ids mixed, {"prompt_string": ...}, or a list of those (prompts_of)
+    prompt: str | dict[str, Any] | list[Any] = ""
     temperature: float | int | None = Field(None, ge=0, le=5)
     repeat_last_n: int | None = Field(None, ge=-1)
     seed: int | None = None  # (a negative seed: a random one, as llama-server takes it)
@@ -138,20 +163,79 @@ class CompletionRequest(SamplingFields, LlamaFields):
     context_overflow: ContextOverflow = None  # ours, as on every API (docs/context.md)
 
 
-def prompts_of(prompt: str | list[Any]) -> list[str | list[int]]:
-    """One prompt (text or token ids), or several; a prompt mixing text and ids is refused."""
-    if isinstance(prompt, str):
-        return [prompt]
-    if prompt and all(isinstance(t, int) for t in prompt):
-        return [list(prompt)]
-    if not prompt:
+Prompt = str | list[int | str]  # one prompt: text, or token ids with text among them
+
+
+def prompts_of(prompt: str | dict[str, Any] | list[Any]) -> list[Prompt]:
+    """llama-server's prompt forms: text, token ids (text may stand among them: [12, "text", 34]),
+    {"prompt_string": either of those}, or a list of such prompts (a list with a number at its top is
+    one prompt). A 400 for anything else."""
+    if isinstance(prompt, list) and not any(_is_id(p) for p in prompt):
+        if not prompt:
+            raise invalid("prompt must not be empty", param="prompt")
+        if len(prompt) > MAX_PROMPTS:
+            raise invalid(f"at most {MAX_PROMPTS} prompts in one request, got {len(prompt)}", param="prompt")
+        return [_one_prompt(p) for p in prompt]
+    return [_one_prompt(prompt)]
+
+
+def _is_id(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _one_prompt(p: Any) -> Prompt:
+    if isinstance(p, dict):
+        if p.get("multimodal_data"):
+            raise not_supported("multimodal_data (this model reads text only)")
+        if "prompt_string" not in p:
+            raise invalid("a prompt object needs \"prompt_string\"", param="prompt")
+        p = p["prompt_string"]
+    if isinstance(p, str):
+        return p
+    if isinstance(p, list) and p and all(_is_id(x) or isinstance(x, str) for x in p):
+        return list(p)
+    raise invalid("each prompt must be a string, a list of token ids (text may stand among them) or "
+                  "{\"prompt_string\": ...}", param="prompt")
+
+
+async def prompt_input(svc: Service, model: str, p: Prompt) -> dict[str, Any]:
+    """GenSpec's prompt or prompt_tokens for one prompt: text among token ids is tokenized here (the
+    first piece with the model's BOS when it is text, as llama-server does)."""
+    if isinstance(p, str):
+        return {"prompt": p}
+    if sum(isinstance(x, str) for x in p) > MAX_TEXT_PIECES:
+        raise invalid(f"at most {MAX_TEXT_PIECES} texts among a prompt's token ids", param="prompt")
+    tokens: list[int] = []
+    for i, x in enumerate(p):
+        if isinstance(x, str):
+            tokens += (await svc.tokenize(model, text=x, add_special=i == 0, parse_special=True)).tokens
+        else:
+            tokens.append(x)
+    if not tokens:
         raise invalid("prompt must not be empty", param="prompt")
-    if len(prompt) > MAX_PROMPTS:
-        raise invalid(f"at most {MAX_PROMPTS} prompts in one request, got {len(prompt)}", param="prompt")
-    for p in prompt:
-        if isinstance(p, list) and not all(isinstance(t, int) for t in p):
-            raise not_supported("a prompt mixing text and token ids")
-    return list(prompt)
+    return {"prompt_tokens": tokens}
+
+
+def pieces_text(pieces: list[str | list[int]] | None) -> str:
+    """Tokens' pieces (Tokenized.pieces) joined into their text."""
+    return b"".join(p.encode("utf-8") if isinstance(p, str) else bytes(p) for p in pieces or []).decode(
+        "utf-8", "replace")
+
+
+async def prompt_echo(svc: Service, model: str, spec: GenSpec) -> str:
+    """The prompt as the model read it, its special tokens as text (llama-server's `prompt` and
+    `__verbose.prompt`: "<s> I believe..."); a prompt that cannot be read again gives its text."""
+    if spec.messages is not None:
+        fields: dict[str, Any] = {"messages": spec.messages, "tools": spec.structured.get("tools"),
+                                  "tool_choice": spec.structured.get("tool_choice")}
+    elif spec.prompt_tokens is not None:
+        fields = {"tokens": spec.prompt_tokens}
+    else:
+        fields = {"text": spec.prompt or "", "add_special": True, "parse_special": True}
+    try:
+        return pieces_text((await svc.tokenize(model, with_pieces=True, **fields)).pieces)
+    except ApiError:
+        return spec.prompt or ""
 
 
 def settings_of(svc: Service, req: CompletionRequest, model: str) -> Any:
@@ -163,12 +247,15 @@ def settings_of(svc: Service, req: CompletionRequest, model: str) -> Any:
                          repeat_last_n=req.repeat_last_n, seed=seed, context_overflow=req.context_overflow)
 
 
-def generation_settings(job: Job, req: CompletionRequest) -> dict[str, Any]:
+def generation_settings(job: Job, req: LlamaRequest) -> dict[str, Any]:
+    """llama-server's generation_settings; logit_bias as the sampler applied it (text keys as their tokens,
+    ignore_eos's end-of-generation tokens with null: never)."""
     s = job.spec.sampling
+    applied = job.done.logit_bias if job.done is not None else []
     return {"n_predict": s.max_tokens, "seed": s.seed, "temperature": s.temperature, "top_k": s.top_k,
             "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n,
             "stop": list(s.stop), "n_probs": req.n_probs or 0, "ignore_eos": req.ignore_eos,
-            "logit_bias": [{"token": int(t), "bias": b} for t, b in (bias_fields(req).get("logit_bias") or {}).items()],
+            "logit_bias": [{"token": t, "bias": b} for t, b in applied],
             "grammar": req.grammar or "", "stream": req.stream, "cache_prompt": req.cache_prompt}
 
 
@@ -181,12 +268,13 @@ def stop_type(job: Job) -> str:
     return "word" if done.stop else "eos"
 
 
-def final_fields(job: Job, req: CompletionRequest, model: str, content: str) -> dict[str, Any]:
+def final_fields(job: Job, req: LlamaRequest, model: str, content: str, prompt: str) -> dict[str, Any]:
+    """llama-server's native answer (/completion's, and `__verbose` elsewhere); `prompt` as prompt_echo gives it."""
     done = job.done
     out = {"index": 0, "content": content, "tokens": list(done.tokens) if done and req.return_tokens else [],
            "id_slot": 0, "stop": True, "model": model, "tokens_predicted": job.completion_tokens,
            "tokens_evaluated": job.prompt_tokens, "generation_settings": generation_settings(job, req),
-           "prompt": req.prompt if isinstance(req.prompt, str) else "", "has_new_line": "\n" in content,
+           "prompt": prompt, "has_new_line": "\n" in content,
            "truncated": bool(getattr(done, "truncated", False) or job.truncated_tokens), "stop_type": stop_type(job),
            "stopping_word": (done.stop or "") if done else "",
            "tokens_cached": job.stats.n_reused if job.stats else 0, "timings": timings(job)}
@@ -218,38 +306,42 @@ async def completion(request: Request) -> Response:
     if len(prompts) > 1 and req.stream:
         raise not_supported("streaming several prompts at once")
     extra = await off_loop(extension_structured, req)
+    inputs = [await prompt_input(svc, model, p) for p in prompts]
     jobs = []
     try:
-        for p in prompts:
+        for given in inputs:
             spec = GenSpec(endpoint="completion", sampling=settings_of(svc, req, model), model=model, structured=extra,
-                           logprobs=max(1, req.n_probs) if req.n_probs else 0,
-                           **({"prompt": p} if isinstance(p, str) else {"prompt_tokens": p}))
+                           logprobs=max(1, req.n_probs) if req.n_probs else 0, **given)
             jobs.append(await svc.start(caller(request), spec, request.receive))
     except BaseException:
         for j in jobs:
             j.close()
         raise
     if req.stream:
-        return event_stream(_stream(jobs[0], req, model))
+        return event_stream(_stream(svc, jobs[0], req, model))
     await complete_all(jobs)
-    bodies = [pick({**final_fields(job, req, model, "".join(job.text)), "index": i}, req.response_fields)
-              for i, job in enumerate(jobs)]
+    echo = not req.response_fields or "prompt" in req.response_fields
+    bodies = [pick({**final_fields(job, req, model, "".join(job.text),
+                                   await prompt_echo(svc, model, job.spec) if echo else ""), "index": i},
+                   req.response_fields) for i, job in enumerate(jobs)]
     return JSONResponse(bodies[0] if len(bodies) == 1 else bodies)
 
 
-async def _stream(job: Job, req: CompletionRequest, model: str) -> AsyncIterator[str]:
+async def _stream(svc: Service, job: Job, req: CompletionRequest, model: str) -> AsyncIterator[str]:
     t0 = time.perf_counter()
     try:
         async for ev in job.events():
             if job.disconnected:
                 return
-            for chunk in _chunks(ev, job, req, model, t0):
+            prompt = await prompt_echo(svc, model, job.spec) if isinstance(ev, P.Done) else ""
+            for chunk in _chunks(ev, job, req, model, t0, prompt):
                 yield sse(chunk)
     finally:
         job.close()
 
 
-def _chunks(ev: Any, job: Job, req: CompletionRequest, model: str, t0: float) -> Iterator[dict[str, Any]]:
+def _chunks(ev: Any, job: Job, req: CompletionRequest, model: str, t0: float,
+            prompt: str) -> Iterator[dict[str, Any]]:
     head = {"index": 0, "id_slot": 0, "stop": False, "model": model}
     if isinstance(ev, P.Progress) and req.return_progress:
         yield {**head, "content": "", "prompt_progress": progress(ev, t0)}
@@ -261,7 +353,7 @@ def _chunks(ev: Any, job: Job, req: CompletionRequest, model: str, t0: float) ->
             chunk["timings"] = timings(job)
         yield chunk
     elif isinstance(ev, P.Done):
-        yield {**final_fields(job, req, model, ""), "content": ""}
+        yield {**final_fields(job, req, model, "", prompt), "content": ""}
     elif isinstance(ev, P.Error):
         yield native_error(engine_error(ev))
 

@@ -25,9 +25,11 @@ from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import ApiError, invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
 from ggufdesk.server.images import RequestImages, with_images
-from ggufdesk.server.llamacpp import extension_structured, progress, refuse_extensions, timings
+from ggufdesk.server.llamacpp import (extension_structured, final_fields, progress, prompt_echo, refuse_extensions,
+                                      timings)
 from ggufdesk.server.sampling import sampling_from
-from ggufdesk.server.schemas import ChatRequest, CompletionRequest, SamplingFields, refuse_unsupported, stops, text_of
+from ggufdesk.server.schemas import (ChatRequest, CompletionRequest, LlamaRequest, SamplingFields, refuse_unsupported,
+                                     stops, text_of)
 from ggufdesk.server.service import GenSpec, Job, Service, complete_all, engine_error
 
 
@@ -92,13 +94,13 @@ def fingerprint(svc: Service) -> str:
     return f"b{getattr(ready, 'llama_cpp_version', '') or 'unknown'}-ggufdesk-{__version__}"
 
 
-async def verbose_prompt(svc: Service, spec: GenSpec) -> dict[str, Any]:
-    """llama-server's `__verbose` (the prompt as the model reads it), for requests with verbose: true."""
-    if spec.messages is None:
-        return {"__verbose": {"prompt": spec.prompt or ""}}
-    out = await svc.tokenize(spec.model or svc.model_id, messages=spec.messages, tools=spec.structured.get("tools"),
-                             tool_choice=spec.structured.get("tool_choice"))
-    return {"__verbose": {"prompt": out.text}}
+async def verbose_fields(svc: Service, req: LlamaRequest, job: Job) -> dict[str, Any]:
+    """llama-server's `__verbose` (with `verbose: true`, or on every answer with `serve --verbose`): the
+    native answer /completion gives, with the prompt as the model read it."""
+    if not (req.verbose or svc.config.verbose):
+        return {}
+    model = job.spec.model or svc.model_id
+    return {"__verbose": final_fields(job, req, model, "".join(job.text), await prompt_echo(svc, model, job.spec))}
 
 
 def openai_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -168,7 +170,6 @@ async def chat_completions(request: Request) -> Response:
     req = await parse_body(request, ChatRequest, svc.config.max_image_body)
     spec, top = await chat_spec(svc, req, request)
     model, extra, lp = spec.model, spec.structured, spec.logprobs
-    verbose = await verbose_prompt(svc, spec) if req.verbose else {}
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     head = _chunk_head(cid, "chat.completion.chunk", created, model, fingerprint(svc))
     if req.stream:
@@ -183,7 +184,8 @@ async def chat_completions(request: Request) -> Response:
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model,
                          "choices": choices, "usage": usage, "system_fingerprint": head["system_fingerprint"],
-                         "timings": timings(jobs[0]), **jobs[0].context_fields(), **verbose})
+                         "timings": timings(jobs[0]), **jobs[0].context_fields(),
+                         **await verbose_fields(svc, req, jobs[0])})
 
 
 async def _collect_n(svc: Service, request: Request, spec: GenSpec, n: int) -> list[Job]:
@@ -297,7 +299,7 @@ async def completions(request: Request) -> Response:
               "finish_reason": job.finish_reason}
     return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": model,
                          "choices": [choice], "usage": job.usage(), "system_fingerprint": head["system_fingerprint"],
-                         "timings": timings(job), **job.context_fields()})
+                         "timings": timings(job), **job.context_fields(), **await verbose_fields(svc, req, job)})
 
 
 def _completion_stream(job: Job, head: dict[str, Any], top: int | None, include_usage: bool,

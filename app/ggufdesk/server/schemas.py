@@ -59,7 +59,8 @@ class SamplingFields(Strict):
     n: int = Field(1, ge=1)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logit_bias: dict[str, float | bool | None] | list[list[int | float | bool]] | None = None
+    # OpenAI's {"token id": bias}; llama-server's [[token id or text, bias or false]] and text keys
+    logit_bias: dict[str, float | bool | None] | list[list[int | float | bool | str]] | None = None
     user: str | None = None
     context_overflow: ContextOverflow = None
 
@@ -95,7 +96,11 @@ class LlamaFields(Strict):
     verbose: bool = False  # add the rendered prompt as "__verbose"
 
 
-class ChatRequest(SamplingFields, LlamaFields):
+class LlamaRequest(SamplingFields, LlamaFields):
+    """A completion request of any API with llama-server's extensions (what its native fields read)."""
+
+
+class ChatRequest(LlamaRequest):
     model: str | None = None  # OpenAI requires it; llama-server does not (one model is served)
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -114,7 +119,7 @@ class ChatRequest(SamplingFields, LlamaFields):
     think: bool | str | None = None
 
 
-class CompletionRequest(SamplingFields, LlamaFields):
+class CompletionRequest(LlamaRequest):
     model: str | None = None
     prompt: str | list[str]
     max_tokens: int | None = Field(16, ge=1)

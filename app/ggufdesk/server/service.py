@@ -49,6 +49,7 @@ class ServerConfig:
     metrics: bool = True  # /metrics (off: 501, as llama-server without --metrics)
     slots: bool = False  # /slots (llama-server's --slots)
     tags: tuple[str, ...] = ()  # labels /models lists (llama-server's --tags)
+    verbose: bool = False  # every OpenAI answer carries llama-server's `__verbose` (serve --verbose)
     request_timeout: float = 600.0  # seconds one generation may take in the engine (0 = no limit): then a 504
     cors_origins: tuple[str, ...] = ()  # web pages allowed to call the API (CORS); none by default
     read_timeout: float = 30.0  # seconds a request's head and body may take to arrive (server/connections.py)

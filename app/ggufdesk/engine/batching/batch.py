@@ -219,14 +219,17 @@ class BatchEngine:
     def _admit(self, seq: Sequence) -> None:
         """Admitted: take a slot holding the longest cached prefix, make the sampler."""
         assert seq.status is SequenceStatus.PREFILLING
-        seq.slot, seq.stats.n_reused = self.slots.acquire(seq.prompt)
+        seq.slot, seq.stats.n_reused = self.slots.acquire(seq.prompt, reuse=seq.reuse)
         if seq.media is not None:  # an image is decoded whole or not at all
             seq.stats.n_reused = seq.media.align(seq.stats.n_reused)
             self.slots.truncate(seq.slot, seq.stats.n_reused)
-        elif self.disk is not None:  # a longer prefix saved on disk, also by an earlier process
+        elif self.disk is not None and seq.reuse:  # a longer prefix saved on disk, also by an earlier process
             seq.ctx.restored = self.disk.restore(self.slots, seq.slot, seq.prompt)
             seq.stats.n_reused = len(seq.slot.tokens)
         seq.n_done = seq.stats.n_reused
+        base = seq.stats.n_reused  # llama-server's first progress report: read so far = what the cache held
+        self.emit(P.Progress(id=seq.rid, phase="prefill", done=0, total=len(seq.prompt) - base,
+                             n_prompt=len(seq.prompt)))
         if len(self.sched.running) == 1:
             llama_cpp.llama_perf_context_reset(self.lm.ctx.ctx)
         seq.sampler = make_sampler(self.lm, seq.sampling)

@@ -148,16 +148,16 @@ class Slots:
     def idle(self) -> list[Slot]:
         return [s for s in self.slots if not s.busy]
 
-    def acquire(self, prompt: list[int]) -> tuple[Slot, int]:
+    def acquire(self, prompt: list[int], *, reuse: bool = True) -> tuple[Slot, int]:
         """Take an idle slot for `prompt`, holding the longest cached prefix; returns (slot, reused).
 
         The last prompt token is always evaluated again (its logits are needed), so at most
-        len(prompt) - 1 positions are reused.
+        len(prompt) - 1 positions are reused. reuse=False: none are (an empty slot, or the least valuable).
         """
         idle = self.idle()
         if not idle:
             raise RuntimeError("no idle slot")  # the scheduler admits only when one is
-        src, n = self.best_match(prompt)
+        src, n = self.best_match(prompt) if reuse else (None, 0)
         n = min(n, len(prompt) - 1)
         if src is not None and n > 0 and not self.window_holds(src, n):
             n = 0  # its sliding-window layers no longer hold what follows position n

@@ -108,6 +108,7 @@ class Sequence:
     deadline: float | None = None  # BatchEngine.clock() time past which the request is ended (Generate.deadline_s)
     limit_s: float | None = None  # the deadline_s it came with (for the message)
     bias: tuple[Any, Any] | None = None  # logit bias: token ids and what to add to their logits (-inf: never)
+    reuse: bool = True  # a cached prefix may be reused (Generate.cache_prompt)
     ctx: ContextUse = field(default_factory=ContextUse)  # overflow policy, what it dropped, what it restored
     media: MediaPrompt | None = None  # a prompt with images: each image span is one prefill item
     stats: RunStats = field(default_factory=RunStats)

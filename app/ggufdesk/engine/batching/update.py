@@ -23,6 +23,7 @@ from ggufdesk.engine.batching.vocab import Vocab
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.runtime.llama_typed import close
 from ggufdesk.engine.runtime.native import LoadedModel
+from ggufdesk.engine.runtime.tokens import applied_bias
 
 STATS_EVERY_S = 0.25
 
@@ -113,8 +114,10 @@ class Update:
             self._emit_text(s, text, False)
 
     def _emit_text(self, s: Sequence, text: str, reasoning: bool) -> None:
-        (s.thoughts if reasoning else s.pieces).append(text)
         lp, s.pending_lp = (s.pending_lp or None), []
+        if lp and not reasoning and not s.pieces and s.stream is not None and s.stream.trim:
+            lp = lead_trimmed(lp)  # the answer's leading whitespace was dropped: so is its tokens'
+        (s.thoughts if reasoning else s.pieces).append(text)
         self.emit(P.Token(id=s.rid, text=text, logprobs=lp if s.logprobs else None, reasoning=reasoning))
 
     def stats(self, s: Sequence, *, final: bool) -> P.Stats:
@@ -184,7 +187,8 @@ class Update:
                       overflow=s.ctx.applied or "",
                       tool_calls=calls, content=parsed.content if calls and parsed is not None else None,
                       stop=s.stream.matched if s.stream is not None and reason == "stop" else None,
-                      reasoning=self._thoughts(s), warnings=parsed.warnings if parsed is not None else [])
+                      reasoning=self._thoughts(s), warnings=parsed.warnings if parsed is not None else [],
+                      logit_bias=applied_bias(s.bias))
 
     @staticmethod
     def _usage(s: Sequence) -> dict[str, int]:
@@ -220,3 +224,15 @@ class Update:
         if slot is not None:
             self.slots.clear(slot)
         self.emit(P.Error(kind=P.error_kind(e), id=s.rid, message=str(e)))
+
+
+def lead_trimmed(lps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first tokens' logprob entries without the whitespace a chat answer's start drops (TextStream's
+    trim), so that the tokens joined are the answer, as OpenAI's logprobs are (" Hi" -> "Hi")."""
+    out: list[dict[str, Any]] = []
+    for i, e in enumerate(lps):
+        token = e.get("token", "").lstrip()
+        out.append({**e, "token": token})
+        if token:
+            return out + lps[i + 1:]
+    return out

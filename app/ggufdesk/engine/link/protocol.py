@@ -95,6 +95,9 @@ class Generate:
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
     parallel_tool_calls: bool = False  # up to 4 calls in one answer (off: one, as llama-server)
     logit_bias: dict[str, float | None] | None = None  # token id -> added to its logit (None: never sampled)
+    # llama-server's text keys: each [text, bias] adds bias to every token of text (tokenized without BOS)
+    logit_bias_text: list[list[Any]] | None = None
+    cache_prompt: bool = True  # False: no cached prefix is reused for this prompt (llama-server's cache_prompt)
     ignore_eos: bool = False  # end-of-generation tokens are never sampled: it runs to max_tokens
     # reasoning models (core/reasoning.py): None = the template's default; True/False; or an effort
     # "low"|"medium"|"high"; an off switch the template lacks becomes a budget of 0
@@ -285,6 +288,9 @@ class Done:
     overflow: str = ""  # the overflow policy that dropped usage["truncated_tokens"] ("" when none was dropped)
     reasoning: str | None = None  # a reasoning model's thinking (`text` is then the answer alone)
     warnings: list[str] = field(default_factory=list)  # e.g. a tool call that could not be read
+    # the bias the sampler applied, as [token id, bias or None for never] (logit_bias, its text keys
+    # tokenized, and ignore_eos's end-of-generation tokens); empty when none was asked for
+    logit_bias: list[list[Any]] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)

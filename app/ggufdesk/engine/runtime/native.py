@@ -114,12 +114,14 @@ def memory_from_log(lines: list[str]) -> dict[str, int]:
     return out
 
 
-def token_piece(vocab: llama_cpp.llama_vocab_p, token: int, buf: ctypes.Array[ctypes.c_char]) -> bytes:
-    """A token's text as bytes, read into `buf` (a scratch buffer), or a buffer as long as it needs."""
-    n: int = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+def token_piece(vocab: llama_cpp.llama_vocab_p, token: int, buf: ctypes.Array[ctypes.c_char], *,
+                special: bool = False) -> bytes:
+    """A token's text as bytes, read into `buf` (a scratch buffer), or a buffer as long as it needs.
+    special: control tokens (BOS, <|im_start|>) as their text, where a generation's text has nothing."""
+    n: int = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
     if n < 0:
         big = ctypes.create_string_buffer(-n)
-        n = llama_cpp.llama_token_to_piece(vocab, token, big, -n, 0, False)
+        n = llama_cpp.llama_token_to_piece(vocab, token, big, -n, 0, special)
         return big.raw[:n]
     return buf.raw[:n]
 

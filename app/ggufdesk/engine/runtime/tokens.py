@@ -1,13 +1,16 @@
 """Tokenize and detokenize for the Tokenize request (llama-server's /tokenize and /detokenize, count_tokens)."""
 from __future__ import annotations
 
-from typing import Any
+import ctypes
+from typing import Any, Iterable
 
 import llama_cpp
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.engine.link import protocol as P
-from ggufdesk.engine.runtime.native import LoadedModel
+from ggufdesk.engine.runtime.native import LoadedModel, token_piece
+
+MAX_BIAS_TEXT = 4096  # characters in one logit_bias text key
 
 
 def refusal(message: str, kind: P.ErrorKind) -> P.EngineRequestError:
@@ -35,19 +38,22 @@ def check_ids(vocab: Any, tokens: Any) -> list[int]:
 
 
 def detokenize(vocab: Any, tokens: list[int]) -> str:
-    """The text of token ids (their pieces joined, as llama-server's /detokenize gives it)."""
+    """The text of token ids, special tokens as their text ("<s> Hi"), as llama-server's /detokenize gives it."""
     if tokens:
         check_ids(vocab, tokens)
-    return b"".join(vocab.piece(t) for t in tokens).decode("utf-8", "replace")
+    buf = ctypes.create_string_buffer(64)
+    return b"".join(token_piece(vocab.lm.vocab, t, buf, special=True) for t in tokens).decode("utf-8", "replace")
 
 
 def pieces(vocab: Any, tokens: list[int]) -> list[str | list[int]]:
-    """Each token's text; a piece that is not valid UTF-8 on its own is given as its bytes."""
+    """Each token's text (special tokens as their text); a piece that is not valid UTF-8 on its own is
+    given as its bytes."""
     if tokens:
         check_ids(vocab, tokens)
     out: list[str | list[int]] = []
+    buf = ctypes.create_string_buffer(64)
     for t in tokens:
-        raw = vocab.piece(t)
+        raw = token_piece(vocab.lm.vocab, t, buf, special=True)
         try:
             out.append(raw.decode("utf-8"))
         except UnicodeDecodeError:
@@ -55,13 +61,14 @@ def pieces(vocab: Any, tokens: list[int]) -> list[str | list[int]]:
     return out
 
 
-def logit_bias(bias: dict[str, float | None], never: list[int], n_vocab: int) -> tuple[Any, Any]:
-    """(ids, values) to add to a logits row: `bias` maps token ids (as text) to a number, or None for
-    never; `never` are token ids never to sample. A bad id or value is a settings error."""
+def logit_bias(pairs: Iterable[tuple[Any, Any]], never: list[int], n_vocab: int) -> tuple[Any, Any]:
+    """(ids, values) to add to a logits row: `pairs` are (token id, as text or a number; a number, or
+    None for never), added up when a token comes more than once; `never` are token ids never to sample.
+    A bad id or value is a settings error."""
     import numpy as np
 
     merged: dict[int, float] = {t: -np.inf for t in never}
-    for key, value in bias.items():
+    for key, value in pairs:
         try:
             t = int(key)
         except (TypeError, ValueError):
@@ -76,3 +83,25 @@ def logit_bias(bias: dict[str, float | None], never: list[int], n_vocab: int) ->
             merged[t] = merged.get(t, 0.0) + float(value)
     ids = np.fromiter(merged.keys(), dtype=np.int64, count=len(merged))
     return ids, np.fromiter(merged.values(), dtype=np.float32, count=len(merged))
+
+
+def text_bias(lm: LoadedModel, entries: list[list[Any]]) -> list[tuple[int, Any]]:
+    """llama-server's text keys: each [text, bias] as (token, bias) for every token of the text
+    (tokenized as llama.cpp does for them: no BOS, special-token text read as text)."""
+    out: list[tuple[int, Any]] = []
+    for entry in entries:
+        if not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[0], str):
+            raise refusal("logit_bias: a text key must come as [text, bias]", "settings")
+        if len(entry[0]) > MAX_BIAS_TEXT:
+            raise refusal(f"logit_bias: a text key is longer than {MAX_BIAS_TEXT} characters", "settings")
+        out += [(t, entry[1]) for t in tokenize(lm, entry[0], add_special=False, parse_special=False)]
+    return out
+
+
+def applied_bias(bias: tuple[Any, Any] | None) -> list[list[Any]]:
+    """A sequence's bias arrays as [token id, bias or None for never] (Done.logit_bias)."""
+    if bias is None:
+        return []
+    import math
+
+    return [[int(t), None if math.isinf(v) else float(v)] for t, v in zip(bias[0].tolist(), bias[1].tolist())]

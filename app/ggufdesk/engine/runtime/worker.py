@@ -479,7 +479,8 @@ class Engine:
                        stats=RunStats(n_prompt=len(prompt), t_start=t_start),
                        constraint=constraint, structured=structured, reasoning=thinking, limit_s=limit,
                        deadline=None if limit is None else batch.clock() + limit,
-                       chat=req.messages is not None, media=media, bias=self._bias(req), ctx=use)
+                       chat=req.messages is not None, media=media, bias=self._bias(req), ctx=use,
+                       reuse=req.cache_prompt)
         batch.submit(seq)
         if use.truncated or use.note:
             self._emit(batch.overflow_event(seq))
@@ -540,16 +541,17 @@ class Engine:
 
     def _bias(self, req: P.Generate) -> tuple[Any, Any] | None:
         """Generate.logit_bias and ignore_eos as (ids, values) arrays for the sampler, or None."""
-        from ggufdesk.engine.runtime.tokens import logit_bias
+        from ggufdesk.engine.runtime.tokens import logit_bias, text_bias
 
-        if not req.logit_bias and not req.ignore_eos:
+        if not req.logit_bias and not req.logit_bias_text and not req.ignore_eos:
             return None
-        n_vocab = _need(self.lm).n_vocab
+        lm = _need(self.lm)
         eog = self._eog
         if req.ignore_eos and eog is None:
             vocab = _need(self.vocab)
-            eog = self._eog = [t for t in range(n_vocab) if vocab.is_eog(t)]
-        return logit_bias(req.logit_bias or {}, eog if eog is not None and req.ignore_eos else [], n_vocab)
+            eog = self._eog = [t for t in range(lm.n_vocab) if vocab.is_eog(t)]
+        pairs = [*(req.logit_bias or {}).items(), *text_bias(lm, req.logit_bias_text or [])]
+        return logit_bias(pairs, eog if eog is not None and req.ignore_eos else [], lm.n_vocab)
 
     def next_request(self, inbox: queue.Queue[P.Message]) -> P.Message:
         """Run engine steps (and embedding inputs) until a request arrives (requests are read between
