@@ -2,12 +2,12 @@
 
 Native routes: /completion (and /completions, which is the same in llama-server), /tokenize,
 /detokenize, /apply-template, /props, /slots, /models. Extensions on any completion request
-(LlamaFields): grammar, json_schema, n_probs, n_predict, timings_per_token, return_progress,
-return_tokens, response_fields are honoured; cache_prompt and id_slot are accepted (the answer is
-the same without them: ggufdesk shares one KV pool across requests and reuses any cached prefix);
-samplers and options ggufdesk does not have (mirostat, typical_p, DRY, XTC, dynatemp, n_indent,
-t_max_predict_ms, ignore_eos, post_sampling_probs, lora, image data) are refused with a 400 when set
-to anything but their neutral value, never silently dropped. Errors use llama-server's shape
+(LlamaFields): grammar, json_schema, n_probs, n_predict, logit_bias (token ids or texts), ignore_eos,
+timings_per_token, return_progress, return_tokens, response_fields, cache_prompt (false: no cached
+prefix reused) and verbose (`__verbose`) are honoured; id_slot is accepted (ggufdesk shares one KV pool
+across requests); samplers and options ggufdesk does not have (mirostat, typical_p, DRY, XTC, dynatemp,
+n_indent, t_max_predict_ms, post_sampling_probs, lora, image data) are refused with a 400 when set to
+anything but their neutral value, never silently dropped. Errors use llama-server's shape
 ({"error": {"code", "message", "type"}}).
 """
 from __future__ import annotations
