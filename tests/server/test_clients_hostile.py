@@ -72,9 +72,9 @@ ENDPOINTS = {
         {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
     ]),
     "/completion": (llama, [
-        {"prompt": 5}, {"prompt": [[1, "a"]]}, {"prompt": [-1, 2]}, {"prompt": [10 ** 12]}, {"prompt": ["x"] * 100},
+        {"prompt": 5}, {"prompt": [[1, ["a"]]]}, {"prompt": [-1, 2]}, {"prompt": [10 ** 12]}, {"prompt": ["x"] * 100},
         {"prompt": "x", "n_predict": "all"}, {"prompt": "x", "grammar": "root ::= (("},
-        {"prompt": "x", "mirostat": 2}, {"prompt": "x", "logit_bias": {"nope": 1}}, {"prompt": "x", "n_probs": -5},
+        {"prompt": "x", "mirostat": 2}, {"prompt": "x", "logit_bias": {"nope": True}}, {"prompt": "x", "n_probs": -5},
         {"prompt": "x", "json_schema": {"type": "string", "maxLength": 10 ** 9}}, {"prompt": "x", "samplers": ["dry"]},
     ]),
     "/tokenize": (llama, [{"content": 5}, {"content": "x", "with_pieces": "yes"}]),
