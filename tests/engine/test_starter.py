@@ -45,7 +45,7 @@ def test_cancel_during_a_long_prefill_is_fast(gemma):
     rid = gemma.generate(prompt=long_prompt, sampling=greedy(4))
     progress_after, cancelled, done = 0, False, None
     for ev in gemma.stream(rid, timeout=600):  # (a hang guard)
-        if isinstance(ev, P.Progress):
+        if isinstance(ev, P.Progress) and ev.done:  # (not the report at admission, before any chunk)
             if cancelled:
                 progress_after += 1
             else:
