@@ -6,6 +6,8 @@ import json
 import httpx
 import pytest
 
+from tests.server.serving import ServeProcess
+
 
 def post(served, path: str, body: dict) -> httpx.Response:
     return httpx.post(served.url + path, json=body, timeout=120)
@@ -203,15 +205,25 @@ def progress_of(served, body: dict) -> list[dict]:
     return [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
 
 
-def test_progress_starts_at_the_cached_part_and_cache_prompt_false_reads_it_all(served):
+@pytest.fixture(scope="module")
+def own(tiny_model, tmp_path_factory):
+    """A server of its own: where a prompt lands in the KV cache moves the tiny model's near-tie greedy
+    answers that other modules' tests compare (tests/server/test_openai_api.py says how)."""
+    server = ServeProcess(tiny_model, "--ctx", "1024", "--parallel", "2", "--temperature", "0",
+                          home=tmp_path_factory.mktemp("serve-own"))
+    yield server
+    server.stop()
+
+
+def test_progress_starts_at_the_cached_part_and_cache_prompt_false_reads_it_all(own):
     """llama-server's first report says what the cache held (processed == cache) before any batch is read;
     `cache_prompt: false` reuses no cached prefix."""
     body = {"messages": [{"role": "user", "content": "a prompt for progress " * 6}]}
-    cold = progress_of(served, body)
+    cold = progress_of(own, body)
     assert cold[0]["processed"] == cold[0]["cache"] and cold[-1]["processed"] == cold[-1]["total"]
-    warm = progress_of(served, body)
+    warm = progress_of(own, body)
     assert warm[0]["cache"] == warm[0]["processed"] == warm[0]["total"] - 1 and len(warm) == 2
-    fresh = progress_of(served, {**body, "cache_prompt": False})
+    fresh = progress_of(own, {**body, "cache_prompt": False})
     assert fresh[0]["cache"] == 0 and fresh[-1]["processed"] == fresh[-1]["total"] == cold[-1]["total"]
 
 
