@@ -9,7 +9,7 @@ OWUI=${OWUI:-/tmp/owui}; data=$(mktemp -d); out=${OUT:-$root/docs/screenshots/op
 "$root/.venv/bin/python" -m ggufdesk serve "$1" --port 18080 --ctx 8192 & gd=$!
 DATA_DIR=$data WEBUI_AUTH=False OFFLINE_MODE=true HF_HUB_OFFLINE=1 ENABLE_OPENAI_API=False \
   OLLAMA_BASE_URL=http://127.0.0.1:18080 ENABLE_WEB_SEARCH=False RAG_EMBEDDING_ENGINE=ollama \
-  "$OWUI/bin/open-webui" serve --host 127.0.0.1 --port 18081 & ow=$!
+  WEBUI_SECRET_KEY=$(python3 -c "import secrets; print(secrets.token_hex(16))") "$OWUI/bin/open-webui" serve --host 127.0.0.1 --port 18081 & ow=$!
 trap 'kill $gd $ow 2>/dev/null; rm -rf "$data"' EXIT
 until curl -sf http://127.0.0.1:18081/health >/dev/null && curl -sf http://127.0.0.1:18080/health >/dev/null; do sleep 2; done
 token=$(curl -sf -X POST http://127.0.0.1:18081/api/v1/auths/signin -H 'content-type: application/json' \
