@@ -49,12 +49,18 @@ def detect(template: str | None) -> ReasoningFormat | None:
 
 
 def template_switches(template: str | None, think: bool | str | None) -> tuple[dict[str, Any], bool]:
-    """Template variables for a request's `think` (None: the template's default; True/False; or an
-    effort "low"|"medium"|"high"), and whether the template honoured an off switch (False: the
-    engine must end the reasoning itself, with a budget of 0)."""
+    """Template variables for a request's `think` (None: auto; True/False; or an effort
+    "low"|"medium"|"high"), and whether the template honoured an off switch (False: the engine must
+    end the reasoning itself, with a budget of 0).
+
+    Auto sets `enable_thinking` true where the template reads it, as llama-server does (its
+    `--reasoning auto` passes enable_thinking=true to every template that can think): templates
+    written for llama.cpp close the think block when the variable is missing (`{% if not
+    enable_thinking %}`), and Hugging Face templates default to thinking on anyway. Other switches
+    (DeepSeek V3.1's `thinking`, gpt-oss's effort) keep the template's own default."""
     t = template or ""
     if think is None:
-        return {}, True
+        return ({"enable_thinking": True} if "enable_thinking" in t else {}), True
     on = think is not False
     out: dict[str, Any] = {}
     if "enable_thinking" in t:
