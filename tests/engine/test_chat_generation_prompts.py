@@ -10,7 +10,7 @@ import pytest
 
 from ggufdesk.core.chat_templates import NAMED, template_for
 from ggufdesk.core.errors import KnownError
-from ggufdesk.core.reasoning import THINK, detect, starts_inside, template_switches
+from ggufdesk.core.reasoning import COHERE, THINK, detect, split_all, starts_inside, template_switches
 from ggufdesk.core.settings import LoadSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.runtime.chat import ChatTemplate
@@ -68,9 +68,21 @@ def test_command_r7b_opens_its_own_turn_unless_thinking_is_off(think, end):
     assert render(COMMAND_R7B, think).endswith(end)
 
 
-def test_auto_sets_only_enable_thinking_and_only_where_the_template_reads_it():
+def test_command_r7b_thinking_is_read_apart():
+    assert detect(COMMAND_R7B) is COHERE
+    out = "<|START_THINKING|>The user asks the date.<|END_THINKING|>I cannot know today."
+    assert split_all(COHERE, out) == ("The user asks the date.", "I cannot know today.")
+    assert not starts_inside(COHERE, render(COMMAND_R7B, False))
+
+
+def test_auto_sets_only_enable_thinking_and_only_where_the_engine_reads_the_thinking_apart():
     assert template_switches("{{ messages }}", None) == ({}, True)
-    assert template_switches("{% if enable_thinking %}x{% endif %}", None) == ({"enable_thinking": True}, True)
+    think = "{% if enable_thinking %}<think>{% endif %}"
+    assert template_switches(think, None) == ({"enable_thinking": True}, True)
+    # Gemma 4 thinks in channels of its own, off unless asked: auto keeps its default
+    gemma4 = "{% if enable_thinking is defined and enable_thinking %}<|channel>thought{% endif %}{{ reasoning_content }}"
+    assert template_switches(gemma4, None) == ({}, True)
+    assert template_switches(gemma4, True) == ({"enable_thinking": True}, True)
     effort = "{{ reasoning_effort }}<|channel|>"  # gpt-oss: its own default effort, not forced
     assert template_switches(effort, None) == ({}, True)
 
