@@ -14,6 +14,7 @@ from ggufdesk.core.reasoning import COHERE, THINK, detect, split_all, starts_ins
 from ggufdesk.core.settings import LoadSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.runtime.chat import ChatTemplate
+from tests.fixtures import scripted
 from tests.fixtures.scripted import write_scripted
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "templates" / "llamacpp"  # see its README.md
@@ -83,6 +84,9 @@ def test_auto_sets_only_enable_thinking_and_only_where_the_engine_reads_the_thin
     gemma4 = "{% if enable_thinking is defined and enable_thinking %}<|channel>thought{% endif %}{{ reasoning_content }}"
     assert template_switches(gemma4, None) == ({}, True)
     assert template_switches(gemma4, True) == ({"enable_thinking": True}, True)
+    v31 = scripted.template("deepseek-v3")  # `thinking`, falling back on enable_thinking: off unless asked
+    assert template_switches(v31, None) == ({}, True)
+    assert template_switches(v31, True) == ({"enable_thinking": True, "thinking": True}, True)
     effort = "{{ reasoning_effort }}<|channel|>"  # gpt-oss: its own default effort, not forced
     assert template_switches(effort, None) == ({}, True)
 

@@ -69,15 +69,18 @@ def template_switches(template: str | None, think: bool | str | None) -> tuple[d
     every template that can think): templates written for llama.cpp close the think block when the
     variable is missing (`{% if not enable_thinking %}`), and Qwen3's defaults to on anyway. A template
     whose thinking the engine would not read apart (Gemma 4's channels) keeps its own default, as do
-    the other switches (DeepSeek V3.1's `thinking`, gpt-oss's effort)."""
+    the other switches (DeepSeek V3.1's `thinking`, off by default, also where it falls back on
+    enable_thinking; gpt-oss's effort)."""
     t = template or ""
+    v31 = bool(re.search(r"\bthinking\b", t)) and "tool▁calls" in t  # DeepSeek V3.1's switch
     if think is None:
-        return ({"enable_thinking": True} if "enable_thinking" in t and _by_markers(t) else {}), True
+        auto_on = "enable_thinking" in t and _by_markers(t) is not None and not v31
+        return ({"enable_thinking": True} if auto_on else {}), True
     on = think is not False
     out: dict[str, Any] = {}
     if "enable_thinking" in t:
         out["enable_thinking"] = on
-    if re.search(r"\bthinking\b", t) and "tool▁calls" in t:  # DeepSeek V3.1's switch
+    if v31:
         out["thinking"] = on
     if "reasoning_effort" in t:
         effort = think if isinstance(think, str) and think in EFFORTS else None
