@@ -15,8 +15,8 @@ the llama-cpp-python sdist (same portable CPU flags as installer/llama_wheel.sh)
     python bench/server.py --skip-llama-cpp-python --ctx 32768 --agent-prefill-reps 3   # a 20k-token agent prompt
 
 The agent prompt is Claude Code 2.1's recorded first request (tests/fixtures/clients/), sent to both
-servers as the same /v1/chat/completions request (system text, user turns, its 24 tools), a fresh
-nonce first so no cache helps; prefill tok/s is each server's own `timings` (prompt_n / prompt_ms).
+servers as the same /v1/chat/completions request (system text with its 24 tools as JSON text, user turns),
+a fresh nonce first so no cache helps; prefill tok/s is each server's own `timings` (prompt_n / prompt_ms).
 """
 from __future__ import annotations
 
@@ -447,11 +447,14 @@ def agent_request(nonce: str, chars: int = 0) -> dict:
     whole = "\n\n".join(system)
     msgs = [{"role": "system", "content": whole[:chars] if chars else whole}] + [
         {"role": m["role"], "content": text(m["content"])} for m in body["messages"] if m["role"] != "system"]
-    tools = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
-                                               "parameters": t["input_schema"]}} for t in body["tools"]]
-    if chars:  # a short smoke run: no tools either
-        tools = []
-    return {"messages": msgs, "max_tokens": 1, "temperature": 0, **({"tools": tools} if tools else {})}
+    if not chars:  # (a short smoke run: no tools either)
+        # the tools as JSON text in the system turn, not a `tools` field: llama-server renders the starter's
+        # (Gemma 3) template without the field's ~19k tokens while ggufdesk renders them, so the two servers
+        # would prefill different prompts (2,946 against 21,776 tokens, seen on the first run)
+        tools = [{"name": t["name"], "description": t["description"], "parameters": t["input_schema"]}
+                 for t in body["tools"]]
+        msgs[0]["content"] += "\n\n# Tools\n" + json.dumps(tools, indent=1)
+    return {"messages": msgs, "max_tokens": 1, "temperature": 0}
 
 
 def agent_prefill(servers: list[Server], a: argparse.Namespace) -> None:

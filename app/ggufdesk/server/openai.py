@@ -257,7 +257,7 @@ def _chat_stream(job: Job, head: dict[str, Any], top: int | None, include_usage:
                 yield chunk({"tool_calls": deltas})
             yield chunk({}, job.finish_reason)
 
-    return _framed(job, head, include_usage, chunk({"role": "assistant", "content": ""}), lines, extras)
+    return _framed(job, head, include_usage, chunk({"role": "assistant", "content": None}), lines, extras)
 
 
 async def completions(request: Request) -> Response:
