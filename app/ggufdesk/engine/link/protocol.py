@@ -96,7 +96,7 @@ class Generate:
     parallel_tool_calls: bool = False  # up to 4 calls in one answer (off: one, as llama-server)
     logit_bias: dict[str, float | None] | None = None  # token id -> added to its logit (None: never sampled)
     ignore_eos: bool = False  # end-of-generation tokens are never sampled: it runs to max_tokens
-    # reasoning models (core/reasoning.py): None = auto (sampling.think's); True/False; or an effort
+    # reasoning models (core/reasoning.py): None = sampling.think (auto: template_switches); True/False; or an effort
     # "low"|"medium"|"high"; an off switch the template lacks becomes a budget of 0
     think: bool | str | None = None
     reasoning_budget: int | None = None  # reasoning tokens before the engine closes the block (None: no limit)
