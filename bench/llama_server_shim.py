@@ -7,6 +7,12 @@ execs `python -m ggufdesk serve`. A flag with no equivalent makes it exit 2 with
 test fails rather than running under other settings. GGUFDESK_PYTHON names the interpreter (default:
 this one); GGUFDESK_SERVE_FLAGS lists the flags `ggufdesk serve --help` offers (set by the harness), so
 options that other work adds are used as soon as they exist.
+
+Two defaults differ and are passed as ggufdesk's equivalent flags: llama-server without `--cors-origins`
+answers CORS for any origin, so the shim passes `--cors-origin '*'` then (ggufdesk's own default is no
+origin); `--cors-origins localhost` maps to `--cors-origin localhost` (the same keyword). llama-server's
+/metrics is off unless `--metrics` (501), ggufdesk's on unless `--no-metrics`: without `--metrics` the
+shim passes `--no-metrics`.
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ IGNORED_VALUED = {"--reasoning-format"}
 # switches that are ggufdesk's behaviour anyway (Jinja templates, a unified KV cache, embeddings on, no web UI)
 IGNORED = {"--no-slots", "--jinja", "--no-jinja", "--cont-batching", "--embedding", "--embeddings", "--kv-unified",
            "--offline", "--verbose", "--no-ui", "--no-webui",
-           "--metrics"}  # (ggufdesk serves /metrics unless --no-metrics: llama-server's is off unless --metrics)
+           "--metrics"}  # (see defaults(): without it, --no-metrics)
 SWITCHES = {"--slots": "--slots", "--context-shift": "--context-shift"}
 
 
@@ -62,7 +68,18 @@ def translate(argv: list[str], offered: set[str]) -> list[str]:
         if flag == "--n-predict" and int(value) <= 0:
             value = str(1 << 20)  # -1: until the model stops or the context is full
         out += [target, value]
+    out += defaults(argv, offered)
     return [model, *out] if model else out  # no model: ggufdesk serve's own default (llama-server's router mode)
+
+
+def defaults(argv: list[str], offered: set[str]) -> list[str]:
+    """llama-server's defaults where ggufdesk's differ: CORS for any origin, no /metrics."""
+    out: list[str] = []
+    if "--cors-origins" not in argv and "--cors-origin" in offered:
+        out += ["--cors-origin", "*"]
+    if "--metrics" not in argv and "--no-metrics" in offered:
+        out.append("--no-metrics")
+    return out
 
 
 def main() -> None:

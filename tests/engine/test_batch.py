@@ -71,6 +71,10 @@ def test_greedy_output_is_identical_alone_and_beside_three_others(dtype, model_d
     # the engine says how busy it is, and that it is idle again at the end
     assert statuses and statuses[-1].running == 0 and statuses[-1].queued == 0
     assert all(s.n_parallel == 4 and s.kv_cells_total == 1024 for s in statuses)
+    # its decode calls (for /metrics' llamacpp:n_decode_total): counted, and shared by several sequences
+    last = statuses[-1]
+    assert 0 < last.n_decode < last.n_busy <= 4 * last.n_decode
+    assert [s.n_decode for s in statuses] == sorted(s.n_decode for s in statuses)
 
 
 def test_concurrent_streams_each_get_their_own_tokens_and_stats(batched):

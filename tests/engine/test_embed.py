@@ -30,6 +30,7 @@ def test_vectors_are_unit_length_deterministic_and_batch_equals_singles(engine):
     assert len(e.vectors[0]) == engine.loaded.n_embd == 64
     assert all(abs(norm(v) - 1) < 1e-9 for v in e.vectors)
     assert e.vectors[0] == e.vectors[3]  # the same text, twice in one batch
+    assert e.n_decode >= 4  # each input its own decode calls (/metrics' llamacpp:n_decode_total)
     singles = [engine.embed([t])[0] for t in TEXTS]
     assert singles == e.vectors  # exactly: each input is decoded alone, in a cleared cache
     assert engine.embed(TEXTS) == e.vectors  # and again, after generations and other inputs

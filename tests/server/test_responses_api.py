@@ -44,6 +44,29 @@ def test_a_text_answer_streamed_and_not(client):
     assert text == final.output_text == SCRIPTED_CALL
 
 
+def test_llama_servers_telemetry_extensions(scripted):
+    """timings_per_token and return_progress (llama-server's): timings on each delta, response.in_progress
+    events with prompt_progress; the final event has llama-server's timings beside the response either way."""
+    body = {"input": "This is a test " * 10, "stream": True, "max_output_tokens": 8}
+    with httpx.stream("POST", scripted.url + "/v1/responses", timeout=120,
+                      json={**body, "timings_per_token": True, "return_progress": True}) as r:
+        events = sse_events(r)
+    progress = [e for e in events if "prompt_progress" in e]
+    assert progress and all(e["type"] == "response.in_progress" for e in progress)
+    last = progress[-1]["prompt_progress"]
+    assert last["total"] > 0 and last["processed"] == last["total"] >= last["cache"]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas and all({"prompt_per_second", "predicted_per_second"} <= set(e["timings"]) for e in deltas)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    end = events[-1]
+    assert end["type"] in ("response.completed", "response.incomplete")  # (OpenAI's: incomplete at the limit)
+    assert end["timings"]["predicted_n"] == end["response"]["usage"]["output_tokens"] > 0
+    with httpx.stream("POST", scripted.url + "/v1/responses", json=body, timeout=120) as r:
+        plain = sse_events(r)
+    assert not [e for e in plain if "prompt_progress" in e or (e["type"].endswith(".delta") and "timings" in e)]
+    assert "timings" in plain[-1]
+
+
 def test_max_output_tokens_makes_it_incomplete(client):
     r = client.responses.create(model="m", input="hi", max_output_tokens=3)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"

@@ -47,8 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-remote-images", action="store_true",
                    help="fetch http(s) image URLs in requests (size and time limited); off: data: URLs only")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
-                   help="a web page origin allowed to call the API from a browser, e.g. http://localhost:3000 "
-                        "(repeatable; none by default)")
+                   help="a web page origin allowed to call the API from a browser, e.g. http://localhost:3000; "
+                        "'localhost': any page on this machine; '*': any page (repeatable; none by default)")
     p.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
                    help="seconds a request may wait and generate before it is stopped with a 504 (reading its "
                         "prompt is not counted; 0 = no limit)")
@@ -165,12 +165,16 @@ def _check_limits(args: argparse.Namespace) -> None:
 
 
 def _cors_origins(args: argparse.Namespace) -> tuple[str, ...]:
-    """--cors-origin's origins (scheme and host, no trailing slash); anything else is refused."""
-    origins = tuple(o.rstrip("/") for o in args.cors_origin if o)
-    bad = [o for o in origins if not re.match(r"^https?://[^/\s]+$", o)]
+    """--cors-origin's origins (scheme and host, no trailing slash), `localhost` or `*` (llama-server's
+    keywords: loopback origins, any origin); anything else is refused. `*` is said aloud at start."""
+    origins = tuple(o.strip().rstrip("/") for o in args.cors_origin if o.strip())
+    bad = [o for o in origins if o not in ("*", "localhost") and not re.match(r"^https?://[^/\s]+$", o)]
     if bad:
         raise KnownError(f"--cors-origin takes an origin such as http://localhost:3000 (scheme and host, no path), "
-                         f"not {bad[0]!r}")
+                         f"'localhost' or '*', not {bad[0]!r}")
+    if "*" in origins:
+        print("ggufdesk serve: warning: --cors-origin '*' lets any web page you open use this server",
+              file=sys.stderr, flush=True)
     return origins
 
 

@@ -61,7 +61,11 @@ async def metrics(request: Request) -> Response:
     svc = request.app.state.service
     if not svc.config.metrics:
         raise ApiError(501, "this server was started with --no-metrics", code="not_supported", reason="invalid")
-    return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    response = Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    # llama-server's header: when the server started, in unix seconds (written in its capitals, as the rest of
+    # /metrics' llama-server part; Starlette writes names in lower case)
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(svc.created).encode()))
+    return response
 
 
 async def on_api_error(request: Request, exc: Exception) -> Response:

@@ -9,22 +9,24 @@ reports; its allowedHostsMiddleware and CORS origins are the model):
   `*.localhost`, loopback addresses, or the `--host` it was started with. A server listening beyond
   loopback has an API key (runner.check_exposure) and is reached under names we cannot know: no check.
 - A cross-site request (form post or fetch) carries an `Origin`: it is refused unless that origin is in
-  the `--cors-origin` allow-list (or is the server's own).
+  the `--cors-origin` allow-list (or is the server's own). The list may hold llama-server's two keywords:
+  `localhost` (any http(s) origin on localhost or a loopback address, any port) and `*` (any origin: an
+  explicit opt-in that lets every web page the user opens drive the server).
 - The request types a page may send without asking first (CORS "simple requests") have the content
   types text/plain, application/x-www-form-urlencoded or multipart/form-data: refused on every POST,
   which all take JSON here (415).
 
-CORS itself (Starlette's CORSMiddleware, off unless `--cors-origin` is given) sits outside the API-key
+CORS itself (Cors below, off unless `--cors-origin` is given) sits outside the Guard and the API-key
 check, so a browser's preflight OPTIONS is answered without a key, as browsers send none.
 """
 from __future__ import annotations
 
 import ipaddress
 from typing import Iterable
+from urllib.parse import urlsplit
 
-from starlette.datastructures import Headers
-from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ggufdesk.server.errors import ApiError, error_response
 
@@ -63,6 +65,45 @@ def origin_authority(origin: str) -> str:
     return origin.split("://", 1)[-1].rstrip("/").lower()
 
 
+ANY, LOCALHOST = "*", "localhost"  # llama-server's --cors-origins keywords
+
+
+def is_localhost_origin(origin: str) -> bool:
+    """An http(s) origin whose host is localhost or a loopback address (any port), as llama-server's
+    `--cors-origins localhost`: not `localhost.evil.com`, not `notlocalhost`, not a bare name."""
+    try:
+        url = urlsplit(origin.strip())
+        url.port  # noqa: B018  (reading it checks it: a port that is not a number raises)
+    except ValueError:
+        return False
+    if url.scheme.lower() not in ("http", "https") or url.username is not None or url.path not in ("", "/") \
+            or url.query or url.fragment or not url.hostname:
+        return False
+    if url.hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(url.hostname).is_loopback
+    except ValueError:
+        return False
+
+
+class Origins:
+    """The `--cors-origin` allow-list: origins (scheme and host), `localhost` and `*` (see the module docstring)."""
+
+    def __init__(self, origins: Iterable[str] = ()) -> None:
+        listed = {o.strip().rstrip("/").lower() for o in origins if o.strip()}
+        self.any = ANY in listed
+        self.localhost = LOCALHOST in listed
+        self.exact = listed - {ANY, LOCALHOST}
+
+    def __bool__(self) -> bool:
+        return self.any or self.localhost or bool(self.exact)
+
+    def allows(self, origin: str) -> bool:
+        o = origin.strip().rstrip("/").lower()
+        return self.any or o in self.exact or (self.localhost and is_localhost_origin(o))
+
+
 class Guard:
     """ASGI middleware: Host, Origin and content-type checks, in the caller's error shape (OpenAI's here:
     it runs before routing; Anthropic's clients read the status)."""
@@ -71,7 +112,7 @@ class Guard:
         self.app = app
         self.bound = host_name(bound_host)
         self.check_host = is_loopback_host(self.bound)
-        self.origins = {o.rstrip("/").lower() for o in cors_origins}
+        self.origins = Origins(cors_origins)
 
     def host_ok(self, host: str | None) -> bool:
         if not self.check_host or host is None:  # HTTP/1.0 without Host: not a browser
@@ -82,8 +123,8 @@ class Guard:
     def origin_ok(self, origin: str | None, host: str | None) -> bool:
         if origin is None:
             return True  # not from a web page (curl, SDKs, scripts)
-        o = origin.rstrip("/").lower()
-        return o in self.origins or (host is not None and origin_authority(o) == host.strip().lower())
+        own = host is not None and origin_authority(origin.rstrip("/").lower()) == host.strip().lower()
+        return own or self.origins.allows(origin)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -115,10 +156,80 @@ class Guard:
         return None
 
 
+PREFLIGHT_HEADERS = {"Access-Control-Allow-Credentials": "true",
+                     "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
+                     "Access-Control-Allow-Headers": "*", "Access-Control-Max-Age": "600"}
+
+
+class Cors:
+    """ASGI middleware: CORS answers for the `--cors-origin` allow-list, as llama-server gives them.
+
+    A preflight (OPTIONS with Origin and Access-Control-Request-Method) is answered here, before the Guard
+    and the key check: 200 with Access-Control-Allow-Origin = the request's origin (as sent, even a bare
+    name), credentials allowed, llama-server's methods, and for headers llama-server's `*` under
+    `--cors-origin '*'`; under a list (names, `localhost`) the requested headers are named back instead:
+    browsers never let `*` cover `Authorization` (the Fetch standard), so an allowed web page that sends an
+    API key keeps working (under `*` it cannot send one, as with llama-server). A preflight from an origin not
+    allowed gets 200 and no Access-Control-Allow-* header, which the browser refuses as llama-server's
+    answer; the request itself is then refused by the Guard (403). A response to an allowed origin's
+    request carries Access-Control-Allow-Origin (and credentials, and Retry-After readable).
+
+    Why not Starlette's CORSMiddleware (used before): it answers a disallowed preflight with 400, cannot
+    answer `*` for headers while reflecting the origin, and takes no `localhost` rule.
+    """
+
+    def __init__(self, app: ASGIApp, origins: Origins) -> None:
+        self.app, self.origins = app, origins
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        origin = headers.get("origin")
+        if origin is None:
+            await self.app(scope, receive, send)
+            return
+        allowed = self.origins.allows(origin)
+        if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
+            await self.preflight(origin, allowed, headers)(scope, receive, send)
+            return
+        if not allowed:
+            await self.app(scope, receive, send)  # the Guard refuses it, unless it is the server's own page
+            return
+
+        async def send_with_cors(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                out = MutableHeaders(scope=message)
+                out.add_vary_header("Origin")
+                out.raw.extend(raw({"Access-Control-Allow-Origin": origin, "Access-Control-Allow-Credentials": "true",
+                                    "Access-Control-Expose-Headers": "Retry-After"}))
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
+
+    def preflight(self, origin: str, allowed: bool, headers: Headers) -> ASGIApp:
+        out = {"Vary": "Origin", "Content-Length": "0"}
+        if allowed:
+            out.update({"Access-Control-Allow-Origin": origin, **PREFLIGHT_HEADERS})
+            asked = headers.get("access-control-request-headers")
+            if asked and not self.origins.any:
+                out["Access-Control-Allow-Headers"] = asked
+
+        async def answer(scope: Scope, receive: Receive, send: Send) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": raw(out)})
+            await send({"type": "http.response.body", "body": b""})
+
+        return answer
+
+
+def raw(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """Headers as ASGI's raw pairs, their names in the usual capitals (Starlette writes them in lower case;
+    HTTP ignores the case, some clients compare names as written)."""
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
 def with_cors(app: ASGIApp, origins: Iterable[str]) -> ASGIApp:
-    """Starlette's CORS middleware for the allowed origins (none: no CORS, app returned as it is)."""
-    allowed = [o.rstrip("/") for o in origins]
-    if not allowed:
-        return app
-    return CORSMiddleware(app, allow_origins=allowed, allow_methods=["GET", "POST", "OPTIONS"],
-                          allow_headers=["*"], expose_headers=["Retry-After"], max_age=600)
+    """CORS for the allowed origins (none: no CORS, app returned as it is)."""
+    allowed = Origins(origins)
+    return Cors(app, allowed) if allowed else app

@@ -92,20 +92,8 @@ def _constraint(req: LlamaFields, response_format: dict[str, Any] | None) -> dic
 
 
 def timings(job: Job) -> dict[str, Any]:
-    """llama-server's `timings`, from the engine's stats (prompt: the part not already cached)."""
-    st = job.stats
-    if st is None:
-        return {"cache_n": 0, "prompt_n": job.prompt_tokens, "prompt_ms": 0.0, "prompt_per_token_ms": 0.0,
-                "prompt_per_second": 0.0, "predicted_n": job.completion_tokens, "predicted_ms": 0.0,
-                "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}
-    prompt_n = max(0, st.n_prompt - st.n_reused)
-    prompt_ms = 1000 * prompt_n / st.prefill_tok_s if st.prefill_tok_s > 0 else st.ttft_s * 1000
-    n_gen = max(st.n_gen, job.completion_tokens)
-    pred_ms = 1000 * max(0, n_gen - 1) / st.decode_tok_s if st.decode_tok_s > 0 else 0.0
-    return {"cache_n": st.n_reused, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": st.prefill_tok_s, "predicted_n": n_gen, "predicted_ms": pred_ms,
-            "predicted_per_token_ms": pred_ms / n_gen if n_gen else 0.0, "predicted_per_second": st.decode_tok_s}
+    """llama-server's `timings` (Job.timings: /metrics counts the same figures)."""
+    return job.timings()
 
 
 def progress(ev: P.Progress, t0: float) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""Prometheus metrics of one server (its own registry, so several servers can live in one process)."""
+"""Prometheus metrics of one server (its own registry: several servers can live in one process), and llama-server's."""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+
+from ggufdesk.server.metrics_llamacpp import LlamaCppMetrics
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 60)
@@ -51,12 +53,14 @@ class Metrics:
                                      "(idle, evicted, requested, keep_alive, failed)", ["model", "reason"], registry=r)
         self._models: Callable[[], list[dict[str, Any]]] = list
         r.register(_ModelStates(lambda: self._models()))
+        self.llamacpp = LlamaCppMetrics()  # llama-server's names, written after ours
 
     def bind(self, *, running: Callable[[], float], queued: Callable[[], float],
              kv_usage: Callable[[], float]) -> None:
         self.running.set_function(running)
         self.queued.set_function(queued)
         self.kv_usage.set_function(kv_usage)
+        self.llamacpp.processing, self.llamacpp.deferred = running, queued
 
     def bind_models(self, models: Callable[[], list[dict[str, Any]]]) -> None:
         """Where the per-model gauges are read from at scrape time: dicts with id, state, waiting,
@@ -80,7 +84,7 @@ class Metrics:
         return self._accepted / self._drafted if self._drafted else 0.0
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + self.llamacpp.render().encode()
 
 
 class _ModelStates:

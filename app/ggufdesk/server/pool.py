@@ -49,6 +49,8 @@ class EnginePool:
         self._ready = threading.Event()
         self.logprobs_supported = self._client.supports_logprobs
         self.on_state: Callable[[str], None] | None = None  # called on a worker thread
+        # the engine's decode calls and the sequences they served since the last Status (on the reader thread)
+        self.on_decodes: Callable[[int, int], None] | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -148,6 +150,7 @@ class EnginePool:
         elif isinstance(event, P.Loading):
             self.stage = event.stage
         elif isinstance(event, P.Status):
+            self._decodes(event)
             self.status = P.fields_of(event)
         elif isinstance(event, P.Lifecycle):
             self._lifecycle(event)
@@ -155,6 +158,15 @@ class EnginePool:
             self._route(event)
         elif isinstance(event, P.Error):
             log.warning("engine: %s", event.message)
+
+    def _decodes(self, ev: P.Status) -> None:
+        """Tell on_decodes what the engine decoded since its last Status (its counts start again at 0
+        when the engine restarts)."""
+        n, busy = self.status.get("n_decode", 0), self.status.get("n_busy", 0)
+        if ev.n_decode < n or ev.n_busy < busy:
+            n = busy = 0
+        if self.on_decodes is not None and ev.n_decode > n:
+            self.on_decodes(ev.n_decode - n, ev.n_busy - busy)
 
     def _lifecycle(self, ev: P.Lifecycle) -> None:
         """The client's account of the engine process: a crash or hang restarts it and reloads."""

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncIterator, Callable, Literal
 
 from pydantic import Field
 from starlette.requests import Request
@@ -30,6 +30,7 @@ from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import ApiError, invalid, not_supported
 from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
 from ggufdesk.server.images import RequestImages, responses_image, with_images, with_text
+from ggufdesk.server.llamacpp import progress as prompt_progress
 from ggufdesk.server.sampling import sampling_from
 from ggufdesk.server.schemas import ContextOverflow, Strict, system_first
 from ggufdesk.server.service import GenSpec, Job, Service, engine_error
@@ -58,6 +59,10 @@ class ResponsesRequest(Strict):
     user: str | None = None
     truncation: Literal["auto", "disabled"] | None = None  # OpenAI's: auto drops the oldest turns (rolling)
     context_overflow: ContextOverflow = None  # ours, as on every API (docs/context.md)
+    # llama-server's streaming extensions: `timings` on each text delta, response.in_progress events with
+    # `prompt_progress` while the prompt is read
+    timings_per_token: bool = False
+    return_progress: bool = False
 
 
 @dataclass
@@ -324,7 +329,9 @@ async def create(request: Request) -> Response:
         # a silent stream (a long prompt being read) repeats response.in_progress: Codex, like Claude Code,
         # gives up on a stream after 300 s without an event
         seq = Sequencer()
-        resp = event_stream(_stream(store_of(request), job, draft, mid, history, calls, seq),
+        if req.timings_per_token:
+            seq.timings = job.timings
+        resp = event_stream(_stream(store_of(request), job, draft, mid, history, calls, seq, req.return_progress),
                             beat=lambda: seq.event("response.in_progress", response=draft.body("in_progress", [])))
         resp.headers.update(headers)
         return resp
@@ -339,9 +346,12 @@ class Sequencer:
 
     def __init__(self) -> None:
         self.n = 0
+        self.timings: Callable[[], dict[str, Any]] | None = None  # timings_per_token: added to each delta
 
     def event(self, kind: str, **data: Any) -> str:
         self.n += 1
+        if self.timings is not None and kind.endswith(".delta"):
+            data["timings"] = self.timings()
         return sse({"type": kind, "sequence_number": self.n - 1, **data}, kind)
 
 
@@ -432,12 +442,15 @@ class Output:
 
 
 async def _stream(store: ResponseStore, job: Job, draft: Draft, mid: str, history: list[dict[str, Any]],
-                  calls: CallStream | None, seq: Sequencer | None = None) -> AsyncIterator[str]:
+                  calls: CallStream | None, seq: Sequencer | None = None, progress: bool = False) -> AsyncIterator[str]:
     """response.created, in_progress, then a message item (output_item.added, content_part.added,
     output_text.delta..., output_text.done, content_part.done, output_item.done) and a function_call
-    item per call (added, function_call_arguments.delta/.done, done), then response.completed."""
+    item per call (added, function_call_arguments.delta/.done, done), then response.completed with
+    llama-server's `timings` beside the response. With `progress` (llama-server's return_progress), a
+    response.in_progress with `prompt_progress` for each part of the prompt read."""
     ev = (seq or Sequencer()).event
     out = Output(ev, mid)
+    t0 = time.perf_counter()
     try:
         yield ev("response.created", response=draft.body("in_progress", []))
         yield ev("response.in_progress", response=draft.body("in_progress", []))
@@ -445,7 +458,10 @@ async def _stream(store: ResponseStore, job: Job, draft: Draft, mid: str, histor
             if job.disconnected:
                 return
             lines: list[str] = []
-            if isinstance(e, P.Token) and e.reasoning:
+            if isinstance(e, P.Progress) and progress:
+                lines = [ev("response.in_progress", response=draft.body("in_progress", []),
+                            prompt_progress=prompt_progress(e, t0))]
+            elif isinstance(e, P.Token) and e.reasoning:
                 lines = out.think(e.text)
             elif isinstance(e, P.Token):
                 lines = out.say(calls.push(e.text) if calls is not None else e.text)
@@ -462,7 +478,8 @@ async def _stream(store: ResponseStore, job: Job, draft: Draft, mid: str, histor
                 yield line
         body = draft.body(status_of(job), out.items, job)
         remember(store, draft, body, history, job)
-        yield ev("response.completed" if body["status"] == "completed" else "response.incomplete", response=body)
+        yield ev("response.completed" if body["status"] == "completed" else "response.incomplete", response=body,
+                 timings=job.timings())
     finally:
         job.close()
 

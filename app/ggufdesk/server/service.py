@@ -19,6 +19,7 @@ from ggufdesk.engine.link.client import EngineError
 from ggufdesk.server.admission import Admission, MemoryGuard
 from ggufdesk.server.errors import ApiError
 from ggufdesk.server.metrics import Metrics
+from ggufdesk.server.metrics_llamacpp import Finished
 from ggufdesk.server.pool import EnginePool
 from ggufdesk.server.budget import Need
 from ggufdesk.server.ratelimit import RateLimiter
@@ -120,9 +121,9 @@ class Service:
         self.metrics.bind(running=lambda: self.admission.running, queued=lambda: self.admission.queued,
                           kv_usage=self.kv_usage)
         self.metrics.bind_models(self._model_metrics)
-        router.on_load = lambda model_id: self.metrics.model_loads.labels(model_id).inc()
+        router.on_load = self._loaded
         router.on_unload = lambda model_id, why: self.metrics.model_unloads.labels(model_id, why).inc()
-        self.created = int(time.time())  # the model's "created" in /v1/models
+        self.created = int(time.time())  # the model's "created" in /v1/models; Process-Start-Time-Unix in /metrics
         self._seen: dict[str, float] = {}
         self._inflight: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -131,6 +132,12 @@ class Service:
         self._serving = threading.Event()
 
     # ---- facts ----------------------------------------------------------------------------------
+
+    def _loaded(self, model_id: str) -> None:
+        self.metrics.model_loads.labels(model_id).inc()
+        pool = self.router.slots[model_id].pool
+        if pool is not None:
+            pool.on_decodes = self.metrics.llamacpp.decoded
 
     @property
     def pool(self) -> EnginePool | None:
@@ -345,6 +352,9 @@ class Service:
                 raise ApiError(503, "the embedding request was cancelled by the server", code="engine_unavailable",
                                retry_after=5, reason="engine_crash")
             outcome, n_tokens = "ok", sum(ev.n_tokens)
+            self.metrics.llamacpp.finished(Finished(prompt_n=n_tokens, prompt_s=time.perf_counter() - t0,
+                                                    n_tokens=max(ev.n_tokens, default=0)))
+            self.metrics.llamacpp.decoded(ev.n_decode, ev.n_decode)
             return ev
         finally:
             gone.cancel()
@@ -403,6 +413,7 @@ class Service:
         m.context(job.cached_tokens, job.restored_tokens, job.overflow_policy, job.truncated_tokens)
         if job.stats is not None:
             m.speculation(job.stats.drafted, job.stats.accepted)
+        m.llamacpp.finished(job.finished_figures())
         self.limiter.settle(job.caller, job.reserved, job.prompt_tokens + job.completion_tokens)
 
 
@@ -646,6 +657,31 @@ class Job:
         if self.reasoning_tokens is not None:
             out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
         return out
+
+    def timings(self) -> dict[str, Any]:
+        """llama-server's `timings`, from the engine's stats (prompt: the part not already cached)."""
+        st = self.stats
+        if st is None:
+            return {"cache_n": 0, "prompt_n": self.prompt_tokens, "prompt_ms": 0.0, "prompt_per_token_ms": 0.0,
+                    "prompt_per_second": 0.0, "predicted_n": self.completion_tokens, "predicted_ms": 0.0,
+                    "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}
+        prompt_n = max(0, st.n_prompt - st.n_reused)
+        prompt_ms = 1000 * prompt_n / st.prefill_tok_s if st.prefill_tok_s > 0 else st.ttft_s * 1000
+        n_gen = max(st.n_gen, self.completion_tokens)
+        pred_ms = 1000 * max(0, n_gen - 1) / st.decode_tok_s if st.decode_tok_s > 0 else 0.0
+        return {"cache_n": st.n_reused, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+                "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+                "prompt_per_second": st.prefill_tok_s, "predicted_n": n_gen, "predicted_ms": pred_ms,
+                "predicted_per_token_ms": pred_ms / n_gen if n_gen else 0.0, "predicted_per_second": st.decode_tok_s}
+
+    def finished_figures(self) -> Finished:
+        """What llama-server's /metrics counts of this request (the same figures as its timings)."""
+        t, st = self.timings(), self.stats
+        return Finished(prompt_n=t["prompt_n"], cache_n=t["cache_n"], prompt_s=t["prompt_ms"] / 1000,
+                        predicted_n=t["predicted_n"], predicted_s=t["predicted_ms"] / 1000,
+                        n_tokens=self.prompt_tokens + self.completion_tokens,
+                        draft_tokens=st.drafted if st else 0, accepted=st.accepted if st else 0,
+                        drafts=st.drafts if st else 0)
 
     def context_fields(self) -> dict[str, Any]:
         """What a response adds when the overflow policy dropped tokens: their count and the policy."""

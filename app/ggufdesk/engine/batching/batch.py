@@ -102,7 +102,7 @@ class BatchEngine:
                                apply=lambda n, nb: set_threads(lm.ctx.ctx, n, nb),
                                load=None if fixed else CpuLoad.of_this_machine())
         self.update.threads = lambda: self.threads.decode.n
-        self._status_sent: tuple[int, int, int, str] | None = None
+        self._status_sent: tuple[int, int, int, str, int] | None = None
         self._status_t = 0.0
 
     def set_verify_costs(self, costs: dict[int, float] | None) -> None:
@@ -157,6 +157,7 @@ class BatchEngine:
             self._status(force=True)
             return
         self.threads.prepare()  # a neighbour that took a core since the last step: fewer threads now
+        n_running = len(self.sched.running)
         try:
             result = self.runner.run(plan)
         except KnownError as e:
@@ -167,7 +168,7 @@ class BatchEngine:
                 self._settle(plan, result)
                 self._prefilled(result)
                 self.update.apply(result)
-        self._status(force=False)
+        self._status(force=len(self.sched.running) < n_running)  # a request ended: its counts go with its Done
 
     def schedule(self) -> Plan[Sequence]:
         """Reap what ended between steps, admit what fits, and plan the step's rows."""
@@ -285,15 +286,16 @@ class BatchEngine:
     def _status(self, *, force: bool) -> None:
         """Status when it changed: at most every STATUS_EVERY_S while busy, at once when idle."""
         now = time.monotonic()
-        state = (len(self.sched.running), len(self.sched.waiting), self.slots.used, self.spec_mode())
+        state = (len(self.sched.running), len(self.sched.waiting), self.slots.used, self.spec_mode(),
+                 self.runner.n_decode)
         if state == self._status_sent:
             return
         if not force and now - self._status_t < STATUS_EVERY_S and self._status_sent is not None:
             return
         self._status_sent, self._status_t = state, now
-        running, queued, used, spec = state
+        running, queued, used, spec, n_decode = state
         self.emit(P.Status(running=running, queued=queued, kv_cells_used=used, kv_cells_total=self.n_ctx,
-                           n_parallel=self.n_parallel, spec=spec))
+                           n_parallel=self.n_parallel, spec=spec, n_decode=n_decode, n_busy=self.runner.n_busy))
 
 
 def context_error(n: int, room: int) -> P.EngineRequestError:

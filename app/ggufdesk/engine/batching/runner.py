@@ -101,6 +101,8 @@ class ModelRunner:
         self.lm, self.slots, self.sampling = lm, slots, sampling
         self.set_batch, self.flush, self.decode, self.clock = set_batch, flush, decode, clock
         self.n_ctx = lm.n_ctx
+        self.n_decode = 0  # llama_decode calls that computed requests' rows (not images, not drafting), so far
+        self.n_busy = 0  # the sequences those calls served, summed (per call: llama-server's busy slots)
         self._batch = internals.LlamaBatch(n_tokens=max(lm.settings.n_batch, lm.n_outputs, 1), embd=0, n_seq_max=1)
 
     def run(self, plan: Plan[Sequence]) -> StepResult | None:
@@ -214,6 +216,8 @@ class ModelRunner:
             raise KnownError(f"the context is full ({self.n_ctx} cells)")
         if rc != 0:
             raise KnownError(f"llama_decode failed with code {rc}")
+        self.n_decode += 1
+        self.n_busy += len(seqs)
         return True
 
     # ---- after the decode call ------------------------------------------------------------------

@@ -71,6 +71,7 @@ class RunStats:
     drafted: int = 0
     accepted: int = 0
     draft_len: int = 0
+    drafts: int = 0
     speculation: str = "off"
     tokens: list[int] = field(default_factory=list)
 

@@ -126,7 +126,7 @@ class Update:
             id=s.rid, n_prompt=st.n_prompt, n_reused=st.n_reused, n_gen=st.n_gen,
             ttft_s=round(st.ttft_s, 4), prefill_tok_s=round(st.prefill_tok_s, 2),
             decode_tok_s=round(st.decode_tok_s, 2), drafted=st.drafted, accepted=st.accepted,
-            draft_len=st.draft_len, speculation=spec, threads=self.threads(), final=final,
+            draft_len=st.draft_len, drafts=st.drafts, speculation=spec, threads=self.threads(), final=final,
             llama_perf=(llama_perf(self.lm) if s.alone else {}) if final else {},
         )
 

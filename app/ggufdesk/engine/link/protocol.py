@@ -250,6 +250,7 @@ class Stats:
     drafted: int = 0
     accepted: int = 0
     draft_len: int = 0
+    drafts: int = 0  # drafts verified (steps that checked drafted tokens)
     speculation: str = "off"  # "off" | "draft" | "lookup" | "disabled: <why>"
     threads: int = 0  # CPU threads decoding now (engine/batching/threads.py; 0: not told)
     final: bool = False
@@ -300,6 +301,7 @@ class Embeddings:
     truncated: list[bool] = field(default_factory=list)  # inputs cut to fit (Embed.truncate)
     pooling: str = "mean"  # "mean" | "cls" | "last"
     model: str = ""
+    n_decode: int = 0  # llama_decode calls they took
 
 
 @dataclass(kw_only=True)
@@ -334,6 +336,10 @@ class Status:
     kv_cells_total: int = 0
     n_parallel: int = 1
     spec: str = "off"  # speculation now: "off" | "lookup" | "draft" | "paused" (every drafter paused or disabled)
+    # since the model was loaded: llama_decode calls for requests' rows (not images, not drafting), and the
+    # sequences they served summed (n_busy / n_decode: sequences per call); sent at once when a request ends
+    n_decode: int = 0
+    n_busy: int = 0
 
 
 @dataclass(kw_only=True)

@@ -60,6 +60,7 @@ class Vector:
     values: list[float]
     n_tokens: int  # tokens the input was decoded as (after truncation)
     truncated: bool
+    n_decode: int = 0  # llama_decode calls it took
 
 
 class Embedder:
@@ -101,6 +102,7 @@ class Embedder:
         self.step = step
         self._batch = internals.LlamaBatch(n_tokens=step, embd=0, n_seq_max=1)
         self._mem = llama_cpp.llama_get_memory(self.ctx.ctx)
+        self.n_decode = 0  # llama_decode calls so far
 
     @property
     def pooling_name(self) -> str:
@@ -125,6 +127,7 @@ class Embedder:
                           "at a time (shorten it, or ask for truncation)", "context")
         tokens = tokens[:self.n_max]
         llama_cpp.llama_memory_clear(self._mem, True)
+        n_decode = self.n_decode
         callback = getattr(aborter, "_callback", None)
         if callback is not None:
             llama_cpp.llama_set_abort_callback(self.ctx.ctx, callback, ctypes.c_void_p(0))
@@ -134,7 +137,7 @@ class Embedder:
             if callback is not None:
                 no_callback = ctypes.cast(ctypes.c_void_p(), llama_cpp.ggml_abort_callback)  # a NULL function pointer
                 llama_cpp.llama_set_abort_callback(self.ctx.ctx, no_callback, ctypes.c_void_p(0))
-        return Vector(values=normalise(pooled), n_tokens=len(tokens), truncated=cut)
+        return Vector(values=normalise(pooled), n_tokens=len(tokens), truncated=cut, n_decode=self.n_decode - n_decode)
 
     def _decode(self, tokens: list[int], pos0: int) -> None:
         b = self._batch.batch
@@ -150,6 +153,7 @@ class Embedder:
             raise EmbedCancelled()
         if rc != 0:
             raise KnownError(f"llama_decode failed with code {rc} while computing an embedding")
+        self.n_decode += 1
 
     def _row(self, ptr: object) -> np.ndarray:
         if not ptr:

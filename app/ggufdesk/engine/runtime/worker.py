@@ -64,6 +64,7 @@ class EmbedJob:
     vectors: list[list[float]] = field(default_factory=list)
     n_tokens: list[int] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
+    n_decode: int = 0  # llama_decode calls so far
 
 
 class Emitter:
@@ -531,10 +532,12 @@ class Engine:
         job.vectors.append(v.values)
         job.n_tokens.append(v.n_tokens)
         job.truncated.append(v.truncated)
+        job.n_decode += v.n_decode
         if len(job.vectors) == len(job.req.inputs):
             self._embeds.popleft()
             self._emit(P.Embeddings(id=rid, vectors=job.vectors, n_tokens=job.n_tokens, truncated=job.truncated,
-                                    pooling=embedder.pooling_name, model=lm.path))
+                                    pooling=embedder.pooling_name, model=lm.path,
+                                    n_decode=job.n_decode))
 
     # ---- the main loop --------------------------------------------------------------------------
 

@@ -138,5 +138,6 @@ class DraftPlanner:
             s.drafter.feedback(len(r.draft), out.accepted, cost, bill.drafting / bill.share)
             st = s.stats
             st.drafted += len(r.draft)
+            st.drafts += 1 if r.draft else 0
             st.accepted += out.accepted
             st.draft_len, st.speculation = s.drafter.k, s.drafter.status
