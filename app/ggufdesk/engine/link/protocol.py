@@ -96,7 +96,7 @@ class Generate:
     parallel_tool_calls: bool = False  # up to 4 calls in one answer (off: one, as llama-server)
     logit_bias: dict[str, float | None] | None = None  # token id -> added to its logit (None: never sampled)
     ignore_eos: bool = False  # end-of-generation tokens are never sampled: it runs to max_tokens
-    # reasoning models (core/reasoning.py): None = the template's default; True/False; or an effort
+    # reasoning models (core/reasoning.py): None = sampling.think (auto: template_switches); True/False; or an effort
     # "low"|"medium"|"high"; an off switch the template lacks becomes a budget of 0
     think: bool | str | None = None
     reasoning_budget: int | None = None  # reasoning tokens before the engine closes the block (None: no limit)
@@ -134,6 +134,8 @@ class Tokenize:
     parse_special: bool = True  # text: special-token text (<|im_start|>) becomes the special token
     with_pieces: bool = False  # also each token's text
     add_generation_prompt: bool = True  # messages: end with the assistant turn's opening
+    think: bool | str | None = None  # messages: as Generate.think (the caller passes its default: there
+    # is no sampling here), so the prompt ends as a generation's would (an open or closed think block)
 
 
 @dataclass(kw_only=True)
