@@ -40,7 +40,7 @@ def test_harmony_plain_text_and_a_cut_header_are_answers():
 
 def test_switches():
     qwen, r1, oss, v3 = (scripted.template(f) for f in ("qwen3", "deepseek-r1", "gpt-oss", "deepseek-v3"))
-    assert R.template_switches(qwen, None) == ({}, True)
+    assert R.template_switches(qwen, None) == ({"enable_thinking": True}, True)  # auto: on, as llama-server
     assert R.template_switches(qwen, False) == ({"enable_thinking": False}, True)
     assert R.template_switches(v3, True) == ({"enable_thinking": True, "thinking": True}, True)
     assert R.template_switches(r1, False) == ({}, False)  # no switch: the engine ends it (budget 0)

@@ -66,7 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "names the first model, as llama-server's --alias")
     p.add_argument("--tags", default="", help="comma-separated labels /models lists for the model (llama-server's)")
     p.add_argument("--chat-template-file", help="a Jinja chat template to use instead of the model's own")
-    p.add_argument("--chat-template", help="a chat template as Jinja text, or a built-in name (chatml, llama3)")
+    p.add_argument("--chat-template", help="a chat template as Jinja text, or a built-in name "
+                                           "(chatml, llama3, command-r, gemma, phi3)")
     p.add_argument("--no-metrics", action="store_true", help="no /metrics endpoint (it answers 501)")
     p.add_argument("--metrics", action="store_true", help=argparse.SUPPRESS)  # llama-server's flag: on anyway
     p.add_argument("--slots", action="store_true", help="serve llama-server's /slots monitoring endpoint")

@@ -5,6 +5,8 @@ Formats:
             Phi-4-reasoning); the template may open the block in the prompt (R1 distills, DeepSeek
             V3.1 with thinking on), then the output starts inside it.
 - mistral:  [THINK]...[/THINK] (Magistral).
+- cohere:   <|START_THINKING|>...<|END_THINKING|> then the answer (Command R7B; its
+            <|START_RESPONSE|> markers are special tokens, not text).
 - harmony:  gpt-oss's channels: <|channel|>analysis<|message|>...<|end|> is reasoning,
             <|start|>assistant<|channel|>final<|message|>... the answer; a message addressed
             `to=functions.NAME` is a tool call and passes through whole for core/toolcalls.py.
@@ -33,33 +35,52 @@ MISTRAL = ReasoningFormat("mistral", "[THINK]", "[/THINK]", "[/THINK]", ("[THINK
 HARMONY = ReasoningFormat("harmony", "<|channel|>analysis<|message|>", "<|end|>",
                           "<|end|><|start|>assistant<|channel|>final<|message|>",
                           ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>"))
+COHERE = ReasoningFormat("cohere", "<|START_THINKING|>", "<|END_THINKING|>", "<|END_THINKING|>",
+                         ("<|START_THINKING|>", "<|END_THINKING|>"))
 EFFORTS = ("low", "medium", "high")
+
+
+def _by_markers(t: str) -> ReasoningFormat | None:
+    """The format whose markers the template itself writes."""
+    if "<|channel|>" in t:
+        return HARMONY
+    if "[THINK]" in t:
+        return MISTRAL
+    if "<|START_THINKING|>" in t:
+        return COHERE
+    if "<think>" in t or "</think>" in t:
+        return THINK
+    return None
 
 
 def detect(template: str | None) -> ReasoningFormat | None:
     """The reasoning format a chat template was written for, or None for a model that does not reason."""
     t = template or ""
-    if "<|channel|>" in t:
-        return HARMONY
-    if "[THINK]" in t:
-        return MISTRAL
-    if "<think>" in t or "</think>" in t or "reasoning_content" in t:
-        return THINK
-    return None
+    return _by_markers(t) or (THINK if "reasoning_content" in t else None)
 
 
 def template_switches(template: str | None, think: bool | str | None) -> tuple[dict[str, Any], bool]:
-    """Template variables for a request's `think` (None: the template's default; True/False; or an
-    effort "low"|"medium"|"high"), and whether the template honoured an off switch (False: the
-    engine must end the reasoning itself, with a budget of 0)."""
+    """Template variables for a request's `think` (None: auto; True/False; or an effort
+    "low"|"medium"|"high"), and whether the template honoured an off switch (False: the engine must
+    end the reasoning itself, with a budget of 0).
+
+    Auto sets `enable_thinking` true where the template reads it and writes the markers of a format
+    the engine splits, as llama-server does (its `--reasoning auto` passes enable_thinking=true to
+    every template that can think): templates written for llama.cpp close the think block when the
+    variable is missing (`{% if not enable_thinking %}`), and Qwen3's defaults to on anyway. A template
+    whose thinking the engine would not read apart (Gemma 4's channels) keeps its own default, as do
+    the other switches (DeepSeek V3.1's `thinking`, off by default, also where it falls back on
+    enable_thinking; gpt-oss's effort)."""
     t = template or ""
+    v31 = bool(re.search(r"\bthinking\b", t)) and "tool▁calls" in t  # DeepSeek V3.1's switch
     if think is None:
-        return {}, True
+        auto_on = "enable_thinking" in t and _by_markers(t) is not None and not v31
+        return ({"enable_thinking": True} if auto_on else {}), True
     on = think is not False
     out: dict[str, Any] = {}
     if "enable_thinking" in t:
         out["enable_thinking"] = on
-    if re.search(r"\bthinking\b", t) and "tool▁calls" in t:  # DeepSeek V3.1's switch
+    if v31:
         out["thinking"] = on
     if "reasoning_effort" in t:
         effort = think if isinstance(think, str) and think in EFFORTS else None

@@ -328,7 +328,8 @@ async def count_tokens(request: Request) -> Response:
     extra = await off_loop(structured.anthropic_tools, req.tools, req.tool_choice)
     model = svc.check_model(req.model)
     out = await svc.tokenize(model, messages=messages_of(req), tools=extra.get("tools"),
-                             tool_choice=extra.get("tool_choice"))
+                             tool_choice=extra.get("tool_choice"),
+                             think=reasoning.anthropic_fields(req.thinking).get("think"))
     return JSONResponse({"input_tokens": len(out.tokens)})
 
 

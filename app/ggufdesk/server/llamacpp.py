@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ggufdesk.engine.link import protocol as P
-from ggufdesk.server import structured
+from ggufdesk.server import reasoning, structured
 from ggufdesk.server.errors import ApiError, invalid, native_error, not_supported
 from ggufdesk.server.http import caller, event_stream, off_loop, parse_body, service, sse
 from ggufdesk.server.sampling import sampling_from
@@ -215,7 +215,8 @@ async def prompt_echo(svc: Service, model: str, spec: GenSpec) -> str:
     `__verbose.prompt`: "<s> I believe..."); a prompt that cannot be read again gives its text."""
     if spec.messages is not None:
         fields: dict[str, Any] = {"messages": spec.messages, "tools": spec.structured.get("tools"),
-                                  "tool_choice": spec.structured.get("tool_choice")}
+                                  "tool_choice": spec.structured.get("tool_choice"),
+                                  "think": spec.reasoning.get("think")}
     elif spec.prompt_tokens is not None:
         fields = {"tokens": spec.prompt_tokens}
     else:
@@ -365,6 +366,10 @@ class TemplateRequest(Strict):
     tools: list[Any] | None = None
     tool_choice: Any = None
     add_generation_prompt: bool = True
+    # the think setting, as on /chat/completions (server/reasoning.py); none given: the server's --think
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    think: bool | str | None = None
 
 
 async def tokenize(request: Request) -> Response:
@@ -392,7 +397,9 @@ async def apply_template(request: Request) -> Response:
     req = await parse_body(request, TemplateRequest)
     msgs = chat_messages(validate(ChatRequest, {"model": "", "messages": req.messages}))
     tools = structured.openai_tools(req.tools, req.tool_choice, True) if req.tools else {}
-    out = await svc.tokenize(svc.model_id, messages=msgs, tools=tools.get("tools"),
+    think = reasoning.openai_fields(effort=req.reasoning_effort, template_kwargs=req.chat_template_kwargs,
+                                    think=req.think).get("think")
+    out = await svc.tokenize(svc.model_id, messages=msgs, tools=tools.get("tools"), think=think,
                              tool_choice=tools.get("tool_choice"), add_generation_prompt=req.add_generation_prompt)
     return JSONResponse({"prompt": out.text})
 

@@ -374,8 +374,10 @@ async def input_tokens(request: Request) -> Response:
     req = await parse_body(request, ChatRequest)
     tools = structured.openai_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
     model = svc.check_model(req.model)
+    think = reasoning.openai_fields(effort=req.reasoning_effort, template_kwargs=req.chat_template_kwargs,
+                                    think=req.think).get("think")
     out = await svc.tokenize(model, messages=chat_messages(req), tools=tools.get("tools"),
-                             tool_choice=tools.get("tool_choice"))
+                             tool_choice=tools.get("tool_choice"), think=think)
     return JSONResponse({"input_tokens": len(out.tokens)})
 
 

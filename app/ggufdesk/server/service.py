@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping, TypeVar
 
 from ggufdesk.core.errors import KnownError
-from ggufdesk.core.settings import SamplingSettings
+from ggufdesk.core.settings import SamplingSettings, think_value
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.link.client import EngineError
 from ggufdesk.server.admission import Admission, MemoryGuard
@@ -370,9 +370,13 @@ class Service:
             self.limiter.settle(caller, reserved, n_tokens)
 
     async def tokenize(self, model: str, **fields: Any) -> P.Tokenized:
-        """The served model's Tokenize (text, messages with tools, or token ids back to text)."""
+        """The served model's Tokenize (text, messages with tools, or token ids back to text). A chat
+        prompt is rendered with the request's `think` if it gave one, else the server's (--think and
+        the model's preset), as its generation would be."""
         self.ensure_background()
         model_id = model if model in self.router.slots else self.check_model(model)
+        if fields.get("messages") is not None and fields.get("think") is None:
+            fields["think"] = think_value(self.sampling_defaults(model_id).think)
         slot = await self.router.acquire(model_id)  # loaded if needed; no generation slot: it is quick
         try:
             if slot.pool is None:

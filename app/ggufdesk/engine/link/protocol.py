@@ -99,7 +99,7 @@ class Generate:
     logit_bias_text: list[list[Any]] | None = None
     cache_prompt: bool = True  # False: no cached prefix is reused for this prompt (llama-server's cache_prompt)
     ignore_eos: bool = False  # end-of-generation tokens are never sampled: it runs to max_tokens
-    # reasoning models (core/reasoning.py): None = the template's default; True/False; or an effort
+    # reasoning models (core/reasoning.py): None = sampling.think (auto: template_switches); True/False; or an effort
     # "low"|"medium"|"high"; an off switch the template lacks becomes a budget of 0
     think: bool | str | None = None
     reasoning_budget: int | None = None  # reasoning tokens before the engine closes the block (None: no limit)
@@ -137,6 +137,8 @@ class Tokenize:
     parse_special: bool = True  # text: special-token text (<|im_start|>) becomes the special token
     with_pieces: bool = False  # also each token's text
     add_generation_prompt: bool = True  # messages: end with the assistant turn's opening
+    think: bool | str | None = None  # messages: as Generate.think (the caller passes its default: there
+    # is no sampling here), so the prompt ends as a generation's would (an open or closed think block)
 
 
 @dataclass(kw_only=True)

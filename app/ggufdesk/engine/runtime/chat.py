@@ -74,6 +74,12 @@ def _dates() -> dict[str, str]:
     return {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y %H:%M:%S %Z")}
 
 
+def _functions(tools: Any) -> str:
+    """The `functions` variable: the tools as JSON text (2-space indent), "" without tools, as llama.cpp
+    passes it (common/chat.cpp's Firefunction v2 handler; Firefunction's template adds it to a string)."""
+    return json.dumps(tools, indent=2, ensure_ascii=False) if tools else ""
+
+
 class ChatTemplate:
     """Renders messages to a prompt; template problems become KnownError with a plain message.
 
@@ -142,8 +148,9 @@ class ChatTemplate:
     def _render(self, messages: list[dict[str, str]], *, seconds: float, **extra: Any) -> str:
         kwargs = dict(messages=messages, eos_token=self.eos, bos_token=self.bos, add_generation_prompt=True,
                       raise_exception=_raise_exception, strftime_now=_strftime_now, tools=None,
-                      functions=None, function_call=None, tool_choice=None, **_dates())
+                      function_call=None, tool_choice=None, **_dates())
         kwargs.update(extra)
+        kwargs["functions"] = _functions(kwargs["tools"])
         try:
             return render_with_deadline(lambda: self._template.render(**kwargs), seconds)
         except TemplateBudgetError as e:

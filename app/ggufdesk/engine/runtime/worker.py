@@ -653,10 +653,8 @@ class Engine:
                 structured: Structured | None = None) -> tuple[Fitted, list[str]]:
         """The prompt's tokens fitted to the context under the request's overflow policy
         (engine/runtime/overflow.py), and the template's stop strings."""
-        from ggufdesk.core.reasoning import strip_reasoning, template_switches
         from ggufdesk.engine.batching.batch import context_error
         from ggufdesk.engine.runtime import overflow
-        from ggufdesk.engine.structured.request import prepare_messages
 
         lm, vocab, template = _need(self.lm), _need(self.vocab), _need(self.template)
         n_ctx, policy = lm.n_ctx, _policy(sampling.context_overflow)
@@ -664,12 +662,8 @@ class Engine:
         bos = lm.bos_id
         self._media = None
         if req.messages is not None:
-            tools = structured.tools if structured is not None and structured.fmt is not None \
-                and structured.fmt.native else None
             msgs, pics = self._images(req)
-            msgs = prepare_messages(msgs, structured) if structured is not None else msgs
-            msgs = strip_reasoning(msgs, self.reasoning)
-            switches, _ = template_switches(template.source, _think(req, sampling))
+            msgs, tools, switches = self._template_inputs(msgs, structured, _think(req, sampling))
 
             def render(m: Messages) -> list[int]:
                 if pics:
@@ -746,16 +740,30 @@ class Engine:
         self._emit(out)
 
     def _render(self, req: P.Tokenize) -> str:
-        """The chat prompt a Generate with these messages and tools would be given (before fitting)."""
-        from ggufdesk.core.reasoning import strip_reasoning
+        """The chat prompt a Generate with these messages, tools and think setting would be given
+        (before fitting): the same inputs (_template_inputs) through the same template."""
+        from ggufdesk.engine.runtime.vision import without_keys
+
+        as_generate = P.Generate(id=req.id, messages=req.messages, tools=req.tools, tool_choice=req.tool_choice,
+                                 think=req.think)
+        structured = self._structured(as_generate, SamplingSettings())
+        msgs, tools, switches = self._template_inputs(req.messages or [], structured, req.think)
+        extra = {} if req.add_generation_prompt else {"add_generation_prompt": False}
+        return _need(self.template).render(without_keys(msgs), tools=tools, **switches, **extra)
+
+    def _template_inputs(self, messages: Messages, structured: Structured | None,
+                         think: bool | str | None) -> tuple[Messages, list[dict[str, Any]] | None, dict[str, Any]]:
+        """What a chat prompt is rendered from: the messages as the template gets them (tools explained
+        where the template cannot, earlier reasoning dropped), the tools a template renders itself, and
+        the template variables for `think` (core/reasoning.py)."""
+        from ggufdesk.core.reasoning import strip_reasoning, template_switches
         from ggufdesk.engine.structured.request import prepare_messages
 
-        as_generate = P.Generate(id=req.id, messages=req.messages, tools=req.tools, tool_choice=req.tool_choice)
-        structured = self._structured(as_generate, SamplingSettings())
-        tools = structured.tools if structured.fmt is not None and structured.fmt.native else None
-        extra = {} if req.add_generation_prompt else {"add_generation_prompt": False}
-        msgs = strip_reasoning(prepare_messages(req.messages or [], structured), self.reasoning)
-        return _need(self.template).render(msgs, tools=tools, **extra)
+        tools = structured.tools if structured is not None and structured.fmt is not None \
+            and structured.fmt.native else None
+        msgs = prepare_messages(messages, structured) if structured is not None else messages
+        switches, _ = template_switches(_need(self.template).source, think)
+        return strip_reasoning(msgs, self.reasoning), tools, switches
 
     def _chat_text(self, messages: Messages, tools: list[dict[str, Any]] | None = None,
                    switches: dict[str, Any] | None = None) -> str:
