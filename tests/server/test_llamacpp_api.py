@@ -161,6 +161,9 @@ def test_prompts_of_token_ids_with_text_among_them_and_prompt_objects(served):
     assert mixed["tokens_evaluated"] == 2 + len(tail) + 1
     refused = post(served, "/completion", {"prompt": {"prompt_string": "x", "multimodal_data": ["aGk="]}})
     assert refused.status_code == 400 and "multimodal_data" in refused.json()["error"]["message"]
+    # each text among ids is a round trip to the engine: at most 256 in a whole request, not per prompt
+    many = post(served, "/completion", {"prompt": [[1, "a", "b", "c", "d", "e"]] * 60, "n_predict": 1})
+    assert many.status_code == 400 and "256 texts" in many.json()["error"]["message"]
 
 
 def test_logit_bias_text_keys_and_the_bias_applied_in_the_answer(served):

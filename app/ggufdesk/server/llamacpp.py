@@ -38,7 +38,7 @@ MAX_PROMPTS = 64  # prompts in one /completion request (each is a request of its
 MAX_BIAS = 1 << 16  # logit_bias entries
 TOKEN_ID = re.compile(r"\s*[+-]?[0-9]+")  # a logit_bias key read as a token id (as strtol reads it)
 REFUSED = ("lora", "image_data", "multimodal_data", "samplers")
-MAX_TEXT_PIECES = 256  # texts among one prompt's token ids (each is tokenized by a round trip to the engine)
+MAX_TEXT_PIECES = 256  # texts among the token ids of one request's prompts (each is a round trip to the engine)
 
 
 def refuse_extensions(req: Any) -> None:
@@ -163,7 +163,10 @@ def prompts_of(prompt: str | dict[str, Any] | list[Any]) -> list[Prompt]:
             raise invalid("prompt must not be empty", param="prompt")
         if len(prompt) > MAX_PROMPTS:
             raise invalid(f"at most {MAX_PROMPTS} prompts in one request, got {len(prompt)}", param="prompt")
-        return [_one_prompt(p) for p in prompt]
+        out = [_one_prompt(p) for p in prompt]
+        if sum(isinstance(x, str) for p in out if isinstance(p, list) for x in p) > MAX_TEXT_PIECES:
+            raise invalid(f"at most {MAX_TEXT_PIECES} texts among the token ids of all prompts", param="prompt")
+        return out
     return [_one_prompt(prompt)]
 
 
