@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from ggufdesk.engine.batching.cpu_load import PERIOD, CpuLoad, busy_cpu_reader
-from ggufdesk.engine.batching.threads import GAP_FIRST, WINDOW, Threads, ThreadTuner, units
+from ggufdesk.engine.batching.threads import GAP_FIRST, GAP_SENSED, WINDOW, Threads, ThreadTuner, units
 
 # the starter on 2 cores, as measured (issue 29): seconds per token by thread count
 QUIET = {2: 1 / 47, 1: 1 / 25}
@@ -298,3 +298,82 @@ def test_the_engine_asks_the_sensor_before_the_first_decode_call_and_reports_the
     assert at_decode and set(at_decode) == {(1, 1)}  # the prefill and every decode ran on 1 thread
     stats = [e for e in events if isinstance(e, P.Stats)]
     assert stats and stats[-1].threads == 1
+
+
+def idle(th: Threads, machine: Machine, seconds: float) -> None:
+    """The engine waiting for work: the worker calls idle() every PERIOD (runtime/worker.next_request)."""
+    for _ in range(round(seconds / PERIOD)):
+        machine.step(PERIOD, own_cores=0.0)
+        th.idle()
+
+
+def test_a_neighbour_that_left_while_the_engine_waited_costs_the_next_request_nothing():
+    m = Machine(others=1.0)
+    th, applied = engine(m)
+    idle(th, m, 5.0)  # another program (or engine) busy while we wait ...
+    m.others = 0.0
+    idle(th, m, 1.0)  # ... then gone before the request comes
+    th.prepare()
+    assert th.now == (2, 2) and applied == []
+    assert set(decode(th, m, 30, QUIET)) == {2}
+
+
+def test_a_neighbour_still_there_when_the_request_comes_is_seen_through_the_idle_readings():
+    m = Machine(others=0.0)
+    th, _ = engine(m)
+    idle(th, m, 5.0)
+    m.others = 1.0
+    idle(th, m, 1.0)
+    th.prepare()
+    assert th.now == (1, 1)
+
+
+def test_idle_readings_without_a_sensor_or_with_a_fixed_count_do_nothing():
+    for th in (Threads(2, 2, fixed=False, apply=lambda n, nb: None, load=None),
+               Threads(2, 2, fixed=True, apply=lambda n, nb: None, load=_Exploding())):  # type: ignore[arg-type]
+        assert not th.sensing
+        th.idle()
+        assert th.now == (2, 2)
+
+
+def test_the_worker_reads_the_sensor_while_it_waits_and_still_answers_the_request(monkeypatch):
+    import queue
+
+    from ggufdesk.engine.link import protocol as P
+    from ggufdesk.engine.runtime import worker
+
+    ticks: list[int] = []
+
+    class Sensing:  # the step loop's threads, with a sensor
+        sensing = True
+
+        def idle(self) -> None:
+            ticks.append(1)
+
+    class Batch:  # an idle step loop
+        busy = False
+        threads = Sensing()
+
+        def idle(self) -> None:
+            pass
+
+    class SlowInbox(queue.Queue):  # nothing for three periods, then a request
+        def get(self, block: bool = True, timeout: float | None = None) -> P.Message:
+            assert timeout == worker.IDLE_SENSE_S  # never a blocking wait while the sensor reads
+            if len(ticks) < 3:
+                raise queue.Empty
+            return P.Ping(id="p")
+
+    engine = worker.Engine(lambda e: None, worker.CancelBook())  # type: ignore[arg-type]
+    engine.batch = Batch()  # type: ignore[assignment]
+    assert isinstance(engine.next_request(SlowInbox()), P.Ping) and len(ticks) == 3
+
+
+def test_with_a_sensor_a_quiet_machine_is_probed_less_often():
+    m = Machine()
+    sensed, _ = engine(m)
+    blind = Threads(2, 2, fixed=False, apply=lambda n, nb: None, load=None)
+    assert sensed.decode.gap == GAP_SENSED > blind.decode.gap == GAP_FIRST
+    used = decode(sensed, m, GAP_SENSED + 2 * WINDOW, QUIET)
+    assert used[:GAP_SENSED].count(1) == 0 and 1 in used  # no probe before the gap, then one
+    assert used[-1] == 2 and sensed.decode.gap == 2 * GAP_SENSED  # it lost and backed off

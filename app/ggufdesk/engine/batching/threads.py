@@ -17,10 +17,12 @@ SMT siblings, a platform without the sensor): `ThreadTuner` reads them normalise
 explains (`units`), and when they slow down beyond SLOW x the best seen at the current count, tries
 one thread fewer for a window of steps and keeps whichever was faster. Every `gap` steps it probes
 one thread more the same way, or at the ceiling one fewer (contention the sensor does not see leaves
-no slowdown to notice when it was there from the start); a probe that loses doubles the gap, up to
-GAP_MAX. llama.cpp runs one-row batches on `n_threads` and larger ones on `n_threads_batch`, so the
-engine keeps one tuner for each (`Threads`), and `llama_set_n_threads` sets both between steps. A
-fixed thread count (`--threads`) turns both signals off.
+no slowdown to notice when it was there from the start; GAP_SENSED steps apart where the sensor
+reads, GAP_FIRST where it cannot); a probe that loses doubles the gap, up to GAP_MAX. llama.cpp
+runs one-row batches on `n_threads` and larger ones on `n_threads_batch`, so the engine keeps one
+tuner for each (`Threads`), and `llama_set_n_threads` sets both between steps. While the engine
+waits for work the sensor reads on (`idle`), so a request sees what the others do now. A fixed
+thread count (`--threads`) turns both signals off.
 """
 from __future__ import annotations
 
@@ -40,6 +42,12 @@ SLOW = 1.3  # steps this much slower than the best seen at the count are not exp
 # steps at the slower count (beside a busy loop 6 x (1/16.8 - 1/24.9) s = 0.12 s against 32 steps' 1.3 s,
 # 9% at first, halving with every doubling), a winning one regains the full speed within 32 steps
 GAP_FIRST = 32
+# ... and where the CPU-load sensor watches: it already drops the count the moment a neighbour takes a
+# core and probes up the moment one leaves, so the periodic probe only looks for what it cannot see
+# (memory bandwidth, SMT siblings: slowdowns, not collapses). Each probe costs the quiet machine WINDOW
+# slower steps (6 x (1/37 - 1/59) s = 0.06 s on the starter), 5% of a 128-token answer at a gap of 32
+# (bench/contention.py, no busy loop: 0.91 of fixed 2 threads); at 128, a quarter of that
+GAP_SENSED = 128
 GAP_MAX = 1024  # ... up to this (about a minute of decoding at 20 tok/s)
 ROW_SHARE = 0.5  # a decode row beside others costs about half a one-row step (measured 0.54-0.59)
 PROMPT_SHARE = 0.1  # a prompt row without logits: prefill runs ~10x as many tokens per second as decode
@@ -59,7 +67,7 @@ class ThreadTuner:
     WINDOW steps at another count and is kept when its median beats the median before it.
     """
 
-    def __init__(self, n_max: int, *, fixed: bool = False) -> None:
+    def __init__(self, n_max: int, *, fixed: bool = False, gap_first: int = GAP_FIRST) -> None:
         self.n_max = max(1, n_max)
         self.fixed = fixed
         self.n = self.n_max
@@ -68,7 +76,7 @@ class ThreadTuner:
         self.best: dict[int, float] = {}  # per count, the best window median seen (its quiet speed)
         self.trial_from: tuple[int, float] | None = None  # during a trial: (the count before, its median)
         self.since = 0  # steps since the count last changed
-        self.gap = GAP_FIRST
+        self.gap = self.gap_first = gap_first
         self.changes = 0
 
     def observe(self, t: float) -> None:
@@ -120,7 +128,7 @@ class ThreadTuner:
         self.trial_from = None
         if med < before_med:  # the trial was faster: keep it
             self.best[self.n] = med
-            self.gap, self.since, self.times = GAP_FIRST, 0, []
+            self.gap, self.since, self.times = self.gap_first, 0, []
             return
         self._set(before)
         # the count we came back to may be slower than its best, but the other count did not help: its
@@ -139,10 +147,11 @@ class Threads:
 
     def __init__(self, n_threads: int, n_threads_batch: int, *, fixed: bool,
                  apply: Callable[[int, int], None], load: CpuLoad | None = None) -> None:
-        self.decode = ThreadTuner(n_threads, fixed=fixed)
-        self.batch = ThreadTuner(n_threads_batch, fixed=fixed)
-        self.apply = apply
         self.load = None if fixed else load  # the CPUs other programs leave free (None: step times only)
+        gap = GAP_FIRST if self.load is None else GAP_SENSED
+        self.decode = ThreadTuner(n_threads, fixed=fixed, gap_first=gap)
+        self.batch = ThreadTuner(n_threads_batch, fixed=fixed, gap_first=gap)
+        self.apply = apply
         self._applied = (n_threads, n_threads_batch)
 
     @property
@@ -163,6 +172,19 @@ class Threads:
             self.decode.limit(free)
             self.batch.limit(free)
             self._apply()
+
+    @property
+    def sensing(self) -> bool:
+        """Whether idle() has a sensor to keep fresh (threads left to the engine, psutil present)."""
+        return self.load is not None
+
+    def idle(self) -> None:
+        """While the engine waits for work, every PERIOD: keep the sensor's interval recent, so the first
+        reading of the next request says what other programs do now, not what they did over the whole
+        wait (another engine's answer, a build that has ended: bench/contention.py's quiet condition
+        started at 1 thread after the loud ones, 0.81 of fixed 2 threads)."""
+        if self.load is not None:
+            self.load.read()
 
     def _apply(self) -> None:
         if self.now != self._applied:
