@@ -33,6 +33,10 @@ def test_response_fields_n_probs_and_progress(served):
     r = post(served, "/completion", {"prompt": "the cat", "n_predict": 3,
                                      "response_fields": ["content", "generation_settings/n_predict"]}).json()
     assert set(r) == {"content", "generation_settings/n_predict"} and r["generation_settings/n_predict"] == 3
+    with httpx.stream("POST", served.url + "/completion", timeout=120, json={
+            "prompt": "the cat", "n_predict": 3, "stream": True, "response_fields": ["content", "stop"]}) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    assert chunks[-1] == {"content": "", "stop": True}  # the final chunk too: no prompt echoed, no timings
     p = post(served, "/completion", {"prompt": "the cat", "n_predict": 3, "n_probs": 4}).json()
     probs = p["completion_probabilities"]
     assert len(probs) == 3 and all(len(t["top_logprobs"]) == 4 and t["id"] >= 0 and t["logprob"] <= 0 for t in probs)

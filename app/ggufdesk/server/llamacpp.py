@@ -312,11 +312,15 @@ async def completion(request: Request) -> Response:
     if req.stream:
         return event_stream(_stream(svc, jobs[0], req, model))
     await complete_all(jobs)
-    echo = not req.response_fields or "prompt" in req.response_fields
     bodies = [pick({**final_fields(job, req, model, "".join(job.text),
-                                   await prompt_echo(svc, model, job.spec) if echo else ""), "index": i},
+                                   await prompt_echo(svc, model, job.spec) if _echo(req) else ""), "index": i},
                    req.response_fields) for i, job in enumerate(jobs)]
     return JSONResponse(bodies[0] if len(bodies) == 1 else bodies)
+
+
+def _echo(req: CompletionRequest) -> bool:
+    """Whether the answer carries the prompt (echoing it costs a tokenize round trip to the engine)."""
+    return not req.response_fields or "prompt" in req.response_fields
 
 
 async def _stream(svc: Service, job: Job, req: CompletionRequest, model: str) -> AsyncIterator[str]:
@@ -325,7 +329,7 @@ async def _stream(svc: Service, job: Job, req: CompletionRequest, model: str) ->
         async for ev in job.events():
             if job.disconnected:
                 return
-            prompt = await prompt_echo(svc, model, job.spec) if isinstance(ev, P.Done) else ""
+            prompt = await prompt_echo(svc, model, job.spec) if isinstance(ev, P.Done) and _echo(req) else ""
             for chunk in _chunks(ev, job, req, model, t0, prompt):
                 yield sse(chunk)
     finally:
@@ -344,8 +348,8 @@ def _chunks(ev: Any, job: Job, req: CompletionRequest, model: str, t0: float,
         if req.timings_per_token:
             chunk["timings"] = timings(job)
         yield chunk
-    elif isinstance(ev, P.Done):
-        yield {**final_fields(job, req, model, "", prompt), "content": ""}
+    elif isinstance(ev, P.Done):  # the final chunk keeps to response_fields too, as llama-server's
+        yield pick({**final_fields(job, req, model, "", prompt), "content": ""}, req.response_fields)
     elif isinstance(ev, P.Error):
         yield native_error(engine_error(ev))
 
