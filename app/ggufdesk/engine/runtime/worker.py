@@ -838,7 +838,8 @@ class Engine:
 
     def _ready_drafting(self, lm: LoadedModel) -> None:
         """What a request's drafter needs, made before Loaded when the load turns speculation on: the
-        drafter's modules (12-20 ms of imports on this 2-core machine, quiet) and lookup's vocabulary
+        drafter's modules (imports: ~5 ms on this 2-core machine with a bytecode cache, 12-20 ms without
+        one, as this project's test machine runs with PYTHONDONTWRITEBYTECODE) and lookup's vocabulary
         readers would otherwise run on the first request's way to its first token (issue 29: a
         one-shot `run --lookup` measured 1.12x plain's time to first token with them there)."""
         from ggufdesk.engine.speculation import speculative
