@@ -168,6 +168,8 @@ def test_prompts_of_token_ids_with_text_among_them_and_prompt_objects(served):
     # each text among ids is a round trip to the engine: at most 256 in a whole request, not per prompt
     many = post(served, "/completion", {"prompt": [[1, "a", "b", "c", "d", "e"]] * 60, "n_predict": 1})
     assert many.status_code == 400 and "256 texts" in many.json()["error"]["message"]
+    one = post(served, "/completion", {"prompt": [1, *["a"] * 257], "n_predict": 1})
+    assert one.status_code == 400 and "256 texts" in one.json()["error"]["message"]
 
 
 def test_logit_bias_text_keys_and_the_bias_applied_in_the_answer(served):

@@ -164,10 +164,11 @@ def prompts_of(prompt: str | dict[str, Any] | list[Any]) -> list[Prompt]:
         if len(prompt) > MAX_PROMPTS:
             raise invalid(f"at most {MAX_PROMPTS} prompts in one request, got {len(prompt)}", param="prompt")
         out = [_one_prompt(p) for p in prompt]
-        if sum(isinstance(x, str) for p in out if isinstance(p, list) for x in p) > MAX_TEXT_PIECES:
-            raise invalid(f"at most {MAX_TEXT_PIECES} texts among the token ids of all prompts", param="prompt")
-        return out
-    return [_one_prompt(prompt)]
+    else:
+        out = [_one_prompt(prompt)]
+    if sum(isinstance(x, str) for p in out if isinstance(p, list) for x in p) > MAX_TEXT_PIECES:
+        raise invalid(f"at most {MAX_TEXT_PIECES} texts among the token ids of a request's prompts", param="prompt")
+    return out
 
 
 def _is_id(x: Any) -> bool:
@@ -194,9 +195,7 @@ async def prompt_input(svc: Service, model: str, p: Prompt) -> dict[str, Any]:
     first piece with the model's BOS when it is text, as llama-server does)."""
     if isinstance(p, str):
         return {"prompt": p}
-    if sum(isinstance(x, str) for x in p) > MAX_TEXT_PIECES:
-        raise invalid(f"at most {MAX_TEXT_PIECES} texts among a prompt's token ids", param="prompt")
-    tokens: list[int] = []
+    tokens: list[int] = []  # (prompts_of bounds the texts: each one is a round trip)
     for i, x in enumerate(p):
         if isinstance(x, str):
             tokens += (await svc.tokenize(model, text=x, add_special=i == 0, parse_special=True)).tokens
