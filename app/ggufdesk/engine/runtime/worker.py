@@ -228,7 +228,7 @@ class Engine:
             self._start_calibration()
             while self._calibration is not None:
                 self._calibrate_step()
-            self._ready_drafting(lm)
+            self._ready_drafting(lm, self.speculation.mode)
         self.emit(self._loaded_event(req, lm, template, memory, offload))
 
     def _load_speculation(self, req: P.Load) -> SpeculationSettings | None:
@@ -836,15 +836,16 @@ class Engine:
         except (KnownError, OSError, ValueError) as e:
             log.warning("could not record the decode speed: %s", e)
 
-    def _ready_drafting(self, lm: LoadedModel) -> None:
-        """What a request's drafter needs, made before Loaded when the load turns speculation on: the
-        drafter's modules (imports: ~5 ms on this 2-core machine with a bytecode cache, 12-20 ms without
-        one, as this project's test machine runs with PYTHONDONTWRITEBYTECODE) and lookup's vocabulary
-        readers would otherwise run on the first request's way to its first token (issue 29: a
-        one-shot `run --lookup` measured 1.12x plain's time to first token with them there)."""
+    def _ready_drafting(self, lm: LoadedModel, mode: str) -> None:
+        """What a drafter of `mode` needs, made once per loaded model: before Loaded when the load turns
+        speculation on, else by the first request that does. Its modules (imports: ~5 ms on this 2-core
+        machine with a bytecode cache, 12-20 ms without one, as this project's test machine runs with
+        PYTHONDONTWRITEBYTECODE) and lookup's vocabulary readers would otherwise run on the first
+        request's way to its first token (issue 29: a one-shot `run --lookup` measured 1.12x plain's
+        time to first token with them there)."""
         from ggufdesk.engine.speculation import speculative
 
-        if self.speculation.mode == "lookup" and self._token_text is None:
+        if mode == "lookup" and self._token_text is None:
             self._token_text = speculative.TokenText.of(lm)
 
     def _drafter(self, spec: SpeculationSettings, prompt: list[int], max_tokens: int) -> Drafter | None:
@@ -854,8 +855,7 @@ class Engine:
 
         lm = _need(self.lm)
         self._start_calibration()  # (no-op once measured) a request turned speculation on
-        if spec.mode == "lookup" and self._token_text is None:
-            self._token_text = speculative.TokenText.of(lm)
+        self._ready_drafting(lm, spec.mode)
         return speculative.make_drafter(spec, prompt=prompt, draft=self.draft, target=lm,
                                        max_tokens=max_tokens, costs=self.verify_costs,
                                        ngrams=self.ngrams if spec.lookup_history else None,
