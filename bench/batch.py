@@ -130,12 +130,12 @@ def four_clients_loop(client: EngineClient, r: int, work: list, tokens: int, loo
             sampling = {"temperature": w.temperature, "seed": 1 + i + 4 * j, "max_tokens": tokens,
                         "stop": ["never-stop-here"]}
             rid = client.generate(prompt=w.prompt, sampling=sampling, speculation=spec)
-            for ev in client.stream(rid):
-                if isinstance(ev, P.Token):
-                    times[i].append(time.perf_counter())
-                elif isinstance(ev, P.Error):
-                    errors.append(f"{ev.kind}: {ev.message}")
-                    return
+            out: dict = {}
+            stream_times(client, rid, 0.0, out)
+            if "error" in out[rid]:
+                errors.append(out[rid]["error"])
+                return
+            times[i] += out[rid]["times"]
 
     threads = [threading.Thread(target=one_client, args=(i,)) for i in range(4)]
     for th in threads:
