@@ -336,7 +336,7 @@ def test_idle_readings_without_a_sensor_or_with_a_fixed_count_do_nothing():
         assert th.now == (2, 2)
 
 
-def test_the_worker_reads_the_sensor_while_it_waits_and_still_answers_the_request(monkeypatch):
+def test_the_worker_reads_the_sensor_while_it_waits_and_still_answers_the_request():
     import queue
 
     from ggufdesk.engine.link import protocol as P
