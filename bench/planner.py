@@ -12,6 +12,9 @@ makes every prediction low by the same factor), and checks decode predictions wi
 it also prints the efficiency that would make each exact. --small: tiny versions, to check it runs.
 --held-out: another pair (a qwen3moe without shared experts, 24 layers, 32 experts, 8 used; a 24-layer
 dense llama) on which no planner constant was fitted: the check that the per-matmul cost generalises.
+--moe --calibrated: both pairs predicted after the starter was measured in the same round, as the
+product predicts once a user has run a model (hardware.record_decode_run): the recorded bandwidth, and
+for comparison the formula scaled by the starter's measured / predicted speed.
 """
 from __future__ import annotations
 
@@ -167,6 +170,73 @@ def moe_main(small: bool, held_out: bool = False, rounds: int = 1) -> int:
     return 0 if ok else 1
 
 
+def calibrated_main(rounds: int) -> int:
+    """Issue 27's decode predictions as the product makes them after one real run: the starter (the
+    model the wizard offers first) is measured in each round beside both pairs, and each pair's models
+    are predicted three ways: the formula alone; the bandwidth the starter's run gives (what
+    hardware.calibration() recorded so far); and the formula scaled by the starter's measured / predicted
+    speed (the formula already tells float weights from quantized ones, which one bandwidth cannot).
+    The starter's best run so far is used, as the product keeps the best run."""
+    import statistics
+
+    from ggufdesk.core import hardware, planner
+    from ggufdesk.core.gguf_meta import read_gguf
+    from ggufdesk.core.starter import starter_model_path
+
+    wait_quiet()
+    hw = hardware.probe(remeasure=True)
+    none = hardware.Calibration()
+    depth = PROMPT + DECODE // 2
+    print(f"machine: {hw.cpu.name}, {hw.cpu.cores_physical} cores, RAM read {hw.ram_bandwidth_gbs} GB/s; "
+          "2 threads, mmap off; calibration: the starter's best run so far")
+    with tempfile.TemporaryDirectory() as tmp:
+        for sub in ("t", "h"):
+            (Path(tmp) / sub).mkdir()
+        pairs = moe_models(Path(tmp) / "t", False) + moe_models(Path(tmp) / "h", False, True)
+        labels = ["tuned " + lb for lb, _ in pairs[:2]] + ["held-out " + lb for lb, _ in pairs[2:]]
+        models = list(zip(labels, [p for _, p in pairs], strict=True))
+        infos = {lb: read_gguf(p) for lb, p in models}
+        formula = {lb: 1 / planner.decode_seconds(i, hw, n_gpu_layers=0, depth=depth, calibration=none)
+                   for lb, i in infos.items()}
+        st_info = read_gguf(starter_model_path())
+        st_formula = 1 / planner.decode_seconds(st_info, hw, n_gpu_layers=0, depth=depth, calibration=none)
+        st_runs: list[float] = []
+        meas: dict[str, list[float]] = {lb: [] for lb in labels}
+        preds: dict[str, dict[str, list[float]]] = {lb: {"bandwidth": [], "factor": []} for lb in labels}
+        for rnd in range(rounds):
+            wait_quiet()
+            st = measure(starter_model_path(), 2048)["decode_tok_s"]
+            st_runs.append(st)
+            best = max(st_runs)
+            run = {"where": "cpu", "bytes_per_token": planner.weight_bytes_per_token(st_info), "tok_s": best,
+                   "matmuls": planner.matmuls_per_token(st_info)}
+            cal = hardware.Calibration(cpu_gbs=hardware._run_gbs(run))
+            print(f"round {rnd + 1}: starter {st:.1f} tok/s (formula {st_formula:.1f}); best {best:.1f}: "
+                  f"{cal.cpu_gbs:.1f} GB/s, speed factor {best / st_formula:.3f}", flush=True)
+            for lb, path in models[::-1] if rnd % 2 else models:
+                load = wait_quiet()
+                m = measure(path, 2048)["decode_tok_s"]
+                meas[lb].append(m)
+                bw = 1 / planner.decode_seconds(infos[lb], hw, n_gpu_layers=0, depth=depth, calibration=cal)
+                fac = formula[lb] * best / st_formula
+                preds[lb]["bandwidth"].append(bw)
+                preds[lb]["factor"].append(fac)
+                print(f"  {lb:36s} measured {m:6.1f} | formula {formula[lb]:6.1f} ({formula[lb] / m:.3f})"
+                      f" bandwidth {bw:6.1f} ({bw / m:.3f}) factor {fac:6.1f} ({fac / m:.3f})  load {load:.1f}",
+                      flush=True)
+    print("medians, predicted / measured (target 0.85-1.15):")
+    worst = {"formula": 1.0, "bandwidth": 1.0, "factor": 1.0}
+    for lb in labels:
+        med = statistics.median(meas[lb])
+        r = {"formula": formula[lb] / med, "bandwidth": statistics.median(preds[lb]["bandwidth"]) / med,
+             "factor": statistics.median(preds[lb]["factor"]) / med}
+        for k, v in r.items():
+            worst[k] = v if abs(v - 1) > abs(worst[k] - 1) else worst[k]
+        print(f"  {lb:36s} measured {med:6.1f}  " + "  ".join(f"{k} {v:.3f}" for k, v in r.items()))
+    print("worst: " + "  ".join(f"{k} {v:.3f}" for k, v in worst.items()))
+    return 0 if abs(worst["factor"] - 1) <= 0.15 else 1
+
+
 def wait_quiet(max_s: float = 120.0) -> float:
     """Decode speed on 2 shared cores is meaningless while others run: wait for a quiet machine."""
     t = time.time()
@@ -193,9 +263,13 @@ def main() -> int:
     ap.add_argument("--small", action="store_true", help="with --moe: tiny models, to check that it runs")
     ap.add_argument("--held-out", action="store_true",
                     help="with --moe: the held-out pair (other shapes; no planner constant was fitted on them)")
+    ap.add_argument("--calibrated", action="store_true",
+                    help="with --moe: both pairs predicted after a measured starter run (the product's calibration)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="with --moe: measure the pair this many times in turn, compare the medians")
     args = ap.parse_args()
+    if args.moe and args.calibrated:
+        return calibrated_main(max(1, args.rounds))
     if args.moe:
         return moe_main(args.small, args.held_out, max(1, args.rounds))
     from ggufdesk.core import hardware, planner
