@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import io
 import logging
 import os
@@ -224,6 +225,8 @@ class Engine:
                                  set_batch=self.book.set_batch, flush=getattr(self.emit, "flush", None),
                                  on_plain_done=lambda st: self._calibrate(st.n_gen, st.decode_tok_s),
                                  disk=None if self.embedding_only else _disk_cache(lm))
+        for module in _REQUEST_MODULES:  # with the load, not before a fresh engine's first token
+            importlib.import_module(module)
         if self.speculation.mode != "off":  # measured before Loaded, so no first request waits for it
             self._start_calibration()
             while self._calibration is not None:
@@ -752,7 +755,7 @@ class Engine:
     def _render(self, req: P.Tokenize) -> str:
         """The chat prompt a Generate with these messages, tools and think setting would be given
         (before fitting): the same inputs (_template_inputs) through the same template."""
-        from ggufdesk.engine.runtime.vision import without_keys
+        from ggufdesk.engine.runtime.image_parts import without_keys
 
         as_generate = P.Generate(id=req.id, messages=req.messages, tools=req.tools, tool_choice=req.tool_choice,
                                  think=req.think)
@@ -777,7 +780,7 @@ class Engine:
 
     def _chat_text(self, messages: Messages, tools: list[dict[str, Any]] | None = None,
                    switches: dict[str, Any] | None = None) -> str:
-        from ggufdesk.engine.runtime.vision import without_keys
+        from ggufdesk.engine.runtime.image_parts import without_keys
 
         text = _need(self.template).render(without_keys(messages), tools=tools, **(switches or {}))
         self._prompt_text = text
@@ -787,7 +790,7 @@ class Engine:
 
     def _images(self, req: P.Generate) -> tuple[Messages, dict[str, Pixels]]:
         """The request's messages with each image as the projector's marker, and its decoded images."""
-        from ggufdesk.engine.runtime.vision import decode_images, flatten, has_images, vision_refusal
+        from ggufdesk.engine.runtime.image_parts import decode_images, flatten, has_images, vision_refusal
 
         if not has_images(req.messages):
             return req.messages or [], {}
@@ -800,7 +803,7 @@ class Engine:
 
     def _media_tokens(self, messages: Messages, pics: dict[str, Pixels], tools: list[dict[str, Any]] | None,
                       switches: dict[str, Any] | None) -> list[int]:
-        from ggufdesk.engine.runtime.vision import images_of, vision_refusal
+        from ggufdesk.engine.runtime.image_parts import images_of, vision_refusal
 
         proj = _need(self.projector, "the model reads no images")
         text = self._chat_text(messages, tools, switches)
@@ -860,6 +863,12 @@ class Engine:
                                        max_tokens=max_tokens, costs=self.verify_costs,
                                        ngrams=self.ngrams if spec.lookup_history else None,
                                        text=self._token_text)
+
+
+# What every chat request imports (tools and response formats, reasoning, images asked about, a prompt
+# fitted to the context): ~15 ms on this 2-core machine, which runs without a bytecode cache.
+_REQUEST_MODULES = ("ggufdesk.engine.structured.request", "ggufdesk.engine.structured.reasoning",
+                    "ggufdesk.engine.runtime.image_parts", "ggufdesk.engine.runtime.overflow")
 
 
 def _is_policy(name: str) -> TypeGuard[P.OverflowPolicy]:
