@@ -198,11 +198,19 @@ def calibrated_main(rounds: int) -> int:
         infos = {lb: read_gguf(p) for lb, p in models}
         formula = {lb: 1 / planner.decode_seconds(i, hw, n_gpu_layers=0, depth=depth, calibration=none)
                    for lb, i in infos.items()}
+        from tests.fixtures.ggufs import TinySpec, write_tiny_llama
+
+        # a small f16 reference in neither pair: what a per-class calibration (a float model's own run) gives
+        ref_path = write_tiny_llama(Path(tmp) / "ref.gguf", TinySpec(
+            n_embd=1024, n_layer=12, n_head=16, n_head_kv=4, n_ff=2816, dtype="f16", n_ctx_train=8192, seed=5))
+        ref_info = read_gguf(ref_path)
+        ref_runs: list[float] = []
         st_info = read_gguf(starter_model_path())
         st_formula = 1 / planner.decode_seconds(st_info, hw, n_gpu_layers=0, depth=depth, calibration=none)
         st_runs: list[float] = []
         meas: dict[str, list[float]] = {lb: [] for lb in labels}
-        preds: dict[str, dict[str, list[float]]] = {lb: {"bandwidth": [], "factor": []} for lb in labels}
+        preds: dict[str, dict[str, list[float]]] = {lb: {"bandwidth": [], "factor": [], "f16 ref": []}
+                                                     for lb in labels}
         for rnd in range(rounds):
             wait_quiet()
             st = measure(starter_model_path(), 2048)["decode_tok_s"]
@@ -211,8 +219,13 @@ def calibrated_main(rounds: int) -> int:
             run = {"where": "cpu", "bytes_per_token": planner.weight_bytes_per_token(st_info), "tok_s": best,
                    "matmuls": planner.matmuls_per_token(st_info)}
             cal = hardware.Calibration(cpu_gbs=hardware._run_gbs(run))
+            ref_runs.append(measure(ref_path, 2048)["decode_tok_s"])
+            ref_cal = hardware.Calibration(cpu_gbs=hardware._run_gbs({
+                "where": "cpu", "bytes_per_token": planner.weight_bytes_per_token(ref_info), "tok_s": max(ref_runs),
+                "matmuls": planner.matmuls_per_token(ref_info)}))
             print(f"round {rnd + 1}: starter {st:.1f} tok/s (formula {st_formula:.1f}); best {best:.1f}: "
-                  f"{cal.cpu_gbs:.1f} GB/s, speed factor {best / st_formula:.3f}", flush=True)
+                  f"{cal.cpu_gbs:.1f} GB/s, speed factor {best / st_formula:.3f}; f16 reference "
+                  f"{ref_runs[-1]:.1f} tok/s, best: {ref_cal.cpu_gbs:.1f} GB/s", flush=True)
             for lb, path in models[::-1] if rnd % 2 else models:
                 load = wait_quiet()
                 m = measure(path, 2048)["decode_tok_s"]
@@ -221,15 +234,19 @@ def calibrated_main(rounds: int) -> int:
                 fac = formula[lb] * best / st_formula
                 preds[lb]["bandwidth"].append(bw)
                 preds[lb]["factor"].append(fac)
+                ref = 1 / planner.decode_seconds(infos[lb], hw, n_gpu_layers=0, depth=depth, calibration=ref_cal)
+                preds[lb]["f16 ref"].append(ref)
                 print(f"  {lb:36s} measured {m:6.1f} | formula {formula[lb]:6.1f} ({formula[lb] / m:.3f})"
-                      f" bandwidth {bw:6.1f} ({bw / m:.3f}) factor {fac:6.1f} ({fac / m:.3f})  load {load:.1f}",
+                      f" bandwidth {bw:6.1f} ({bw / m:.3f}) factor {fac:6.1f} ({fac / m:.3f}) f16 ref {ref:6.1f}"
+                      f" ({ref / m:.3f})  load {load:.1f}",
                       flush=True)
     print("medians, predicted / measured (target 0.85-1.15):")
-    worst = {"formula": 1.0, "bandwidth": 1.0, "factor": 1.0}
+    worst = {"formula": 1.0, "bandwidth": 1.0, "factor": 1.0, "f16 ref": 1.0}
     for lb in labels:
         med = statistics.median(meas[lb])
         r = {"formula": formula[lb] / med, "bandwidth": statistics.median(preds[lb]["bandwidth"]) / med,
-             "factor": statistics.median(preds[lb]["factor"]) / med}
+             "factor": statistics.median(preds[lb]["factor"]) / med,
+             "f16 ref": statistics.median(preds[lb]["f16 ref"]) / med}
         for k, v in r.items():
             worst[k] = v if abs(v - 1) > abs(worst[k] - 1) else worst[k]
         print(f"  {lb:36s} measured {med:6.1f}  " + "  ".join(f"{k} {v:.3f}" for k, v in r.items()))
