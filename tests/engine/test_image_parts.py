@@ -1,6 +1,6 @@
 """A text-only chat request must not load libmtmd: engine/runtime/image_parts.py answers "are there
-images?" without engine/runtime/vision.py, whose import (llama_cpp.mtmd_cpp) cost a fresh engine's
-first answer ~55 ms before its first token."""
+images?" without engine/runtime/vision.py, whose import loads libmtmd (llama_cpp.mtmd_cpp) on a fresh
+engine's way to its first token."""
 from __future__ import annotations
 
 import subprocess

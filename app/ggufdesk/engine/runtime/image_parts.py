@@ -2,8 +2,10 @@
 parts, those parts flattened to the projector's marker, the images' bytes checked and decoded.
 
 Apart from engine/runtime/vision.py because every chat request asks whether it has images, and
-vision.py loads libmtmd (llama_cpp.mtmd_cpp): importing it cost a fresh engine's first text-only
-answer ~55 ms on this 2-core machine, before its first token (issue 29's one-shot time to first token).
+vision.py loads libmtmd (llama_cpp.mtmd_cpp), which a fresh engine's first text-only answer then loaded
+before its first token. With this and the imports moved to the load (worker._REQUEST_MODULES), a fresh
+`ggufdesk run --chat`'s time to first token went from 176 to 158 ms on SmolLM2-135M and from 89 to 70 ms
+on the Gemma starter (bench/oneshot_ab.py, docs/bench/speculative-decoding.md).
 """
 from __future__ import annotations
 
