@@ -14,7 +14,8 @@ it also prints the efficiency that would make each exact. --small: tiny versions
 dense llama) on which no planner constant was fitted: the check that the per-matmul cost generalises.
 --moe --calibrated: both pairs predicted after the starter was measured in the same round, as the
 product predicts once a user has run a model (hardware.record_decode_run): the recorded bandwidth, and
-for comparison the formula scaled by the starter's measured / predicted speed.
+for comparison the formula scaled by the starter's measured / predicted speed and a small f16 reference's
+run. --moe --calibrated --quantized: the common case instead, two dense shapes quantized to Q4_K_M.
 """
 from __future__ import annotations
 
@@ -257,6 +258,66 @@ def calibrated_main(rounds: int) -> int:
     return 0 if ok else 1
 
 
+def quantized_main(rounds: int) -> int:
+    """The common case of the product's calibration: the starter run first, then a quantized model. The
+    issue's two dense shapes are quantized to Q4_K_M with llama.cpp's own llama_model_quantize, measured
+    beside the starter in each round, and predicted by the formula alone and after the starter's best run
+    (the product's prediction once it recorded that run)."""
+    import statistics
+
+    import llama_cpp
+
+    from ggufdesk.core import hardware, planner
+    from ggufdesk.core.gguf_meta import read_gguf
+    from ggufdesk.core.starter import starter_model_path
+    from tests.fixtures.ggufs import TinySpec, write_tiny_llama
+
+    wait_quiet()
+    hw = hardware.probe(remeasure=True)
+    none = hardware.Calibration()
+    depth = PROMPT + DECODE // 2
+    shapes = {"dense 2048x16": TinySpec(n_embd=2048, n_layer=16, n_head=16, n_head_kv=4, n_ff=5632, dtype="f16",
+                                        n_ctx_train=8192),
+              "dense 1536x24": TinySpec(n_embd=1536, n_layer=24, n_head=12, n_head_kv=4, n_ff=4096, dtype="f16",
+                                        n_ctx_train=8192)}
+    with tempfile.TemporaryDirectory() as tmp:
+        models: dict[str, Path] = {}
+        for name, spec in shapes.items():
+            f16 = write_tiny_llama(Path(tmp) / "f16.gguf", spec)
+            q = Path(tmp) / f"{name.replace(' ', '-')}-q4km.gguf"
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+            if llama_cpp.llama_model_quantize(str(f16).encode(), str(q).encode(), params) != 0:
+                raise RuntimeError(f"llama.cpp could not quantize {name}")
+            f16.unlink()
+            models[name + " Q4_K_M"] = q
+        st_info = read_gguf(starter_model_path())
+        st: list[float] = []
+        meas: dict[str, list[float]] = {n: [] for n in models}
+        for rnd in range(rounds):
+            wait_quiet()
+            st.append(measure(starter_model_path(), 2048)["decode_tok_s"])
+            for n, q in models.items():
+                meas[n].append(measure(q, 2048)["decode_tok_s"])
+            print(f"round {rnd + 1}: starter {st[-1]:.1f}; " + "; ".join(f"{n} {meas[n][-1]:.1f}" for n in meas),
+                  flush=True)
+        run = {"where": "cpu", "bytes_per_token": planner.weight_bytes_per_token(st_info), "tok_s": max(st),
+               "matmuls": planner.matmuls_per_token(st_info)}
+        cal = hardware.Calibration(cpu_gbs=hardware._run_gbs(run))  # what record_decode_run's run gives
+        worst = 1.0
+        for n, q in models.items():
+            info = read_gguf(q)
+            m = statistics.median(meas[n])
+            f = 1 / planner.decode_seconds(info, hw, n_gpu_layers=0, depth=depth, calibration=none)
+            c = 1 / planner.decode_seconds(info, hw, n_gpu_layers=0, depth=depth, calibration=cal)
+            worst = c / m if abs(c / m - 1) > abs(worst - 1) else worst
+            print(f"{n}: {planner.weight_bytes_per_token(info) / 1e6:.0f} MB/token, measured {m:.1f} (median of "
+                  f"{rounds}); formula {f:.1f} ({f / m:.3f}); after the starter's run {c:.1f} ({c / m:.3f})")
+    ok = abs(worst - 1) <= 0.15
+    print(f"worst after the starter's run {worst:.3f} (target 0.85-1.15): " + ("PASS" if ok else "MISS"))
+    return 0 if ok else 1
+
+
 def wait_quiet(max_s: float = 120.0) -> float:
     """Decode speed on 2 shared cores is meaningless while others run: wait for a quiet machine."""
     t = time.time()
@@ -285,9 +346,13 @@ def main() -> int:
                     help="with --moe: the held-out pair (other shapes; no planner constant was fitted on them)")
     ap.add_argument("--calibrated", action="store_true",
                     help="with --moe: both pairs predicted after a measured starter run (the product's calibration)")
+    ap.add_argument("--quantized", action="store_true",
+                    help="with --moe --calibrated: two dense shapes quantized to Q4_K_M, predicted after a starter run")
     ap.add_argument("--rounds", type=int, default=1,
                     help="with --moe: measure the pair this many times in turn, compare the medians")
     args = ap.parse_args()
+    if args.moe and args.calibrated and args.quantized:
+        return quantized_main(max(1, args.rounds))
     if args.moe and args.calibrated:
         return calibrated_main(max(1, args.rounds))
     if args.moe:
