@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -171,6 +172,16 @@ def moe_main(small: bool, held_out: bool = False, rounds: int = 1) -> int:
     return 0 if ok else 1
 
 
+def calibrated(info: Any, best_tok_s: float) -> Any:
+    """The calibration a recorded run of `info` at best_tok_s gives (what hardware.record_decode_run's
+    run becomes), without writing this machine's calibration file."""
+    from ggufdesk.core import hardware, planner
+
+    run = {"where": "cpu", "bytes_per_token": planner.weight_bytes_per_token(info), "tok_s": best_tok_s,
+           "matmuls": planner.matmuls_per_token(info)}
+    return hardware.Calibration(cpu_gbs=hardware._run_gbs(run))
+
+
 def calibrated_main(rounds: int) -> int:
     """Issue 27's decode predictions as the product makes them after one real run: the starter (the
     model the wizard offers first) is measured in each round beside both pairs, and each pair's models
@@ -182,14 +193,9 @@ def calibrated_main(rounds: int) -> int:
     import statistics
 
     from ggufdesk.core import hardware, planner
-    from ggufdesk.core.gguf_meta import GGUFInfo, read_gguf
+    from ggufdesk.core.gguf_meta import read_gguf
     from ggufdesk.core.starter import starter_model_path
     from tests.fixtures.ggufs import TinySpec, write_tiny_llama
-
-    def calibrated(info: GGUFInfo, best_tok_s: float) -> hardware.Calibration:
-        run = {"where": "cpu", "bytes_per_token": planner.weight_bytes_per_token(info), "tok_s": best_tok_s,
-               "matmuls": planner.matmuls_per_token(info)}
-        return hardware.Calibration(cpu_gbs=hardware._run_gbs(run))  # what record_decode_run's run gives
 
     wait_quiet()
     hw = hardware.probe(remeasure=True)
@@ -301,9 +307,7 @@ def quantized_main(rounds: int) -> int:
                 meas[n].append(measure(q, 2048)["decode_tok_s"])
             print(f"round {rnd + 1}: starter {st[-1]:.1f}; " + "; ".join(f"{n} {meas[n][-1]:.1f}" for n in meas),
                   flush=True)
-        run = {"where": "cpu", "bytes_per_token": planner.weight_bytes_per_token(st_info), "tok_s": max(st),
-               "matmuls": planner.matmuls_per_token(st_info)}
-        cal = hardware.Calibration(cpu_gbs=hardware._run_gbs(run))  # what record_decode_run's run gives
+        cal = calibrated(st_info, max(st))
         worst = 1.0
         for n, q in models.items():
             info = read_gguf(q)
