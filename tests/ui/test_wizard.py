@@ -108,7 +108,8 @@ def to_model_page(qtbot, wiz):
     with qtbot.waitSignal(wiz.probe_done, timeout=5000):
         wiz.show()
     assert "GeForce Test with 8.0 GB" in wiz.hw_page.text.text()
-    assert "roughly 40 words per second" in wiz.hw_page.text.text()
+    # 40 GB/s x the quantized efficiency (planner.EFF_CPU_QUANT): what the model list predicts too
+    assert "a 1 GB model writes roughly 25 words per second" in wiz.hw_page.text.text()
     with qtbot.waitSignal(wiz.choices_loaded, timeout=5000):
         wiz.next()
     assert wiz.currentId() == MODEL_PAGE
@@ -231,6 +232,20 @@ def test_one_planner_and_plain_words(tmp_path):
     assert nothing.fit == "unknown"
     words = " ".join(describe_hardware(hw))
     assert "No graphics card we can use" in words and "32.0 GB" in words
+
+
+def test_the_hardware_page_speaks_with_the_planner_and_the_recorded_runs():
+    from dataclasses import replace
+
+    from ggufdesk.core.hardware import Calibration
+
+    # this machine's recorded runs replace the fitted efficiency, in the sentence as in the list
+    hw = replace(fake_hw(vram=0), calibration=Calibration(cpu_gbs=12.0))
+    assert "a 1 GB model writes roughly 12 words per second" in " ".join(describe_hardware(hw))
+    # a machine whose cores, not its memory, are the limit (planner.PER_THREAD_QUANT per core)
+    hw = replace(fake_hw(vram=0), cpu=CPUInfo(name="Slow", arch="x86_64", cores_physical=1, cores_logical=1,
+                                              flags=()))
+    assert "a 1 GB model writes roughly 10 words per second" in " ".join(describe_hardware(hw))
 
 
 def test_the_hardware_page_says_no_gpu_once():

@@ -295,13 +295,19 @@ class _Reader:
         if on_gpu:
             bw = max((g.bandwidth_gbs or 0.0) for g in self.hw.gpus) if self.hw.gpus else 0.0
             return nbytes / ((self.cal.gpu_gbs or (bw or 300.0) * EFF_GPU) * 1e9)
-        if self.cal.cpu_gbs:
-            return nbytes / (self.cal.cpu_gbs * 1e9)
-        eff = EFF_CPU_FLOAT if float_type else EFF_CPU_QUANT
-        per_thread = PER_THREAD_FLOAT if float_type else PER_THREAD_QUANT
-        threads = max(1, self.hw.cpu.cores_physical)  # the engine decodes on the physical cores by default
-        rate = min(self.hw.ram_bandwidth_gbs * eff, threads * per_thread)
-        return nbytes / (max(rate, 1e-3) * 1e9)
+        return nbytes / (cpu_read_gbs(self.hw, float_type=float_type, calibration=self.cal) * 1e9)
+
+
+def cpu_read_gbs(hw: HardwareInfo, *, float_type: bool = False, calibration: Calibration | None = None) -> float:
+    """GB of weights a CPU decode reads per second here: this machine's recorded runs when there are
+    any, else the fitted efficiency on its measured RAM or its cores' rate, whichever is lower."""
+    cal = hw.calibration if calibration is None else calibration
+    if cal.cpu_gbs:
+        return cal.cpu_gbs
+    eff = EFF_CPU_FLOAT if float_type else EFF_CPU_QUANT
+    per_thread = PER_THREAD_FLOAT if float_type else PER_THREAD_QUANT
+    threads = max(1, hw.cpu.cores_physical)  # the engine decodes on the physical cores by default
+    return max(min(hw.ram_bandwidth_gbs * eff, threads * per_thread), 1e-3)
 
 
 def _gpu_layers(info: GGUFInfo, hw: HardwareInfo, n_gpu_layers: int) -> int:

@@ -137,9 +137,14 @@ def describe_hardware(hw: HardwareInfo) -> list[str]:
     ram_free = getattr(hw, "ram_available", 0)
     bw = getattr(hw, "ram_bandwidth_gbs", 0.0)
     lines.append(f"Memory: {ram_total / gb:.1f} GB ({ram_free / gb:.1f} GB free right now).")
-    if bw:
+    if bw and cpu is not None:
+        from ggufdesk.core.planner import cpu_read_gbs
+
+        # the planner's own rate (a quantized model on the processor: the efficiency llama.cpp reaches,
+        # or this machine's recorded runs), so this sentence and the model list's speeds agree
+        words = cpu_read_gbs(hw)
         lines.append(f"Memory speed: about {bw:.0f} GB/s. Writing each word reads the whole model "
-                     f"once, so a 1 GB model writes roughly {bw:.0f} words per second here.")
+                     f"once, so on the processor a 1 GB model writes roughly {words:.0f} words per second here.")
     for note in getattr(hw, "notes", ()) or ():
         if not gpus and note.startswith(NO_GPU_NOTES):
             continue  # the first line said it (the probe's notes stay in `ggufdesk probe`)
