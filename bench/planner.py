@@ -179,7 +179,7 @@ def calibrated(info: Any, best_tok_s: float) -> Any:
 
     run = {"where": "cpu", "bytes_per_token": planner.weight_bytes_per_token(info), "tok_s": best_tok_s,
            "matmuls": planner.matmuls_per_token(info)}
-    return hardware.Calibration(cpu_gbs=hardware._run_gbs(run))
+    return hardware.Calibration(cpu_gbs=hardware.run_gbs(run))
 
 
 def calibrated_main(rounds: int) -> int:

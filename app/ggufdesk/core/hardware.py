@@ -370,14 +370,14 @@ def effective_bandwidth_gbs(where: str, *, min_bytes: int = 32 << 20) -> float |
     runs = _load_json(cache_dir() / CALIBRATION_FILE)
     if not isinstance(runs, list):
         return None
-    vals = [_run_gbs(r) for r in runs
+    vals = [run_gbs(r) for r in runs
             if isinstance(r, dict) and r.get("where") == where
             and isinstance(r.get("bytes_per_token"), int) and r["bytes_per_token"] >= min_bytes
             and isinstance(r.get("tok_s"), (int, float)) and r["tok_s"] > 0]
     return max(vals) if vals else None
 
 
-def _run_gbs(r: dict[str, Any]) -> float:
+def run_gbs(r: dict[str, Any]) -> float:
     """A run's bytes per second of token time left after its CPU matrices' fixed cost (MATMUL_CPU_S,
     which the planner adds back per model); runs recorded before it was counted keep it inside."""
     seconds = 1 / r["tok_s"]
