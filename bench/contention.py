@@ -19,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -64,6 +65,9 @@ def main() -> int:
     ap.add_argument("--model", help="a GGUF (default: the starter)")
     args = ap.parse_args()
     model = args.model or str(starter_model_path())
+    # the engines' own cache (recorded decode speeds, saved prompts) in a throwaway folder: runs made
+    # beside busy loops on purpose must not become this machine's calibration (hardware.record_decode_run)
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="ggufdesk-contention-")
     loops = [int(x) for x in args.loops.split(",")]
     clients = {name: EngineClient(auto_restart=False) for name in ENGINES}
     speed: dict[tuple[int, str], list[float]] = {}
