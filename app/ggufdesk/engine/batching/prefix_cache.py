@@ -166,18 +166,22 @@ class Slots:
             slot = src  # continue where it left off (a conversation's next turn)
             self.truncate(slot, n)
         else:
-            # copy the prefix into the least valuable other idle slot (empty first, then least
-            # recently used), so the source keeps its own continuation for its own next turn
-            slot = min(others or idle, key=lambda s: (len(s.tokens) > 0, s.last_used))
-            self.clear(slot)
-            if src is not None and n > 0:
-                self.mem.seq_cp(src.seq, slot.seq, 0, n)
-                cells = src.cells[:n]
-                self._refs.update(cells)
-                slot.tokens, slot.cells = list(src.tokens[:n]), list(cells)
+            slot = self._copy_prefix(src if n > 0 else None, n, others or idle)
         slot.busy = True
         slot.last_used = next(self._tick)
         return slot, len(slot.tokens)
+
+    def _copy_prefix(self, src: Slot | None, n: int, candidates: list[Slot]) -> Slot:
+        """The least valuable candidate (empty first, then least recently used), cleared, holding src's
+        first n positions (none without a src): the source keeps its own continuation for its own next turn."""
+        slot = min(candidates, key=lambda s: (len(s.tokens) > 0, s.last_used))
+        self.clear(slot)
+        if src is not None:
+            self.mem.seq_cp(src.seq, slot.seq, 0, n)
+            cells = src.cells[:n]
+            self._refs.update(cells)
+            slot.tokens, slot.cells = list(src.tokens[:n]), list(cells)
+        return slot
 
     def release(self, slot: Slot, *, keep: bool = True) -> None:
         """The request using `slot` ended; its KV stays resident for later prefixes unless keep=False."""
