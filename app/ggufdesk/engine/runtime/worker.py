@@ -571,19 +571,7 @@ class Engine:
                 return inbox.get_nowait()
             except queue.Empty:
                 pass
-            if self.batch is not None and self.batch.busy:
-                try:
-                    with getattr(self.emit, "held", contextlib.nullcontext)():
-                        self.batch.step()
-                except Exception as e:  # noqa: BLE001 - a bug of ours ends the requests, not the engine
-                    self.batch.fail_all(f"internal error: {e or type(e).__name__}", traceback.format_exc())
-            if self._embeds:
-                try:
-                    self._embed_step()
-                except Exception as e:  # noqa: BLE001 - a bug of ours ends the request, not the engine
-                    job = self._embeds.popleft()
-                    self._emit(P.Error(kind="bug", id=job.req.id, message=f"internal error: {e or type(e).__name__}",
-                                       detail=traceback.format_exc()))
+            self._work_once()
         if self.batch is not None:
             self.batch.idle()
         while self._calibration is not None:  # one timed call at a time, so a request waits for one at most
@@ -599,6 +587,22 @@ class Engine:
             except queue.Empty:
                 threads.idle()
         return inbox.get()
+
+    def _work_once(self) -> None:
+        """One engine step and one embedding input, each if there is work for it."""
+        if self.batch is not None and self.batch.busy:
+            try:
+                with getattr(self.emit, "held", contextlib.nullcontext)():
+                    self.batch.step()
+            except Exception as e:  # noqa: BLE001 - a bug of ours ends the requests, not the engine
+                self.batch.fail_all(f"internal error: {e or type(e).__name__}", traceback.format_exc())
+        if self._embeds:
+            try:
+                self._embed_step()
+            except Exception as e:  # noqa: BLE001 - a bug of ours ends the request, not the engine
+                job = self._embeds.popleft()
+                self._emit(P.Error(kind="bug", id=job.req.id, message=f"internal error: {e or type(e).__name__}",
+                                   detail=traceback.format_exc()))
 
     def _start_calibration(self) -> None:
         from ggufdesk.engine.speculation import verify_cost
