@@ -4,7 +4,7 @@
 # The wheel is cached outside the clone, keyed by version + build flags + Python tag,
 # because pip's own wheel cache does not key on CMAKE_ARGS and the build takes ~7 min.
 # Flags: portable CPU by default (GGML_NATIVE=ON dies with SIGILL on AMX CPUs, see
-# DESIGN.md §5); CUDA when an NVIDIA GPU and nvcc are present; Metal on macOS.
+# docs/development.md); CUDA when an NVIDIA GPU and nvcc are present; Metal on macOS.
 # Choose with GGUFDESK_VARIANT=cpu|cuda|metal|vulkan; override with GGUFDESK_CMAKE_ARGS; add flags with GGUFDESK_EXTRA_CMAKE_ARGS.
 # Offline machines: LLAMA_CPP_PYTHON_SDIST=path/to/sdist.tar.gz and GGUFDESK_NO_BUILD_ISOLATION=1
 # (then scikit-build-core must already be installed).

@@ -321,7 +321,7 @@ def _check_loaded(args: argparse.Namespace, info: Any, spec: SpeculationSettings
 
 def _result(model: str, loaded: Any, text: str, stats: dict[str, Any], done: Any,
             rounds: list[dict[str, Any]] | None, images: dict[str, bytes]) -> dict[str, Any]:
-    """The `run --json` object (DESIGN.md section 6): the answer, its figures and the load's."""
+    """The `run --json` object (docs/architecture.md, "The CLI contract"): the answer, its figures and the load's."""
     result: dict[str, Any] = {
         "model": model, "text": text, "tokens": stats.get("n_gen", 0),
         "prompt_tokens": stats.get("n_prompt", 0),
