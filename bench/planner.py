@@ -16,6 +16,9 @@ dense llama) on which no planner constant was fitted: the check that the per-mat
 product predicts once a user has run a model (hardware.record_decode_run): the recorded bandwidth, and
 for comparison the formula scaled by the starter's measured / predicted speed and a small f16 reference's
 run. --moe --calibrated --quantized: the common case instead, two dense shapes quantized to Q4_K_M.
+--probe [--rounds N]: all of those models, a second held-out set and the two real models, predicted after
+the engine's decode probe of this CPU (what the product predicts once the wizard or `ggufdesk probe
+--decode` ran it), the probe rerun in every round.
 """
 from __future__ import annotations
 
@@ -322,6 +325,99 @@ def quantized_main(rounds: int) -> int:
     return 0 if ok else 1
 
 
+def probe_models(tmp: Path) -> list[tuple[str, Path]]:
+    """Every model --probe predicts: the issue's pair, the first held-out pair, a second held-out set
+    chosen before the decode probe's terms were fitted (2026-12-03, sixth session) and never fitted on,
+    the two dense shapes quantized to Q4_K_M, and the two real models."""
+    import llama_cpp
+
+    from ggufdesk.core import starter
+    from tests.fixtures.ggufs import TinySpec, write_tiny_llama
+    from tests.fixtures.moe import MoeSpec, write_moe
+
+    out = [("tuned " + lb, p) for lb, p in moe_models(tmp / "t", False)]
+    out += [("held-out " + lb, p) for lb, p in moe_models(tmp / "h", False, True)]
+
+    def dense(w: int, n_layer: int, ff: int) -> TinySpec:
+        return TinySpec(n_embd=w, n_layer=n_layer, n_head=w // 64, n_head_kv=max(1, w // 256), n_ff=ff, dtype="f16",
+                        n_ctx_train=8192, seed=11)
+
+    def q4km(name: str, spec: TinySpec) -> Path:
+        f16, q = write_tiny_llama(tmp / "f16.gguf", spec), tmp / f"{name}.gguf"
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+        if llama_cpp.llama_model_quantize(str(f16).encode(), str(q).encode(), params) != 0:
+            raise RuntimeError(f"llama.cpp could not quantize {name}")
+        f16.unlink()
+        return q
+
+    out += [("held-out-2 dense 1280x20 f16", write_tiny_llama(tmp / "h2d.gguf", dense(1280, 20, 3456))),
+            ("held-out-2 moe 24x6 f16", write_moe(tmp / "h2m.gguf", MoeSpec(
+                n_layer=20, n_embd=640, n_head=10, n_head_kv=2, head_dim=64, n_expert=24, n_expert_used=6,
+                n_ff_exp=320, n_ff_shexp=0))),
+            ("held-out-2 dense 1792x12 Q4_K_M", q4km("h2q", dense(1792, 12, 4864))),
+            ("dense 2048x16 Q4_K_M", q4km("tq", TinySpec(n_embd=2048, n_layer=16, n_head=16, n_head_kv=4, n_ff=5632,
+                                                          dtype="f16", n_ctx_train=8192))),
+            ("dense 1536x24 Q4_K_M", q4km("hq", TinySpec(n_embd=1536, n_layer=24, n_head=12, n_head_kv=4, n_ff=4096,
+                                                          dtype="f16", n_ctx_train=8192))),
+            ("real gemma3-270m Q4_K_M", starter.starter_model_path()),
+            ("real smollm2-135m Q4_1", starter.model_path(starter.SMOLLM2))]
+    return out
+
+
+def probe_main(rounds: int) -> int:
+    """Decode predicted by the formula alone and after the engine's decode probe of this CPU (what the
+    product predicts once the wizard ran it: engine/runtime/decode_probe.py), against measured. The probe
+    is run again in every round, and each model is measured once per round, the order alternating."""
+    import statistics
+
+    from ggufdesk.core import hardware, planner
+    from ggufdesk.core.gguf_meta import read_gguf
+    from ggufdesk.engine.link import decode_probe
+
+    wait_quiet()
+    hw = hardware.probe(remeasure=True)
+    none = hardware.Calibration()
+    depth = PROMPT + DECODE // 2
+    print(f"machine: {hw.cpu.name}, {hw.cpu.cores_physical} cores, RAM read {hw.ram_bandwidth_gbs} GB/s; "
+          f"2 threads, mmap off, decode after a {PROMPT}-token prompt", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for sub in ("t", "h"):
+            (Path(tmp) / sub).mkdir()
+        models = probe_models(Path(tmp))
+        infos = {lb: read_gguf(p) for lb, p in models}
+        formula = {lb: 1 / planner.decode_seconds(i, hw, n_gpu_layers=0, depth=depth, calibration=none)
+                   for lb, i in infos.items()}
+        meas: dict[str, list[float]] = {lb: [] for lb, _ in models}
+        pred: dict[str, list[float]] = {lb: [] for lb, _ in models}
+        for rnd in range(rounds):
+            wait_quiet()
+            r = decode_probe.measure(folder=Path(tmp))
+            cal = hardware.Calibration(cpu_float_gbs=r["float_gbs"], cpu_quant_gbs=r["quant_gbs"],
+                                       cpu_type_gbs=tuple(sorted(r["type_gbs"].items())))
+            print(f"round {rnd + 1}: probe {r['type_gbs']} GB/s in {r['took_s']} s", flush=True)
+            for lb, path in models[::-1] if rnd % 2 else models:
+                load = wait_quiet()
+                m = measure(path, 2048)["decode_tok_s"]
+                c = 1 / planner.decode_seconds(infos[lb], hw, n_gpu_layers=0, depth=depth, calibration=cal)
+                meas[lb].append(m)
+                pred[lb].append(c)
+                print(f"  {lb:36s} measured {m:6.1f} | formula {formula[lb]:6.1f} ({formula[lb] / m:.3f}) "
+                      f"probe {c:6.1f} ({c / m:.3f})  load {load:.1f}", flush=True)
+    print("medians, predicted / measured (target 0.85-1.15):")
+    worst = {"formula": 1.0, "probe": 1.0}
+    for lb, _ in models:
+        med = statistics.median(meas[lb])
+        r_ = {"formula": formula[lb] / med, "probe": statistics.median(pred[lb]) / med}
+        for k, v in r_.items():
+            worst[k] = v if abs(v - 1) > abs(worst[k] - 1) else worst[k]
+        print(f"  {lb:36s} measured {med:6.1f}  formula {r_['formula']:.3f}  probe {r_['probe']:.3f}")
+    print("worst: " + "  ".join(f"{k} {v:.3f}" for k, v in worst.items()))
+    ok = abs(worst["probe"] - 1) <= 0.15
+    print("PASS" if ok else "MISS")
+    return 0 if ok else 1
+
+
 def wait_quiet(max_s: float = 120.0) -> float:
     """Decode speed on 2 shared cores is meaningless while others run: wait for a quiet machine."""
     t = time.time()
@@ -352,9 +448,13 @@ def main() -> int:
                     help="with --moe: both pairs predicted after a measured starter run (the product's calibration)")
     ap.add_argument("--quantized", action="store_true",
                     help="with --moe --calibrated: two dense shapes quantized to Q4_K_M, predicted after a starter run")
+    ap.add_argument("--probe", action="store_true",
+                    help="every model predicted after the engine's decode probe of this CPU (issue 27)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="with --moe: measure the pair this many times in turn, compare the medians")
     args = ap.parse_args()
+    if args.probe:
+        return probe_main(max(1, args.rounds))
     if args.moe and args.calibrated and args.quantized:
         return quantized_main(max(1, args.rounds))
     if args.moe and args.calibrated:

@@ -76,3 +76,28 @@ def test_recommend_json(capsys, hub, tmp_path):
 def test_recommend_missing_repo(capsys, hub):
     rc, d = run_json(capsys, "recommend", "org/absent")
     assert rc == 1 and "org/absent was not found" in d["error"]  # the shared hub-error wording (core.downloads)
+
+
+def _fake_probe(monkeypatch, tmp_path, body: str) -> None:
+    from ggufdesk.engine.link import decode_probe
+
+    script = tmp_path / "fake_probe.py"
+    script.write_text(body)
+    monkeypatch.setattr(decode_probe, "COMMAND", [sys.executable, str(script)])
+
+
+def test_probe_decode_records_the_rates_and_prints_them(capsys, monkeypatch, tmp_path):
+    rates = {"float_gbs": 21.0, "quant_gbs": 17.0, "type_gbs": {"F16": 21.0, "Q4_K": 17.0, "Q6_K": 15.5}}
+    _fake_probe(monkeypatch, tmp_path, f"import json; print(json.dumps({rates!r}))")
+    assert main(["probe", "--decode", "--no-engine"]) == 0
+    out = capsys.readouterr().out
+    assert "measuring llama.cpp's decode" in out and "CPU decode (llama.cpp, measured): F16 21.0, Q4_K 17.0" in out
+    rc, d = run_json(capsys, "probe", "--no-engine")  # kept: later commands plan with it
+    assert rc == 0 and d["calibration"]["cpu_float_gbs"] == 21.0
+
+
+def test_probe_decode_failure_is_one_line_and_exit_1(capsys, monkeypatch, tmp_path):
+    _fake_probe(monkeypatch, tmp_path, "import sys; sys.stderr.write('Illegal instruction'); sys.exit(132)")
+    assert main(["probe", "--decode", "--json", "--no-engine"]) == 1
+    assert "Illegal instruction" in json.loads(capsys.readouterr().out)["error"]  # one JSON object
+    assert hardware.decode_probe() is None

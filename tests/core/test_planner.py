@@ -1,14 +1,15 @@
 """Planner formulas on hand-computed cases: placement, KV (incl. sliding window), compute, fit, speed, ranking."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
-from ggufdesk.core import planner, quants
+from ggufdesk.core import hardware, planner, quants
 from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.gguf_meta import read_gguf
-from ggufdesk.core.hardware import MATMUL_CPU_S, CPUInfo, GPUInfo, HardwareInfo, calibration, record_decode_run
+from ggufdesk.core.hardware import CPUInfo, GPUInfo, HardwareInfo, calibration, cpu_fixed_s, record_decode_run
 from tests.fixtures import ggufs
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -134,11 +135,13 @@ def test_kv_advice_when_context_is_the_limit(info):
 def test_decode_speed_formula(info):
     h = hw(bw=10.0)
     read = sum(t.n_bytes for t in info.tensors if t.name != "token_embd.weight")  # all f32
-    expect = MATMUL_CPU_S * planner.matmuls_per_token(info) + read / (10e9 * planner.EFF_CPU_FLOAT)
+    expect = cpu_fixed_s(planner.matmuls_per_token(info)) + read / (10e9 * planner.EFF_CPU_FLOAT)
     assert planner.decode_seconds(info, h, n_gpu_layers=0) == pytest.approx(expect)
-    # with 1000 tokens in the cache each layer also reads 1000 x 2 x 16 x (2 + 2) bytes
+    # with 1000 tokens in the cache each layer's attention also works through them, per query head
     deep = planner.decode_seconds(info, h, n_gpu_layers=0, depth=1000)
-    assert deep - expect == pytest.approx(2 * 1000 * 128 / (10e9 * planner.EFF_CPU_FLOAT))
+    per_head = planner.cpu_attention_s(h, info.n_head)
+    assert per_head == pytest.approx(hardware.ATTN_CPU_S / min(h.cpu.cores_physical, info.n_head))
+    assert deep - expect == pytest.approx(info.n_layer * info.n_head * 1000 * per_head)
     # GPU layers read at GPU bandwidth: faster
     g = hw(vram_free=[8 * GiB])
     assert planner.decode_seconds(info, g, n_gpu_layers=-1) < expect
@@ -152,7 +155,7 @@ def test_calibration_replaces_the_default_efficiency(info):
     after = planner.decode_seconds(info, h, n_gpu_layers=0, calibration=calibration())
     assert planner.decode_seconds(info, replace(h, calibration=calibration()), n_gpu_layers=0) == after
     read = planner.weight_bytes_per_token(info)
-    fixed = MATMUL_CPU_S * planner.matmuls_per_token(info)
+    fixed = cpu_fixed_s(planner.matmuls_per_token(info))
     # a run recorded without its matrix count keeps the fixed cost inside its whole-token bandwidth
     assert after == pytest.approx(read / ((100 << 20) * 1.0) + fixed)
     assert after > before
@@ -163,10 +166,10 @@ def test_calibration_takes_the_matrices_fixed_cost_out_of_the_bandwidth(info):
     the calibrated bandwidth is what is left after that cost, so a model that multiplies many small
     matrices (a mixture of experts) is not predicted at a dense model's speed."""
     big, n_big = 64 << 20, 300  # a recorded run of a model big enough to be bandwidth-bound
-    record_decode_run(where="cpu", bytes_per_token=big, tok_s=1 / (big / 2e9 + n_big * MATMUL_CPU_S), matmuls=n_big)
+    record_decode_run(where="cpu", bytes_per_token=big, tok_s=1 / (big / 2e9 + cpu_fixed_s(n_big)), matmuls=n_big)
     assert calibration().cpu_gbs == pytest.approx(2.0)  # 2 GB/s once its matrices' fixed cost is out
     n, read = planner.matmuls_per_token(info), planner.weight_bytes_per_token(info)
-    expect = read / 2e9 + n * MATMUL_CPU_S
+    expect = read / 2e9 + cpu_fixed_s(n)
     assert planner.decode_seconds(info, hw(), n_gpu_layers=0, calibration=calibration()) == pytest.approx(expect)
     # a nonsense recorded count (a fixed cost above half the token's time) is not subtracted
     record_decode_run(where="cpu", bytes_per_token=big, tok_s=1 / (big / 1e9), matmuls=10**9)
@@ -215,3 +218,56 @@ def test_quant_names():
     assert quants.quant_from_name("phi-4-bf16.gguf") == "BF16"
     assert quants.quant_from_name("readme.gguf") is None
     assert quants.quality_loss("Q8_0") < quants.quality_loss("Q4_K_M") < quants.quality_loss("Q2_K")
+
+
+PROBED = {"F16": 20.0, "Q4_K": 15.0, "Q6_K": 12.0, "Q8_0": 14.0}
+
+
+def test_planner_uses_the_probed_rate_of_each_weight_type():
+    cal = hardware.Calibration(cpu_float_gbs=20.0, cpu_quant_gbs=15.0, cpu_gbs=1.0,
+                               cpu_type_gbs=tuple(sorted(PROBED.items())))
+    h = hw()
+    assert planner.cpu_read_gbs(h, float_type=True, calibration=cal) == 20.0  # the probe over a recorded run
+    assert planner.cpu_read_gbs(h, calibration=cal) == 15.0  # "a quantized model" in general: Q4_K's
+    assert planner.cpu_read_gbs(h, calibration=cal, ggml_type="Q6_K") == 12.0
+    assert planner.cpu_read_gbs(h, calibration=cal, ggml_type="Q8_0") == 14.0
+    assert planner.cpu_read_gbs(h, calibration=cal, ggml_type="Q5_K") == 15.0  # 5.5 bits: nearest Q4_K's 4.5
+    assert planner.cpu_read_gbs(h, calibration=cal, ggml_type="Q8_1") == 14.0
+    assert planner.cpu_read_gbs(h, calibration=cal, ggml_type="BF16", float_type=True) == 20.0
+    assert planner.cpu_read_gbs(h, calibration=cal, ggml_type="NOT_A_TYPE") == 15.0  # read like Q4_K
+    assert planner.cpu_read_gbs(h, calibration=hardware.Calibration(cpu_gbs=1.0)) == 1.0  # no probe: the run
+
+
+def test_a_probed_model_is_predicted_type_by_type(info):
+    """The tiny model is all F32: read at the probe's float rate, plus the fixed costs."""
+    cal = hardware.Calibration(cpu_float_gbs=2.0, cpu_quant_gbs=1.0, cpu_type_gbs=(("F16", 2.0), ("Q4_K", 1.0)))
+    read = sum(t.n_bytes for t in info.tensors if t.name != "token_embd.weight")
+    expect = cpu_fixed_s(planner.matmuls_per_token(info)) + read / 2e9
+    assert planner.decode_seconds(info, hw(), n_gpu_layers=0, calibration=cal) == pytest.approx(expect)
+
+
+def test_the_decode_probe_is_kept_per_machine_and_a_broken_file_is_ignored():
+    hardware.record_decode_probe({"float_gbs": 20.0, "quant_gbs": 15.0, "type_gbs": dict(PROBED), "threads": 2})
+    assert hardware.decode_probe() == {"float_gbs": 20.0, "quant_gbs": 15.0, "type_gbs": PROBED}
+    assert calibration().cpu_type_gbs == tuple(sorted(PROBED.items()))
+    path = hardware.cache_dir() / hardware.DECODE_PROBE_FILE
+    d = json.loads(path.read_text())
+    path.write_text(json.dumps({**d, "key": "another machine"}))
+    assert hardware.decode_probe() is None  # measured on other hardware: not this one's
+    for broken in ('{"float_gbs": 20', "[]", json.dumps({**d, "quant_gbs": 0}), json.dumps({**d, "float_gbs": True})):
+        path.write_text(broken)
+        assert hardware.decode_probe() is None and calibration().cpu_float_gbs is None
+    path.write_text(json.dumps({**d, "type_gbs": {"F16": "fast", "Q4_K": 15.0}}))
+    assert hardware.decode_probe()["type_gbs"] == {"Q4_K": 15.0}  # a broken entry dropped, the rest kept
+    with pytest.raises(ValueError, match="no usable rates"):
+        hardware.record_decode_probe({"float_gbs": float("nan"), "quant_gbs": 1.0})
+
+
+def test_the_cpu_attention_term_is_per_query_head_and_cached_token(info):
+    h = hw()
+    flat = planner.decode_seconds(info, h, n_gpu_layers=0, depth=0)
+    deep = planner.decode_seconds(info, h, n_gpu_layers=0, depth=4096)
+    assert deep - flat == pytest.approx(info.n_layer * info.n_head * 4096 * hardware.ATTN_CPU_S
+                                        / min(h.cpu.cores_physical, info.n_head))
+    one_thread = replace(h, cpu=replace(h.cpu, cores_physical=1))
+    assert planner.cpu_attention_s(one_thread, info.n_head) == hardware.ATTN_CPU_S  # all on one thread

@@ -31,7 +31,7 @@ def test_plan_and_ranking_read_no_file(info, monkeypatch):
 def test_the_calibration_in_the_hardware_drives_the_prediction(info):
     slow = replace(hw(), calibration=Calibration(cpu_gbs=0.1))
     fast = replace(hw(), calibration=Calibration(cpu_gbs=100.0))
-    fixed = hardware.MATMUL_CPU_S * planner.matmuls_per_token(info)  # not bandwidth: the same for both
+    fixed = hardware.cpu_fixed_s(planner.matmuls_per_token(info))  # not bandwidth: the same for both
     slow_s = 1 / planner.plan(info, slow, n_ctx=1024).pred_decode_tok_s - fixed
     assert slow_s == pytest.approx(1000 * (1 / planner.plan(info, fast, n_ctx=1024).pred_decode_tok_s - fixed))
 

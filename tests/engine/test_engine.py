@@ -255,8 +255,8 @@ def test_plain_runs_calibrate_the_planner(tiny_model):
         st = collect(c, c.generate(prompt=PROMPT, sampling=greedy(64))).stats
         collect(c, c.generate(prompt=PROMPT, sampling=greedy(8)))  # too short: not recorded
     info = gguf_meta.read_gguf(tiny_model)
-    per_token, fixed = planner.weight_bytes_per_token(info), hardware.MATMUL_CPU_S * planner.matmuls_per_token(info)
-    seconds = 1 / st.decode_tok_s  # the bandwidth is what is left after the matrices' fixed cost
+    per_token, fixed = planner.weight_bytes_per_token(info), hardware.cpu_fixed_s(planner.matmuls_per_token(info))
+    seconds = 1 / st.decode_tok_s  # the bandwidth is what is left after the token's fixed cost
     seconds -= fixed if fixed < 0.5 * seconds else 0.0
     bw = hardware.effective_bandwidth_gbs("cpu", min_bytes=0)
     assert bw == pytest.approx(per_token / seconds / 1e9, rel=1e-6)

@@ -16,6 +16,9 @@ GiB = 1 << 30
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--remeasure", action="store_true", help="measure RAM bandwidth again")
+    p.add_argument("--decode", action="store_true",
+                   help="measure how fast llama.cpp decodes on this CPU, per weight type (10-20 s); the planner "
+                        "uses it from then on")
     p.add_argument("--no-engine", action="store_true",
                    help="without an NVIDIA GPU, do not ask llama.cpp's device list (Metal, Vulkan, ...)")
     add_rpc_argument(p)
@@ -35,6 +38,8 @@ def engine_devices() -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.decode:
+        probe_decode(quiet=args.json)
     hw = hardware.probe(remeasure=args.remeasure)
     devices = None
     if not hw.gpus and not args.no_engine:
@@ -55,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
           f"{' '.join(c.flags) or 'no SIMD flags'}")
     print(f"RAM: {hw.ram_available / GiB:.1f} of {hw.ram_total / GiB:.1f} GB available, "
           f"{hw.ram_bandwidth_gbs:.1f} GB/s read ({hw.ram_bandwidth_source}), {hw.cpu_gflops:.0f} GFLOPS")
+    if line := describe_decode_probe(hw):
+        print(line)
     for n in hw.notes:
         print(f"note: {n}")
     if devices is not None:
@@ -62,3 +69,20 @@ def run(args: argparse.Namespace) -> int:
     for w in workers:
         print(describe_worker(w))
     return 0
+
+
+def probe_decode(*, quiet: bool) -> None:
+    """Time llama.cpp's decode on this CPU and keep it; a KnownError: one plain line, exit 1."""
+    from ggufdesk.engine.link import decode_probe
+
+    if not quiet:
+        print("measuring llama.cpp's decode on this CPU (10-20 s)...", flush=True)
+    decode_probe.run_and_record()
+
+
+def describe_decode_probe(hw: hardware.HardwareInfo) -> str | None:
+    cal = hw.calibration
+    if not cal.cpu_type_gbs:
+        return None
+    rates = ", ".join(f"{t} {gbs:.1f}" for t, gbs in cal.cpu_type_gbs)
+    return f"CPU decode (llama.cpp, measured): {rates} GB/s"

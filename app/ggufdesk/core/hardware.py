@@ -17,6 +17,7 @@ CPU_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf1
 BANDWIDTH_BYTES = 256 << 20  # the measured pass reads this much (fewer when RAM is short)
 CACHE_FILE = "hardware.json"
 CALIBRATION_FILE = "calibration.json"
+DECODE_PROBE_FILE = "decode_probe.json"
 MAX_RUNS = 50
 
 
@@ -317,12 +318,16 @@ def with_ggml_devices(hw: HardwareInfo, devices: list[dict[str, Any]]) -> Hardwa
 # --------------------------------------------------------------------------- self-calibration
 
 
-# The CPU's fixed cost per weight matrix multiplied for one decoded token (handing the rows to the
-# threads and back, starting a small matrix), on top of reading its bytes. A mixture of experts
-# multiplies three small matrices per active expert per layer, so it pays this several times as often
-# as a dense model of the same size: bytes alone predicted a 64-expert, 4-used model 43% too fast.
-# Fitted on that model and a dense one (bench/planner.py --moe), checked on another pair (--held-out).
-MATMUL_CPU_S = 12e-6
+# The CPU's fixed cost per decoded token: T0_CPU_S once (building and scheduling the graph, waking the
+# threads) plus MATMUL_CPU_S per weight matrix multiplied (a mixture of experts multiplies three small
+# matrices per active expert per layer), on top of reading the weights' bytes. And attention: on the
+# CPU, llama.cpp's decode spends ATTN_CPU_S of one thread's time per layer, query head and cached token
+# (the scores, the softmax, the values: compute, not bytes; the KV bytes alone predicted a tenth of it),
+# split over the threads. Fitted on a sweep of synthetic dense and MoE shapes at depths 1, 1024 and
+# 4096 (docs/bench/planner.md, "Sixth session") that is in neither of bench/planner.py's pairs.
+T0_CPU_S = 1.5e-3
+MATMUL_CPU_S = 2.8e-6
+ATTN_CPU_S = 65e-9
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -337,15 +342,61 @@ class DecodeRun:
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    """Effective decode bandwidths (GB/s) measured by real runs here; None: not measured yet."""
+    """Decode rates measured on this machine; None: not measured yet. cpu_gbs and gpu_gbs: effective
+    bandwidths of real runs (record_decode_run). cpu_float_gbs, cpu_quant_gbs, cpu_type_gbs: the engine's
+    decode probe (record_decode_probe): the GB/s its CPU threads get through float (f16) and quantized
+    (Q4_K) weights, and cpu_type_gbs the same per weight type it probed."""
 
     cpu_gbs: float | None = None
     gpu_gbs: float | None = None
+    cpu_float_gbs: float | None = None
+    cpu_quant_gbs: float | None = None
+    cpu_type_gbs: tuple[tuple[str, float], ...] = ()
 
 
 def calibration() -> Calibration:
     """This machine's recorded calibration, read from disk once per call (the planner never reads it)."""
-    return Calibration(cpu_gbs=effective_bandwidth_gbs("cpu"), gpu_gbs=effective_bandwidth_gbs("gpu"))
+    probe = decode_probe() or {}
+    return Calibration(cpu_gbs=effective_bandwidth_gbs("cpu"), gpu_gbs=effective_bandwidth_gbs("gpu"),
+                       cpu_float_gbs=probe.get("float_gbs"), cpu_quant_gbs=probe.get("quant_gbs"),
+                       cpu_type_gbs=tuple(sorted(probe.get("type_gbs", {}).items())))
+
+
+def cpu_fixed_s(matmuls: int) -> float:
+    """A CPU-decoded token's fixed cost (T0_CPU_S + MATMUL_CPU_S per weight matrix multiplied)."""
+    return T0_CPU_S + MATMUL_CPU_S * matmuls
+
+
+def _probe_key() -> str:
+    import psutil
+
+    return machine_key(cpu_info(), int(psutil.virtual_memory().total))
+
+
+def decode_probe() -> dict[str, Any] | None:
+    """The engine's decode probe recorded for this machine (record_decode_probe), or None."""
+    d = _load_json(cache_dir() / DECODE_PROBE_FILE)
+    if not isinstance(d, dict) or d.get("key") != _probe_key() or not _usable(d):
+        return None  # another machine's, or a hand-edited or half-written file: the fitted constants stay
+    types = d.get("type_gbs")
+    types = {k: float(v) for k, v in types.items() if _rate(v)} if isinstance(types, dict) else {}
+    return {"float_gbs": float(d["float_gbs"]), "quant_gbs": float(d["quant_gbs"]), "type_gbs": types}
+
+
+def _rate(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e4
+
+
+def _usable(d: dict[str, Any]) -> bool:
+    return all(_rate(d.get(k)) for k in ("float_gbs", "quant_gbs"))
+
+
+def record_decode_probe(result: dict[str, Any]) -> None:
+    """Keep the decode probe's rates for this machine (a CPU swap or another machine: measured anew)."""
+    if not _usable(result):
+        raise ValueError("the decode probe returned no usable rates: "
+                         + ", ".join(f"{k}={result.get(k)!r}" for k in ("float_gbs", "quant_gbs")))
+    _save_json(cache_dir() / DECODE_PROBE_FILE, {"key": _probe_key(), **result, "measured_at": time.time()})
 
 
 def record_decode_run(*, where: str, bytes_per_token: int, tok_s: float, n_layer: int = 0,
@@ -378,10 +429,10 @@ def effective_bandwidth_gbs(where: str, *, min_bytes: int = 32 << 20) -> float |
 
 
 def run_gbs(r: dict[str, Any]) -> float:
-    """A run's bytes per second of token time left after its CPU matrices' fixed cost (MATMUL_CPU_S,
-    which the planner adds back per model); runs recorded before it was counted keep it inside."""
+    """A run's bytes per second of token time left after its CPU fixed cost (cpu_fixed_s, which the
+    planner adds back per model); runs recorded before it was counted keep it inside."""
     seconds = 1 / r["tok_s"]
     mm = r.get("matmuls")
-    if r.get("where") == "cpu" and isinstance(mm, int) and 0 < mm * MATMUL_CPU_S < 0.5 * seconds:
-        seconds -= mm * MATMUL_CPU_S
+    if r.get("where") == "cpu" and isinstance(mm, int) and mm > 0 and cpu_fixed_s(mm) < 0.5 * seconds:
+        seconds -= cpu_fixed_s(mm)
     return float(r["bytes_per_token"] / seconds / 1e9)

@@ -32,7 +32,7 @@ import gguf
 from ggufdesk.core import quants
 from ggufdesk.core.errors import KnownError, SettingsError
 from ggufdesk.core.gguf_meta import GGUFInfo, TensorInfo
-from ggufdesk.core.hardware import MATMUL_CPU_S, Calibration, HardwareInfo
+from ggufdesk.core.hardware import ATTN_CPU_S, MATMUL_CPU_S, T0_CPU_S, Calibration, HardwareInfo
 from ggufdesk.core.projector import ProjectorInfo
 from ggufdesk.core.settings import LOGITS_ROWS
 
@@ -49,7 +49,8 @@ EFF_CPU_FLOAT, EFF_CPU_QUANT, EFF_GPU = 0.90, 0.62, 0.75
 # (dequantize + dot), measured with llama.cpp on a 2-core AVX2 EPYC (bench/planner.py): f16 layers
 # ran at 33 GB/s on 2 threads and the Q4_K/Q8_0 starter at 21 GB/s, both below what RAM delivers.
 PER_THREAD_FLOAT, PER_THREAD_QUANT = 16.5, 10.5  # GB/s
-# The CPU's fixed cost per token is per weight matrix multiplied (hardware.MATMUL_CPU_S): see matmuls().
+# The CPU's fixed cost per token: hardware.T0_CPU_S + MATMUL_CPU_S per weight matrix (see matmuls());
+# its attention: hardware.ATTN_CPU_S per layer, query head and cached token (see _kv_seconds()).
 # On a GPU the fixed cost is kernel launches, which grow with depth: 1.04 ms/token for a 16-layer
 # 1.5 GB f16 model on an H200 of which 0.42 ms is reading weights (bench/gpu.py) -> ~0.1 + 0.033/layer.
 T0_GPU_BASE, T0_GPU_LAYER = 0.1e-3, 0.033e-3
@@ -291,23 +292,56 @@ class _Reader:
     hw: HardwareInfo
     cal: Calibration
 
-    def seconds(self, nbytes: float, on_gpu: bool, float_type: bool) -> float:
+    def seconds(self, nbytes: float, on_gpu: bool, float_type: bool, ggml_type: str | None = None) -> float:
         if on_gpu:
             bw = max((g.bandwidth_gbs or 0.0) for g in self.hw.gpus) if self.hw.gpus else 0.0
             return nbytes / ((self.cal.gpu_gbs or (bw or 300.0) * EFF_GPU) * 1e9)
-        return nbytes / (cpu_read_gbs(self.hw, float_type=float_type, calibration=self.cal) * 1e9)
+        return nbytes / (cpu_read_gbs(self.hw, float_type=float_type, calibration=self.cal, ggml_type=ggml_type) * 1e9)
 
 
-def cpu_read_gbs(hw: HardwareInfo, *, float_type: bool = False, calibration: Calibration | None = None) -> float:
-    """GB of weights a CPU decode reads per second here: this machine's recorded runs when there are
-    any, else the fitted efficiency on its measured RAM or its cores' rate, whichever is lower."""
+def cpu_read_gbs(hw: HardwareInfo, *, float_type: bool = False, calibration: Calibration | None = None,
+                 ggml_type: str | None = None) -> float:
+    """GB of weights a CPU decode reads per second here: the engine's decode probe of this CPU when it
+    ran (per weight type), else this machine's recorded runs, else the fitted efficiency on its measured
+    RAM or its cores' rate, whichever is lower."""
     cal = hw.calibration if calibration is None else calibration
+    if probed := _probed_gbs(cal, ggml_type, float_type):
+        return probed
     if cal.cpu_gbs:
         return cal.cpu_gbs
     eff = EFF_CPU_FLOAT if float_type else EFF_CPU_QUANT
     per_thread = PER_THREAD_FLOAT if float_type else PER_THREAD_QUANT
     threads = max(1, hw.cpu.cores_physical)  # the engine decodes on the physical cores by default
     return max(min(hw.ram_bandwidth_gbs * eff, threads * per_thread), 1e-3)
+
+
+def _probed_gbs(cal: Calibration, ggml_type: str | None, float_type: bool) -> float | None:
+    """The decode probe's rate for a weight type: its own when probed; a float type: F16's; another
+    quantized type: the probed quantized type nearest to it in bits per weight (Q5_K, Q4_1: like Q4_K)."""
+    types = dict(cal.cpu_type_gbs)
+    if ggml_type in types:
+        return types[ggml_type]
+    if float_type or not types:
+        return cal.cpu_float_gbs if float_type else cal.cpu_quant_gbs
+    quant = {k: v for k, v in types.items() if k not in FLOAT_TYPES}
+    if not quant or ggml_type is None:
+        return cal.cpu_quant_gbs
+    return quant[min(quant, key=lambda k: abs(_bits(k) - _bits(ggml_type)))]
+
+
+def _bits(ggml_type: str) -> float:
+    try:
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[ggml_type]]
+    except KeyError:
+        return 4.5  # a type this gguf does not know: read it like Q4_K
+    return 8 * size / block
+
+
+def cpu_attention_s(hw: HardwareInfo, n_head: int) -> float:
+    """Seconds one layer's attention takes per query head and cached token on the CPU: ATTN_CPU_S of
+    thread time split over the threads (heads are shared out between them, so no more threads than
+    heads help)."""
+    return ATTN_CPU_S / max(1, min(hw.cpu.cores_physical, n_head or 1))
 
 
 def _gpu_layers(info: GGUFInfo, hw: HardwareInfo, n_gpu_layers: int) -> int:
@@ -330,24 +364,32 @@ def decode_seconds(info: GGUFInfo, hw: HardwareInfo, *, n_gpu_layers: int, depth
     all_gpu = ngl >= info.n_layer + 1 and not (n_cpu_moe and any(is_routed_expert(x) for x in info.tensors))
     # kernel launches; a calibrated GPU bandwidth comes from whole-token times, so they are inside it
     t = 0.0 if not ngl or (all_gpu and read.cal.gpu_gbs) else T0_GPU_BASE + T0_GPU_LAYER * (ngl - 1)
+    t += T0_CPU_S if first_gpu > 0 else 0.0  # some layer (or the output) runs on the CPU
     for tt in info.tensors:
         if tt.name == "token_embd.weight":
             continue  # one row per token
         on_gpu = tt.layer >= first_gpu if tt.layer is not None else ngl >= 1
         on_gpu = on_gpu and not (tt.layer is not None and tt.layer < n_cpu_moe and is_routed_expert(tt))
-        t += read.seconds(_read_bytes(tt, info), on_gpu, tt.ggml_type in FLOAT_TYPES)
+        t += read.seconds(_read_bytes(tt, info), on_gpu, tt.ggml_type in FLOAT_TYPES, tt.ggml_type)
         t += 0.0 if on_gpu else MATMUL_CPU_S * matmuls(tt, info)
     if info.tensor("output.weight") is None and (emb := info.tensor("token_embd.weight")):
-        t += read.seconds(emb.n_bytes, ngl >= 1, emb.ggml_type in FLOAT_TYPES) + (0.0 if ngl else MATMUL_CPU_S)
+        t += read.seconds(emb.n_bytes, ngl >= 1, emb.ggml_type in FLOAT_TYPES, emb.ggml_type)
+        t += 0.0 if ngl else MATMUL_CPU_S
     return t + _kv_seconds(info, read, depth, type_size(type_k), type_size(type_v), first_gpu)
 
 
 def _kv_seconds(info: GGUFInfo, read: _Reader, depth: int, tk: float, tv: float, first_gpu: int) -> float:
-    """Reading `depth` cached tokens' keys and values in every layer (a sliding-window layer: its window)."""
+    """Attention over `depth` cached tokens in every layer (a sliding-window layer: its window). On a GPU:
+    reading their keys and values. On the CPU the attention's compute per query head and cached token,
+    measured whole (reading the keys and values is inside it): the bytes alone predicted a tenth of it."""
     t = 0.0
+    attn = cpu_attention_s(read.hw, info.n_head) * info.n_head if depth and first_gpu else 0.0
     for i in range(info.n_layer if depth else 0):
         d = min(depth, info.n_swa) if info.swa_layers[i] else depth
-        t += read.seconds(d * info.n_head_kv[i] * (info.head_dim_k * tk + info.head_dim_v * tv), i >= first_gpu, True)
+        if i < first_gpu:
+            t += attn * d
+        else:
+            t += read.seconds(d * info.n_head_kv[i] * (info.head_dim_k * tk + info.head_dim_v * tv), True, True)
     return t
 
 

@@ -112,7 +112,7 @@ def build_main_window(*, engine_command: list[str] | None = None, services: Mode
     opened_history = History.open()  # locked, read-only or damaged: a mode and a warning, no traceback
     settings, history = opened_settings.settings, opened_history.history
     engine = EngineBridge(command=engine_command)
-    services = services or ModelServices(engine_devices=engine.devices)
+    services = services or ModelServices(engine_devices=engine.devices, decode_probe=True)
     win = MainWindow(engine=engine, history=history, settings=settings,
                      recommended=lambda: services.recommended_settings(win.model_path),
                      estimate=services.context_estimate)

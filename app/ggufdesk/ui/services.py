@@ -143,8 +143,9 @@ def describe_hardware(hw: HardwareInfo) -> list[str]:
         # the planner's own rate (a quantized model on the processor: the efficiency llama.cpp reaches,
         # or this machine's recorded runs), so this sentence and the model list's speeds agree
         words = cpu_read_gbs(hw)
-        lines.append(f"Memory speed: about {bw:.0f} GB/s. Writing each word reads the whole model "
-                     f"once, so on the processor a 1 GB model writes roughly {words:.0f} words per second here.")
+        timed = " (timed on this processor)" if hw.calibration.cpu_type_gbs else ""
+        lines.append(f"Memory speed: about {bw:.0f} GB/s. Writing each word reads the whole model once, so on "
+                     f"the processor a 1 GB model writes roughly {words:.0f} words per second here{timed}.")
     for note in getattr(hw, "notes", ()) or ():
         if not gpus and note.startswith(NO_GPU_NOTES):
             continue  # the first line said it (the probe's notes stay in `ggufdesk probe`)
@@ -163,14 +164,19 @@ class ModelServices:
 
     MAX_CATALOG_ROWS = 3  # each one costs a repo listing and a remote header read
 
-    def __init__(self, *, engine_devices: DevicesFn | None = None) -> None:
+    def __init__(self, *, engine_devices: DevicesFn | None = None, decode_probe: bool = False) -> None:
         self.hw: HardwareInfo | None = None
         self._infos: dict[str, GGUFInfo] = {}  # GGUF headers read for context estimates
         self.engine_devices = engine_devices  # () -> the running engine's ggml device list
+        self.decode_probe = decode_probe  # time llama.cpp's decode on this CPU once (the app does)
 
     def probe(self) -> HardwareInfo:
         from ggufdesk.core import hardware
 
+        if self.decode_probe:  # once per machine: the planner's speeds from this CPU's own decode
+            from ggufdesk.engine.link import decode_probe
+
+            decode_probe.ensure()  # a failure is logged; the fitted constants then predict
         self.hw = hardware.probe()
         if self.engine_devices is not None and not self.hw.gpus:
             deadline = time.monotonic() + 10  # the engine starts beside us; its list comes with Ready

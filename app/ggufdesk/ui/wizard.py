@@ -71,7 +71,8 @@ class HardwarePage(QWizardPage):
         self.wiz = wiz
         self.setTitle("Your computer")
         self.setSubTitle("What ggufdesk found, and what it means for running a language model.")
-        self.text = QLabel("Looking at your computer…")
+        self.text = QLabel("Looking at your computer… The first time, this includes timing how fast its "
+                           "processor runs a model (about 15 seconds).")
         self.text.setWordWrap(True)
         self.text.setTextFormat(Qt.TextFormat.RichText)
         lay = QVBoxLayout(self)
