@@ -49,13 +49,15 @@ class Shape:
     n_head_kv: int
     n_ff: int
     qtype: str  # a gguf.GGMLQuantizationType name
+    n_vocab: int = 512
+    tied: bool = False  # no output.weight: the output multiplies the token embedding
 
 
 TYPES = ("F16", "Q4_K", "Q6_K", "Q8_0")
 # where each probed type's block keeps its f16 scales (the other bytes may be anything)
 SCALE_OFFSETS = {"Q4_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,)}
 MIN_BYTES = 600 << 20
-N_VOCAB = 512
+N_VOCAB = Shape.n_vocab
 DECODE_TOKENS = 12
 
 
@@ -100,7 +102,7 @@ def _quant(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> np.nda
 
 
 def write_model(path: Path, s: Shape, seed: int = 0) -> Path:
-    """A llama GGUF of shape `s` with random weights and a byte-level vocabulary of N_VOCAB tokens."""
+    """A llama GGUF of shape `s` with random weights and a byte-level vocabulary of s.n_vocab tokens."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("ggufdesk-decode-probe")
@@ -115,7 +117,7 @@ def write_model(path: Path, s: Shape, seed: int = 0) -> Path:
     w.add_file_type({"F16": gguf.LlamaFileType.MOSTLY_F16, "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_M,
                      "Q6_K": gguf.LlamaFileType.MOSTLY_Q6_K, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[s.qtype])
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
-    tokens += [f"\u2581t{i}" for i in range(N_VOCAB - len(tokens))]
+    tokens += [f"\u2581t{i}" for i in range(s.n_vocab - len(tokens))]
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores([0.0] * len(tokens))
@@ -131,7 +133,7 @@ def write_model(path: Path, s: Shape, seed: int = 0) -> Path:
         else:
             w.add_tensor(name, _f16((rows, cols), rng))
 
-    w.add_tensor("token_embd.weight", _f16((N_VOCAB, s.n_embd), rng))
+    w.add_tensor("token_embd.weight", _f16((s.n_vocab, s.n_embd), rng))
     for i in range(s.n_layer):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", np.ones(s.n_embd, np.float32))
@@ -141,7 +143,8 @@ def write_model(path: Path, s: Shape, seed: int = 0) -> Path:
                                  ("ffn_up", s.n_ff, s.n_embd), ("ffn_down", s.n_embd, s.n_ff)):
             matrix(p + name + ".weight", rows, cols)
     w.add_tensor("output_norm.weight", np.ones(s.n_embd, np.float32))
-    w.add_tensor("output.weight", _f16((N_VOCAB, s.n_embd), rng))
+    if not s.tied:
+        w.add_tensor("output.weight", _f16((s.n_vocab, s.n_embd), rng))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
