@@ -238,6 +238,37 @@ def test_planner_uses_the_probed_rate_of_each_weight_type():
     assert planner.cpu_read_gbs(h, calibration=hardware.Calibration(cpu_gbs=1.0)) == 1.0  # no probe: the run
 
 
+def test_an_unprobed_type_is_read_like_its_own_kernel_family():
+    """Across families the kernels differ by 2x at the same bits (Q4_K vs IQ4_XS, both 4.5 bits)."""
+    full = {"F16": 19.0, "Q8_0": 14.0, "Q6_K": 13.0, "Q5_K": 7.8, "Q4_K": 14.6, "Q3_K": 7.5, "Q5_0": 6.3,
+            "Q4_0": 7.5, "IQ4_XS": 6.4}
+    cal = hardware.Calibration(cpu_float_gbs=19.0, cpu_quant_gbs=14.6, cpu_type_gbs=tuple(sorted(full.items())))
+
+    def gbs(t: str) -> float:
+        return planner.cpu_read_gbs(hw(), calibration=cal, ggml_type=t)
+
+    assert gbs("IQ4_NL") == 6.4 and gbs("IQ3_S") == 6.4  # the IQ family, not Q4_K's 14.6 at the same bits
+    assert gbs("Q4_1") == 7.5 and gbs("Q5_1") == 6.3 and gbs("Q8_1") == 14.0  # the legacy blocks
+    assert gbs("Q2_K") == 7.5  # the nearest K-quant (Q3_K)
+    assert gbs("TQ2_0") == 6.4  # a family nobody probed here... the ternary types: IQ-like lookups
+
+
+def test_another_quant_of_a_model_is_read_at_its_own_types_rate(info):
+    """rank_quants scales the known file to each quant's size; its matrices take the quant's main type."""
+    q = replace(info, tensors=tuple(replace(t, ggml_type="Q4_K") if len(t.shape) == 2 else t for t in info.tensors))
+    q = replace(q, file_bytes=q.weight_bytes)
+    q5 = planner.scaled(q, q.file_bytes, "m-Q5_K_M.gguf", "Q5_K_M")
+    assert {t.ggml_type for t in q5.tensors if len(t.shape) == 2} == {"Q5_K"}
+    assert {t.ggml_type for t in q5.tensors if len(t.shape) == 1} == {"F32"}
+    assert planner.scaled(q, q.file_bytes, "m.gguf", None).tensors == q.tensors  # no quant in the name: as is
+    cal = hardware.Calibration(cpu_quant_gbs=14.0, cpu_type_gbs=(("Q4_K", 14.0), ("Q5_K", 7.0)))
+    t4, t5 = (planner.decode_seconds(m, hw(), n_gpu_layers=0, calibration=cal) for m in (q, q5))
+    fixed = cpu_fixed_s(planner.matmuls_per_token(q))
+    assert (t5 - fixed) / (t4 - fixed) == pytest.approx(2.0, rel=0.05)  # same bytes, the half-speed kernel
+    assert [quants.main_type(n) for n in ("Q4_K_M", "Q3_K_XL", "IQ3_M", "Q8_0", "MXFP4", "F16", "readme")] == [
+        "Q4_K", "Q3_K", "IQ3_S", "Q8_0", "MXFP4", "F16", None]
+
+
 def test_a_probed_model_is_predicted_type_by_type(info):
     """The tiny model is all F32: read at the probe's float rate, plus the fixed costs."""
     cal = hardware.Calibration(cpu_float_gbs=2.0, cpu_quant_gbs=1.0, cpu_type_gbs=(("F16", 2.0), ("Q4_K", 1.0)))

@@ -11,6 +11,7 @@ from ggufdesk.core import hardware
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.gguf_meta import read_gguf
 from ggufdesk.engine.link import decode_probe
+from ggufdesk.engine.runtime.decode_probe import TYPES
 
 SMALL = 4 << 20  # tiny models: the run is checked, not the machine
 
@@ -21,15 +22,16 @@ def _fake(tmp_path: Path, body: str) -> list[str]:
     return [sys.executable, str(script)]
 
 
-GOOD = {"float_gbs": 20.0, "quant_gbs": 15.0, "type_gbs": {"F16": 20.0, "Q4_K": 15.0, "Q6_K": 12.0, "Q8_0": 14.0}}
+GOOD = {"float_gbs": 20.0, "quant_gbs": 15.0,
+        "type_gbs": {**dict.fromkeys(TYPES, 7.0), "F16": 20.0, "Q4_K": 15.0, "Q6_K": 12.0, "Q8_0": 14.0}}
 
 
 def test_the_probe_measures_every_type_with_llama_cpp_and_leaves_no_model_behind(tmp_path):
     r = decode_probe.measure(folder=tmp_path, min_bytes=SMALL, timeout=600)
-    assert set(r["type_gbs"]) == {"F16", "Q4_K", "Q6_K", "Q8_0"}
+    assert set(r["type_gbs"]) == set(TYPES) >= {"F16", "BF16", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "IQ4_XS"}
     assert all(v > 0 for v in r["type_gbs"].values())
     assert r["float_gbs"] == r["type_gbs"]["F16"] and r["quant_gbs"] == r["type_gbs"]["Q4_K"]
-    assert set(r["times_ms"]) == {"F16", "Q4_K", "Q6_K", "Q8_0"} and r["threads"] >= 1
+    assert set(r["times_ms"]) == set(TYPES) and r["threads"] >= 1
     assert list(tmp_path.iterdir()) == []  # the models were removed
 
 
@@ -53,6 +55,15 @@ def test_recorded_figures_drive_the_planner(tmp_path):
     cal = hardware.calibration()
     assert cal.cpu_float_gbs == 20.0 and cal.cpu_quant_gbs == 15.0 and dict(cal.cpu_type_gbs)["Q6_K"] == 12.0
     assert decode_probe.ensure(command=_fake(tmp_path, "raise SystemExit('must not run again')")) is not None
+
+
+def test_an_earlier_probe_without_the_types_timed_now_is_measured_again(tmp_path):
+    old = {"float_gbs": 20.0, "quant_gbs": 15.0, "type_gbs": {"F16": 20.0, "Q4_K": 15.0}}
+    decode_probe.run_and_record(command=_fake(tmp_path, f"import json; print(json.dumps({old!r}))"), folder=tmp_path)
+    failing = _fake(tmp_path, "raise SystemExit('Illegal instruction')")
+    assert decode_probe.ensure(command=failing, folder=tmp_path)["type_gbs"] == old["type_gbs"]  # kept, logged
+    good = _fake(tmp_path, f"import json; print(json.dumps({GOOD!r}))")
+    assert decode_probe.ensure(command=good, folder=tmp_path)["type_gbs"] == GOOD["type_gbs"]  # measured anew
 
 
 @pytest.mark.parametrize("body, why", [

@@ -19,7 +19,8 @@ def test_the_app_services_run_the_decode_probe_once(monkeypatch):
 
     def fake_measure(**kw):
         calls.append(kw)
-        return {"float_gbs": 21.0, "quant_gbs": 17.0, "type_gbs": {"F16": 21.0, "Q4_K": 17.0}}
+        return {"float_gbs": 21.0, "quant_gbs": 17.0,
+                "type_gbs": {**dict.fromkeys(hardware.DECODE_PROBE_TYPES, 8.0), "F16": 21.0, "Q4_K": 17.0}}
 
     monkeypatch.setattr(decode_probe, "measure", fake_measure)
     assert ModelServices().probe().calibration.cpu_type_gbs == ()  # tests and tools: no probe

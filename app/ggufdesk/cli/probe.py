@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--remeasure", action="store_true", help="measure RAM bandwidth again")
     p.add_argument("--decode", action="store_true",
-                   help="measure how fast llama.cpp decodes on this CPU, per weight type (about 15 s); the planner "
+                   help="measure how fast llama.cpp decodes on this CPU, per weight type (about 50 s); the planner "
                         "uses it from then on")
     p.add_argument("--no-engine", action="store_true",
                    help="without an NVIDIA GPU, do not ask llama.cpp's device list (Metal, Vulkan, ...)")
@@ -76,7 +76,7 @@ def probe_decode(*, quiet: bool) -> None:
     from ggufdesk.engine.link import decode_probe
 
     if not quiet:
-        print("measuring llama.cpp's decode on this CPU (about 15 s)...", flush=True)
+        print("measuring llama.cpp's decode on this CPU, per weight type (about 50 s).", flush=True)
     decode_probe.run_and_record()
 
 

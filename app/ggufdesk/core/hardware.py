@@ -325,6 +325,12 @@ def with_ggml_devices(hw: HardwareInfo, devices: list[dict[str, Any]]) -> Hardwa
 # (the scores, the softmax, the values: compute, not bytes; the KV bytes alone predicted a tenth of it),
 # split over the threads. Fitted on a sweep of synthetic dense and MoE shapes at depths 1, 1024 and
 # 4096 (docs/bench/planner.md, "Sixth session") that is in neither of bench/planner.py's pairs.
+# The weight types the decode probe times (engine/runtime/decode_probe.py), those common GGUFs are made
+# of: their kernels differ more than their bytes do (on an AVX2 build Q5_K and Q4_0 decode at half Q4_K's
+# bytes per second). Q2_K, Q4_1, Q5_1, IQ4_NL and others are read like the nearest probed type of their
+# family (planner._probed_gbs); each type probed adds 3-5 s. A recorded probe without one of these is
+# measured again (engine.link.decode_probe.ensure).
+DECODE_PROBE_TYPES = ("F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q5_0", "Q4_0", "IQ4_XS", "MXFP4")
 T0_CPU_S = 1.5e-3
 MATMUL_CPU_S = 2.8e-6
 ATTN_CPU_S = 65e-9

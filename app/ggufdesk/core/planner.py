@@ -317,7 +317,10 @@ def cpu_read_gbs(hw: HardwareInfo, *, float_type: bool = False, calibration: Cal
 
 def _probed_gbs(cal: Calibration, ggml_type: str | None, float_type: bool) -> float | None:
     """The decode probe's rate for a weight type: its own when probed; a float type: F16's; another
-    quantized type: the probed quantized type nearest to it in bits per weight (Q5_K, Q4_1: like Q4_K)."""
+    quantized type: the probed one of its kernel family (K-quants, the legacy _0/_1 blocks, the IQ
+    types) nearest to it in bits per weight (Q2_K: like Q3_K; Q4_1, Q5_1: like Q4_0 or Q5_0; IQ4_NL:
+    like IQ4_XS), else the nearest of any family. The kernels of one family cost alike per byte; across
+    families they differ by 2x here (Q4_K 14.6 GB/s, IQ4_XS 6.4, both 4.5 bits)."""
     types = dict(cal.cpu_type_gbs)
     if ggml_type in types:
         return types[ggml_type]
@@ -326,7 +329,14 @@ def _probed_gbs(cal: Calibration, ggml_type: str | None, float_type: bool) -> fl
     quant = {k: v for k, v in types.items() if k not in FLOAT_TYPES}
     if not quant or ggml_type is None:
         return cal.cpu_quant_gbs
-    return quant[min(quant, key=lambda k: abs(_bits(k) - _bits(ggml_type)))]
+    kin = {k: v for k, v in quant.items() if _family(k) == _family(ggml_type)} or quant
+    return kin[min(kin, key=lambda k: abs(_bits(k) - _bits(ggml_type)))]
+
+
+def _family(ggml_type: str) -> str:
+    if ggml_type.startswith(("IQ", "TQ")):
+        return "iq"
+    return "k" if ggml_type.endswith("_K") else "legacy" if ggml_type[-2:] in ("_0", "_1") else ggml_type
 
 
 def _bits(ggml_type: str) -> float:
@@ -672,10 +682,23 @@ def advise(p: Plan, info: GGUFInfo, hw: HardwareInfo, *, type_k: str = "f16",
 
 
 def scaled(info: GGUFInfo, file_bytes: int, source: str, quant: str | None) -> GGUFInfo:
-    """Another quant of the same model, estimated by scaling the known file's tensor sizes."""
+    """Another quant of the same model, estimated by scaling the known file's tensor sizes; the matrices
+    in the known file's main weight type take the quant's (a CPU decodes each type at its own rate:
+    decode_seconds reads them at the decode probe's rate for that type)."""
     ratio = file_bytes / info.file_bytes if info.file_bytes else 1.0
-    ts = tuple(replace(t, n_bytes=int(t.n_bytes * ratio)) for t in info.tensors)
+    old, new = _main_type(info), quants.main_type(quant)
+    ts = tuple(replace(t, n_bytes=int(t.n_bytes * ratio),
+                       ggml_type=new if new and t.ggml_type == old and len(t.shape) >= 2 else t.ggml_type)
+               for t in info.tensors)
     return replace(info, source=source, tensors=ts, file_bytes=file_bytes, file_type=quant)
+
+
+def _main_type(info: GGUFInfo) -> str | None:
+    """The weight type holding most of a model's bytes."""
+    by: dict[str, int] = {}
+    for t in info.tensors:
+        by[t.ggml_type] = by.get(t.ggml_type, 0) + t.n_bytes
+    return max(by, key=lambda k: by[k]) if by else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

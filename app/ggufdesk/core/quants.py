@@ -37,6 +37,17 @@ def quant_from_name(name: str) -> str | None:
     return {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M", "Q3_K": "Q3_K_M"}.get(q, q)
 
 
+def main_type(quant: str | None) -> str | None:
+    """The ggml weight type most of a quant's matrices are in: 'Q4_K_M' -> 'Q4_K', 'IQ3_M' -> 'IQ3_S',
+    'Q8_0' -> 'Q8_0'; None for a name that is not a quant. (A K-quant's _S/_M/_L says how many of its
+    matrices are one type larger; llama.cpp's IQ3_M, IQ2_M and IQ3_XS are mostly IQ3_S, IQ2_S, IQ3_XXS.)"""
+    q = (quant or "").upper()
+    if k := re.fullmatch(r"(Q[2-6]_K)(?:_(?:XL|S|M|L))?", q):
+        return k.group(1)
+    special = {"IQ3_M": "IQ3_S", "IQ2_M": "IQ2_S", "IQ3_XS": "IQ3_XXS"}
+    return special.get(q, q) if q in PPL_DELTA or q == "MXFP4" else None
+
+
 def quality_loss(quant: str | None) -> float:
     """Perplexity delta (lower is better); unknown quants rank last."""
     return PPL_DELTA.get((quant or "").upper(), 99.0)

@@ -72,7 +72,7 @@ class HardwarePage(QWizardPage):
         self.setTitle("Your computer")
         self.setSubTitle("What ggufdesk found, and what it means for running a language model.")
         self.text = QLabel("Looking at your computer… The first time, this includes timing how fast its "
-                           "processor runs a model (about 15 seconds).")
+                           "processor runs a model (about a minute).")
         self.text.setWordWrap(True)
         self.text.setTextFormat(Qt.TextFormat.RichText)
         lay = QVBoxLayout(self)

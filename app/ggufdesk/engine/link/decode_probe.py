@@ -21,7 +21,7 @@ from ggufdesk.core.errors import KnownError
 log = logging.getLogger("ggufdesk.decode_probe")
 COMMAND = [sys.executable, "-m", "ggufdesk.engine.runtime.decode_probe"]
 PROBE_DIRS = "ggufdesk-probe-*"  # the runtime's temporary folders (decode_probe.run)
-TIMEOUT_S = 300.0  # 10-20 s on a 2-core machine; a hang must still end
+TIMEOUT_S = 300.0  # about 50 s on a 2-core machine; a hang must still end
 
 
 def measure(*, folder: Path | None = None, timeout: float = TIMEOUT_S, command: list[str] | None = None,
@@ -64,13 +64,15 @@ def run_and_record(**kw: Any) -> dict[str, Any]:
 
 
 def ensure(**kw: Any) -> dict[str, Any] | None:
-    """The recorded figures, measuring them first when this machine has none; None (logged) when the
-    probe fails: a prediction from the fitted constants is still a prediction."""
-    if (have := hardware.decode_probe()) is not None:
+    """The recorded figures, measuring them first when this machine has none, or when they lack a weight
+    type the probe now times (an earlier version's probe); None (logged) when the probe fails: a
+    prediction from the fitted constants, or from the earlier figures, is still a prediction."""
+    have = hardware.decode_probe()
+    if have is not None and set(hardware.DECODE_PROBE_TYPES) <= set(have.get("type_gbs") or ()):
         return have
     try:
         run_and_record(**kw)
     except KnownError as e:
         log.warning("%s", e)
-        return None
+        return have
     return hardware.decode_probe()

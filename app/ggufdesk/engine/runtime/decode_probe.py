@@ -6,10 +6,12 @@ What decodes a token on a few cores is the cores' dequantize-and-dot rate, which
 this writes small models with random weights (gguf), decodes a few tokens of each on the CPU with the
 engine's own load path and thread count, and turns the times into the planner's terms:
 
-- type_gbs: weight bytes per second through matrices of each weight type most GGUFs are made of (F16,
-  Q4_K, Q6_K, Q8_0): a 2048-wide llama per type, as many layers as make it larger than the CPU's last
-  cache (at least 600 MB), so that the weights come from RAM as a real model's do. Quantized blocks are
-  random bytes with small scales, which llama.cpp multiplies exactly as it would a quantized model's;
+- type_gbs: weight bytes per second through matrices of each weight type most GGUFs are made of (TYPES:
+  F16, BF16, Q8_0, the K-quants Q6_K-Q3_K, Q5_0, Q4_0, IQ4_XS, MXFP4): a 2048-wide llama per type, as many
+  layers as make it larger than the CPU's last cache (at least 600 MB), so that the weights come from
+  RAM as a real model's do. Quantized blocks are random bytes with small scales, which llama.cpp
+  multiplies exactly as it would a quantized model's (checked against llama.cpp's own quantizer: Q4_0
+  7.5, Q5_0 6.4, Q4_K_M 13.6 GB/s, as the random blocks gave);
 - float_gbs, quant_gbs: F16's and Q4_K's (what the planner uses for types not probed).
 
 Attention is not probed: timed on a small model its cost per cached token was half what it is beside a
@@ -18,7 +20,7 @@ thousand tokens of prompt to fill; the planner keeps its fitted hardware.ATTN_CP
 
 Each time has the planner's fixed costs (hardware.cpu_fixed_s) taken out, so the figures plug straight
 into planner.decode_seconds. Run as a module it prints one JSON line; it runs in its own process
-(engine.link.decode_probe) and takes 10-15 s on 2 cores. The models live in a temporary folder that is
+(engine.link.decode_probe) and takes about 45 s on 2 cores. The models live in a temporary folder that is
 removed however the probe ends.
 """
 from __future__ import annotations
@@ -53,12 +55,15 @@ class Shape:
     tied: bool = False  # no output.weight: the output multiplies the token embedding
 
 
-TYPES = ("F16", "Q4_K", "Q6_K", "Q8_0")
-# where each probed type's block keeps its f16 scales (the other bytes may be anything)
-SCALE_OFFSETS = {"Q4_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,)}
+TYPES = hardware.DECODE_PROBE_TYPES
+# where each probed type's block keeps its f16 scales (the other bytes may be anything); MXFP4's scale is
+# one E8M0 byte (a power of two), set to 2^-7
+SCALE_OFFSETS = {"Q8_0": (0,), "Q6_K": (208,), "Q5_K": (0, 2), "Q4_K": (0, 2), "Q3_K": (108,), "Q2_K": (80, 82),
+                 "Q5_0": (0,), "Q4_1": (0, 2), "Q4_0": (0,), "IQ4_XS": (0,), "MXFP4": ()}
+E8M0_OFFSETS = {"MXFP4": (0,)}
 MIN_BYTES = 600 << 20
 N_VOCAB = Shape.n_vocab
-DECODE_TOKENS = 12
+DECODE_TOKENS = 8  # after two warm-up tokens; one token's time varies by about 1% here
 
 
 def last_cache_bytes() -> int:
@@ -98,6 +103,8 @@ def _quant(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> np.nda
     scale = np.frombuffer(np.array([1e-3], np.float16).tobytes(), np.uint8)
     for off in SCALE_OFFSETS[qtype]:
         tile[:, off:off + 2] = scale
+    for off in E8M0_OFFSETS.get(qtype, ()):
+        tile[:, off] = 127 - 7
     return np.resize(tile, (rows * per_row, size)).reshape(rows, per_row * size)
 
 
@@ -114,8 +121,9 @@ def write_model(path: Path, s: Shape, seed: int = 0) -> Path:
     w.add_head_count_kv(s.n_head_kv)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(s.n_embd // s.n_head)
-    w.add_file_type({"F16": gguf.LlamaFileType.MOSTLY_F16, "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_M,
-                     "Q6_K": gguf.LlamaFileType.MOSTLY_Q6_K, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[s.qtype])
+    ft = gguf.LlamaFileType  # (llama.cpp's file type: only a label; MXFP4 has none in this gguf)
+    names = ft.__members__
+    w.add_file_type(names.get(f"MOSTLY_{s.qtype}") or names.get(f"MOSTLY_{s.qtype}_M") or ft.GUESSED)
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
     tokens += [f"\u2581t{i}" for i in range(s.n_vocab - len(tokens))]
     w.add_tokenizer_model("llama")
@@ -128,10 +136,13 @@ def write_model(path: Path, s: Shape, seed: int = 0) -> Path:
     kv = s.n_embd // s.n_head * s.n_head_kv
 
     def matrix(name: str, rows: int, cols: int) -> None:
-        if s.qtype != "F16":
-            w.add_tensor(name, _quant(s.qtype, rows, cols, rng), raw_dtype=gguf.GGMLQuantizationType[s.qtype])
-        else:
+        if s.qtype == "F16":
             w.add_tensor(name, _f16((rows, cols), rng))
+        elif s.qtype == "BF16":  # f16's values cut to bfloat16 (random bits would hold denormals and NaNs)
+            bits = (_f16((rows, cols), rng).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+            w.add_tensor(name, bits.view(np.uint8), raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:
+            w.add_tensor(name, _quant(s.qtype, rows, cols, rng), raw_dtype=gguf.GGMLQuantizationType[s.qtype])
 
     w.add_tensor("token_embd.weight", _f16((s.n_vocab, s.n_embd), rng))
     for i in range(s.n_layer):
