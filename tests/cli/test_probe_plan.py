@@ -94,6 +94,11 @@ def test_probe_decode_records_the_rates_and_prints_them(capsys, monkeypatch, tmp
     assert "measuring llama.cpp's decode" in out and "CPU decode (llama.cpp, measured): F16 21.0, Q4_K 17.0" in out
     rc, d = run_json(capsys, "probe", "--no-engine")  # kept: later commands plan with it
     assert rc == 0 and d["calibration"]["cpu_float_gbs"] == 21.0
+    assert "another llama.cpp build" not in out
+    monkeypatch.setattr(hardware, "llama_build", lambda: "rebuilt with AVX-512")
+    assert main(["probe", "--no-engine"]) == 0
+    assert "F16 21.0, Q4_K 17.0, Q6_K 15.5 GB/s (timed with another llama.cpp build; `ggufdesk probe --decode`" \
+        in capsys.readouterr().out
 
 
 def test_probe_decode_failure_is_one_line_and_exit_1(capsys, monkeypatch, tmp_path):

@@ -66,6 +66,44 @@ def test_an_earlier_probe_without_the_types_timed_now_is_measured_again(tmp_path
     assert decode_probe.ensure(command=good, folder=tmp_path)["type_gbs"] == GOOD["type_gbs"]  # measured anew
 
 
+def test_a_probe_taken_with_another_llama_build_is_read_until_measured_again(tmp_path, monkeypatch):
+    """A wheel rebuilt with other flags decodes at other rates: its figures are taken anew; until then,
+    and when that fails, the old build's figures (same processor) still drive the planner."""
+    monkeypatch.setattr(hardware, "llama_build", lambda: "avx2-build")
+    decode_probe.run_and_record(command=_fake(tmp_path, f"import json; print(json.dumps({GOOD!r}))"), folder=tmp_path)
+    assert hardware.decode_probe_is_current()
+    monkeypatch.setattr(hardware, "llama_build", lambda: "avx512-build")
+    assert not hardware.decode_probe_is_current() and hardware.decode_probe()["float_gbs"] == 20.0
+    failing = _fake(tmp_path, "raise SystemExit('Illegal instruction')")
+    assert decode_probe.ensure(command=failing, folder=tmp_path)["float_gbs"] == 20.0  # kept, logged
+    faster = {**GOOD, "float_gbs": 30.0, "type_gbs": {**GOOD["type_gbs"], "F16": 30.0}}
+    assert decode_probe.ensure(command=_fake(tmp_path, f"import json; print(json.dumps({faster!r}))"),
+                               folder=tmp_path)["float_gbs"] == 30.0
+    assert hardware.decode_probe_is_current()  # and not measured again on the next start
+    assert decode_probe.ensure(command=failing, folder=tmp_path)["float_gbs"] == 30.0
+
+
+def test_the_llama_build_fingerprint_follows_the_library_files(tmp_path, monkeypatch):
+    import importlib.util
+    import os
+    from types import SimpleNamespace
+
+    pkg = tmp_path / "llama_cpp"
+    (pkg / "lib").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    lib = pkg / "lib" / "libggml-cpu.so.0.25.3"
+    lib.write_bytes(b"avx2" * 100)
+    (pkg / "lib" / "libggml-cpu.so").symlink_to(lib.name)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: SimpleNamespace(origin=str(pkg / "__init__.py")))
+    first = hardware.llama_build()
+    assert first and hardware.llama_build() == first
+    lib.write_bytes(b"avx512" * 100)
+    os.utime(lib, ns=(1, 1))
+    assert hardware.llama_build() not in ("", first)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # not installed: no fingerprint, no error
+    assert hardware.llama_build() == ""
+
+
 @pytest.mark.parametrize("body, why", [
     ("print('not json at all')", "without a result"),
     ("import sys; sys.stderr.write('Illegal instruction\\n'); sys.exit(132)", "Illegal instruction"),

@@ -85,4 +85,6 @@ def describe_decode_probe(hw: hardware.HardwareInfo) -> str | None:
     if not cal.cpu_type_gbs:
         return None
     rates = ", ".join(f"{t} {gbs:.1f}" for t, gbs in cal.cpu_type_gbs)
-    return f"CPU decode (llama.cpp, measured): {rates} GB/s"
+    stale = "" if hardware.decode_probe_is_current() else (
+        " (timed with another llama.cpp build; `ggufdesk probe --decode` times this one)")
+    return f"CPU decode (llama.cpp, measured): {rates} GB/s{stale}"

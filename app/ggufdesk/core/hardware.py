@@ -379,6 +379,30 @@ def _probe_key() -> str:
     return machine_key(cpu_info(), int(psutil.virtual_memory().total))
 
 
+def llama_build() -> str:
+    """A fingerprint of the installed llama.cpp libraries (their names, sizes and times), read without
+    loading them: this layer never imports llama_cpp. A wheel rebuilt with other flags (AVX-512, CUDA)
+    decodes at other rates on the same processor, so its decode probe is taken anew. "" when not found."""
+    import hashlib
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("llama_cpp")
+        root = Path(spec.origin).parent if spec and spec.origin else None
+        libs = sorted(p for p in (root / "lib").iterdir() if p.is_file() and not p.is_symlink()) if root else []
+        parts = [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in libs]
+    except (OSError, ImportError, ValueError):
+        return ""
+    return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16] if parts else ""
+
+
+def decode_probe_is_current() -> bool:
+    """Whether the recorded decode probe was taken with the llama.cpp build installed now (an earlier
+    probe, recorded before builds were noted, counts as another build)."""
+    d = _load_json(cache_dir() / DECODE_PROBE_FILE)
+    return isinstance(d, dict) and d.get("build") == llama_build()
+
+
 def decode_probe() -> dict[str, Any] | None:
     """The engine's decode probe recorded for this machine (record_decode_probe), or None."""
     d = _load_json(cache_dir() / DECODE_PROBE_FILE)
@@ -398,11 +422,13 @@ def _usable(d: dict[str, Any]) -> bool:
 
 
 def record_decode_probe(result: dict[str, Any]) -> None:
-    """Keep the decode probe's rates for this machine (a CPU swap or another machine: measured anew)."""
+    """Keep the decode probe's rates for this machine and llama.cpp build (a CPU swap, another machine:
+    not read; a rebuilt llama.cpp: read until engine.link.decode_probe.ensure measures it again)."""
     if not _usable(result):
         raise ValueError("the decode probe returned no usable rates: "
                          + ", ".join(f"{k}={result.get(k)!r}" for k in ("float_gbs", "quant_gbs")))
-    _save_json(cache_dir() / DECODE_PROBE_FILE, {"key": _probe_key(), **result, "measured_at": time.time()})
+    _save_json(cache_dir() / DECODE_PROBE_FILE,
+               {"key": _probe_key(), **result, "build": llama_build(), "measured_at": time.time()})
 
 
 def record_decode_run(*, where: str, bytes_per_token: int, tok_s: float, n_layer: int = 0,

@@ -64,11 +64,13 @@ def run_and_record(**kw: Any) -> dict[str, Any]:
 
 
 def ensure(**kw: Any) -> dict[str, Any] | None:
-    """The recorded figures, measuring them first when this machine has none, or when they lack a weight
-    type the probe now times (an earlier version's probe); None (logged) when the probe fails: a
-    prediction from the fitted constants, or from the earlier figures, is still a prediction."""
+    """The recorded figures, measuring them first when this machine has none, when they lack a weight
+    type the probe now times (an earlier version's probe), or when they were taken with another
+    llama.cpp build; None (logged) when the probe fails: a prediction from the fitted constants, or
+    from the earlier figures, is still a prediction."""
     have = hardware.decode_probe()
-    if have is not None and set(hardware.DECODE_PROBE_TYPES) <= set(have.get("type_gbs") or ()):
+    if (have is not None and set(hardware.DECODE_PROBE_TYPES) <= set(have.get("type_gbs") or ())
+            and hardware.decode_probe_is_current()):
         return have
     try:
         run_and_record(**kw)
