@@ -46,3 +46,33 @@ def test_a_failed_probe_still_describes_the_computer(monkeypatch):
     hw = ModelServices(decode_probe=True).probe()
     assert hw.calibration.cpu_type_gbs == () and hw.ram_bandwidth_gbs == 20.0
     assert not any("timed on this processor" in ln for ln in describe_hardware(replace(fake_hw(0))))
+
+
+def test_the_probe_waits_for_the_engine_starting_beside_it(monkeypatch):
+    """The app starts its engine and the wizard at once: the probe's timings must not share the cores
+    with the engine's start, so it waits for the engine's Ready (its device list) first, and only when
+    it will measure."""
+    from ggufdesk.engine.link import decode_probe
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(hardware, "measure_ram_bandwidth", lambda *a, **k: 20.0)
+    monkeypatch.setattr(hardware, "measure_cpu_gflops", lambda *a, **k: 100.0)
+    events: list[str] = []
+    polls = iter([[], [], [{"name": "CPU", "type": "cpu"}]])
+
+    def devices():
+        d = next(polls, [{"name": "CPU", "type": "cpu"}])
+        events.append("ready" if d else "starting")
+        return d
+
+    def fake_measure(**kw):
+        events.append("probe")
+        return {"float_gbs": 21.0, "quant_gbs": 17.0,
+                "type_gbs": {**dict.fromkeys(hardware.DECODE_PROBE_TYPES, 8.0), "F16": 21.0, "Q4_K": 17.0}}
+
+    monkeypatch.setattr(decode_probe, "measure", fake_measure)
+    ModelServices(engine_devices=devices, decode_probe=True).probe()
+    assert events[:4] == ["starting", "starting", "ready", "probe"]
+    events.clear()
+    ModelServices(engine_devices=devices, decode_probe=True).probe()  # recorded: no probe, no extra wait
+    assert events == ["ready"]

@@ -176,14 +176,23 @@ class ModelServices:
         if self.decode_probe:  # once per machine: the planner's speeds from this CPU's own decode
             from ggufdesk.engine.link import decode_probe
 
+            if decode_probe.needed():
+                self._engine_ready()  # an engine starting beside the probe would slow its timings
             decode_probe.ensure()  # a failure is logged; the fitted constants then predict
         self.hw = hardware.probe()
         if self.engine_devices is not None and not self.hw.gpus:
-            deadline = time.monotonic() + 10  # the engine starts beside us; its list comes with Ready
-            while not (devices := self.engine_devices()) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            self.hw = hardware.with_ggml_devices(self.hw, devices)
+            self.hw = hardware.with_ggml_devices(self.hw, self._engine_ready())
         return self.hw
+
+    def _engine_ready(self, timeout: float = 10.0) -> list[dict[str, object]]:
+        """The running engine's ggml devices, once it has started (its list comes with Ready); [] after
+        timeout seconds, or when there is no engine."""
+        if self.engine_devices is None:
+            return []
+        deadline = time.monotonic() + timeout
+        while not (devices := self.engine_devices()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return devices
 
     def describe(self, hw: HardwareInfo) -> list[str]:
         return describe_hardware(hw)

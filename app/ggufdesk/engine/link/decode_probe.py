@@ -63,14 +63,21 @@ def run_and_record(**kw: Any) -> dict[str, Any]:
     return result
 
 
+def needed() -> bool:
+    """Whether ensure() would measure: no figures for this machine, an earlier version's (without a
+    weight type the probe now times), or figures taken with another llama.cpp build."""
+    have = hardware.decode_probe()
+    return not (have is not None and set(hardware.DECODE_PROBE_TYPES) <= set(have.get("type_gbs") or ())
+                and hardware.decode_probe_is_current())
+
+
 def ensure(**kw: Any) -> dict[str, Any] | None:
     """The recorded figures, measuring them first when this machine has none, when they lack a weight
     type the probe now times (an earlier version's probe), or when they were taken with another
     llama.cpp build; None (logged) when the probe fails: a prediction from the fitted constants, or
     from the earlier figures, is still a prediction."""
     have = hardware.decode_probe()
-    if (have is not None and set(hardware.DECODE_PROBE_TYPES) <= set(have.get("type_gbs") or ())
-            and hardware.decode_probe_is_current()):
+    if not needed():
         return have
     try:
         run_and_record(**kw)
