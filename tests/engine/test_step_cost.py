@@ -100,3 +100,57 @@ def test_rows_are_shared_in_turns_and_feedback_is_in_units_of_the_share():
     assert [f[0] for f in a.fed] == [9, 0] and [f[0] for f in b.fed] == [0, 9]
     assert a.fed[1][2] == pytest.approx(1.0)  # a plain step costs one share (measured as predicted)
     assert a.fed[0][2] > 1.0 and a.fed[0][1] == 9
+
+
+def parity(rows: int) -> float:
+    """A step of `rows` rows with logits in one-row steps, as on the 2-core CPU with the starter:
+    llama.cpp's kernel for its output head works on rows in pairs, so an odd count pays about one
+    more pass over it (3 rows cost more than 4; engine/speculation/verify_cost.py)."""
+    return 1.0 if rows == 1 else 0.6 + 0.25 * rows + (0.75 if rows % 2 else 0.0)
+
+
+PARITY = {k: parity(k + 1) for k in range(1, 17)}  # every row count up to 17 measured
+
+
+def test_beyond_a_table_of_every_row_count_its_pattern_repeats():
+    c = StepCosts(PARITY)
+    assert [c.shape(r) for r in range(1, 18)] == pytest.approx([parity(r) for r in range(1, 18)])
+    assert [c.shape(r) for r in range(18, 30)] == pytest.approx([parity(r) for r in range(18, 30)])
+    assert c.lengths(16) == list(range(1, 17)) and c.lengths(5) == [1, 2, 3, 4, 5]
+
+
+def lookup_like() -> Controlled:
+    """A drafter that sizes its own drafts by the prices, as lookup does (DraftLength.worth)."""
+    d = Fixed(list(range(100, 116)))
+    d.control = DraftLength(k_min=1, k_max=16, adaptive=True, label="lookup", sizes_drafts=True, costs=PARITY)
+    for _ in range(3):
+        d.control.feedback(0, 0, 1.0)  # plain steps: one share each
+
+    def propose(history, last, k):
+        d.asked.append(k)
+        return d.tokens[:d.control.worth(0.9, k)]
+
+    d.propose = propose  # type: ignore[method-assign]
+    return d
+
+
+def test_drafts_beside_others_land_the_step_on_a_cheap_row_count():
+    """Beside four decode rows every length of the old table (1, 3, 7, 15) made the step's count odd
+    and dear; priced by the step's whole count the drafters choose even counts, and beside three rows
+    one draft row makes the step cheaper than none."""
+    costs = StepCosts(PARITY)
+    for rows in (1, 3, 4, 8):
+        costs.observe(rows, 0.010 * parity(rows))
+    drafters = [lookup_like() for _ in range(2)]
+    four = Plan(decode=[DecodeRow(seq(0, drafters[0])), DecodeRow(seq(1, drafters[1])),
+                        *(DecodeRow(seq(i)) for i in (2, 3))], prefill=None, chunk=0)
+    planner(costs, n_outputs=17).plan(four)
+    prices = drafters[0].control.costs
+    assert prices[1] > prices[2] and prices[3] > prices[4]  # an odd count costs more than the even one above
+    drafted = [len(r.draft) for r in four.decode]
+    assert all(n > 0 for n in drafted[:2]) and (4 + sum(drafted)) % 2 == 0, drafted
+    three = Plan(decode=[DecodeRow(seq(0, lookup_like())), *(DecodeRow(seq(i)) for i in (1, 2))],
+                 prefill=None, chunk=0)
+    planner(costs, n_outputs=17).plan(three)
+    assert three.decode[0].seq.drafter.control.costs[1] < 1.0  # one more row: a cheaper step
+    assert (3 + len(three.decode[0].draft)) % 2 == 0

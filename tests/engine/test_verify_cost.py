@@ -77,10 +77,10 @@ def test_a_load_with_speculation_measures_before_it_reports_loaded(tiny_model, u
                        speculation=SpeculationSettings(mode="lookup", k_max=8)))
     assert any(isinstance(e, P.Loaded) for e in events), events
     costs = engine.verify_costs
-    assert costs is not None and sorted(costs) == [1, 3, 7]  # rows 2, 4, 8: up to K max + 1 = 9
+    assert costs is not None and sorted(costs) == list(range(1, 9))  # rows 2 ... 9: up to K max + 1
     assert all(c > 0 for c in costs.values()) and engine._calibration is None
     assert engine.batch.slots.used == 0  # nothing of the measurement is left in the KV cache
-    assert engine.batch.drafts.costs.lengths(16) == [1, 3, 7]  # the step loop prices drafts with it
+    assert engine.batch.drafts.costs.lengths(16) == list(range(1, 9))  # the step loop prices drafts with it
     engine.unload(quiet=True)
     assert engine.verify_costs is None
 
@@ -100,7 +100,7 @@ def test_measuring_later_runs_while_idle_and_yields_to_requests(tiny_model, unhu
     while engine._calibration is not None:
         engine._calibrate_step()
     # the rows reserved at load (K max 16 by default) bound it, not the request's K max
-    assert engine.verify_costs is not None and sorted(engine.verify_costs) == [1, 3, 7, 15]
+    assert engine.verify_costs is not None and sorted(engine.verify_costs) == list(range(1, 17))
     engine.unload(quiet=True)
 
 
@@ -165,26 +165,30 @@ def calibrate(monkeypatch, tiny_model, slow: dict[int, float], budget: float = 1
 
 
 def test_a_busy_moment_slows_a_round_not_a_row_count(monkeypatch, tiny_model):
-    """Rounds of 1, 2, 4, 8, 16 rows, each cost taken against its own round's one-row call, the median
+    """Rounds of 1, 2, 3 ... 17 rows, each cost taken against its own round's one-row call, the median
     over rounds: a whole round three times slower (the machine got busy) and one stalled call change
     nothing (timed in blocks per row count, they would have moved k = 1 and k = 7)."""
-    # calls: 0 warms up; round r (0-based) is calls 1 + 5r .. 5 + 5r, in the order 1, 2, 4, 8, 16 rows
-    slow = {1 + 5 * 1 + i: 3.0 for i in range(5)}  # round 2, every call
-    slow[1 + 5 * 3 + 3] = 4.0  # round 4, the 8-row call
-    slow[1 + 5 * 0 + 1] = 2.0  # round 1, the 2-row call
-    cal, clock = calibrate(monkeypatch, tiny_model, slow)
-    assert cal.rounds == 5 and clock.calls == 1 + 5 * 5
-    assert cal.costs is not None and sorted(cal.costs) == [1, 3, 7, 15]
+    n = 17  # row counts per round: 1 ... K max + 1
+    # calls: 0 warms up; round r (0-based) is calls 1 + n r .. n + n r, in the order 1, 2, 3 ... rows
+    slow = {1 + n * 1 + i: 3.0 for i in range(n)}  # round 2, every call
+    slow[1 + n * 3 + 7] = 4.0  # round 4, the 8-row call
+    slow[1 + n * 0 + 1] = 2.0  # round 1, the 2-row call
+    cal, clock = calibrate(monkeypatch, tiny_model, slow, budget=100.0)
+    assert cal.rounds == 5 and clock.calls == 1 + 5 * n
+    assert cal.costs is not None and sorted(cal.costs) == list(range(1, 17))
     for k, c in cal.costs.items():
         assert abs(c - (1 + 0.3 * k)) < 1e-9, (k, c)
 
 
 def test_rounds_past_the_second_stay_within_the_budget(monkeypatch, tiny_model):
-    per_round = 0.01 * sum(1 + 0.3 * (r - 1) for r in (1, 2, 4, 8, 16))
+    per_round = 0.01 * sum(1 + 0.3 * (r - 1) for r in range(1, 18))
     cal, clock = calibrate(monkeypatch, tiny_model, {}, budget=2.5 * per_round)
-    assert cal.rounds == 2 and clock.calls == 1 + 2 * 5  # a third round would pass the budget
+    assert cal.rounds == 2 and clock.calls == 1 + 2 * 17  # a third round would pass the budget
     cal, clock = calibrate(monkeypatch, tiny_model, {}, budget=0.5 * per_round)
-    assert cal.rounds == 2 and sorted(cal.costs or {}) == [1, 3, 7]  # 16 rows skipped after the first round passed it
+    spent = [0.01 * sum(1 + 0.3 * (r - 1) for r in range(1, n + 1)) for n in range(1, 18)]
+    last = next(n for n in range(1, 18) if spent[n - 1] > 0.5 * per_round)  # the call that passed it: 12 rows
+    assert last == 12
+    assert cal.rounds == 2 and sorted(cal.costs or {}) == list(range(1, last))  # 13 rows and up skipped
 
 
 def test_a_second_load_reads_the_table_measured_by_the_first_and_measures_nothing(tiny_model, unhurried,
@@ -211,7 +215,7 @@ def test_a_second_load_reads_the_table_measured_by_the_first_and_measures_nothin
     second = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
     second.load(load)
     assert made == [] and second.verify_costs == pytest.approx(measured, abs=1e-3)
-    assert second.batch.drafts.costs.lengths(16) == [1, 3, 7]
+    assert second.batch.drafts.costs.lengths(16) == list(range(1, 9))
     second.unload(quiet=True)
     other = P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256, n_threads=1, n_threads_batch=3),
                    speculation=SpeculationSettings(mode="lookup", k_max=8))
@@ -230,6 +234,32 @@ def test_a_damaged_stored_table_is_measured_again(tiny_model, unhurried):
     engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
     engine.load(P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256),
                        speculation=SpeculationSettings(mode="lookup", k_max=8)))
-    assert engine.verify_costs is not None and sorted(engine.verify_costs) == [1, 3, 7]
+    assert engine.verify_costs is not None and sorted(engine.verify_costs) == list(range(1, 9))
     engine.unload(quiet=True)
     assert json.loads(path.read_text())  # and kept, readable, for the next load
+
+
+def test_a_table_kept_by_the_earlier_version_is_measured_again(tiny_model, unhurried, monkeypatch):
+    """Version 1 timed only 1, 2, 4, 8 and 16 rows, which offered the step loop only k = 1, 3, 7, 15
+    (beside four decode rows: always an odd, dear count of rows); such a table is not reused."""
+    from ggufdesk.engine.speculation import verify_cost
+
+    load = P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256),
+                  speculation=SpeculationSettings(mode="lookup", k_max=8))
+    monkeypatch.setattr(verify_cost, "VERSION", 1)
+    old = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
+    old.load(load)
+    old.unload(quiet=True)
+    monkeypatch.setattr(verify_cost, "VERSION", 2)
+    made: list = []
+    real = verify_cost.Calibration
+
+    def counted(*a, **kw):
+        made.append(a)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(verify_cost, "Calibration", counted)
+    new = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
+    new.load(load)
+    assert len(made) == 1 and new.verify_costs is not None and sorted(new.verify_costs) == list(range(1, 9))
+    new.unload(quiet=True)

@@ -8,7 +8,11 @@ draft rows add T(R + k) - T(R) (R: the rows already planned), both from engine/s
 Alone (N = 1) that is the verification table itself; beside others a draft row costs about half a
 decode row's share (bench/batch.py part 1 measured 0.54-0.59x on the 2-core CPU), so a short draft is
 cheaper there than alone (where the first row turns a one-row step into a two-row one, +0.8), and
-the controller sees the difference.
+the controller sees the difference. The prices follow the step's whole count of rows with logits,
+which is not smooth: on that CPU an odd count costs more than the even count above it
+(engine/speculation/verify_cost.py), so beside four decode rows a draft of 2 or 4 is cheap and one
+of 1 or 3 dear, and beside three rows one draft row makes the step cheaper than none. Every length
+the table measured is offered, and the drafters, choosing in turn, land the step on cheap counts.
 
 Each drafter's controller (engine/speculation/adaptive.py) gets those prices as its cost table in
 units of its plain share (`DraftLength.price`) and decides its length, or to draft nothing; after
@@ -61,7 +65,7 @@ class DraftPlanner:
         completes = p is not None and p.n_done + part == len(p.prompt)  # its last row wants logits too
         budget = min(self.n_outputs - n - int(completes), self.n_batch - plan.decode_rows - part)
         plain = self.costs.predict(n)
-        total = plan.decode_rows
+        total = plan.decode_rows + int(completes)  # rows with logits: the prompt's other rows add the same to every k
         turn = self._turn % len(rows)
         self._turn += 1
         for r in rows[turn:] + rows[:turn]:

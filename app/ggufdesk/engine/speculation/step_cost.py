@@ -4,9 +4,12 @@ A step's cost is mostly one pass over the weights plus, per row with logits, the
 Gemma 3 its 262k-word vocabulary) and attention; whose sequence a row belongs to matters little.
 So one curve serves a sequence alone verifying k drafts (1 + k rows) and N sequences decoding
 side by side (N rows), or both (N + the drafts): its shape comes from engine/speculation/verify_cost.py's
-table (rows 1, 2, 4, 8, 16, measured at load), its level from the steps the engine actually runs
-(every step without a prompt chunk is timed and kept per row count). A row count not yet seen is
-predicted from the nearest recently seen one, scaled by the table's shape between the two.
+table (every row count up to the rows reserved for drafts, measured at load), its level from the
+steps the engine actually runs (every step without a prompt chunk is timed and kept per row count).
+A row count not yet seen is predicted from the nearest recently seen one, scaled by the table's
+shape between the two. The curve need not rise with every row: on the 2-core CPU an odd count of
+rows with logits costs more than the even count above it (verify_cost.py), so beyond the table
+the shape repeats its last PERIOD rows, each period dearer by what the table's last one added.
 """
 from __future__ import annotations
 
@@ -17,6 +20,9 @@ FRESH = 64  # steps: an older measurement gives way to a fresher one as the anch
 # Without a table (before it is measured, or a failed measurement): verifying costs a fixed 1.5
 # plain steps plus a quarter per row, the CPU-ish prior engine/speculation/adaptive.py's line starts from.
 PRIOR_FIXED, PRIOR_ROW = 1.5, 0.25
+# Beyond a table of every row count its pattern repeats with this period: llama.cpp's CPU kernels
+# work on 2 or 4 rows at a time (a period of 4 repeats a pattern of 2 as well).
+PERIOD = 4
 
 
 class StepCosts:
@@ -50,7 +56,12 @@ class StepCosts:
                 return c0 + (c1 - c0) * (rows - r0) / (r1 - r0)
         if len(pts) == 1:
             return 1.0 + PRIOR_ROW * (rows - 1)
-        (r0, c0), (r1, c1) = pts[-2], pts[-1]  # beyond the table: its last slope
+        top = pts[-1][0]
+        if len(pts) == top and top > PERIOD:  # every row count measured: repeat the last period
+            periods = -(-(rows - top) // PERIOD)
+            c = dict(pts)
+            return c[rows - periods * PERIOD] + periods * (c[top] - c[top - PERIOD])
+        (r0, c0), (r1, c1) = pts[-2], pts[-1]  # beyond a sparse table: its last slope
         return c1 + (c1 - c0) / (r1 - r0) * (rows - r1)
 
     def observe(self, rows: int, seconds: float) -> None:

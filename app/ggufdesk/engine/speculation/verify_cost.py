@@ -1,29 +1,35 @@
-"""What verifying a draft costs on this machine, measured once per loaded model while the engine is idle.
+"""What a step costs by its rows with logits on this machine, measured once per loaded model while the engine is idle.
 
-A verification step evaluates [last] + k drafted tokens with logits on every row. Its cost is
-neither the plain step's (one row) nor a straight line in k: on the 2-core CPU with the starter
-model 2 rows cost 1.6-1.8 plain steps, 3 rows 2.7-3.1 but 4 rows 2.2-2.7 (the kernels work in
-tiles), 8 rows 3.3-4.5 and 16 rows 5.6-6.9 (they move from run to run), mostly because every row
-with logits pays for Gemma's 262k-word output head (16 rows with logits for the last row only:
-3.4); on a GPU the same rows cost little more than one. So instead of assuming, the engine times
-1, 2, 4, 8 and 16 rows (up to the draft rows reserved at load) and the adaptive controller
-(engine/speculation/adaptive.py) drafts only lengths it measured: k = rows - 1 = 1, 3, 7, 15.
+A verification step evaluates [last] + k drafted tokens with logits on every row; a batched step
+evaluates one row per running sequence plus their drafts. The cost is neither the plain step's
+(one row) nor a straight line in the rows: on the 2-core CPU with the starter model every row with
+logits pays for Gemma's 262k-word output head, and llama.cpp's CPU kernel for it (a Q8_0 matrix)
+works on rows in pairs, so an odd count of rows with logits pays about one more pass over that
+head: 3 rows cost 48 ms but 4 rows 42, 5 rows 62 but 6 rows 53, 17 rows 119 but 16 rows 97
+(1 row: 26 ms; rows without logits, a prompt's, add 3 ms each whatever their count). SmolLM2-135M's
+Q4_1 model grows by the same 3.4 ms per row, odd or even; on a GPU the rows cost little more than
+one. So instead of assuming, the engine times every row count from 1 up to the draft rows
+reserved at load (at most K max + 1), and the step loop (engine/speculation/step_cost.py,
+planner.py) prices each draft length by the row count the whole step would have: alone a
+sequence drafts 1, 3, 5 ... tokens (even rows), beside three other rows 2, 4 ... (an earlier table
+of 1, 2, 4, 8 and 16 rows offered only k = 1, 3, 7, 15, which beside four decode rows always made
+the step's count odd: drafting there cost nearly twice what it does at an even count).
 
-A load with speculation on measures before it reports Loaded (about a second for the starter on 2
-CPU cores: five rounds of 1, 2, 4, 8 and 16 rows; rounds past the second only while the timed
-calls stay within BUDGET_S, and larger row counts are skipped once the first round passes it and
-then never drafted), so no first request waits for it. When a later request turns speculation on,
-the work is cut into single decode calls (`Calibration.step`) that the worker runs while idle, so
-a request arriving meanwhile waits for one call at most; cached prompt prefixes are dropped first
-(the measurement needs an empty KV cache), which costs the next turn one full prefill, once.
+A load with speculation on measures before it reports Loaded (about two seconds for the starter on 2
+CPU cores: two rounds of 1 to 16 rows; rounds past the second only while the timed calls stay
+within BUDGET_S, and larger row counts are skipped once the first round passes it and then never
+drafted), so no first request waits for it. When a later request turns speculation on, the work is
+cut into single decode calls (`Calibration.step`) that the worker runs while idle, so a request
+arriving meanwhile waits for one call at most; cached prompt prefixes are dropped first (the
+measurement needs an empty KV cache), which costs the next turn one full prefill, once.
 
 The table is kept on disk (`stored`, `store`: the cache directory's verify_costs.json), keyed by
 the model file, the settings that shape a decode call and the machine, so only the first load of a
 model with those settings on this machine measures: a one-shot `ggufdesk run --lookup` then starts
 its prompt as soon as the model is loaded (measuring before Loaded was the most of what lookup added
 to a one-shot run's time to its first token). The table gives the cost curve's shape and the lengths
-drafted; its level comes from the steps the engine runs (engine/speculation/step_cost.py), so a
-table measured at another moment still serves.
+drafted; its level comes from the steps the engine actually runs (engine/speculation/step_cost.py),
+so a table measured at another moment still serves.
 """
 from __future__ import annotations
 
@@ -41,9 +47,11 @@ from llama_cpp import _internals as internals
 from ggufdesk.engine.batching.runner import fill_batch
 from ggufdesk.engine.runtime.native import LoadedModel
 
-ROWS = (1, 2, 4, 8, 16)  # rows per verification call measured (k = rows - 1 drafted tokens)
 ROUNDS = (2, 5)  # rounds of every row count timed: at least, and at most while within the budget
-BUDGET_S = 1.5  # once the timed calls took this long (a big model on a CPU), larger row counts are skipped
+# Once the timed calls took this long (a big model on a CPU), larger row counts are skipped: two
+# rounds of 1-16 rows take the starter about 2.2 s on 2 cores, so it measures twice.
+BUDGET_S = 2.5
+VERSION = 2  # of the table: 1 timed only 1, 2, 4, 8 and 16 rows (tables kept from it are measured again)
 TOKEN = 100  # any ordinary token: the cost does not depend on which
 STORE_FILE = "verify_costs.json"
 STORE_MAX = 64  # tables kept (the newest): one per model and settings in use is plenty
@@ -58,9 +66,9 @@ def _key(lm: LoadedModel, k_max: int) -> str:
     except OSError:
         file = lm.path
     top = max(1, min(k_max + 1, lm.n_outputs, s.n_batch))
-    return "|".join(str(x) for x in (file, s.threads, s.threads_batch, s.n_gpu_layers, s.n_batch, s.n_ubatch,
-                                     s.flash_attn, s.type_k, s.type_v, ",".join(s.rpc) if s.rpc else "", top,
-                                     platform.node(), os.cpu_count()))
+    return "|".join(str(x) for x in (f"v{VERSION}", file, s.threads, s.threads_batch, s.n_gpu_layers, s.n_batch,
+                                     s.n_ubatch, s.flash_attn, s.type_k, s.type_v, ",".join(s.rpc) if s.rpc else "",
+                                     top, platform.node(), os.cpu_count()))
 
 
 def _store_path() -> Path:
@@ -107,7 +115,7 @@ def store(lm: LoadedModel, k_max: int, costs: dict[int, float]) -> None:
 class Calibration:
     """Times verification calls of each row count on sequence 0 of an empty KV cache, one call per step.
 
-    The calls go in rounds (1, 2, 4, 8, 16 rows, then again), each cost is the ratio to the one-row
+    The calls go in rounds (1, 2, 3 ... rows, then again), each cost is the ratio to the one-row
     call of its own round, and the median over rounds counts: a busy moment on a shared machine
     slows one round, not one row count. Timed in blocks of two calls per row count instead, eight
     loads of the starter measured k = 7 at 2.83-4.21 plain steps and k = 15 at 4.84-6.63, enough to
@@ -118,7 +126,7 @@ class Calibration:
     def __init__(self, lm: LoadedModel, k_max: int) -> None:
         top = max(1, min(k_max + 1, lm.n_outputs, lm.settings.n_batch))
         self.lm = lm
-        self.rows = [r for r in ROWS if r <= top]
+        self.rows = list(range(1, top + 1))
         self._todo = [1] + self.rows  # the first call only warms up
         self._warm = False
         self._round: dict[int, float] = {}  # rows -> seconds, this round
