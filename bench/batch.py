@@ -246,12 +246,15 @@ def main() -> int:
         print("|---|" + "---:|" * len(chunks))
         print("| ms/step | " + " | ".join(f"{cost[c]:.1f}" for c in chunks) + " |")
         print("| x undisturbed | " + " | ".join(f"{cost[c] / cost[0]:.1f}" for c in chunks) + " |")
-        drafts = (0, 4, 8)
+        drafts = (0, 1, 2, 3, 4, 8)
         low.reset(4)
         vcost = {k: low.step_ms(4, k, extra_logits=True) for k in drafts}
+        share = vcost[0] / 4
         print("   4 decode rows + k draft rows on one of them (all with logits): "
               + ", ".join(f"k={k}: {vcost[k]:.1f} ms" for k in drafts)
-              + f"; each draft row costs {(vcost[8] - vcost[0]) / 8 / (vcost[0] / 4):.2f}x a decode row's share")
+              + f"; each draft row costs {(vcost[8] - vcost[0]) / 8 / share:.2f}x a decode row's share at k=8, "
+              + ", ".join(f"{(vcost[k] - vcost[0]) / k / share:.2f}x at k={k}" for k in (1, 2, 3))
+              + " (an odd count of rows with logits can cost more than the even count above it)")
 
     # engines: n_parallel 8 (serve), n_parallel 1 (run)
     serve = EngineClient(auto_restart=False)

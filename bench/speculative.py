@@ -199,15 +199,15 @@ def print_table(rows: list[dict], args, loads: list[float]) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         a, bk = r.get("adaptive"), r.get("best K")
-        b = r.get(bk) if bk else None
-        if a is None or b is None:
+        b = r.get(bk) if bk else None  # (none with --fixed "")
+        if a is None:
             continue
         ref = r.get("llama-cpp-python")
         cell = lambda d, key: f"{d[key]:.2f}" if d else "n/a"  # noqa: E731
         print(f"| {r['category']} ({r['prompts']}) | {r['plain tok/s']:.1f} | {cell(a, 'x')} | "
-              f"{bk or '-'}: {cell(b, 'x')} | {a['x'] / b['x']:.2f} | {cell(ref, 'x')} | "
+              f"{bk or '-'}: {cell(b, 'x')} | {a['x'] / b['x'] if b else float('nan'):.2f} | {cell(ref, 'x')} | "
               f"{cell(a, 'ttft_x')} / {cell(b, 'ttft_x')} / {cell(ref, 'ttft_x')} | "
-              f"{a['same']}, {b['same']} | {a['acc']} |")
+              f"{a['same']}, {b['same'] if b else '-'} | {a['acc']} |")
     print_hints(rows)
     ties = [m for r in rows for k, v in r.items() if isinstance(v, dict) and "ties" in v for m in v["ties"]]
     if ties:

@@ -6,8 +6,8 @@ included; a controller driven by hand may report seconds). Plain steps (nothing 
 plain cost t0. In the step loop the planner prices draft rows before every step (`price`): the
 cost of k drafts beside the step's other rows, from measured whole steps. The cost of verifying k
 drafted tokens comes from the engine's measurement of this machine (engine/speculation/verify_cost.py: a table
-of k -> cost in plain steps, for k = 1, 3, 7, 15), scaled by how recent speculative steps compared
-with it; only those measured lengths are drafted. Before that table exists, t(k) is fitted as a
+of k -> cost in plain steps, for every k up to the rows reserved), scaled by how recent speculative
+steps compared with it; only measured lengths are drafted. Before that table exists, t(k) is fitted as a
 line a + b*k over recent steps from an optimistic prior. With the acceptance rate
 a over a sliding window, the expected tokens of a step with k drafted is (1 - a^(k+1)) / (1 - a);
 K is the k that maximises expected tokens / t(k). When speculation is measured slower than

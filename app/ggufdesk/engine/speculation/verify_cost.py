@@ -3,10 +3,11 @@
 A verification step evaluates [last] + k drafted tokens with logits on every row; a batched step
 evaluates one row per running sequence plus their drafts. The cost is neither the plain step's
 (one row) nor a straight line in the rows: on the 2-core CPU with the starter model every row with
-logits pays for Gemma's 262k-word output head, and llama.cpp's CPU kernel for it (a Q8_0 matrix)
-works on rows in pairs, so an odd count of rows with logits pays about one more pass over that
-head: 3 rows cost 48 ms but 4 rows 42, 5 rows 62 but 6 rows 53, 17 rows 119 but 16 rows 97
-(1 row: 26 ms; rows without logits, a prompt's, add 3 ms each whatever their count). SmolLM2-135M's
+logits pays for Gemma's 262k-word output head, and llama.cpp's CPU matrix product for it (a Q8_0
+matrix) evidently takes the rows in pairs: an odd count of rows with logits costs about one more
+pass over that head, 3 rows 48 ms but 4 rows 42, 5 rows 62 but 6 rows 53, 17 rows 119 but 16 rows
+97 (1 row: 26 ms; with logits on one row only, the others, like a prompt's, add 3 ms each whatever
+their count; an Intel Xeon host, 2026-12-04). SmolLM2-135M's
 Q4_1 model grows by the same 3.4 ms per row, odd or even; on a GPU the rows cost little more than
 one. So instead of assuming, the engine times every row count from 1 up to the draft rows
 reserved at load (at most K max + 1), and the step loop (engine/speculation/step_cost.py,
