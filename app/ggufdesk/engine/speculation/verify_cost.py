@@ -17,7 +17,7 @@ of 1, 2, 4, 8 and 16 rows offered only k = 1, 3, 7, 15, which beside four decode
 the step's count odd: drafting there cost nearly twice what it does at an even count).
 
 A load with speculation on measures before it reports Loaded (about two seconds for the starter on 2
-CPU cores: two rounds of 1 to 16 rows; rounds past the second only while the timed calls stay
+CPU cores: two rounds of 1 to 17 rows; rounds past the second only while the timed calls stay
 within BUDGET_S, and larger row counts are skipped once the first round passes it and then never
 drafted), so no first request waits for it. When a later request turns speculation on, the work is
 cut into single decode calls (`Calibration.step`) that the worker runs while idle, so a request
@@ -50,7 +50,7 @@ from ggufdesk.engine.runtime.native import LoadedModel
 
 ROUNDS = (2, 5)  # rounds of every row count timed: at least, and at most while within the budget
 # Once the timed calls took this long (a big model on a CPU), larger row counts are skipped: two
-# rounds of 1-16 rows take the starter about 2.2 s on 2 cores, so it measures twice.
+# rounds of 1-17 rows take the starter about 2.2 s on 2 cores, so it measures twice.
 BUDGET_S = 2.5
 VERSION = 2  # of the table: 1 timed only 1, 2, 4, 8 and 16 rows (tables kept from it are measured again)
 TOKEN = 100  # any ordinary token: the cost does not depend on which
