@@ -191,18 +191,9 @@ def test_rounds_past_the_second_stay_within_the_budget(monkeypatch, tiny_model):
     assert cal.rounds == 2 and sorted(cal.costs or {}) == list(range(1, last))  # 13 rows and up skipped
 
 
-def test_a_second_load_reads_the_table_measured_by_the_first_and_measures_nothing(tiny_model, unhurried,
-                                                                                    monkeypatch):
-    """Only the first load of a model with these settings on this machine measures (a one-shot
-    `ggufdesk run --lookup` then starts its prompt as soon as the model is loaded)."""
+def count_calibrations(monkeypatch) -> list:
+    """The measurements started from now on (one entry each)."""
     from ggufdesk.engine.speculation import verify_cost
-
-    load = P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256), speculation=SpeculationSettings(mode="lookup", k_max=8))
-    first = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
-    first.load(load)
-    measured = first.verify_costs
-    first.unload(quiet=True)
-    assert measured is not None
 
     made: list = []
     real = verify_cost.Calibration
@@ -212,6 +203,22 @@ def test_a_second_load_reads_the_table_measured_by_the_first_and_measures_nothin
         return real(*a, **kw)
 
     monkeypatch.setattr(verify_cost, "Calibration", counted)
+    return made
+
+
+def test_a_second_load_reads_the_table_measured_by_the_first_and_measures_nothing(tiny_model, unhurried,
+                                                                                    monkeypatch):
+    """Only the first load of a model with these settings on this machine measures (a one-shot
+    `ggufdesk run --lookup` then starts its prompt as soon as the model is loaded)."""
+
+    load = P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256), speculation=SpeculationSettings(mode="lookup", k_max=8))
+    first = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
+    first.load(load)
+    measured = first.verify_costs
+    first.unload(quiet=True)
+    assert measured is not None
+
+    made = count_calibrations(monkeypatch)
     second = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
     second.load(load)
     assert made == [] and second.verify_costs == pytest.approx(measured, abs=1e-3)
@@ -251,14 +258,7 @@ def test_a_table_kept_by_the_earlier_version_is_measured_again(tiny_model, unhur
     old.load(load)
     old.unload(quiet=True)
     monkeypatch.setattr(verify_cost, "VERSION", 2)
-    made: list = []
-    real = verify_cost.Calibration
-
-    def counted(*a, **kw):
-        made.append(a)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(verify_cost, "Calibration", counted)
+    made = count_calibrations(monkeypatch)
     new = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
     new.load(load)
     assert len(made) == 1 and new.verify_costs is not None and sorted(new.verify_costs) == list(range(1, 9))
