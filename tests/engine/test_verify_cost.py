@@ -63,7 +63,7 @@ def test_lengths_outside_the_request_s_bounds_are_ignored():
 
 @pytest.fixture
 def unhurried(monkeypatch):
-    """No time budget for the measurement: on a busy machine the real one (1.5 s) can run out in the
+    """No time budget for the measurement: on a busy machine the real one (2.5 s) can run out in the
     first round and leave the larger row counts unmeasured (the budget itself is tested on a fake clock)."""
     from ggufdesk.engine.speculation import verify_cost
 

@@ -38,6 +38,7 @@ class StepCosts:
         """k -> cost of verifying k drafts alone (k + 1 rows), in one-row steps."""
         pts = sorted((k + 1, c) for k, c in (table or {}).items() if k >= 1 and c > 0)
         self._points = [(1, 1.0)] + pts if pts else []
+        self._at = dict(self._points)  # rows -> measured shape (every count, for a table of them all)
 
     def lengths(self, k_max: int) -> list[int]:
         """The draft lengths to offer: those the table measured (k = rows - 1), else every k."""
@@ -51,6 +52,8 @@ class StepCosts:
         pts = self._points
         if not pts:
             return PRIOR_FIXED + PRIOR_ROW * (rows - 1)
+        if rows in self._at:
+            return self._at[rows]
         for (r0, c0), (r1, c1) in zip(pts, pts[1:]):
             if rows <= r1:
                 return c0 + (c1 - c0) * (rows - r0) / (r1 - r0)
@@ -59,7 +62,7 @@ class StepCosts:
         top = pts[-1][0]
         if len(pts) == top and top > PERIOD:  # every row count measured: repeat the last period
             periods = -(-(rows - top) // PERIOD)
-            c = dict(pts)
+            c = self._at
             return c[rows - periods * PERIOD] + periods * (c[top] - c[top - PERIOD])
         (r0, c0), (r1, c1) = pts[-2], pts[-1]  # beyond a sparse table: its last slope
         return c1 + (c1 - c0) / (r1 - r0) * (rows - r1)
