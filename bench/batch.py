@@ -388,6 +388,18 @@ def main() -> int:
             a, b = m(f"{key}_plain"), m(f"{key}_lookup")
             wave = m(f"{key}wave_lookup") / m(f"{key}wave_plain")
             print(f"| {label} | {a:.1f} | {b:.1f} | {b / a:.2f}x | {target} | {wave:.2f}x |")
+        if "1" in args.parts:
+            # what no drafting can beat: lookup only makes the decode rows' tokens cheaper, the rest of the
+            # wall (prompts' prefill, the loop) stays. At best every step is full, its 17 rows with logits
+            # (K max 16 + 1 reserved at load) 4 decode rows and 13 accepted draft rows, each draft row at
+            # part 1's cheapest price
+            row_ms = min((vcost[k] - vcost[0]) / k for k in drafts if k)
+            best = (vcost[0] + 13 * row_ms) / 17 / share  # a token's cost then, in decode rows' shares
+            for key in ("copy", "free"):
+                decode = min(1.0, share / 1000 * m(f"{key}_plain"))
+                print(f"   {key}: the plain run's decode rows ({share:.1f} ms each) explain {decode:.0%} of its "
+                      f"wall; with every step full of accepted drafts (a token at {best:.2f}x a decode row's "
+                      f"share) and the rest unchanged, lookup could reach {1 / (1 - decode + decode * best):.2f}x")
         for key in ("copy", "free", "copywave", "freewave"):
             print(f"   {key} per round, plain / lookup: " + ", ".join(
                 f"{a:.1f} / {b:.1f}" for a, b in zip(rows[f"{key}_plain"], rows[f"{key}_lookup"], strict=True)))

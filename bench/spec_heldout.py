@@ -15,8 +15,16 @@ by plain decoding on the live step loop in process, then the engine's lookup dra
 that answer with every hint on, with each hint off and with all off, each step charged a fixed cost
 table; it prints accepted/drafted tokens and the replayed speed-up per category and configuration.
 
+With `--measured` it replays at this machine's own costs instead, for the default configuration only,
+beside the ceiling of prompt lookup there (bench/spec_oracle.py's oracle: it knows how many of each
+draft the model will accept and picks every step's length, 0 to 16, by dynamic programming). The
+costs are `llama_decode` of 1 to 17 rows with logits at a 400-token context, each plus the per-step
+time the live loop spends outside it (measured on a plain answer), over a plain step: so the
+ceiling says what no lookup policy can beat on this host, and whether a target missed there is the
+controller's or the machine's.
+
     .venv/bin/python bench/spec_heldout.py [--suite heldout|tuned] [--model starter|smollm2|PATH]
-        [--max-tokens 96] [--categories ...]
+        [--max-tokens 96] [--categories ...] [--measured]
 """
 from __future__ import annotations
 
@@ -129,6 +137,66 @@ def hint_configs(hints: Iterable[str]) -> dict[str, str]:
 # a CPU's verification costs in plain steps (the starter, 2 threads: engine/speculation/verify_cost.py's
 # k = 1, 3, 7, 15), fixed here so that the replay does not depend on how busy the machine is
 TABLE = {1: 1.7, 3: 2.5, 7: 3.4, 15: 5.6}
+LENGTHS = list(range(1, 17))  # what the oracle may draft per step (the engine's K max)
+
+
+def measured_table(live, prompt: list[int], max_tokens: int) -> tuple[dict[int, float], float, float]:
+    """(k -> cost of a step verifying k drafts / a plain step, ms of a one-row decode, ms a plain step
+    spends outside llama_decode) on this machine: see the module docstring."""
+    import time
+
+    from bench.spec_oracle import decode_times
+
+    secs = decode_times(live.lm, [(r, "every") for r in range(1, 18)], reps=5)
+    walls = []
+    for n in (1, max_tokens, 1, max_tokens):  # a plain answer's per-token wall time, minus its prefill
+        live.forget()
+        t = time.perf_counter()
+        got = len(live.plain(prompt, n).tokens)
+        walls.append((time.perf_counter() - t, got))
+    (w1, _), (wn, n), (w1b, _), (wnb, nb) = walls
+    step = min((wn - w1) / max(1, n - 1), (wnb - w1b) / max(1, nb - 1))
+    outside = max(0.0, step - secs[0])
+    return {k: (secs[k] + outside) / (secs[0] + outside) for k in LENGTHS}, secs[0] * 1e3, outside * 1e3
+
+
+def measured(args, live, chosen, chat: bool) -> int:
+    """Adaptive lookup (the default hints) and the oracle, both replayed at this machine's costs."""
+    from bench.spec_oracle import gmean, oracle, replay
+    from ggufdesk.core.settings import SpeculationSettings
+    from ggufdesk.engine.speculation.speculative import TokenText, make_drafter
+
+    text = TokenText.of(live.lm)
+    rows: dict[str, list[tuple[float, float, int, int]]] = {}
+    table: dict[int, float] = {}
+    for w in chosen:
+        body = (f"<|im_start|>user\n{w.prompt}<|im_end|>\n<|im_start|>assistant\n" if chat else w.prompt)
+        prompt = live.tokens(body)
+        if not table:
+            table, one_ms, outside_ms = measured_table(live, prompt, args.max_tokens)
+            print(f"this machine: a one-row decode {one_ms:.1f} ms, {outside_ms:.1f} ms a step outside it; "
+                  "a step verifying k drafts, in plain steps: "
+                  + ", ".join(f"k={k} {c:.2f}" for k, c in table.items()), flush=True)
+        live.forget()
+        out = live.plain(prompt, args.max_tokens).tokens
+        if len(out) < 2:
+            continue
+        d = make_drafter(SpeculationSettings(mode="lookup", k_max=16, adaptive=True), prompt=prompt, draft=None,
+                         target=live.lm, costs=table, text=text)
+        counts = [0, 0]
+        x = replay(prompt, out, d, table, counts)
+        bound = oracle(prompt, out, table, LENGTHS)
+        rows.setdefault(w.category, []).append((x, bound, counts[0], counts[1]))
+        print(f"  {w.category}/{w.name}: adaptive {x:.2f} ({counts[1]}/{counts[0]}), oracle {bound:.2f}",
+              file=sys.stderr, flush=True)
+    print(f"\n{args.suite} suite, {args.model}, greedy, replayed at this machine's costs; x plain (geometric mean):")
+    print("| category | adaptive (accepted/drafted) | oracle: the ceiling of lookup here | target |")
+    print("|---|---:|---:|---:|")
+    for cat, rs in rows.items():
+        target = ">= 1.4" if cat in COPY_HEAVY else ">= 0.97"
+        print(f"| {cat} | {gmean([r[0] for r in rs]):.2f} ({sum(r[3] for r in rs)}/{sum(r[2] for r in rs)}) | "
+              f"{gmean([r[1] for r in rs]):.2f} | {target} |")
+    return 0
 
 
 def main() -> int:
@@ -145,12 +213,16 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--answers", help="a JSON file keeping the plain answers (read if there, else written): "
                     "replay again after a change without decoding again")
+    ap.add_argument("--measured", action="store_true", help="replay at this machine's measured costs, beside the "
+                    "oracle's ceiling (the default hints only)")
     args = ap.parse_args()
     cats = [c for c in args.categories.split(",") if c]
     chosen = [w for w in SUITES[args.suite] if not w.temperature and (not cats or w.category in cats)]
     live = Live(model_path(args.model), LoadSettings(n_ctx=8192, n_threads=args.threads,
                                                       n_threads_batch=args.threads))
     chat = args.model == "smollm2"
+    if args.measured:
+        return measured(args, live, chosen, chat)
     text = TokenText.of(live.lm)
     configs = hint_configs(LOOKUP_HINTS)
     rows: dict[str, dict[str, list[tuple[float, int, int]]]] = {}
