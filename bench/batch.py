@@ -389,12 +389,13 @@ def main() -> int:
             wave = m(f"{key}wave_lookup") / m(f"{key}wave_plain")
             print(f"| {label} | {a:.1f} | {b:.1f} | {b / a:.2f}x | {target} | {wave:.2f}x |")
         if "1" in args.parts:
-            # what no drafting can beat: lookup only makes the decode rows' tokens cheaper, the rest of the
-            # wall (prompts' prefill, the loop) stays. At best every step is full, its 17 rows with logits
-            # (K max 16 + 1 reserved at load) 4 decode rows and 13 accepted draft rows, each draft row at
-            # part 1's cheapest price
+            # what lookup could reach at best, at part 1's prices (an estimate that errs high): it only makes
+            # the decode rows' tokens cheaper, the rest of the wall (prompts' prefill, the loop) stays. At
+            # best every step is full, its rows with logits (K max 16 + 1, reserved at load) 4 decode rows
+            # and the rest accepted draft rows, each draft row at part 1's cheapest price
+            full = 16 + 1
             row_ms = min((vcost[k] - vcost[0]) / k for k in drafts if k)
-            best = (vcost[0] + 13 * row_ms) / 17 / share  # a token's cost then, in decode rows' shares
+            best = (vcost[0] + (full - 4) * row_ms) / full / share  # a token's cost then, in decode rows' shares
             for key in ("copy", "free"):
                 decode = min(1.0, share / 1000 * m(f"{key}_plain"))
                 print(f"   {key}: the plain run's decode rows ({share:.1f} ms each) explain {decode:.0%} of its "

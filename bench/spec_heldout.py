@@ -20,7 +20,8 @@ beside the ceiling of prompt lookup there (bench/spec_oracle.py's oracle: it kno
 draft the model will accept and picks every step's length, 0 to 16, by dynamic programming). The
 costs are `llama_decode` of 1 to 17 rows with logits at a 400-token context, each plus the per-step
 time the live loop spends outside it (measured on a plain answer), over a plain step: so the
-ceiling says what no lookup policy can beat on this host, and whether a target missed there is the
+ceiling says what no policy drafting from the n-gram match can beat on this host (the `counts` hint
+drafts numbers no match holds and can pass it), and whether a target missed there is the
 controller's or the machine's.
 
     .venv/bin/python bench/spec_heldout.py [--suite heldout|tuned] [--model starter|smollm2|PATH]
@@ -114,6 +115,11 @@ def chat_prompt(w: Workload) -> list[dict[str, str]]:
     return [{"role": "user", "content": w.prompt}]
 
 
+def prompt_text(w: Workload, chat: bool) -> str:
+    """What the replays decode: the prompt raw (the base starter) or as SmolLM2's ChatML user turn."""
+    return f"<|im_start|>user\n{w.prompt}<|im_end|>\n<|im_start|>assistant\n" if chat else w.prompt
+
+
 def model_path(name: str) -> str:
     """starter (the Gemma 3 270M base starter), smollm2 (SmolLM2-135M-Instruct), or a path."""
     from ggufdesk.core import starter
@@ -181,8 +187,7 @@ def measured(args, live, chosen, chat: bool) -> int:
     rows: dict[str, list[tuple[float, float, int, int]]] = {}
     table: dict[int, float] = {}
     for w in chosen:
-        body = (f"<|im_start|>user\n{w.prompt}<|im_end|>\n<|im_start|>assistant\n" if chat else w.prompt)
-        prompt = live.tokens(body)
+        prompt = live.tokens(prompt_text(w, chat))
         if not table:
             table, one_ms, outside_ms = measured_table(live, prompt, args.max_tokens)
             print(f"this machine: a one-row decode {one_ms:.1f} ms, {outside_ms:.1f} ms a step outside it; "
@@ -239,8 +244,7 @@ def main() -> int:
     rows: dict[str, dict[str, list[tuple[float, int, int]]]] = {}
     saved = json.loads(Path(args.answers).read_text()) if args.answers and Path(args.answers).exists() else {}
     for w in chosen:
-        body = (f"<|im_start|>user\n{w.prompt}<|im_end|>\n<|im_start|>assistant\n" if chat else w.prompt)
-        prompt = live.tokens(body)
+        prompt = live.tokens(prompt_text(w, chat))
         key = f"{w.category}/{w.name}"
         if key not in saved:
             live.forget()
