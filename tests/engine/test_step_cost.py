@@ -1,6 +1,9 @@
 """Draft rows priced from whole-step costs (engine/speculation/step_cost.py, planner.py), without llama.cpp."""
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
 from ggufdesk.core.settings import SamplingSettings
@@ -11,7 +14,7 @@ from ggufdesk.engine.batching.sequence import Sequence, SequenceStatus
 from ggufdesk.engine.speculation.adaptive import DraftLength
 from ggufdesk.engine.speculation.drafter import Controlled
 from ggufdesk.engine.speculation.planner import DraftPlanner
-from ggufdesk.engine.speculation.step_cost import PRIOR_FIXED, PRIOR_ROW, StepCosts
+from ggufdesk.engine.speculation.step_cost import FRESH, PRIOR_FIXED, PRIOR_ROW, StepCosts
 
 TABLE = {1: 1.8, 3: 2.4, 7: 3.6, 15: 6.0}  # rows 2, 4, 8, 16 in one-row steps
 
@@ -36,6 +39,39 @@ def test_an_old_measurement_gives_way_to_a_fresh_one():
     for _ in range(70):
         c.observe(8, 0.072)  # (twice the table's level: the context grew)
     assert c.predict(2) == pytest.approx(0.072 * 1.8 / 3.6)  # scaled from the fresh 8-row steps
+
+
+def uncached(c: StepCosts, rows: int) -> float | None:
+    """StepCosts.predict's rule, from scratch: the count itself when fresh, else scaled by the table's
+    shape from the nearest fresh count in ratio (the latest measured at a tie; any when none is fresh)."""
+    rows = max(rows, 1)
+    if rows in c.seconds and c.steps - c.seen[rows] <= FRESH:
+        return c.seconds[rows]
+    if not c.seconds:
+        return None
+    fresh = [r for r in c.seconds if c.steps - c.seen[r] <= FRESH] or list(c.seconds)
+    anchor = min(fresh, key=lambda r: (abs(math.log(r / rows)), -c.seen[r]))
+    return c.seconds[anchor] * c.shape(rows) / c.shape(anchor)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kept_predictions_equal_the_rule_recomputed_every_time(seed):
+    # predictions and anchors are kept between steps (a step prices ~20 counts): whatever the steps
+    # (repeats, new counts, counts going stale after FRESH steps, ties such as 2 between 1 and 4,
+    # failed timings), every prediction is the one the rule gives from scratch
+    rng = random.Random(seed)
+    c = StepCosts({k: 1.0 + 0.3 * k + 0.2 * (k % 2) for k in range(1, 17)} if seed % 2 else TABLE)
+    counts = [1, 1, 1, 2, 4, 5, 9, 17, 30]
+    for _ in range(400):
+        rows = rng.choice(counts) if rng.random() < 0.3 else c._last or 1
+        c.observe(rows, rng.choice([0.0, rng.uniform(0.005, 0.05)]) if rng.random() < 0.05 else rng.uniform(0.005, 0.05))
+        for _ in range(3 if rng.random() < 0.5 else 1):
+            for r in rng.sample(range(1, 34), 8):
+                want = uncached(c, r)  # (the same anchor: equal up to the order of one product)
+                assert c.predict(r) == (None if want is None else pytest.approx(want, rel=1e-12))
+        if rng.random() < 0.02:
+            for _ in range(FRESH + 2):
+                c.observe(1, 0.01)  # a long plain stretch: the others go stale
 
 
 class Fixed(Controlled):

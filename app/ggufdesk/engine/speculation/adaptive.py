@@ -53,6 +53,8 @@ class DraftLength:
         self.unit_s: float | None = None  # seconds of a cost unit, when the loop prices the steps
         self._k = self.snap(min(k_max, max(k_min, k_start or k_max)))
         self.plain: deque[float] = deque(maxlen=8)  # recent plain step seconds
+        self._t0: float | None = None  # their median, kept between plain steps (read many times a step)
+        self._corr: float | None = None  # correction(), kept until the next step's evidence or prices
         self.samples: deque[tuple[int, float]] = deque(maxlen=32)  # recent (n drafted, step cost)
         self.predicted: deque[float] = deque(maxlen=32)  # ... and the table's ratio for it then
         self.window: deque[tuple[int, int, float]] = deque(maxlen=WINDOW)
@@ -97,6 +99,7 @@ class DraftLength:
         the step loop (engine/speculation/planner.py); unit_s: what a plain step is in seconds now."""
         self.costs = self._usable(costs) or self.costs
         self.unit_s = unit_s
+        self._corr = None
 
     def disable(self, why: str) -> None:
         """Off for the rest of the request (something that will not change, like a full context)."""
@@ -122,8 +125,10 @@ class DraftLength:
         """One step: n_drafted proposed, n_accepted kept, seconds of wall time (overhead = drafting
         time that produced nothing, e.g. a draft model below p_min at its first token)."""
         self.tokens += n_accepted + 1
+        self._corr = None
         if n_drafted == 0:
             self.plain.append(max(seconds - overhead, 1e-6))
+            self._t0 = statistics.median(self.plain)
             self.since_plain = 0
             if overhead > 0:  # a step we paid drafting for: it counts against speculation
                 self.window.append((0, 0, seconds))
@@ -147,7 +152,7 @@ class DraftLength:
     @property
     def t0(self) -> float | None:
         """The plain step's cost: median of recent plain steps (robust to a stray slow step)."""
-        return statistics.median(self.plain) if self.plain else None
+        return self._t0
 
     def line(self) -> tuple[float, float]:
         """(a, b) of step seconds = a + b * n_drafted, least squares over recent speculative steps.
@@ -207,8 +212,10 @@ class DraftLength:
         t0 = self.t0
         if not self.costs or t0 is None or len(self.samples) < 3:
             return 1.0
-        r = statistics.median(t / (t0 * (p or self.ratio(n))) for (n, t), p in zip(self.samples, self.predicted))
-        return min(max(r, CORRECTION[0]), CORRECTION[1])
+        if self._corr is None:  # the same for every length priced this step
+            r = statistics.median(t / (t0 * (p or self.ratio(n))) for (n, t), p in zip(self.samples, self.predicted))
+            self._corr = min(max(r, CORRECTION[0]), CORRECTION[1])
+        return self._corr
 
     def step_cost(self, k: int) -> float:
         """Predicted seconds of a step drafting k tokens."""
@@ -220,10 +227,18 @@ class DraftLength:
 
     def best(self, alpha: float | None = None) -> tuple[int, float]:
         """(k, predicted tokens/s) of the best draft length, for the window's acceptance or `alpha`."""
-        a = self.alpha() if alpha is None else alpha
-        rates = {k: expected_tokens(a, k) / self.step_cost(k) for k in self.lengths()}
+        rates = self.rates(self.alpha() if alpha is None else alpha, self.lengths())
         k = max(rates, key=rates.__getitem__)
         return k, rates[k]
+
+    def rates(self, alpha: float, ks: list[int]) -> dict[int, float]:
+        """Predicted tokens/s of drafting each k in ks (lengths()) at acceptance alpha."""
+        if not self.costs:
+            return {k: expected_tokens(alpha, k) / self.step_cost(k) for k in ks}
+        # step_cost(k) for a measured k, its factors taken once (priced ~16 lengths a step)
+        assert self.t0 is not None
+        unit, costs = self.t0 * self.correction(), self.costs
+        return {k: expected_tokens(alpha, k) / (unit * costs[k]) for k in ks}
 
     def worth(self, alpha: float, k: int) -> int:
         """The draft length (at most k) worth proposing at acceptance alpha (0 = a plain step is faster)."""
@@ -232,7 +247,7 @@ class DraftLength:
         ks = self.lengths(max(self.k_min, k))
         if not ks:
             return 0
-        rates = {j: expected_tokens(alpha, j) / self.step_cost(j) for j in ks}
+        rates = self.rates(alpha, ks)
         kb = max(rates, key=rates.__getitem__)
         return min(k, kb) if rates[kb] > WORTH_MARGIN / self.t0 else 0
 

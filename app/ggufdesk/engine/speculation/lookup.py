@@ -64,11 +64,13 @@ class NgramCache:
     def __init__(self, n_max: int, *, max_tokens: int = 1 << 16) -> None:
         self.n_max = n_max
         self.max_tokens = max(max_tokens, 64)
+        self.docs = 0  # documents begun (a reader's state of one ends with it)
         self.clear()
 
     def clear(self) -> None:
         self.arena: list[int] = []
         self.doc_start = 0  # where the current document starts in the arena
+        self.docs += 1
         self.where: list[dict[tuple[int, ...], int]] = [{} for _ in range(self.n_max + 1)]
         self.prev: list[list[int]] = [[] for _ in range(self.n_max + 1)]  # [n][c]: the n-gram's earlier c, or -1
         self._indexed = 0  # continuations starting before this position are in the index
@@ -92,6 +94,7 @@ class NgramCache:
     def _new_doc(self, tokens: list[int]) -> None:
         if self.arena:
             self.arena.append(SEP)
+        self.docs += 1
         self.doc_start = self._indexed = len(self.arena)
         self.arena.extend(tokens)
 
@@ -259,6 +262,8 @@ class PromptLookup(Controlled):
         self.numbers = numbers
         self.reached = self.crossed = 0  # drafts that reached a sentence end / got past it
         self._end_at = -1  # index of the first sentence end in the draft in flight
+        # the quote marks of the current line, read as the text grows: (document, read up to, marks)
+        self._line: tuple[int, int, list[tuple[int, str]]] = (0, 0, [])
 
     def propose(self, history: list[int], last: int, k: int) -> list[int]:
         own = self.cache
@@ -389,14 +394,28 @@ class PromptLookup(Controlled):
         if self.quote_marks is None or any(self.quote_marks(t)[1] for t in draft):
             return -1
         own = self.cache
-        marks: list[tuple[int, str]] = []
-        for i in range(len(own.arena) - 1, max(own.doc_start, len(own.arena) - QUOTE_SCAN) - 1, -1):
-            starts, m = self.quote_marks(own.arena[i])
-            marks.append((i, m))
-            if starts:
-                break
-        opened = inside_quote(marks[::-1])
+        marks = self._line_marks()
+        first = max(own.doc_start, len(own.arena) - QUOTE_SCAN)
+        opened = inside_quote([(i, m) for i, m in marks if i >= first])
         return len(own.arena) - 1 - opened if opened >= 0 else -1
+
+    def _line_marks(self) -> list[tuple[int, str]]:
+        """(position, marks) of the current line's tokens that write quote marks (the line's first token
+        always), read on from where the last call stopped: the current document only grows."""
+        assert self.quote_marks is not None
+        own = self.cache
+        doc, upto, marks = self._line
+        if doc != own.docs:
+            doc, upto, marks = own.docs, own.doc_start, []
+        arena = own.arena
+        for i in range(upto, len(arena)):
+            starts, m = self.quote_marks(arena[i])
+            if starts:
+                marks = [(i, m)]
+            elif m:
+                marks.append((i, m))
+        self._line = (doc, len(arena), marks)
+        return marks
 
     @staticmethod
     def _weight(cache: NgramCache, gram: list[int], c: int, m: int) -> int:

@@ -32,6 +32,13 @@ class StepCosts:
         self.seconds: dict[int, float] = {}  # rows -> measured seconds (EMA)
         self.seen: dict[int, int] = {}  # rows -> the step it was last measured at
         self.steps = 0
+        # A step prices ~20 row counts: predictions are kept until the next observe, and each count's
+        # anchor (and the table's factor from it) until the fresh counts or their order change.
+        self._memo: dict[int, float] = {}
+        self._anchors: dict[int, tuple[int, float]] = {}  # rows -> (anchor, shape(rows) / shape(anchor))
+        self._fresh: list[tuple[int, int]] = []  # (rows, -last seen) of the fresh counts
+        self._stale_at = 0  # the step at which the oldest of them goes stale
+        self._last = 0  # the row count observed last
         self.set_table(table)
 
     def set_table(self, table: dict[int, float] | None) -> None:
@@ -39,6 +46,8 @@ class StepCosts:
         pts = sorted((k + 1, c) for k, c in (table or {}).items() if k >= 1 and c > 0)
         self._points = [(1, 1.0)] + pts if pts else []
         self._at = dict(self._points)  # rows -> measured shape (every count, for a table of them all)
+        self._memo.clear()
+        self._anchors.clear()
 
     def lengths(self, k_max: int) -> list[int]:
         """The draft lengths to offer: those the table measured (k = rows - 1), else every k."""
@@ -70,19 +79,45 @@ class StepCosts:
     def observe(self, rows: int, seconds: float) -> None:
         """A step of `rows` rows without a prompt chunk took `seconds`."""
         self.steps += 1
-        if rows < 1 or seconds <= 0:
-            return
-        old = self.seconds.get(rows)
-        self.seconds[rows] = seconds if old is None else old + EMA * (seconds - old)
-        self.seen[rows] = self.steps
+        self._memo.clear()
+        if rows >= 1 and seconds > 0:
+            old = self.seconds.get(rows)
+            # anchors hold while the same fresh count is measured again (the latest stays the latest)
+            if old is None or rows != self._last or self.steps - 1 - self.seen[rows] > FRESH:
+                self._forget_anchors()
+            self.seconds[rows] = seconds if old is None else old + EMA * (seconds - old)
+            self.seen[rows] = self.steps
+            self._last = rows
+        if self._fresh and self.steps >= self._stale_at:
+            self._forget_anchors()
+
+    def _forget_anchors(self) -> None:
+        self._anchors.clear()
+        self._fresh = []
 
     def predict(self, rows: int) -> float | None:
         """Seconds of a step of `rows` rows (None before any step was measured)."""
         rows = max(rows, 1)
+        t = self._memo.get(rows)
+        if t is not None:
+            return t
         if rows in self.seconds and self.steps - self.seen[rows] <= FRESH:
-            return self.seconds[rows]
-        if not self.seconds:
+            t = self.seconds[rows]
+        elif not self.seconds:
             return None
-        fresh = [r for r in self.seconds if self.steps - self.seen[r] <= FRESH] or list(self.seconds)
-        anchor = min(fresh, key=lambda r: (abs(math.log(r / rows)), -self.seen[r]))
-        return self.seconds[anchor] * self.shape(rows) / self.shape(anchor)
+        else:
+            anchor, factor = self._anchors.get(rows) or self._anchor(rows)
+            t = self.seconds[anchor] * factor
+        self._memo[rows] = t
+        return t
+
+    def _anchor(self, rows: int) -> tuple[int, float]:
+        """The measured count a prediction for `rows` scales from: the nearest fresh one in ratio, the
+        latest measured at a tie (every measured one when none is fresh)."""
+        if not self._fresh:
+            fresh = [r for r in self.seconds if self.steps - self.seen[r] <= FRESH] or list(self.seconds)
+            self._fresh = [(r, -self.seen[r]) for r in fresh]
+            self._stale_at = min(self.seen[r] for r in fresh) + FRESH + 1
+        _, _, anchor = min((abs(math.log(r / rows)), age, r) for r, age in self._fresh)
+        a = self._anchors[rows] = (anchor, self.shape(rows) / self.shape(anchor))
+        return a
