@@ -98,7 +98,11 @@ def tie_margin(client: EngineClient, w: Workload, plain: list[int], other: list[
     flush = client.generate(**FLUSH)
     for _ in client.stream(flush, timeout=60):
         pass
-    return {"at": i, "margin": margin}
+    # the margin is plain's only where this plain run wrote what the round's plain did up to there (else
+    # it is read in another text: plain itself came out differently, and the margin says nothing)
+    again = [e["id"] for e in entries[:i]]
+    moved = next((j for j, (a, b) in enumerate(zip(plain[:i], again)) if a != b), None)
+    return {"at": i, "margin": margin} if moved is None else {"at": i, "margin": float("nan"), "plain_moved": moved}
 
 
 class Reference:
@@ -150,7 +154,7 @@ def summarize(results: dict, names: list[str], fixed: list[str]) -> list[dict]:
                 continue
             speed, ttft, same, acc, dr = [], [], 0, 0, 0
             ties: list[float] = []
-            n_same = 0
+            n_same = moved = 0
             for w in ws:
                 runs, base = results[w].get(name, []), results[w]["plain"]
                 if not runs:
@@ -159,13 +163,14 @@ def summarize(results: dict, names: list[str], fixed: list[str]) -> list[dict]:
                 speed.append(statistics.median(r["tok_s"] / b["tok_s"] for r, b in pairs))
                 ttft.append(statistics.median(r["ttft"] / b["ttft"] for r, b in pairs))
                 same += sum(r["text"] == b["text"] for r, b in pairs)
-                ties += [r["tie"]["margin"] for r in runs if "tie" in r]
+                ties += [r["tie"]["margin"] for r in runs if "tie" in r and "plain_moved" not in r["tie"]]
+                moved += sum("plain_moved" in r.get("tie", {}) for r in runs)
                 n_same += len(pairs)
                 acc += sum(r["accepted"] for r in runs)
                 dr += sum(r["drafted"] for r in runs)
             if speed:
                 row[name] = {"x": gmean(speed), "ttft_x": gmean(ttft), "same": f"{same}/{n_same}",
-                             "acc": f"{acc}/{dr}", "ties": ties}
+                             "acc": f"{acc}/{dr}", "ties": ties, "moved": moved}
         ks = [k for k in fixed if k in row]
         if ks:
             best = max(ks, key=lambda k: row[k]["x"])
@@ -210,9 +215,12 @@ def print_table(rows: list[dict], args, loads: list[float]) -> None:
               f"{a['same']}, {b['same'] if b else '-'} | {a['acc']} |")
     print_hints(rows)
     ties = [m for r in rows for k, v in r.items() if isinstance(v, dict) and "ties" in v for m in v["ties"]]
-    if ties:
-        print(f"\ngreedy answers that left plain decoding's: {len(ties)}; plain's own margin (top-1 minus "
-              f"top-2 log-probability) where they left it: max {max(ties):.4f}, median {statistics.median(ties):.4f}")
+    moved = sum(v.get("moved", 0) for r in rows for v in r.values() if isinstance(v, dict))
+    if ties or moved:
+        where = f"max {max(ties):.4f}, median {statistics.median(ties):.4f}" if ties else "-"
+        print(f"\ngreedy answers that left plain decoding's: {len(ties) + moved}; plain's own margin (top-1 minus "
+              f"top-2 log-probability) where they left it: {where}" + (f" (of {len(ties)}; in {moved} plain, run "
+              "again, left the round's plain answer before that point: no margin read)" if moved else ""))
     print("\nall fixed K (× plain): " + "; ".join(
         f"{r['category']}: " + ", ".join(f"{k} {r[k]['x']:.2f}" for k in r if k.startswith("K=")) for r in rows))
 
