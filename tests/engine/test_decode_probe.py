@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ggufdesk.core import hardware
+from ggufdesk.core import hardware, planner
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.gguf_meta import read_gguf
 from ggufdesk.engine.link import decode_probe
@@ -33,6 +33,19 @@ def test_the_probe_measures_every_type_with_llama_cpp_and_leaves_no_model_behind
     assert r["float_gbs"] == r["type_gbs"]["F16"] and r["quant_gbs"] == r["type_gbs"]["Q4_K"]
     assert set(r["times_ms"]) == set(TYPES) and r["threads"] >= 1
     assert list(tmp_path.iterdir()) == []  # the models were removed
+
+
+def test_a_token_under_the_fixed_cost_fails_the_probe_but_not_a_run_on_cache_sized_models(tmp_path):
+    # tests probe models that fit a large L3 cache: on a fast host a token there took 1.47 ms, under
+    # the planner's 1.5 ms fixed cost, which must not fail them; the probe's own models must not do it
+    from ggufdesk.engine.runtime import decode_probe as rt
+
+    info = read_gguf(rt.write_model(tmp_path / "m.gguf", rt.Shape(256, 2, 4, 2, 512, "Q8_0")))
+    fast = hardware.cpu_fixed_s(planner.matmuls_per_token(info)) * 0.9
+    with pytest.raises(KnownError, match="less than its fixed cost"):
+        rt.gbs(fast, info)
+    assert rt.gbs(fast, info, strict=False) == round(planner.weight_bytes_per_token(info) / fast / 1e9, 3)
+    assert rt.gbs(1.0, info) == rt.gbs(1.0, info, strict=False) > 0  # a slow token: the same either way
 
 
 def test_probe_models_are_what_the_planner_reads(tmp_path):
