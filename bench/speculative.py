@@ -5,7 +5,10 @@ summarization, QA over a passage, math, RAG that quotes its sources, code editin
 free writing sampled at T 0.8, one prompt over 6,000 tokens). Starter model (Gemma 3 270M), 2
 threads. In every round each prompt runs once in every configuration, back to back (so machine
 load hits them alike; the order rotates from round to round), with the KV cache emptied between
-runs (no prefix reuse) and the engine's conversation n-gram cache off (each run stands alone).
+runs (no prefix reuse in memory) and the engine's conversation n-gram cache off (each run stands
+alone). The disk prompt cache stays on, as it is for users: a prompt of 256 tokens or more
+(settings.PROMPT_CACHE_MIN_TOKENS) is restored from it after its first run, so its TTFT is a
+restore's in every configuration alike (the long prompt, the held-out Japanese ones).
 Ratios are taken against plain in the same round, medians over rounds, then the geometric mean
 over a category's prompts.
 Reference: llama-cpp-python's `Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))`,
