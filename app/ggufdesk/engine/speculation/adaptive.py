@@ -238,7 +238,7 @@ class DraftLength:
         # step_cost(k) for a measured k, its factors taken once (priced ~16 lengths a step)
         assert self.t0 is not None
         unit, costs = self.t0 * self.correction(), self.costs
-        return {k: expected_tokens(alpha, k) / (unit * costs[k]) for k in ks}
+        return {k: expected_tokens(alpha, k) / (unit * (costs[k] if k in costs else self.ratio(k))) for k in ks}
 
     def worth(self, alpha: float, k: int) -> int:
         """The draft length (at most k) worth proposing at acceptance alpha (0 = a plain step is faster)."""
