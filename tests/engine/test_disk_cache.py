@@ -69,10 +69,10 @@ def test_a_prompt_saved_before_a_restart_is_restored_with_the_same_logits(tiny_m
 
 @pytest.mark.parametrize("kind", ["lookup", "self-draft"])
 def test_a_prompt_saved_with_a_speculative_answer_is_restored_exactly(tiny_model, cache, kind):
-    # a speculative answer's slot (drafts verified in multi-row batches; lookup's all rejected here and
+    # a speculative answer's slot (drafts verified in multi-row batches; lookup's mostly rejected here and
     # rolled back, the model drafting for itself all accepted) is saved with its prompt; a later request
-    # of the prompt starts from that file, and its answer is plain decoding's, every logprob exactly
-    # (issue 29: the held-out copy-ja prompt, 305 tokens, runs this way in bench/speculative.py)
+    # of the prompt starts from that file and writes plain decoding's answer: a plain request with every
+    # logprob exact (issue 29: the held-out copy-ja prompt, 305 tokens, runs this way in bench/speculative.py)
     spec_kw: dict[str, Any] = {"speculation": {"mode": "lookup", "k_max": 8, "adaptive": False,
                                                "lookup_history": False}}
     if kind == "self-draft":
