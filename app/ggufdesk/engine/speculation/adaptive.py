@@ -235,10 +235,10 @@ class DraftLength:
         """Predicted tokens/s of drafting each k in ks (lengths()) at acceptance alpha."""
         if not self.costs:
             return {k: expected_tokens(alpha, k) / self.step_cost(k) for k in ks}
-        # step_cost(k) for a measured k, its factors taken once (priced ~16 lengths a step)
+        # step_cost(k), its length-free factors taken once (~16 lengths are priced a step)
         assert self.t0 is not None
-        unit, costs = self.t0 * self.correction(), self.costs
-        return {k: expected_tokens(alpha, k) / (unit * (costs[k] if k in costs else self.ratio(k))) for k in ks}
+        unit = self.t0 * self.correction()
+        return {k: expected_tokens(alpha, k) / (unit * self.ratio(k)) for k in ks}
 
     def worth(self, alpha: float, k: int) -> int:
         """The draft length (at most k) worth proposing at acceptance alpha (0 = a plain step is faster)."""
