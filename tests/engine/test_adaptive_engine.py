@@ -248,12 +248,13 @@ def test_numbers_are_read_from_the_vocabulary(live):
     tokens = live.vocab.tokenize("1. a\n2. b 10 x 7", add_bos=False)
     read = {live.vocab.piece(t): nums(t) for t in tokens}
     # (the lead: spaces before the digits and the zero of their script, engine/speculation/hints.py)
-    assert read[b"1"] == ("0", 1) and read[b"2"] == ("0", 2) and read[b"7"] == ("0", 7) and read[b"0"] == ("0", 0)
+    assert read[b"1"] == ("0", "1") and read[b"2"] == ("0", "2") and read[b"7"] == ("0", "7") and read[b"0"] == ("0", "0")
     assert read[b"."] is None and read[b" a"] is None and read[b"\n"] is None
-    three = nums.token("0", 3)
-    assert three is not None and live.vocab.piece(three) == b"3" and nums(three) == ("0", 3)
-    assert nums.token("0", 12) is None  # this vocabulary writes 12 with two tokens: not counted on
-    assert nums.token("0", 3) == three and len(nums._tokens) == 2  # looked up once
+    three = nums.write("0", "3")
+    assert three is not None and [live.vocab.piece(t) for t in three] == [b"3"] and nums(three[0]) == ("0", "3")
+    twelve = nums.write("0", "12")  # this vocabulary writes 12 with two tokens, a digit each
+    assert twelve is not None and [live.vocab.piece(t) for t in twelve] == [b"1", b"2"]
+    assert nums.write("0", "3") is three and len(nums._written) == 2  # looked up once
 
 
 def test_the_vocabulary_is_read_once_per_loaded_model(tiny_model):

@@ -10,22 +10,22 @@ WORDS = [20, 21, 22, 23]
 
 class Digits:
     """A vocabulary whose tokens 100..199 write the numbers 0..99 (and 300..399 the same with a space
-    before them); `single` bounds the numbers written by one token."""
+    before them); `single` bounds the numbers written by one token (none writes more)."""
 
     def __init__(self, single: int = 100) -> None:
         self.single = single
 
-    def __call__(self, token: int) -> tuple[str, int] | None:
+    def __call__(self, token: int) -> tuple[str, str] | None:
         if 100 <= token < 200:
-            return "", token - 100
+            return "0", str(token - 100)
         if 300 <= token < 400:
-            return " ", token - 300
+            return " 0", str(token - 300)
         return None
 
-    def token(self, lead: str, value: int) -> int | None:
-        if value >= self.single:
+    def write(self, lead: str, digits: str) -> list[int] | None:
+        if int(digits) >= self.single or digits != str(int(digits)):
             return None
-        return (100 if lead == "" else 300) + value
+        return [(100 if lead == "0" else 300) + int(digits)]
 
 
 def line(i: int, words: list[int] = WORDS) -> list[int]:
@@ -92,3 +92,66 @@ def test_a_count_is_found_at_a_shorter_ngram_when_the_drafts_own_occurred_once()
     # "2 W X" occurred once (then 102), "W X" also before it (then 101): 2 tokens alike, too few
     short = [1, 7, W, X, 101, Y, 8, 2, W, X, 102, Y, 9, 2, W, X]
     assert draft(short, Digits()) == draft(short) == [102, Y, 9, 2, W, X, 102, Y, 9, 2, W, X, 102, Y, 9, 2]
+
+
+class DigitTokens:
+    """A vocabulary that writes numbers a digit per token (tokens 100..109), as SmolLM2's, Gemma 3's
+    and most vocabularies of 2026 do: 4591 is four tokens."""
+
+    def __call__(self, token: int) -> tuple[str, str] | None:
+        return ("0", str(token - 100)) if 100 <= token < 110 else None
+
+    def write(self, lead: str, digits: str) -> list[int] | None:
+        return [100 + int(d) for d in digits] if lead == "0" else None
+
+
+SKU, DASH = 7, 8
+
+
+def digits(v: int) -> list[int]:
+    return [100 + int(d) for d in str(v)]
+
+
+def record(v: int) -> list[int]:
+    """'SKU-4591. <words>.\n' with the number a digit per token."""
+    return [SKU, DASH] + digits(v) + [DOT] + WORDS + [STOP, NL]
+
+
+def test_a_number_written_over_several_tokens_is_counted_on():
+    text = [1, 2] + record(4590) + record(4591) + record(4592)
+    assert draft(text, Digits()) == draft(text)  # read a token at a time, "2" after "1" is no count
+    assert draft(text, DigitTokens()) == record(4593) + [SKU, DASH]  # the whole number counted on
+    grows = [1, 2] + record(97) + record(98) + record(99)
+    assert draft(grows, DigitTokens()) == (record(100) + [SKU, DASH])[:16]  # a digit more: 99 -> 100
+
+
+def test_a_draft_that_starts_inside_a_number_counts_on_the_digits_still_to_come():
+    text = [1, 2] + record(4590) + record(4591) + record(4592) + record(4593)[:3]  # "SKU-4" written
+    assert draft(text, DigitTokens()) == record(4593)[3:] + [SKU, DASH]
+    # a carry into a digit already written (4999 -> 5000 after "4"): nothing to count on, the copy as it was
+    carry = [1, 2] + record(4997) + record(4998) + record(4999) + record(5000)[:3]
+    assert draft(carry, DigitTokens()) == draft(carry)
+
+
+def test_a_number_the_text_has_only_begun_or_a_run_too_long_for_a_count_is_not_counted_on():
+    # the source's number runs to the end of the text written so far: it may go on
+    text = [1, 2, SKU, DASH] + digits(41) + [SKU, DASH] + digits(42) + [SKU, DASH] + digits(43)
+    assert draft(text, DigitTokens()) == draft(text)
+    ident = [1, 2] + record(1234567890) + record(1234567891) + record(1234567892)  # an identifier
+    assert draft(ident, DigitTokens()) == draft(ident)
+
+
+def test_a_list_numbered_past_nine_a_digit_per_token_is_drafted_through_its_numbers():
+    """Items 8 to 19 of a list whose lines repeat but for their number, in a vocabulary that writes
+    10 as two tokens: counting on, the drafts stop failing at each number."""
+    prompt = [1, 2, 3]
+    truth = [t for i in range(8, 20) for t in digits(i) + [DOT] + WORDS + [STOP, NL]]
+    runs = {}
+    for nums in (None, DigitTokens()):
+        d = Counting(PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=COSTS, numbers=nums))
+        simulate(d, prompt, truth)
+        runs[nums is not None] = d
+    wasted = {k: d.drafted - d.accepted for k, d in runs.items()}
+    assert wasted[True] <= wasted[False] / 3, wasted
+    assert runs[True].accepted > runs[False].accepted
+    assert runs[True].seconds < 0.9 * runs[False].seconds

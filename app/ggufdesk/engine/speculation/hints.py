@@ -11,7 +11,8 @@ the held-out one (bench/spec_heldout.py):
 - `quotes`: inside a quote the draft does not close, the cut starts at once; a quoted word seen once
   earlier marks the source being quoted; a short match that takes in the quote's opening mark is
   judged by its words inside the quote only;
-- `counts`: numbered lists and citations count up, so the copied number is written one higher.
+- `counts`: numbered lists and citations count up, so the copied number is written one higher
+  (a number written over several tokens, a digit each, included).
 
 A hint is off for a request when `SpeculationSettings.lookup_hints_off` names it (by default
 `sentence_ends`, which did not win on the held-out suite: core/settings.py says by how much; set
@@ -50,7 +51,7 @@ QUOTE_CHARS = frozenset(QUOTE_PAIRS) | frozenset(QUOTE_PAIRS.values())
 AFTER_END = "".join(sorted(QUOTE_CHARS)) + "'\u2019)]）】 "
 # full stop, exclamation and question marks: Latin, CJK full-width, ideographic full stop, Devanagari danda
 SENTENCE_ENDS = (".", "!", "?", "\u3002", "\uff01", "\uff1f", "\uff0e", "\u0964")
-MAX_DIGITS = 9  # a number token longer than this is an identifier, not a count (and int() stays cheap)
+MAX_DIGITS = 9  # a number longer than this is an identifier, not a count (and int() stays cheap)
 
 
 def active(off: str = "") -> frozenset[str]:
@@ -83,20 +84,26 @@ def inside_quote(marks: list[tuple[int, str]]) -> int:
     return at
 
 
-def number(text: str) -> tuple[str, int] | None:
-    """A token that writes a whole number: (its lead, its value), else None. The lead is the spaces
-    before the digits and the zero of their script ("  0", "０"): two numbers are written alike when
-    their leads are equal."""
+def number(text: str) -> tuple[str, str] | None:
+    """A token that writes digits: (its lead, the digits as ASCII, leading zeros kept), else None. The
+    lead is the spaces before the digits and the zero of their script ("  0", "０"): two numbers are
+    written alike when their leads are equal, and a token whose lead is only the zero can continue a
+    number written over several tokens (most vocabularies of 2026 write a digit per token)."""
     digits = text.lstrip(" ")
     if not digits or len(digits) > MAX_DIGITS or not digits.isdecimal():
         return None
     zeros = {chr(ord(ch) - unicodedata.decimal(ch)) for ch in digits}
     if len(zeros) != 1:
         return None
-    return text[:len(text) - len(digits)] + zeros.pop(), int(digits)
+    return text[:len(text) - len(digits)] + zeros.pop(), "".join(str(unicodedata.decimal(ch)) for ch in digits)
 
 
-def write_number(lead: str, value: int) -> str:
-    """The text of `value` written like a number with this lead (number())."""
+def write_number(lead: str, digits: str) -> str:
+    """The text of ASCII `digits` written like a number with this lead (number())."""
     zero = ord(lead[-1])
-    return lead[:-1] + "".join(chr(zero + int(d)) for d in str(value))
+    return lead[:-1] + "".join(chr(zero + int(d)) for d in digits)
+
+
+def next_number(digits: str) -> str:
+    """The number after `digits`, as wide (zeros kept in front: 007 -> 008, 9 -> 10)."""
+    return str(int(digits) + 1).zfill(len(digits))

@@ -53,28 +53,32 @@ class QuoteMarks(_Pieces[tuple[bool, str]]):
         return hints.quote_marks(piece.decode("utf-8", "replace"))
 
 
-class Numbers(_Pieces[tuple[str, int] | None]):
-    """Tokens that write a whole number, in any digit script: (its lead, its value), else None
-    (engine/speculation/hints.py: number); and `token`, the one token that writes another number
-    the same way, where the vocabulary has one."""
+class Numbers(_Pieces[tuple[str, str] | None]):
+    """Tokens that write digits, in any digit script: (their lead, the digits in ASCII), else None
+    (engine/speculation/hints.py: number); and `write`, the tokens that write another number the same
+    way, as this vocabulary's tokenizer writes it (a digit per token in most vocabularies of 2026)."""
 
     def __init__(self, lm: LoadedModel) -> None:
         super().__init__(lm)
-        self._tokens: dict[tuple[str, int], int | None] = {}
+        self._written: dict[tuple[str, str], list[int] | None] = {}
 
-    def _read(self, piece: bytes) -> tuple[str, int] | None:
+    def _read(self, piece: bytes) -> tuple[str, str] | None:
         return hints.number(piece.decode("utf-8", "replace"))
 
-    def token(self, lead: str, value: int) -> int | None:
-        key = (lead, value)
-        if key not in self._tokens:
-            data = hints.write_number(lead, value).encode()
-            buf = (llama_cpp.llama_token * 8)()
+    def write(self, lead: str, digits: str) -> list[int] | None:
+        key = (lead, digits)
+        if key not in self._written:
+            data = hints.write_number(lead, digits).encode()
+            buf = (llama_cpp.llama_token * (2 * hints.MAX_DIGITS + 4))()
             n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, len(buf), False, False)
-            # (a SentencePiece vocabulary may put a space token before it)
-            same = [t for t in buf[:max(n, 0)] if token_piece(self.vocab, t, self._buf) == data]
-            self._tokens[key] = same[0] if len(same) == 1 else None
-        return self._tokens[key]
+            tokens = list(buf[:max(n, 0)])
+            pieces = [token_piece(self.vocab, t, self._buf) for t in tokens]
+            if pieces and not pieces[0].strip() and not data.startswith(pieces[0]):
+                tokens, pieces = tokens[1:], pieces[1:]  # a SentencePiece vocabulary's space in front
+            # only tokens that write exactly this text, each one digits (with the lead's spaces first)
+            exact = b"".join(pieces) == data and all(self(t) is not None for t in tokens)
+            self._written[key] = tokens if tokens and exact else None
+        return self._written[key]
 
 
 @dataclasses.dataclass(frozen=True)
