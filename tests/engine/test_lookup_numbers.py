@@ -56,20 +56,24 @@ def test_only_a_count_by_one_of_numbers_written_alike_is_counted_on():
     assert draft(differs, Digits()) == draft(differs)  # the previous occurrence went on otherwise
 
 
-def test_a_numbered_answer_is_drafted_through_its_numbers():
-    """A list whose lines repeat but for their number: counting on, the drafts stop failing at each
-    number (and teaching the evidence that long matches fail)."""
-    prompt = [1, 2, 3]
-    truth = [t for i in range(1, 13) for t in line(i)]
+def drafted_through(truth: list[int], numbers) -> dict[bool, Counting]:
+    """The answer `truth` drafted by lookup without counting on and with it (`numbers`)."""
     runs = {}
-    for nums in (None, Digits()):
+    for nums in (None, numbers):
         d = Counting(PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=COSTS, numbers=nums))
-        simulate(d, prompt, truth)
+        simulate(d, [1, 2, 3], truth)
         runs[nums is not None] = d
     wasted = {k: d.drafted - d.accepted for k, d in runs.items()}
     assert wasted[True] <= wasted[False] / 3, wasted  # (3 vs 12: each line's number, before)
     assert runs[True].accepted > runs[False].accepted
     assert runs[True].seconds < 0.9 * runs[False].seconds
+    return runs
+
+
+def test_a_numbered_answer_is_drafted_through_its_numbers():
+    """A list whose lines repeat but for their number: counting on, the drafts stop failing at each
+    number (and teaching the evidence that long matches fail)."""
+    drafted_through([t for i in range(1, 13) for t in line(i)], Digits())
 
 
 END, A, COL, ACC, TO, LB, RB, Q = 10, 30, 31, 32, 33, 34, 35, 36  # '."', "Answer", ":", ... '"'
@@ -144,14 +148,4 @@ def test_a_number_the_text_has_only_begun_or_a_run_too_long_for_a_count_is_not_c
 def test_a_list_numbered_past_nine_a_digit_per_token_is_drafted_through_its_numbers():
     """Items 8 to 19 of a list whose lines repeat but for their number, in a vocabulary that writes
     10 as two tokens: counting on, the drafts stop failing at each number."""
-    prompt = [1, 2, 3]
-    truth = [t for i in range(8, 20) for t in digits(i) + [DOT] + WORDS + [STOP, NL]]
-    runs = {}
-    for nums in (None, DigitTokens()):
-        d = Counting(PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=COSTS, numbers=nums))
-        simulate(d, prompt, truth)
-        runs[nums is not None] = d
-    wasted = {k: d.drafted - d.accepted for k, d in runs.items()}
-    assert wasted[True] <= wasted[False] / 3, wasted
-    assert runs[True].accepted > runs[False].accepted
-    assert runs[True].seconds < 0.9 * runs[False].seconds
+    drafted_through([t for i in range(8, 20) for t in digits(i) + [DOT] + WORDS + [STOP, NL]], DigitTokens())
