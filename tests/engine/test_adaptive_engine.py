@@ -315,3 +315,14 @@ def test_starter_copies_a_german_text_with_lookup_alone_and_beside_others(starte
             live.near_tie_at_divergence(prompt, plain, r.tokens, tol=0.5)
     finally:
         live.close()
+
+
+def test_the_numbers_written_are_kept_within_a_bound(live, monkeypatch):
+    """The worker keeps a model's Numbers for the model's life: what it writes is remembered, within a bound."""
+    from ggufdesk.engine.speculation import speculative
+
+    monkeypatch.setattr(speculative, "WRITTEN_KEPT", 3)
+    nums = speculative.Numbers(live.lm)
+    for v in range(10):
+        assert [live.vocab.piece(t) for t in nums.write("0", str(v)) or []] == [str(v).encode()]
+        assert len(nums._written) <= 3

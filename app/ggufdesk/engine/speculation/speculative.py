@@ -17,6 +17,9 @@ from ggufdesk.engine.speculation.drafter import Drafter
 from ggufdesk.engine.speculation.lookup import NgramCache, PromptLookup
 
 Fact = TypeVar("Fact")
+# numbers whose tokens Numbers.write keeps: a list's next few at a time are what is asked again, and
+# a server that counts on distinct numbers for weeks must not grow without bound
+WRITTEN_KEPT = 4096
 
 
 class _Pieces(Generic[Fact]):
@@ -68,6 +71,8 @@ class Numbers(_Pieces[tuple[str, str] | None]):
     def write(self, lead: str, digits: str) -> list[int] | None:
         key = (lead, digits)
         if key not in self._written:
+            if len(self._written) >= WRITTEN_KEPT:  # the worker keeps this reader for the model's life
+                self._written.clear()
             data = hints.write_number(lead, digits).encode()
             buf = (llama_cpp.llama_token * (2 * hints.MAX_DIGITS + 4))()
             n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, len(buf), False, False)
