@@ -123,7 +123,7 @@ def record(v: int) -> list[int]:
 
 def test_a_number_written_over_several_tokens_is_counted_on():
     text = [1, 2] + record(4590) + record(4591) + record(4592)
-    assert draft(text, Digits()) == draft(text)  # read a token at a time, "2" after "1" is no count
+    assert draft(text, Digits()) == draft(text)  # a vocabulary that cannot write 4593: the copy as it was
     assert draft(text, DigitTokens()) == record(4593) + [SKU, DASH]  # the whole number counted on
     grows = [1, 2] + record(97) + record(98) + record(99)
     assert draft(grows, DigitTokens()) == (record(100) + [SKU, DASH])[:16]  # a digit more: 99 -> 100
