@@ -22,6 +22,9 @@ GGUFDESK_LOOKUP_HINTS_OFF does (a comma-separated list, e.g. "quotes,counts").
 The text rules are Unicode-aware: the quote pairs of many languages (QUOTE_PAIRS), sentence ends in
 Latin, CJK and Devanagari script (SENTENCE_ENDS), closing quotes after them (`.”`, `。」`), and
 numbers in any decimal digit script (str.isdecimal; the next number is written in the same script).
+They read each token's text alone: a mark a byte-level vocabulary splits over two tokens (SmolLM2's
+「 」 ！ ？) goes unread. Joining them was tried (2026-12-04): SmolLM2's held-out answers never write
+those marks, so it moved no replayed figure and was not kept.
 """
 from __future__ import annotations
 
