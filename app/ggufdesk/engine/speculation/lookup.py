@@ -367,15 +367,15 @@ class PromptLookup(Controlled):
         if now is None:
             return None
         start, end, lead, digits = now
-        written = c - start  # its digits already in the text (> 0 only when the draft starts inside it)
+        written = max(c - start, 0)  # its digits already in the text (when the draft starts inside it)
         if written >= m or not self._counted_before(n, c, i, lead, digits):
             return None  # (a number longer than the match: the text's may have more digits in front)
         tokens = num.write(lead, hints.next_number(digits))
-        if tokens is None or tokens[:max(written, 0)] != own.arena[start:c]:
+        if tokens is None or tokens[:written] != own.arena[start:start + written]:
             return None  # a carry into the digits already written, or a vocabulary that cannot write it
         rest = draft[end - c:]
         j = next((q for q, x in enumerate(rest) if num(x) is not None), len(rest))
-        return (draft[:i] + tokens[max(written, 0):] + rest[:j])[:len(draft)]
+        return (draft[:i] + tokens[written:] + rest[:j])[:len(draft)]
 
     def _number_at(self, p: int) -> tuple[int, int, str, str] | None:
         """(start, end, lead, ASCII digits) of the number whose digit tokens include this request's
@@ -390,9 +390,11 @@ class PromptLookup(Controlled):
             start -= 1
         while end < top and end - start <= hints.MAX_DIGITS and self._joins(end, zero):
             end += 1
+        if end >= top:
+            return None
         parts = [self._digits(q) for q in range(start, end)]
         digits = "".join(f[1] for f in parts if f is not None)
-        if end >= top or len(digits) > hints.MAX_DIGITS or parts[0] is None:
+        if len(digits) > hints.MAX_DIGITS or parts[0] is None:
             return None
         return start, end, parts[0][0], digits
 
