@@ -164,7 +164,7 @@ def aggregate(results: list[dict]) -> float:
 class LowLevel:
     """The starter in-process: time single llama_decode calls of given shapes."""
 
-    def __init__(self, model: str, threads: int) -> None:
+    def __init__(self, model: str, threads: int, gpu_layers: int = 0) -> None:
         import llama_cpp
         from llama_cpp import _internals as internals
 
@@ -172,7 +172,7 @@ class LowLevel:
 
         self.llama_cpp = llama_cpp
         s = LoadSettings(n_ctx=8192, n_batch=1024, n_ubatch=1024, n_threads=threads, n_threads_batch=threads,
-                         n_parallel=9, flash_attn="auto")
+                         n_parallel=9, flash_attn="auto", n_gpu_layers=gpu_layers)
         self.lm = load_model(model, s, LlamaLog(), n_outputs=32)
         self.batch = internals.LlamaBatch(n_tokens=1024, embd=0, n_seq_max=1)
         self.mem = llama_cpp.llama_get_memory(self.lm.ctx.ctx)
@@ -223,18 +223,21 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=-1, help="prefill_chunk for the engine (0 = auto, the default)")
     ap.add_argument("--parts", default="123456", help="which parts to run, e.g. 4 or 145")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per stream in part 6")
+    ap.add_argument("--gpu-layers", type=int, default=0, help="layers on a GPU (-1: all)")
     args = ap.parse_args()
     if args.model is None:
         from ggufdesk.core.starter import starter_model_path
 
         args.model = str(starter_model_path())
-    print(f"model {Path(args.model).name}; threads {args.threads}; {args.rounds} interleaved rounds, medians; "
+    print(f"model {Path(args.model).name}; threads {args.threads}; GPU layers {args.gpu_layers}; "
+          f"{args.rounds} interleaved rounds, medians; "
           f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     th = args.threads
-    base = dict(n_batch=512, n_ubatch=512, n_threads=th, n_threads_batch=th, flash_attn="auto")
+    base = dict(n_batch=512, n_ubatch=512, n_threads=th, n_threads_batch=th, flash_attn="auto",
+                n_gpu_layers=args.gpu_layers)
     if args.chunk >= 0:
         base["prefill_chunk"] = args.chunk
-    low = LowLevel(args.model, th)
+    low = LowLevel(args.model, th, args.gpu_layers)
 
     # 1. step cost vs chunk, and verification rows beside 4 decode rows
     if "1" in args.parts:

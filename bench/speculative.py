@@ -197,7 +197,8 @@ def print_hints(rows: list[dict]) -> None:
 
 
 def print_table(rows: list[dict], args, loads: list[float]) -> None:
-    print(f"\n{args.model} model, {args.suite} suite, {args.threads} threads, {args.max_tokens} tokens, "
+    gpu = f", {args.gpu_layers} GPU layers" if getattr(args, "gpu_layers", 0) else ""
+    print(f"\n{args.model} model, {args.suite} suite, {args.threads} threads{gpu}, {args.max_tokens} tokens, "
           f"medians of {args.rounds} interleaved rounds; load average during the run: "
           f"min {min(loads):.1f}, median {statistics.median(loads):.1f}, "
           f"max {max(loads):.1f} on {os.cpu_count()} cores")
@@ -264,6 +265,7 @@ def main() -> int:
     ap.add_argument("--json", help="write every run here (after each round)")
     ap.add_argument("--tiny", action="store_true", help="also the tiny self-draft pair")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gpu-layers", type=int, default=0, help="layers on a GPU (-1: all)")
     ap.add_argument("--report", help="only print the tables of a --json file written before")
     args = ap.parse_args()
     if args.report:
@@ -291,7 +293,8 @@ def main() -> int:
     results: dict[str, dict[str, list[dict]]] = {f"{w.category}/{w.name}": {} for w in chosen}
     loads: list[float] = []
     with EngineClient(auto_restart=False) as client:
-        client.load(model, settings={"n_ctx": N_CTX, "n_threads": args.threads, "n_threads_batch": args.threads},
+        client.load(model, settings={"n_ctx": N_CTX, "n_threads": args.threads, "n_threads_batch": args.threads,
+                                     "n_gpu_layers": args.gpu_layers},
                     speculation={"mode": "lookup", "k_max": 16})  # logits rows for K <= 16; measures
                                                                  # verification costs (speculation/verify_cost.py)
         ours(client, chosen[0], 8, cfg["plain"], chat)  # warm-up: page the weights in
