@@ -9,6 +9,7 @@
 #                                        starts the CUDA build in its own session and returns
 #   bench/gpu_lookup.sh bench DIR2 OUT   DIR2: the model's other bytes (smol.b) and wheels (whl/) of the
 #                                        packages that machine lacks; waits for the build, runs the benches
+#                                        (GPU_LOOKUP_BEFORE=app-folder-in-DIR2: also on that tree, alternated)
 #
 # GPU_LOOKUP_DRY=1 tries both stages here on the CPU (a CPU build, no layers offloaded, short runs).
 set -uo pipefail
@@ -52,10 +53,24 @@ python3 -m pip install -q --no-deps --no-index --no-cache-dir --target "$W/llama
 export PYTHONPATH=$W/llama:$W/site:$W/pkgs:$PWD/app XDG_CACHE_HOME=$W/cache PYTHONUNBUFFERED=1
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 python3 -c "import llama_cpp; print('GPU offload:', llama_cpp.llama_supports_gpu_offload())" || exit 8
-gpu=-1; rounds=3; hrounds=2; tokens=128; cats=""; [ "$dry" = 1 ] && { gpu=0; rounds=1; hrounds=1; tokens=8; cats="--categories quote-fr,free-de"; }
-timeout "${BATCH_S:-240}" python3 bench/batch.py "$model" --gpu-layers $gpu --threads 8 --parts 16 \
-  --rounds $rounds --max-tokens $tokens 2>&1 | tee "$out/batch_smollm2_gpu.txt"
-# shellcheck disable=SC2086
-timeout "${HELDOUT_S:-180}" python3 bench/speculative.py --suite heldout --model smollm2 --gpu-layers $gpu \
-  --threads 8 --rounds $hrounds --max-tokens $tokens --fixed "" --no-reference $cats \
-  --json "$out/heldout_smollm2_gpu.json" 2>&1 | tee "$out/heldout_smollm2_gpu.txt"
+gpu=-1; rounds=3; hrounds=2; tokens=128; cats=""
+[ "$dry" = 1 ] && { gpu=0; rounds=1; hrounds=1; tokens=8; cats="--categories quote-fr,free-de"; }
+# GPU_LOOKUP_BEFORE=DIR (an app/ folder of another tree, carried in DIR2): the same benches on both trees,
+# alternated, into one file per bench (each run headed by its tree)
+trees="after"; [ -n "${GPU_LOOKUP_BEFORE:-}" ] && { trees="after before"; rounds=${GPU_AB_ROUNDS:-2}; }
+app() { if [ "$1" = before ]; then echo "$dir/$GPU_LOOKUP_BEFORE"; else echo "$PWD/app"; fi; }
+for tree in $trees; do
+  echo "== $tree" | tee -a "$out/heldout_smollm2_gpu.txt"
+  # shellcheck disable=SC2086
+  PYTHONPATH=$W/llama:$W/site:$W/pkgs:$(app "$tree") timeout "${HELDOUT_S:-180}" python3 bench/speculative.py \
+    --suite heldout --model smollm2 --gpu-layers $gpu --threads 8 --rounds $hrounds --max-tokens $tokens \
+    --fixed "" --no-reference $cats --json "$out/heldout_smollm2_gpu_$tree.json" 2>&1 | tee -a "$out/heldout_smollm2_gpu.txt"
+done
+cp "$XDG_CACHE_HOME/ggufdesk/verify_costs.json" "$out/" 2>/dev/null
+parts=16; [ -n "${GPU_LOOKUP_BEFORE:-}" ] && parts=6
+for tree in $trees; do
+  echo "== $tree" | tee -a "$out/batch_smollm2_gpu.txt"
+  PYTHONPATH=$W/llama:$W/site:$W/pkgs:$(app "$tree") timeout "${BATCH_S:-240}" python3 bench/batch.py "$model" \
+    --gpu-layers $gpu --threads 8 --parts $parts --rounds "$rounds" --max-tokens $tokens 2>&1 \
+    | tee -a "$out/batch_smollm2_gpu.txt"
+done

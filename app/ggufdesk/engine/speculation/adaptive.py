@@ -10,7 +10,12 @@ of k -> cost in plain steps, for every k up to the rows reserved), scaled by how
 steps compared with it; only measured lengths are drafted. Before that table exists, t(k) is fitted as a
 line a + b*k over recent steps from an optimistic prior. With the acceptance rate
 a over a sliding window, the expected tokens of a step with k drafted is (1 - a^(k+1)) / (1 - a);
-K is the k that maximises expected tokens / t(k). When speculation is measured slower than
+K is the k that maximises expected tokens / t(k). Looking for a draft has its own price, paid
+also when nothing is drafted (prompt lookup's search and the pricing of its lengths: 0.1-0.2 ms a
+step, 2% of a plain step on a 2-core CPU but a tenth of one with a small model on a GPU); a drafter
+that reports its looks (`looked`) rests between them while they cost more than they win, for a
+stride that doubles up to what makes their cost small (REST_SHARE), and looks every step again
+as soon as one pays. When speculation is measured slower than
 plain decoding and no k is predicted to beat it, it is paused, not ended: after a backoff in
 tokens (doubling each time, up to PAUSE_MAX) it tries again with fresh evidence, so a request
 whose first drafts fail but whose later text is copyable gets speculation back. A drafter that
@@ -20,6 +25,7 @@ itself; the others get the window's K.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from collections import deque
 
@@ -32,6 +38,13 @@ WORTH_MARGIN = 1.1  # a draft must be predicted this much faster than a plain st
 PAUSE_FIRST = 32  # tokens of plain decoding after speculation was measured slower, at first
 PAUSE_MAX = 1024  # ... doubling on every new pause up to this
 CORRECTION = (0.5, 2.0)  # how far measured steps may scale the cost table (context growth, a busy machine)
+# Between looks that do not pay, a drafter rests for at most the stride that spreads their mean loss
+# to this share of plain decoding: 1%, a third of what the free-writing target allows (>= 0.97x
+# plain) and under what this machine's runs of one configuration vary by. On a 2-core CPU, where a
+# look that drafts nothing costs ~2% of a step, that is every second step; on an H200 with SmolLM2
+# (a look a tenth of a step, a failed draft several) far longer (docs/bench/speculative-decoding.md,
+# "On a GPU").
+REST_SHARE = 0.01
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -66,6 +79,9 @@ class DraftLength:
         self.pauses = 0
         self.tokens = 0  # tokens emitted in this request (the clock of the backoff)
         self.spec_steps = 0
+        self.stride = 1  # tokens from one look to the next: more than 1 while looking does not pay
+        self.look_at = 0  # the token count at which the next look is due
+        self.gains: deque[float] = deque(maxlen=WINDOW)  # what recent looks won, in plain steps (< 0: lost)
 
     # ---- what the loop reads ------------------------------------------------------------------
 
@@ -79,6 +95,8 @@ class DraftLength:
             if self.tokens < self.resume_at:
                 return 0
             self._resume()
+        if self.tokens < self.look_at:
+            return 0  # resting between looks that did not pay
         if self.t0 is None or self.since_plain >= REPROBE_EVERY:
             return 0  # probe: one plain step to know what we are competing with
         return self.k_max if self.sizes_drafts else self._k
@@ -116,6 +134,7 @@ class DraftLength:
 
     def _resume(self) -> None:
         self.paused = ""
+        self.stride, self.look_at = 1, 0
         self.window.clear()  # judge the text as it is now, not as it was
         self._k = self.snap(max(self.k_min, min(self.k_max, 4)))
 
@@ -140,6 +159,27 @@ class DraftLength:
         self.window.append((n_drafted, n_accepted, seconds))
         if self.adaptive and self.t0 is not None:
             self._adapt()
+
+    def looked(self, n_drafted: int, n_accepted: int, cost: float, looking: float) -> None:
+        """A step on which the drafter looked for a draft (after `feedback`): `looking` is what the
+        look cost (its search and pricing, in plain steps), `cost` the whole step's. A look wins the
+        tokens its draft added less what the step cost beyond a plain one, or loses its own cost when
+        it drafted nothing. While the recent looks lost more than they won, the next look waits twice
+        as long (up to the stride that spreads their mean loss to REST_SHARE of a plain step a
+        token); one that wins brings back a look every step."""
+        t0 = self.t0
+        if not self.adaptive or looking <= 0 or t0 is None:
+            return  # (a modelled clock, or no plain step yet: nothing to weigh)
+        gain = (n_accepted + 1) * t0 - cost if n_drafted else -looking
+        self.gains.append(gain)
+        net = sum(self.gains)
+        if gain > 0 or net >= 0:
+            self.stride = 1
+        elif len(self.gains) >= MIN_EVIDENCE:
+            # rest until the recent looks' loss, spread over the tokens between them, is REST_SHARE
+            most = math.ceil(-net / len(self.gains) / (REST_SHARE * t0))
+            self.stride = max(1, min(2 * self.stride, most))
+        self.look_at = self.tokens + self.stride - 1
 
     # ---- the model ----------------------------------------------------------------------------
 

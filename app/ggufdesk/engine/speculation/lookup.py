@@ -482,3 +482,4 @@ class PromptLookup(Controlled):
         else:
             self.evidence.tick(1)
         self.control.feedback(n_drafted, n_accepted, seconds)
+        self.control.looked(n_drafted, n_accepted, seconds, drafting)

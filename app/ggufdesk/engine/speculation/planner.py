@@ -38,7 +38,7 @@ from ggufdesk.engine.speculation.step_cost import StepCosts
 class _Bill:
     share: float  # predicted seconds of the sequence's plain share of the step
     extra: float  # predicted seconds its draft rows add
-    drafting: float  # seconds its drafter spent proposing (setup excluded)
+    drafting: float  # seconds its drafter spent looking: pricing and proposing (setup excluded)
 
 
 class DraftPlanner:
@@ -82,14 +82,18 @@ class DraftPlanner:
         draft: list[int] = []
         spent = 0.0
         extra = 0.0
-        if share and base is not None and room >= 1:
+        if share and base is not None and room >= 1 and d.k > 0:  # (k 0: a plain step, nothing to price)
+            t = self.clock()
             # k drafts cost what they add to the step, in units of the sequence's share of it
             ks = [k for k in self.costs.lengths(d.control.k_max) if k <= room] or [1]
             d.control.price({k: 1.0 + (self._predict(total + k) - base) / share for k in ks}, share)
             k = min(d.k, room)
+            setup = 0.0
             if k > 0:
-                draft, spent = self._propose(s, k)
+                draft = self._propose(s, k)
                 extra = self._predict(total + len(draft)) - base
+                setup = d.setup_s
+            spent = max(self.clock() - t - setup, 0.0)  # the look: pricing and proposing
         r.draft = draft
         s.status = SequenceStatus.VERIFYING if draft else SequenceStatus.DECODING
         self._bills[id(r)] = _Bill(share or 1.0, extra, spent)
@@ -102,19 +106,17 @@ class DraftPlanner:
             return 0
         return min(budget, s.max_gen - s.stats.n_gen - 1, self.n_ctx - len(s.slot.tokens) - 2)
 
-    def _propose(self, s: Sequence, k: int) -> tuple[list[int], float]:
-        """s's drafter's proposal of at most k tokens, and the seconds it took (its setup left out)."""
+    def _propose(self, s: Sequence, k: int) -> list[int]:
+        """s's drafter's proposal of at most k tokens."""
         d = s.drafter
         assert d is not None and s.slot is not None
-        t = self.clock()
         if self.set_batch is not None:
             self.set_batch([s.rid])  # a cancel of this request stops a draft model's catching up
         try:
-            draft = d.propose(s.slot.tokens, s.last, k)[:k]
+            return d.propose(s.slot.tokens, s.last, k)[:k]
         finally:
             if self.set_batch is not None:
                 self.set_batch([])
-        return draft, max(self.clock() - t - d.setup_s, 0.0)
 
     def _predict(self, rows: int) -> float:
         t = self.costs.predict(rows)
