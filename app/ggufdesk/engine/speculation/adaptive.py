@@ -13,9 +13,9 @@ a over a sliding window, the expected tokens of a step with k drafted is (1 - a^
 K is the k that maximises expected tokens / t(k). Looking for a draft has its own price, paid
 also when nothing is drafted (prompt lookup's search and the pricing of its lengths: 0.1-0.2 ms a
 step, 2% of a plain step on a 2-core CPU but a tenth of one with a small model on a GPU); a drafter
-that reports its looks (`looked`) rests between them while they cost more than they win, for a
-stride that doubles up to what makes their cost small (REST_SHARE), and looks every step again
-as soon as one pays. When speculation is measured slower than
+that reports its looks (`looked`) rests between them while they lose more than they win, for a
+stride that doubles up to what makes looking cost REST_SHARE of plain decoding, and looks every
+step again as soon as one pays. When speculation is measured slower than
 plain decoding and no k is predicted to beat it, it is paused, not ended: after a backoff in
 tokens (doubling each time, up to PAUSE_MAX) it tries again with fresh evidence, so a request
 whose first drafts fail but whose later text is copyable gets speculation back. A drafter that
@@ -38,12 +38,12 @@ WORTH_MARGIN = 1.1  # a draft must be predicted this much faster than a plain st
 PAUSE_FIRST = 32  # tokens of plain decoding after speculation was measured slower, at first
 PAUSE_MAX = 1024  # ... doubling on every new pause up to this
 CORRECTION = (0.5, 2.0)  # how far measured steps may scale the cost table (context growth, a busy machine)
-# Between looks that do not pay, a drafter rests for at most the stride that spreads their mean loss
+# Between looks that do not pay, a drafter rests for at most the stride that spreads a look's own cost
 # to this share of plain decoding: 1%, a third of what the free-writing target allows (>= 0.97x
-# plain) and under what this machine's runs of one configuration vary by. On a 2-core CPU, where a
-# look that drafts nothing costs ~2% of a step, that is every second step; on an H200 with SmolLM2
-# (a look a tenth of a step, a failed draft several) far longer (docs/bench/speculative-decoding.md,
-# "On a GPU").
+# plain) and under what this machine's runs of one configuration vary by. On a 2-core CPU a look
+# costs ~2% of a SmolLM2 step and under 1% of the starter's, so lookup rests at most every second
+# step there; on an H200 with SmolLM2 (a look a tenth of a step) every tenth
+# (docs/bench/speculative-decoding.md, "On a GPU").
 REST_SHARE = 0.01
 
 
@@ -82,6 +82,7 @@ class DraftLength:
         self.stride = 1  # tokens from one look to the next: more than 1 while looking does not pay
         self.look_at = 0  # the token count at which the next look is due
         self.gains: deque[float] = deque(maxlen=WINDOW)  # what recent looks won, in plain steps (< 0: lost)
+        self.looks: deque[float] = deque(maxlen=WINDOW)  # ... and what looking itself cost them
 
     # ---- what the loop reads ------------------------------------------------------------------
 
@@ -165,19 +166,21 @@ class DraftLength:
         look cost (its search and pricing, in plain steps), `cost` the whole step's. A look wins the
         tokens its draft added less what the step cost beyond a plain one, or loses its own cost when
         it drafted nothing. While the recent looks lost more than they won, the next look waits twice
-        as long (up to the stride that spreads their mean loss to REST_SHARE of a plain step a
-        token); one that wins brings back a look every step."""
+        as long, up to the stride at which looking costs REST_SHARE of plain decoding; one that wins
+        brings back a look every step."""
         t0 = self.t0
         if not self.adaptive or looking <= 0 or t0 is None:
             return  # (a modelled clock, or no plain step yet: nothing to weigh)
         gain = (n_accepted + 1) * t0 - cost if n_drafted else -looking
         self.gains.append(gain)
-        net = sum(self.gains)
-        if gain > 0 or net >= 0:
+        self.looks.append(looking)
+        if gain > 0 or sum(self.gains) >= 0:
             self.stride = 1
         elif len(self.gains) >= MIN_EVIDENCE:
-            # rest until the recent looks' loss, spread over the tokens between them, is REST_SHARE
-            most = math.ceil(-net / len(self.gains) / (REST_SHARE * t0))
+            # rest until looking, spread over the tokens between looks, costs REST_SHARE of a plain
+            # step; failed drafts keep the stride up but do not stretch it (the pause and the
+            # evidence answer for them), so a copy that starts while resting is caught that late at most
+            most = math.ceil(statistics.median(self.looks) / (REST_SHARE * t0))
             self.stride = max(1, min(2 * self.stride, most))
         self.look_at = self.tokens + self.stride - 1
 
