@@ -39,12 +39,13 @@ PAUSE_FIRST = 32  # tokens of plain decoding after speculation was measured slow
 PAUSE_MAX = 1024  # ... doubling on every new pause up to this
 CORRECTION = (0.5, 2.0)  # how far measured steps may scale the cost table (context growth, a busy machine)
 # Between looks that do not pay, a drafter rests for at most the stride that spreads a look's own cost
-# to this share of plain decoding: 1%, a third of what the free-writing target allows (>= 0.97x
-# plain) and under what this machine's runs of one configuration vary by. On a 2-core CPU a look
-# costs ~2% of a SmolLM2 step and under 1% of the starter's, so lookup rests at most every second
-# step there; on an H200 with SmolLM2 (a look a tenth of a step) every tenth
-# (docs/bench/speculative-decoding.md, "On a GPU").
-REST_SHARE = 0.01
+# to this share of plain decoding, and not at all where a look costs less than twice that. 2%: under
+# what one category's runs vary by on this CPU (3-10%), so a rest is only taken where it saves more
+# than the noise, and within the free-writing target (>= 0.97x plain). A look costs 1-2% of a step on
+# the 2-core CPU, so lookup does not rest there (resting every second step there, at 1%, caught some
+# of the starter's copies late: docs/bench/speculative-decoding.md, "On a GPU"); on an H200 with
+# SmolLM2, about a tenth of a step, so it looks every fifth token there while looks do not pay.
+REST_SHARE = 0.02
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -180,7 +181,7 @@ class DraftLength:
             # rest until looking, spread over the tokens between looks, costs REST_SHARE of a plain
             # step; failed drafts keep the stride up but do not stretch it (the pause and the
             # evidence answer for them), so a copy that starts while resting is caught that late at most
-            most = math.ceil(statistics.median(self.looks) / (REST_SHARE * t0))
+            most = math.floor(statistics.median(self.looks) / (REST_SHARE * t0))
             self.stride = max(1, min(2 * self.stride, most))
         self.look_at = self.tokens + self.stride - 1
 
