@@ -11,6 +11,11 @@
 #                                        packages that machine lacks; waits for the build, runs the benches
 #                                        (GPU_LOOKUP_BEFORE=app-folder-in-DIR2: also on that tree, alternated)
 #
+#   bench/gpu_lookup.sh prepare DIR1 DIR2  here, with PyPI: makes DIR1 and DIR2 (sdist slimmed to ~6 MB,
+#                                        the model split, wheels for the machine's Python 3.12)
+#   then, with the tool that lends the machine: carry DIR1 to `build`, at once carry DIR2 to `bench`
+#   (the machine must still be warm: the build and the first part wait in its /tmp).
+#
 # GPU_LOOKUP_DRY=1 tries both stages here on the CPU (a CPU build, no layers offloaded, short runs).
 set -uo pipefail
 W=${GPU_LOOKUP_DIR:-/tmp/gpu_lookup}
@@ -18,6 +23,28 @@ SMOL=SmolLM2-135M-Instruct.Q4_1.gguf
 SMOL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 dry=${GPU_LOOKUP_DRY:-0}
 stage=${1:?build or bench}; dir=${2:?a folder of files}
+
+if [ "$stage" = prepare ]; then
+  dir2=${3:?DIR2}; py=${PYTHON:-.venv/bin/python}
+  smol=$($py -c 'from ggufdesk.core import starter; print(starter.model_path(starter.by_id("smollm2-135m-instruct")))') || exit 2
+  mkdir -p "$dir" "$dir2/whl" && tmp=$(mktemp -d) || exit 2
+  $py -m pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$tmp" || exit 2
+  tar xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp" && src=$(ls -d "$tmp"/llama_cpp_python-*/ | head -n 1)
+  v=$src/vendor/llama.cpp  # what a CUDA build of the library does not read
+  rm -rf "$src/.git" "$v/models" "$v/docs" "$v/benches" "$v/tools/ui" \
+    "$v"/ggml/src/ggml-{hexagon,sycl,opencl,et,metal,vulkan,cann,musa,webgpu,zdnn,openvino}
+  tar cJf "$dir/$(basename "$src")-slim.tar.xz" -C "$tmp" "$(basename "$src")" && rm -rf "$tmp"
+  head -c 50000000 "$smol" > "$dir/smol.a" && tail -c +50000001 "$smol" > "$dir2/smol.b"
+  # the versions this checkout's environment runs (pydantic pins its core exactly)
+  pins=$($py -c 'import importlib.metadata as m; print(" ".join(f"{n}=={m.version(n)}" for n in (
+    "pydantic", "pydantic_core", "annotated-types", "typing-inspection", "diskcache", "gguf", "platformdirs",
+    "typing_extensions")))') || exit 2
+  # shellcheck disable=SC2086
+  $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$dir2/whl" $pins || exit 2
+  du -sh "$dir" "$dir2"; exit 0
+fi
 
 if [ "$stage" = build ]; then
   mkdir -p "$W" && cp "$dir"/* "$W"/ && cp installer/llama_wheel.sh "$W"/ || exit 2
