@@ -270,7 +270,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.report:
         saved = json.loads(Path(args.report).read_text())
-        for key in ("rounds", "max_tokens", "threads", "model", "suite"):
+        for key in ("rounds", "max_tokens", "threads", "gpu_layers", "model", "suite"):
             setattr(args, key, saved["args"].get(key, getattr(args, key)))
         names = list(dict.fromkeys(n for r in saved["results"].values() for n in r))
         print_table(summarize(saved["results"], names, [n for n in names if n.startswith("K=")]), args,
