@@ -17,7 +17,10 @@ the table measured is offered, and the drafters, choosing in turn, land the step
 Each drafter's controller (engine/speculation/adaptive.py) gets those prices as its cost table in
 units of its plain share (`DraftLength.price`) and decides its length, or to draft nothing; after
 the step it is told what the step cost it in the same units: the measured step over the predicted
-one, times its share plus what its rows added, plus its drafting time. The controllers keep their
+one, times its share plus what its rows added, plus its drafting time, plus what the draft costs the
+steps after it: the first draft that changes a step's shape from the run of steps before it is charged
+what the next steps pay for the change (engine/speculation/shape_cost.py: nothing on a CPU, two or three
+plain steps on a GPU whose one-row steps replay a CUDA graph). The controllers keep their
 own ways back from a pause (engine/speculation/adaptive.py, evidence.py): no price makes them stop
 for good. Sequences take turns at the front of the queue for rows, so a long drafter cannot
 starve the others.
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from ggufdesk.engine.batching.runner import StepResult
 from ggufdesk.engine.batching.scheduler import DecodeRow, Plan
 from ggufdesk.engine.batching.sequence import Sequence, SequenceStatus
+from ggufdesk.engine.speculation.shape_cost import ShapeCosts
 from ggufdesk.engine.speculation.step_cost import StepCosts
 
 
@@ -38,6 +42,7 @@ from ggufdesk.engine.speculation.step_cost import StepCosts
 class _Bill:
     share: float  # predicted seconds of the sequence's plain share of the step
     extra: float  # predicted seconds its draft rows add
+    after: float  # predicted seconds its draft adds to the steps after it (a change of the step's shape)
     drafting: float  # seconds its drafter spent looking: pricing and proposing (setup excluded)
 
 
@@ -48,6 +53,7 @@ class DraftPlanner:
                  set_batch: Callable[[list[str]], None] | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.costs = costs
+        self.shapes = ShapeCosts()
         self.n_outputs, self.n_batch, self.n_ctx = n_outputs, n_batch, n_ctx
         self.set_batch, self.clock = set_batch, clock
         self._turn = 0
@@ -68,13 +74,17 @@ class DraftPlanner:
         total = plan.decode_rows + int(completes)  # rows with logits: the prompt's other rows add the same to every k
         turn = self._turn % len(rows)
         self._turn += 1
+        steady = total if part == 0 else 0  # the shape a draft would change (a prompt chunk changes it anyway)
         for r in rows[turn:] + rows[:turn]:
-            used = self._draft(r, budget, total, plain / n if plain else None)
+            # the first draft to change the step's shape pays what the change costs the steps after it
+            after = self.shapes.penalty(total) if total == steady else 0.0
+            used = self._draft(r, budget, total, plain / n if plain else None, after)
             budget -= used
             total += used
 
-    def _draft(self, r: DecodeRow[Sequence], budget: int, total: int, share: float | None) -> int:
-        """Price r's draft rows beside the `total` rows planned so far, let its drafter choose, propose."""
+    def _draft(self, r: DecodeRow[Sequence], budget: int, total: int, share: float | None, after: float) -> int:
+        """Price r's draft rows beside the `total` rows planned so far (and `after`, what any draft costs
+        the steps after this one), let its drafter choose, propose."""
         s, d = r.seq, r.seq.drafter
         assert d is not None
         room = self._room(r, budget)
@@ -84,9 +94,9 @@ class DraftPlanner:
         extra = 0.0
         if share and base is not None and room >= 1 and d.k > 0:  # (k 0: a plain step, nothing to price)
             t = self.clock()
-            # k drafts cost what they add to the step, in units of the sequence's share of it
+            # k drafts cost what they add to the step and after it, in units of the sequence's share of the step
             ks = [k for k in self.costs.lengths(d.control.k_max) if k <= room] or [1]
-            d.control.price({k: 1.0 + (self._predict(total + k) - base) / share for k in ks}, share)
+            d.control.price({k: 1.0 + (self._predict(total + k) - base + after) / share for k in ks}, share)
             k = min(d.k, room)
             setup = 0.0
             if k > 0:
@@ -96,7 +106,7 @@ class DraftPlanner:
             spent = max(self.clock() - t - setup, 0.0)  # the look: pricing and proposing
         r.draft = draft
         s.status = SequenceStatus.VERIFYING if draft else SequenceStatus.DECODING
-        self._bills[id(r)] = _Bill(share or 1.0, extra, spent)
+        self._bills[id(r)] = _Bill(share or 1.0, extra, after * bool(draft), spent)
         return len(draft)
 
     def _room(self, r: DecodeRow[Sequence], budget: int) -> int:
@@ -125,7 +135,9 @@ class DraftPlanner:
 
     def settle(self, plan: Plan[Sequence], result: StepResult) -> None:
         """The step ran: learn its cost and tell each drafter what it got and what it paid. (Steps
-        without a drafter in them are not learnt from: a drafter's first step is a plain one.)"""
+        without a drafter in them are not learnt from: a drafter's first step is a plain one; every
+        step's shape is, for what a change of shape costs.)"""
+        self.shapes.step(result.rows, result.seconds if result.n_prompt == 0 else None)
         if not self._bills:
             return
         scale = 1.0
@@ -140,7 +152,7 @@ class DraftPlanner:
             if s.drafter is None or bill is None:
                 continue
             out = outputs[id(s)]
-            cost = (scale * (bill.share + bill.extra) + bill.drafting) / bill.share
+            cost = (scale * (bill.share + bill.extra) + bill.after + bill.drafting) / bill.share
             s.drafter.feedback(len(r.draft), out.accepted, cost, bill.drafting / bill.share)
             st = s.stats
             st.drafted += len(r.draft)
