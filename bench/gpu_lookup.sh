@@ -82,6 +82,11 @@ nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 python3 -c "import llama_cpp; print('GPU offload:', llama_cpp.llama_supports_gpu_offload())" || exit 8
 gpu=-1; rounds=3; hrounds=2; tokens=128; cats=""
 [ "$dry" = 1 ] && { gpu=0; rounds=1; hrounds=1; tokens=8; cats="--categories quote-fr,free-de"; }
+# what a draft costs the one-row steps after it (CUDA graphs: engine/speculation/shape_cost.py), seconds
+for k in 1 4; do
+  timeout 120 python3 bench/shape_cost.py --model "$model" --gpu-layers $gpu --threads 8 --k $k 2>&1 \
+    | grep -v '^llama\|^load' | tee -a "$out/shape_cost_gpu.txt"
+done
 # GPU_LOOKUP_BEFORE=DIR (an app/ folder of another tree, carried in DIR2): the same benches on both trees,
 # alternated, into one file per bench (each run headed by its tree)
 trees="after"; [ -n "${GPU_LOOKUP_BEFORE:-}" ] && { trees="after before"; rounds=${GPU_AB_ROUNDS:-2}; }

@@ -27,21 +27,25 @@ def run_of(sc: ShapeCosts, rows: int, seconds: list[float]) -> None:
 def test_steps_are_timed_by_their_age_in_a_run_of_one_shape():
     sc = ShapeCosts()
     assert sc.age(1) == 1
-    run_of(sc, 1, [0.030, 0.020, 0.010, 0.010])  # a change, then the graph captured, then replayed
-    assert sc.age(1) == 5 and sc.age(5) == 1
-    assert sc.seconds[1] == [0.030, 0.020, 0.010]
+    run_of(sc, 1, [0.010] * 4)  # steady: the first run is not compared with anything
+    assert sc.age(1) == 5 and sc.age(5) == 1 and sc.steady[1][0] == 0.010 and sc.penalty(1) == 0.0
+    sc.step(5, 0.040)  # a draft step
+    run_of(sc, 1, [0.030, 0.020, 0.010])  # a change, then the graph captured, then replayed
+    assert sc.excess[1] == [pytest.approx(0.020), pytest.approx(0.010)]
     # in a steady run a draft makes the next two steps a change and a capture: 0.020 + 0.010 over steady
-    assert sc.penalty(1) == pytest.approx(0.030 + 0.020 - 2 * 0.010)
-    sc.step(5, 0.040)  # the draft step itself: its own row count
+    assert sc.penalty(1) == pytest.approx(0.030)
+    sc.step(5, 0.040)
     # right after a change the run's next steps pay the capture anyway: a draft only moves it on a step
-    assert sc.age(1) == 1 and sc.penalty(1) == pytest.approx(0.030 - 0.010)
+    assert sc.age(1) == 1 and sc.penalty(1) == pytest.approx(0.020)
     sc.step(1, 0.030)
-    assert sc.age(1) == 2 and sc.penalty(1) == pytest.approx(0.030 + 0.020 - 2 * 0.010)
+    assert sc.age(1) == 2 and sc.penalty(1) == pytest.approx(0.030)
 
 
 def test_nothing_is_charged_until_every_age_is_measured_or_where_ages_cost_alike():
     sc = ShapeCosts()
-    run_of(sc, 1, [0.030, 0.020])
+    run_of(sc, 1, [0.010] * 4)
+    sc.step(5, 0.040)
+    sc.step(1, 0.030)
     assert sc.penalty(1) == 0.0 and sc.penalty(4) == 0.0
     alike = ShapeCosts()
     for _ in range(5):
@@ -50,21 +54,30 @@ def test_nothing_is_charged_until_every_age_is_measured_or_where_ages_cost_alike
     assert alike.penalty(1) == 0.0  # exactly: a modelled clock's decisions do not move
 
 
-def test_a_prompt_chunk_changes_the_shape_but_is_not_timed_as_a_decode_step():
+def test_a_run_after_a_prompt_chunk_is_not_measured_and_an_old_steady_time_is_not_compared():
     sc = ShapeCosts()
     run_of(sc, 1, [0.010] * 3)
-    sc.step(300, None)
-    assert sc.age(1) == 1 and 300 not in sc.seconds
-    sc.step(1, 0.025)
-    assert sc.seconds[1][0] == pytest.approx(0.010 + 0.2 * (0.025 - 0.010))
+    sc.step(300, None)  # a prompt chunk: what it costs the next steps is not a draft's doing
+    run_of(sc, 1, [0.030, 0.020, 0.010])
+    assert 300 not in sc.steady and 1 not in sc.excess
+    run_of(sc, 1, [0.010] * 70)  # the run goes on past FRESH steps; a draft then
+    sc.step(2, 0.012)
+    sc.step(1, 0.020)
+    assert sc.excess[1][0] == pytest.approx(0.010)  # the steady time is the run's latest
+    old = ShapeCosts()
+    run_of(old, 1, [0.010] * 3)
+    run_of(old, 2, [0.012] * 70)
+    old.step(1, 0.030)
+    assert 1 not in old.excess  # 1-row steps last ran steadily 70 steps ago: not compared
 
 
 def measured(pl, rows: int = 1) -> None:
     """A planner whose steps of `rows` rows cost 30 ms just after a change, 20 ms after that, 10 ms steady."""
     pl.costs.observe(rows, 0.010)
     for _ in range(3):
-        pl.shapes.step(rows + 4, 0.040)
         run_of(pl.shapes, rows, [0.030, 0.020, 0.010, 0.010])
+        pl.shapes.step(rows + 4, 0.040)
+    run_of(pl.shapes, rows, [0.030, 0.020, 0.010])
 
 
 def test_the_first_draft_that_breaks_a_run_is_charged_what_the_steps_after_it_pay():

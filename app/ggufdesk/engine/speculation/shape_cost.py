@@ -11,54 +11,70 @@ cost several plain steps more than the load-time verification table says (docs/b
 speculative-decoding.md, "On a GPU"): that table times each shape once per round, never replayed,
 and the planner billed a draft only its own step.
 
-So the planner measures it instead of knowing the backend: the seconds of decode steps of each row
-count by how many steps in a row have had that count (`ShapeCosts.step`), and a draft that breaks a
-run is charged what the steps after it will pay over the run's going on (`penalty`). Where the steps
-after a change cost what the others do (a CPU, whose kernels keep no state between calls; a modelled
-clock) the charge is nothing, to run-to-run noise.
+So the planner measures it instead of knowing the backend (`ShapeCosts.step`): for each row count,
+what its steps cost 1 and 2 steps into a run of that count over what the same count costs steadily
+(measured at most FRESH steps before: a context that grows makes every step dearer), and a draft
+that breaks a run is charged what the steps after it will pay over the run's going on (`penalty`).
+A run that starts after a prompt chunk is not measured: what that chunk costs the next steps is not
+a draft's doing. Where the steps after a change cost what the others do (a CPU, whose kernels keep
+nothing between calls: bench/shape_cost.py; a modelled clock) the charge is nothing, to noise.
 """
 from __future__ import annotations
 
 # Steps after a change of shape measured apart, then steady: llama.cpp's CUDA backend captures a
 # graph on the second step of a shape and replays it from the third.
 AFTER = 2
-EMA = 0.2  # as engine/speculation/step_cost.py: steps of one row count and age are steady, average about five
+EMA = 0.2  # as engine/speculation/step_cost.py: steps of one row count are steady, average about five
+FRESH = 64  # steps, as step_cost.py: a steady time older than this is not compared with
 
 
 class ShapeCosts:
-    """Seconds of decode steps by row count and age (steps in a row with that count, up to AFTER + 1)."""
+    """Per row count, the seconds of its steps 1 .. AFTER steps into a run over its steady steps'."""
 
     def __init__(self) -> None:
         self.rows = 0  # rows of the last step
         self.run = 0  # ... and how many steps in a row have had that count
-        self.seconds: dict[int, list[float | None]] = {}  # rows -> seconds at age 1 .. AFTER, and steady
+        self.decoded = False  # did the last step decode no prompt?
+        self.measured = False  # is the current run measured (it began after a decode step, not a prompt chunk)?
+        self.steps = 0
+        self.steady: dict[int, tuple[float, int]] = {}  # rows -> (seconds past AFTER steps into a run, step)
+        self.excess: dict[int, list[float | None]] = {}  # rows -> seconds over steady at 1 .. AFTER steps in
 
     def age(self, rows: int) -> int:
-        """The age a step of `rows` rows run now would have (1: its shape differs from the last step's)."""
+        """How many steps into its run a step of `rows` rows run now would be (1: a change of shape)."""
         return self.run + 1 if rows == self.rows else 1
 
     def step(self, rows: int, seconds: float | None) -> None:
-        """A step ran with `rows` rows; `seconds` when it decoded no prompt (a prompt chunk's cost is
-        not a decode step's, but its shape counts: the step after it is a change)."""
+        """A step ran with `rows` rows; `seconds` when it decoded no prompt (None for a prompt chunk:
+        its cost is not a decode step's, but its shape counts)."""
         age = self.age(rows)
-        self.rows, self.run = rows, age
+        if age == 1:
+            self.measured = self.run > 0 and self.decoded
+        self.rows, self.run, self.decoded = rows, age, seconds is not None
+        self.steps += 1
         if seconds is None or seconds <= 0 or rows < 1:
             return
-        by_age = self.seconds.setdefault(rows, [None] * (AFTER + 1))
-        i = min(age, AFTER + 1) - 1
-        old = by_age[i]
-        by_age[i] = seconds if old is None else old + EMA * (seconds - old)
+        if age > AFTER:
+            old = self.steady.get(rows)
+            self.steady[rows] = (seconds if old is None else old[0] + EMA * (seconds - old[0]), self.steps)
+            return
+        steady = self.steady.get(rows)
+        if not self.measured or steady is None or self.steps - steady[1] > FRESH:
+            return
+        by_age = self.excess.setdefault(rows, [None] * AFTER)
+        old_x, x = by_age[age - 1], seconds - steady[0]
+        by_age[age - 1] = x if old_x is None else old_x + EMA * (x - old_x)
 
     def penalty(self, rows: int) -> float:
         """Seconds a draft in the coming step adds to the steps of `rows` rows after it, over what they
         would cost were the coming step one of `rows` rows too (0.0 until every age of that count was
         measured). After a draft those steps are 1, 2, ... steps into a new run; without it they go on
         from the age the coming step would have."""
-        by_age = self.seconds.get(rows)
+        by_age = self.excess.get(rows)
         if by_age is None:
             return 0.0
-        costs = [c for c in by_age if c is not None]
-        if len(costs) < len(by_age):
+        known = [x for x in by_age if x is not None]
+        if len(known) < AFTER:
             return 0.0
         a = self.age(rows)
-        return sum(costs[min(j, AFTER + 1) - 1] - costs[min(a + j, AFTER + 1) - 1] for j in range(1, AFTER + 1))
+        return sum(known[j - 1] - (known[a + j - 1] if a + j <= AFTER else 0.0) for j in range(1, AFTER + 1))
