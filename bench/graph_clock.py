@@ -1,0 +1,127 @@
+"""Lookup on a modelled GPU clock: the engine's own step loop and Python, llama_decode's time replaced.
+
+A stand-in for a GPU this project is not always lent (docs/bench/speculative-decoding.md, "A change of
+shape"): the held-out suite runs through the real engine (tests/engine/live.py) on SmolLM2, and every
+decode call is charged what llama.cpp's CUDA backend would take by its rule for graphs — a step shaped
+unlike the one before runs without the graph (DIRECT), the second of a shape captures it (DIRECT +
+CAPTURE), the third on replays it (REPLAY) — times the verification table the lent H200 measured at load
+(docs/bench/runs/2026-12-04/gpu/verify_costs.json: every shape timed once a round, so graph-less).
+Everything else (lookup's search, the planner, sampling) costs what it costs on this CPU. The times
+are a model, its one-row figures guesses around what the H200 showed (800 tok/s one stream, most of
+the step launching kernels); print them beside any figure taken from it.
+
+    .venv/bin/python bench/graph_clock.py [--categories free-de,explain-en] [--rounds 2] [--streams 1]
+        [--replay-ms 1.0] [--direct-ms 1.8] [--capture-ms 0.4]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import llama_cpp
+
+from bench.spec_heldout import SUITES, model_path, prompt_text
+from ggufdesk.core.settings import LoadSettings
+
+TABLE_FILE = Path(__file__).resolve().parents[1] / "docs/bench/runs/2026-12-04/gpu/verify_costs.json"
+
+
+class GraphClock:
+    """The step loop's timer: wall time, less each decode call's real time, plus its modelled one."""
+
+    def __init__(self, table: dict[int, float], replay: float, direct: float, capture: float) -> None:
+        self.table, self.replay, self.direct, self.capture = table, replay, direct, capture
+        self.offset = 0.0
+        self.shapes: list[tuple[int, int]] = [(0, 0), (0, 0)]
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.offset
+
+    def ratio(self, rows: int) -> float:
+        if rows <= 1:
+            return 1.0
+        top = max(self.table)
+        return self.table.get(rows - 1, self.table[top] * (rows - 1) / top)
+
+    def modelled(self, rows: int, logits: int) -> float:
+        shape = (rows, logits)
+        before, last = self.shapes[-2:]
+        self.shapes = [last, shape]
+        if shape == last == before:
+            return self.replay * self.ratio(rows)
+        return self.direct * self.ratio(rows) + (self.capture if shape == last else 0.0)
+
+    def decode(self, ctx: Any, batch: Any) -> int:
+        t = time.perf_counter()
+        rc = int(llama_cpp.llama_decode(ctx, batch))
+        real = time.perf_counter() - t
+        logits = sum(1 for i in range(batch.n_tokens) if batch.logits[i])
+        self.offset += real - self.modelled(batch.n_tokens, logits)
+        return rc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--categories", default="", help="held-out categories (default: all)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--streams", type=int, default=1, help="concurrent requests of each prompt")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--replay-ms", type=float, default=1.0)
+    ap.add_argument("--direct-ms", type=float, default=1.8)
+    ap.add_argument("--capture-ms", type=float, default=0.4)
+    args = ap.parse_args()
+    if args.rounds < 1 or args.streams < 1 or min(args.replay_ms, args.direct_ms, args.capture_ms) < 0:
+        ap.error("--rounds and --streams >= 1, times >= 0")
+    from tests.engine.live import Live
+
+    table = {int(k): float(v) for k, v in next(iter(json.loads(TABLE_FILE.read_text()).values())).items()}
+    clock = GraphClock(table, args.replay_ms / 1e3, args.direct_ms / 1e3, args.capture_ms / 1e3)
+    live = Live(model_path("smollm2"), LoadSettings(n_ctx=4096 * args.streams, n_threads=2, n_threads_batch=2,
+                                                   n_parallel=args.streams), clock=clock,
+                costs=table)
+    cats = [c for c in args.categories.split(",") if c]
+    ws = [w for w in SUITES["heldout"] if not cats or w.category in cats]
+    res: dict[tuple[str, str], list[tuple[float, int, int]]] = {}
+    for rnd in range(args.rounds):
+        for w in ws:
+            for mode in ("plain", "adaptive") if rnd % 2 == 0 else ("adaptive", "plain"):
+                toks = live.tokens(prompt_text(w, True))
+                seqs = [live.sequence(toks, args.max_tokens, temperature=w.temperature, seed=1 + i + 10 * rnd,
+                                      drafter=None if mode == "plain" else live.lookup(toks, k_max=16, adaptive=True))
+                        for i in range(args.streams)]
+                for s in seqs:
+                    live.engine.submit(s)
+                first, n0 = None, 0
+                while live.engine.busy:
+                    live.engine.step()
+                    if first is None and all(s.stats.n_gen >= 1 for s in seqs):  # decode only, from here
+                        first, n0 = clock(), sum(s.stats.n_gen for s in seqs)
+                n = sum(s.stats.n_gen for s in seqs) - n0
+                rate = n / (clock() - first) if first is not None and n > 0 else 0.0
+                res.setdefault((w.category, mode), []).append(
+                    (rate, sum(s.stats.drafted for s in seqs), sum(s.stats.accepted for s in seqs)))
+                for s in seqs:
+                    live.result(s.rid)
+                live.forget()
+    live.close()
+    print(f"SmolLM2 on a modelled GPU clock (one-row step: replayed {args.replay_ms} ms, graph-less "
+          f"{args.direct_ms} ms, capture +{args.capture_ms} ms), {args.streams} stream(s), "
+          f"{args.rounds} rounds, medians")
+    for c in dict.fromkeys(w.category for w in ws):
+        p = statistics.median(r[0] for r in res[(c, "plain")])
+        a = statistics.median(r[0] for r in res[(c, "adaptive")])
+        drafts = ", ".join(f"{d}/{acc}" for _, d, acc in res[(c, "adaptive")])
+        print(f"{c:11s} plain {p:6.0f} adaptive {a:6.0f} tok/s (modelled) = {a / p:.2f}x plain; "
+              f"drafted/accepted {drafts}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
