@@ -19,8 +19,9 @@ units of its plain share (`DraftLength.price`) and decides its length, or to dra
 the step it is told what the step cost it in the same units: the measured step over the predicted
 one, times its share plus what its rows added, plus its drafting time, plus what the draft costs the
 steps after it: the first draft that changes a step's shape from the run of steps before it is charged
-what the next steps pay for the change (engine/speculation/shape_cost.py: nothing on a CPU, two or three
-plain steps on a GPU whose one-row steps replay a CUDA graph). The controllers keep their
+what the next steps pay for the change (engine/speculation/shape_cost.py: 0.03-0.12 plain steps on
+the 2-core CPU; on a GPU whose one-row steps replay a CUDA graph, by llama.cpp's source, the graph-less
+steps it causes, not yet measured on one). The controllers keep their
 own ways back from a pause (engine/speculation/adaptive.py, evidence.py): no price makes them stop
 for good. Sequences take turns at the front of the queue for rows, so a long drafter cannot
 starve the others.

@@ -16,8 +16,9 @@ what its steps cost 1 and 2 steps into a run of that count over what the same co
 (measured at most FRESH steps before: a context that grows makes every step dearer), and a draft
 that breaks a run is charged what the steps after it will pay over the run's going on (`penalty`).
 A run that starts after a prompt chunk is not measured: what that chunk costs the next steps is not
-a draft's doing. Where the steps after a change cost what the others do (a CPU, whose kernels keep
-nothing between calls: bench/shape_cost.py; a modelled clock) the charge is nothing, to noise.
+a draft's doing. Where the steps after a change cost about what the others do the charge is small
+(the 2-core CPU: the first one-row step after a draft 3-8% dearer, 0.03-0.12 plain steps in all,
+bench/shape_cost.py), and on a modelled clock, where they cost exactly the same, it is nothing.
 """
 from __future__ import annotations
 
