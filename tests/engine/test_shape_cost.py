@@ -1,7 +1,7 @@
 """A draft changes the step's shape, and a change can cost the steps after it (issue 29, seen on a lent
-H200: llama.cpp's CUDA backend replays a captured graph only for a shape seen the two steps before,
-so a failed draft there cost the draft step and two graph-less one-row steps; the planner billed only
-the first). The planner measures steps by their age in a run of one shape and charges the first draft
+H200, failed drafts cost several plain steps; by llama.cpp's source its CUDA backend replays a captured
+graph only for a shape seen the two steps before, so a draft costs its own step and two graph-less
+one-row steps, and the planner billed only the first). The planner measures steps by their age in a run of one shape and charges the first draft
 that breaks a run what the steps after it pay (engine/speculation/shape_cost.py); where ages cost
 alike (a CPU, a modelled clock) nothing changes."""
 from __future__ import annotations
