@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Lookup on a GPU: SmolLM2-135M-Instruct wholly offloaded on a lent NVIDIA machine (no internet there):
 # what a draft costs the one-row steps after it (bench/shape_cost.py: CUDA graphs), four clients with
-# and without lookup (bench/batch.py --parts 16) and the held-out suite (bench/speculative.py). The model (98 MB) and llama-cpp-python's sdist do not fit one transfer to that
-# machine, so it runs in two calls, the second while the first's build still runs:
+# and without lookup (bench/batch.py --parts 16) and the held-out suite (bench/speculative.py). The
+# model (98 MB) and llama-cpp-python's sdist do not fit one transfer to that machine, so it runs in two
+# calls, the second while the first's build still runs:
 #
 #   bench/gpu_lookup.sh build DIR1       DIR1: a slimmed sdist (llama_cpp_python-*.tar.xz: no models/,
 #                                        docs/, other backends) and the model's first bytes (smol.a);

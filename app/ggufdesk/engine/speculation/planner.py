@@ -75,11 +75,11 @@ class DraftPlanner:
         total = plan.decode_rows + int(completes)  # rows with logits: the prompt's other rows add the same to every k
         turn = self._turn % len(rows)
         self._turn += 1
-        steady = total if part == 0 else 0  # the shape a draft would change (a prompt chunk changes it anyway)
+        # the first draft to change the step's shape pays what the change costs the steps after it (a
+        # prompt chunk changes the shape anyway)
+        steady, change = total, self.shapes.penalty(total) if part == 0 else 0.0
         for r in rows[turn:] + rows[:turn]:
-            # the first draft to change the step's shape pays what the change costs the steps after it
-            after = self.shapes.penalty(total) if total == steady else 0.0
-            used = self._draft(r, budget, total, plain / n if plain else None, after)
+            used = self._draft(r, budget, total, plain / n if plain else None, change if total == steady else 0.0)
             budget -= used
             total += used
 
