@@ -42,6 +42,10 @@ class Recording:
         self.pos += n_accepted + 1
         self.inner.feedback(n_drafted, n_accepted, cost, drafting)
 
+    def woke(self, tokens: int) -> None:  # plain steps the loop skipped the drafter for
+        self.pos += tokens
+        self.inner.woke(tokens)
+
     def close(self) -> None:
         self.inner.close()
 

@@ -194,6 +194,9 @@ class Counting:
         self.seconds += seconds
         self.inner.feedback(n_drafted, n_accepted, seconds)
 
+    def woke(self, tokens: int) -> None:
+        self.inner.woke(tokens)
+
 
 COSTS = {1: 1.8, 3: 2.5, 7: 3.5, 15: 6.0}  # the starter on 2 CPU threads, in plain steps
 STOP = 9  # the "." of the sentences below

@@ -63,6 +63,9 @@ class Misled:
     def feedback(self, n_drafted: int, n_accepted: int, cost: float, drafting: float = 0.0) -> None:
         self.inner.feedback(n_drafted, n_accepted, cost, drafting)
 
+    def woke(self, tokens: int) -> None:
+        self.inner.woke(tokens)
+
     def close(self) -> None:
         self.inner.close()
 

@@ -13,6 +13,7 @@ from ggufdesk.engine.batching.scheduler import DecodeRow, Plan
 from ggufdesk.engine.batching.sequence import Sequence, SequenceStatus
 from ggufdesk.engine.speculation.adaptive import DraftLength
 from ggufdesk.engine.speculation.drafter import Controlled
+from ggufdesk.engine.speculation.lookup import PromptLookup
 from ggufdesk.engine.speculation.planner import DraftPlanner
 from ggufdesk.engine.speculation.step_cost import FRESH, PRIOR_FIXED, PRIOR_ROW, StepCosts
 
@@ -191,3 +192,95 @@ def test_drafts_beside_others_land_the_step_on_a_cheap_row_count():
     planner(costs, n_outputs=17).plan(three)
     assert three.decode[0].seq.drafter.control.costs[1] < 1.0  # one more row: a cheaper step
     assert (3 + len(three.decode[0].draft)) % 2 == 0
+
+
+def test_a_drafter_that_does_not_look_this_step_costs_the_step_no_pricing():
+    """Beside three others a resting drafter's bookkeeping is a GPU step's few percent (docs/bench/
+    speculative-decoding.md, "What resting costs"): a drafter whose k is 0 is not priced, nor is what a
+    change of shape would cost, and its step is billed as a plain one."""
+    costs = StepCosts(TABLE)
+    costs.observe(4, 0.024)
+    pl = planner(costs)
+    charged: list[int] = []
+    penalty = pl.shapes.penalty
+    pl.shapes.penalty = lambda rows: charged.append(rows) or penalty(rows)  # type: ignore[method-assign]
+    resting = [Fixed(list(range(100, 116))) for _ in range(4)]
+    for d in resting:
+        d.control.disable("resting")  # k is 0
+        d.control.costs = None
+    p = Plan(decode=[DecodeRow(seq(i, d)) for i, d in enumerate(resting)], prefill=None, chunk=0)
+    pl.plan(p)
+    assert charged == [] and all(d.control.costs is None and not d.asked for d in resting)
+    assert all(r.draft == [] and r.seq.status is SequenceStatus.DECODING for r in p.decode)
+    pl.settle(p, StepResult(outputs=[SeqOutput(seq=r.seq, accepted=0) for r in p.decode], seconds=0.024, rows=4,
+                            n_prompt=0))
+    assert [d.fed for d in resting] == [[(0, 0, 1.0)]] * 4  # a plain step, as predicted
+    looking = Fixed(list(range(100, 116)))
+    p = Plan(decode=[DecodeRow(seq(0, looking)), *(DecodeRow(seq(i + 1, d)) for i, d in enumerate(resting[:3]))],
+             prefill=None, chunk=0)
+    pl.plan(p)
+    assert charged == [4] and looking.asked and p.decode[0].draft
+
+
+def test_the_plain_step_median_is_taken_when_read():
+    c = DraftLength(k_min=1, k_max=16, adaptive=True, label="lookup", costs=TABLE)
+    assert c.t0 is None and c.k == 0  # no plain step yet: a probe
+    for seconds in (0.012, 0.010, 0.030):
+        c.feedback(0, 0, seconds)
+    assert c.t0 == 0.012 and c.k > 0
+    c.feedback(0, 0, 0.009)
+    assert c.t0 == pytest.approx((0.010 + 0.012) / 2)
+
+
+def dozing_loop(lk, pl: DraftPlanner, s: Sequence, steps: int) -> tuple[list[int], list[bool]]:
+    """Run `steps` one-row steps (nothing accepted): the token counts at which lk looked, and which
+    steps billed it."""
+    looks: list[int] = []
+    real = lk.propose
+    lk.propose = lambda h, last, k: looks.append(s.stats.n_gen) or real(h, last, k)
+    billed = []
+    for _ in range(steps):
+        p = Plan(decode=[DecodeRow(s)], prefill=None, chunk=0)
+        pl.plan(p)
+        billed.append(bool(pl._bills))
+        pl.settle(p, StepResult(outputs=[SeqOutput(seq=s, tokens=[7])], seconds=0.010, rows=1 + len(p.decode[0].draft),
+                                n_prompt=0))
+        s.stats.n_gen += 1
+    lk.propose = real
+    return looks, billed
+
+
+def test_a_resting_drafter_is_skipped_until_its_next_look_and_then_told_what_was_written():
+    """Beside three others the bookkeeping of drafters that only keep count is a GPU step's few
+    percent: while its control's k stays 0 whatever the steps say (resting between looks, paused,
+    disabled) the planner skips a drafter, and wakes it, told the tokens written, when a look is due."""
+    costs = StepCosts(TABLE)
+    pl = planner(costs)
+    lk = PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=TABLE)
+    s = seq(0, lk)
+    looks, billed = dozing_loop(lk, pl, s, 2)  # the first step measures a plain step; the second looks
+    assert looks == [1] and billed == [True, True]
+    c = lk.control
+    c.look_at = c.tokens + 5  # resting: the next look 5 tokens on
+    learnt = costs.steps
+    looks, billed = dozing_loop(lk, pl, s, 7)
+    assert billed == [True, False, False, False, False, True, True]  # one resting step, then skipped
+    assert looks == [s.stats.n_gen - 2, s.stats.n_gen - 1]  # looked when due, as if never skipped
+    assert c.tokens == lk.evidence.clock == s.stats.n_gen  # every token counted, asleep or not
+    assert costs.steps == learnt + 7  # the steps a drafter slept through still taught their cost
+
+
+def test_a_paused_drafter_sleeps_through_its_pause_and_a_disabled_one_for_good():
+    pl = planner(StepCosts(TABLE))
+    lk = PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=TABLE)
+    s = seq(0, lk)
+    dozing_loop(lk, pl, s, 2)
+    lk.control.pause("slower than plain")
+    resume = lk.control.resume_at
+    looks, billed = dozing_loop(lk, pl, s, 40)
+    assert billed.count(True) == 1 + 40 - 32  # the step that found it paused, then from the resume on
+    assert looks[0] == resume and lk.control.status == "lookup"  # looked again at the token the pause ended
+    lk.control.disable("the context is full")
+    looks, billed = dozing_loop(lk, pl, s, 50)
+    assert looks == [] and billed == [True] + [False] * 49
+    assert lk.control.status == "disabled: the context is full"

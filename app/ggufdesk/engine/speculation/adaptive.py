@@ -20,7 +20,9 @@ plain decoding and no k is predicted to beat it, it is paused, not ended: after 
 tokens (doubling each time, up to PAUSE_MAX) it tries again with fresh evidence, so a request
 whose first drafts fail but whose later text is copyable gets speculation back. A drafter that
 weighs every draft by its own evidence (`sizes_drafts`) gets k = K max and chooses the length
-itself; the others get the window's K.
+itself; the others get the window's K. While k stays 0 whatever the steps report (resting, paused,
+disabled: `idle`), the step loop skips the controller and tells it afterwards what it missed (`woke`):
+beside three others, drafters that only kept count cost a GPU step some percent.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ log = logging.getLogger("ggufdesk.engine.speculation.speculative")
 
 WINDOW = 16  # speculative steps remembered for acceptance and measured rate
 MIN_EVIDENCE = 5  # speculative steps before we may switch off
+IDLE_FOREVER = 1 << 30  # tokens: a disabled controller is never asked again
 REPROBE_EVERY = 64  # speculative steps between plain probes (the plain cost drifts: context grows)
 WORTH_MARGIN = 1.1  # a draft must be predicted this much faster than a plain step
 PAUSE_FIRST = 32  # tokens of plain decoding after speculation was measured slower, at first
@@ -67,7 +70,7 @@ class DraftLength:
         self.unit_s: float | None = None  # seconds of a cost unit, when the loop prices the steps
         self._k = self.snap(min(k_max, max(k_min, k_start or k_max)))
         self.plain: deque[float] = deque(maxlen=8)  # recent plain step seconds
-        self._t0: float | None = None  # their median, kept between plain steps (read many times a step)
+        self._t0: float | None = None  # their median, taken when read after a plain step (read many times a step)
         self._corr: float | None = None  # correction(), kept until the next step's evidence or prices
         self.samples: deque[tuple[int, float]] = deque(maxlen=32)  # recent (n drafted, step cost)
         self.predicted: deque[float] = deque(maxlen=32)  # ... and the table's ratio for it then
@@ -84,6 +87,8 @@ class DraftLength:
         self.look_at = 0  # the token count at which the next look is due
         self.gains: deque[float] = deque(maxlen=WINDOW)  # what recent looks won, in plain steps (< 0: lost)
         self.looks: deque[float] = deque(maxlen=WINDOW)  # ... and what looking itself cost them
+        self.dozing = 0  # tokens the step loop skips this controller for (engine/speculation/planner.py)
+        self.dozed_at = -1  # ... counted from the sequence's tokens at its first skipped step (-1: not yet)
 
     # ---- what the loop reads ------------------------------------------------------------------
 
@@ -99,7 +104,7 @@ class DraftLength:
             self._resume()
         if self.tokens < self.look_at:
             return 0  # resting between looks that did not pay
-        if self.t0 is None or self.since_plain >= REPROBE_EVERY:
+        if not self.plain or self.since_plain >= REPROBE_EVERY:
             return 0  # probe: one plain step to know what we are competing with
         return self.k_max if self.sizes_drafts else self._k
 
@@ -110,6 +115,24 @@ class DraftLength:
         if self.paused and self.tokens < self.resume_at:
             return f"disabled: {self.paused}; retrying after {self.resume_at - self.tokens} more tokens"
         return self.label
+
+    def idle(self) -> int:
+        """Tokens from now for which k stays 0 whatever the steps report (plain steps all): resting
+        between looks, paused, or for good. The loop need not ask or tell the controller anything then."""
+        if self.disabled:
+            return IDLE_FOREVER
+        if not self.adaptive:
+            return 0
+        if self.paused and self.tokens < self.resume_at:
+            return self.resume_at - self.tokens
+        return max(self.look_at - self.tokens, 0)
+
+    def woke(self, tokens: int) -> None:
+        """`tokens` were written in plain steps while the loop skipped the controller (`idle`): the
+        plain cost is known from before (and was probed less than REPROBE_EVERY steps ago)."""
+        self.tokens += tokens
+        self.since_plain = 0
+        self._corr = None
 
     def _usable(self, costs: dict[int, float] | None) -> dict[int, float] | None:
         return {k: c for k, c in sorted((costs or {}).items()) if self.k_min <= k <= self.k_max and c > 0} or None
@@ -149,7 +172,7 @@ class DraftLength:
         self._corr = None
         if n_drafted == 0:
             self.plain.append(max(seconds - overhead, 1e-6))
-            self._t0 = statistics.median(self.plain)
+            self._t0 = None  # (a resting drafter's plain steps need no median: taken when read)
             self.since_plain = 0
             if overhead > 0:  # a step we paid drafting for: it counts against speculation
                 self.window.append((0, 0, seconds))
@@ -169,9 +192,10 @@ class DraftLength:
         it drafted nothing. While the recent looks lost more than they won, the next look waits twice
         as long, up to the stride at which looking costs REST_SHARE of plain decoding; one that wins
         brings back a look every step."""
+        if not self.adaptive or looking <= 0 or not self.plain:
+            return  # (a modelled clock, a step it did not look on, or no plain step yet: nothing to weigh)
         t0 = self.t0
-        if not self.adaptive or looking <= 0 or t0 is None:
-            return  # (a modelled clock, or no plain step yet: nothing to weigh)
+        assert t0 is not None
         gain = (n_accepted + 1) * t0 - cost if n_drafted else -looking
         self.gains.append(gain)
         self.looks.append(looking)
@@ -196,6 +220,8 @@ class DraftLength:
     @property
     def t0(self) -> float | None:
         """The plain step's cost: median of recent plain steps (robust to a stray slow step)."""
+        if self._t0 is None and self.plain:
+            self._t0 = statistics.median(self.plain)
         return self._t0
 
     def line(self) -> tuple[float, float]:
@@ -235,9 +261,9 @@ class DraftLength:
     def ratio(self, k: int) -> float:
         """The cost table at k, in plain steps (interpolated between measured lengths)."""
         assert self.costs
-        ks = list(self.costs)
-        if k in self.costs:
+        if k in self.costs:  # (every length offered is: ~16 are priced a look)
             return self.costs[k]
+        ks = list(self.costs)
         lo = max((j for j in ks if j < k), default=None)
         hi = min((j for j in ks if j > k), default=None)
         if lo is None:
@@ -282,7 +308,8 @@ class DraftLength:
         # step_cost(k), its length-free factors taken once (~16 lengths are priced a step)
         assert self.t0 is not None
         unit = self.t0 * self.correction()
-        return {k: expected_tokens(alpha, k) / (unit * self.ratio(k)) for k in ks}
+        c = self.costs
+        return {k: expected_tokens(alpha, k) / (unit * (c[k] if k in c else self.ratio(k))) for k in ks}
 
     def worth(self, alpha: float, k: int) -> int:
         """The draft length (at most k) worth proposing at acceptance alpha (0 = a plain step is faster)."""

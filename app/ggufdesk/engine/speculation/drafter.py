@@ -14,7 +14,8 @@ class Drafter(Protocol):
     step reports back with `feedback`: drafted, accepted, and what the step cost the sequence, in
     units of its share of a plain step now (its decode row's share of the step, plus what its draft
     rows added, plus its drafting time), also for plain steps (n_drafted = 0), so the drafter can
-    compare and choose its length, or pause.
+    compare and choose its length, or pause. While its control says k stays 0 for a while (`idle`:
+    resting, paused, disabled) the loop skips it, and tells it at the end what was written (`woke`).
     """
 
     control: DraftLength
@@ -29,6 +30,8 @@ class Drafter(Protocol):
     def propose(self, history: list[int], last: int, k: int) -> list[int]: ...
 
     def feedback(self, n_drafted: int, n_accepted: int, cost: float, drafting: float = 0.0) -> None: ...
+
+    def woke(self, tokens: int) -> None: ...  # tokens written while the loop skipped it (its control's `idle`)
 
     def close(self) -> None: ...  # the request ended
 
@@ -47,6 +50,9 @@ class Controlled:
     @property
     def status(self) -> str:
         return self.control.status
+
+    def woke(self, tokens: int) -> None:
+        self.control.woke(tokens)
 
     def close(self) -> None:
         pass

@@ -472,6 +472,10 @@ class PromptLookup(Controlled):
             return 1
         return m
 
+    def woke(self, tokens: int) -> None:
+        self.evidence.tick(tokens)
+        self.control.woke(tokens)
+
     def feedback(self, n_drafted: int, n_accepted: int, seconds: float, drafting: float = 0.0) -> None:
         if self._end_at >= 0 and n_drafted and n_accepted >= self._end_at:  # the draft got to the sentence end
             self.reached += 1

@@ -21,10 +21,13 @@ one, times its share plus what its rows added, plus its drafting time, plus what
 steps after it: the first draft that changes a step's shape from the run of steps before it is charged
 what the next steps pay for the change (engine/speculation/shape_cost.py: 0.03-0.12 plain steps on
 the 2-core CPU; on a GPU whose one-row steps replay a CUDA graph, by llama.cpp's source, the graph-less
-steps it causes, not yet measured on one). The controllers keep their
-own ways back from a pause (engine/speculation/adaptive.py, evidence.py): no price makes them stop
-for good. Sequences take turns at the front of the queue for rows, so a long drafter cannot
-starve the others.
+steps it causes, not yet measured on one). The controllers keep their own ways back from a pause
+(engine/speculation/adaptive.py, evidence.py): no price makes them stop for good. A drafter whose
+controller will not look for a while whatever the steps say (resting between looks, paused,
+disabled: `DraftLength.idle`) is skipped until then and told afterwards how many tokens were
+written: beside three others on a GPU, drafters that only kept count cost a one-millisecond step
+some percent (bench/bookkeeping.py). Sequences take turns at the front of the queue for rows, so a
+long drafter cannot starve the others.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 from ggufdesk.engine.batching.runner import StepResult
 from ggufdesk.engine.batching.scheduler import DecodeRow, Plan
 from ggufdesk.engine.batching.sequence import Sequence, SequenceStatus
+from ggufdesk.engine.speculation.drafter import Drafter
 from ggufdesk.engine.speculation.shape_cost import ShapeCosts
 from ggufdesk.engine.speculation.step_cost import StepCosts
 
@@ -59,41 +63,79 @@ class DraftPlanner:
         self.set_batch, self.clock = set_batch, clock
         self._turn = 0
         self._bills: dict[int, _Bill] = {}  # id(decode row) -> its bill, for this step
+        self._drafters = False  # has this step a drafter in it (asleep or not)?
 
     def plan(self, plan: Plan[Sequence]) -> None:
         """Give the plan's decode rows their drafts (and mark them VERIFYING)."""
         self._bills.clear()
         rows = [r for r in plan.decode if r.seq.drafter is not None]
+        self._drafters = bool(rows)
         if not rows:
             return
         n = len(plan.decode)
         p = plan.prefill
         part = 0 if p is None else min(plan.chunk, len(p.prompt) - p.n_done)
         completes = p is not None and p.n_done + part == len(p.prompt)  # its last row wants logits too
-        budget = min(self.n_outputs - n - int(completes), self.n_batch - plan.decode_rows - part)
+        decode_rows = plan.decode_rows
+        budget = min(self.n_outputs - n - int(completes), self.n_batch - decode_rows - part)
         plain = self.costs.predict(n)
-        total = plan.decode_rows + int(completes)  # rows with logits: the prompt's other rows add the same to every k
+        total = decode_rows + int(completes)  # rows with logits: the prompt's other rows add the same to every k
         turn = self._turn % len(rows)
         self._turn += 1
+        self._draft_all(rows[turn:] + rows[:turn], budget, total, plain / n if plain else None, part)
+
+    def _draft_all(self, rows: list[DecodeRow[Sequence]], budget: int, total: int, share: float | None,
+                   part: int) -> None:
+        """Each drafter in turn: skipped while it dozes, a plain row while it does not look, else drafted."""
         # the first draft to change the step's shape pays what the change costs the steps after it (a
-        # prompt chunk changes the shape anyway)
-        steady, change = total, self.shapes.penalty(total) if part == 0 else 0.0
-        for r in rows[turn:] + rows[:turn]:
-            used = self._draft(r, budget, total, plain / n if plain else None, change if total == steady else 0.0)
+        # prompt chunk changes the shape anyway); priced only when a drafter looks (most steps of free
+        # text none does, and beside three others their bookkeeping is a GPU step's few percent)
+        steady, change = total, None
+        for r in rows:
+            d = r.seq.drafter
+            assert d is not None
+            if d.control.dozing and self._dozes(r.seq, d):
+                continue  # a plain row, nothing to bill
+            if not share or d.k <= 0:
+                self._rest(r, share)
+                continue
+            if change is None:
+                change = self.shapes.penalty(total) if part == 0 else 0.0
+            used = self._draft(r, budget, total, share, change if total == steady else 0.0)
             budget -= used
             total += used
 
-    def _draft(self, r: DecodeRow[Sequence], budget: int, total: int, share: float | None, after: float) -> int:
+    @staticmethod
+    def _dozes(s: Sequence, d: Drafter) -> bool:
+        """Is s's drafter skipped this step (its control idle for tokens not yet all written)? When
+        they are, it wakes, told how many were written."""
+        c = d.control
+        written = s.stats.n_gen
+        if c.dozed_at < 0:
+            c.dozed_at = written
+        if written - c.dozed_at < c.dozing:
+            return True
+        d.woke(written - c.dozed_at)
+        c.dozing, c.dozed_at = 0, -1
+        return False
+
+    def _rest(self, r: DecodeRow[Sequence], share: float | None) -> None:
+        """r's drafter does not look this step (k 0, or no plain step measured yet): a plain row."""
+        r.draft = []
+        r.seq.status = SequenceStatus.DECODING
+        self._bills[id(r)] = _Bill(share or 1.0, 0.0, 0.0, 0.0)
+
+    def _draft(self, r: DecodeRow[Sequence], budget: int, total: int, share: float, after: float) -> int:
         """Price r's draft rows beside the `total` rows planned so far (and `after`, what any draft costs
-        the steps after this one), let its drafter choose, propose."""
+        the steps after this one), let its drafter choose, propose (its drafter's k is above 0)."""
         s, d = r.seq, r.seq.drafter
         assert d is not None
         room = self._room(r, budget)
-        base = self.costs.predict(total) if share else None
+        base = self.costs.predict(total)
         draft: list[int] = []
         spent = 0.0
         extra = 0.0
-        if share and base is not None and room >= 1 and d.k > 0:  # (k 0: a plain step, nothing to price)
+        if base is not None and room >= 1:
             t = self.clock()
             # k drafts cost what they add to the step and after it, in units of the sequence's share of the step
             ks = [k for k in self.costs.lengths(d.control.k_max) if k <= room] or [1]
@@ -107,7 +149,7 @@ class DraftPlanner:
             spent = max(self.clock() - t - setup, 0.0)  # the look: pricing and proposing
         r.draft = draft
         s.status = SequenceStatus.VERIFYING if draft else SequenceStatus.DECODING
-        self._bills[id(r)] = _Bill(share or 1.0, extra, after * bool(draft), spent)
+        self._bills[id(r)] = _Bill(share, extra, after * bool(draft), spent)
         return len(draft)
 
     def _room(self, r: DecodeRow[Sequence], budget: int) -> int:
@@ -139,7 +181,7 @@ class DraftPlanner:
         without a drafter in them are not learnt from: a drafter's first step is a plain one; every
         step's shape is, for what a change of shape costs.)"""
         self.shapes.step(result.rows, result.seconds if result.n_prompt == 0 else None)
-        if not self._bills:
+        if not self._drafters:  # (drafters asleep still learn the step's cost)
             return
         scale = 1.0
         if result.n_prompt == 0:
@@ -160,3 +202,4 @@ class DraftPlanner:
             st.drafts += 1 if r.draft else 0
             st.accepted += out.accepted
             st.draft_len, st.speculation = s.drafter.k, s.drafter.status
+            s.drafter.control.dozing = s.drafter.control.idle()  # skipped until then (0: asked next step)
