@@ -10,8 +10,10 @@ Everything else (lookup's search, the planner, sampling) costs what it costs on 
 are a model, its one-row figures guesses around what the H200 showed (800 tok/s one stream, most of
 the step launching kernels); print them beside any figure taken from it.
 
-    .venv/bin/python bench/graph_clock.py [--categories free-de,explain-en] [--rounds 2] [--streams 1]
-        [--replay-ms 1.0] [--direct-ms 1.8] [--capture-ms 0.4]
+    .venv/bin/python bench/graph_clock.py [--suite heldout|tuned] [--categories free-de,explain-en]
+        [--rounds 2] [--streams 1] [--replay-ms 1.0] [--direct-ms 1.8] [--capture-ms 0.4]
+
+Weigh a change on the tuned suite first (`--suite tuned`), then read the held-out one.
 """
 from __future__ import annotations
 
@@ -69,7 +71,8 @@ class GraphClock:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--categories", default="", help="held-out categories (default: all)")
+    ap.add_argument("--suite", default="heldout", choices=list(SUITES))
+    ap.add_argument("--categories", default="", help="the suite's categories (default: all)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--streams", type=int, default=1, help="concurrent requests of each prompt")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -87,7 +90,7 @@ def main() -> int:
                                                    n_parallel=args.streams), clock=clock,
                 costs=table)
     cats = [c for c in args.categories.split(",") if c]
-    ws = [w for w in SUITES["heldout"] if not cats or w.category in cats]
+    ws = [w for w in SUITES[args.suite] if not cats or w.category in cats]
     res: dict[tuple[str, str], list[tuple[float, int, int]]] = {}
     for rnd in range(args.rounds):
         for w in ws:
