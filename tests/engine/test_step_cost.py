@@ -277,8 +277,12 @@ def test_a_paused_drafter_sleeps_through_its_pause_and_a_disabled_one_for_good()
     dozing_loop(lk, pl, s, 2)
     lk.control.pause("slower than plain")
     start, resume = s.stats.n_gen, lk.control.resume_at
-    looks, billed = dozing_loop(lk, pl, s, 40)
-    assert billed.count(True) == 1 + 40 - (resume - start)  # the step that found it paused, then from its end on
+    looks, billed = dozing_loop(lk, pl, s, 11)
+    assert looks == [] and billed == [True] + [False] * 10  # the step that found it paused, then skipped
+    # the status counts down while it sleeps, as if told every token
+    assert lk.control.status == f"disabled: slower than plain; retrying after {resume - s.stats.n_gen} more tokens"
+    looks, billed = dozing_loop(lk, pl, s, 29)
+    assert billed.count(True) == 40 - (resume - start)  # billed again from the pause's end on
     assert looks[0] == resume and lk.control.status == "lookup"  # looked again at the token the pause ended
     lk.control.disable("the context is full")
     looks, billed = dozing_loop(lk, pl, s, 50)

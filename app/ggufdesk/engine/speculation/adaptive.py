@@ -89,6 +89,7 @@ class DraftLength:
         self.looks: deque[float] = deque(maxlen=WINDOW)  # ... and what looking itself cost them
         self.dozing = 0  # tokens the step loop skips this controller for (engine/speculation/planner.py)
         self.dozed_at = -1  # ... counted from the sequence's tokens at its first skipped step (-1: not yet)
+        self.asleep = 0  # tokens written while skipped, not yet told (`woke`): the status counts them
 
     # ---- what the loop reads ------------------------------------------------------------------
 
@@ -113,7 +114,8 @@ class DraftLength:
         if self.disabled:
             return f"disabled: {self.disabled}"
         if self.paused and self.tokens < self.resume_at:
-            return f"disabled: {self.paused}; retrying after {self.resume_at - self.tokens} more tokens"
+            left = max(self.resume_at - self.tokens - self.asleep, 0)
+            return f"disabled: {self.paused}; retrying after {left} more tokens"
         return self.label
 
     def idle(self) -> int:
@@ -131,6 +133,7 @@ class DraftLength:
         """`tokens` were written in plain steps while the loop skipped the controller (`idle`): the
         plain cost is known from before (and was probed less than REPROBE_EVERY steps ago)."""
         self.tokens += tokens
+        self.asleep = 0
         self.since_plain = 0
         self._corr = None
 

@@ -114,6 +114,7 @@ class DraftPlanner:
         if c.dozed_at < 0:
             c.dozed_at = written
         if written - c.dozed_at < c.dozing:
+            c.asleep = written - c.dozed_at + 1  # with this step's token: a pause's countdown in the status goes on
             return True
         d.woke(written - c.dozed_at)
         c.dozing, c.dozed_at = 0, -1
