@@ -130,8 +130,8 @@ class DraftLength:
         return max(self.look_at - self.tokens, 0)
 
     def woke(self, tokens: int) -> None:
-        """`tokens` were written in plain steps while the loop skipped the controller (`idle`): the
-        plain cost is known from before (and was probed less than REPROBE_EVERY steps ago)."""
+        """`tokens` were written in plain steps while the loop skipped the controller (`idle`): no probe
+        is owed (those were plain steps), and the plain cost is the one measured before the skip."""
         self.tokens += tokens
         self.asleep = 0
         self.since_plain = 0
