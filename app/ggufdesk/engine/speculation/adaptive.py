@@ -311,8 +311,7 @@ class DraftLength:
         # step_cost(k), its length-free factors taken once (~16 lengths are priced a step)
         assert self.t0 is not None
         unit = self.t0 * self.correction()
-        c = self.costs
-        return {k: expected_tokens(alpha, k) / (unit * (c[k] if k in c else self.ratio(k))) for k in ks}
+        return {k: expected_tokens(alpha, k) / (unit * self.ratio(k)) for k in ks}
 
     def worth(self, alpha: float, k: int) -> int:
         """The draft length (at most k) worth proposing at acceptance alpha (0 = a plain step is faster)."""
