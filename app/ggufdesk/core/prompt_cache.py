@@ -77,14 +77,37 @@ def tokens_sha256(tokens: list[int]) -> str:
     return hashlib.sha256(token_bytes(tokens)).hexdigest()
 
 
+# Below this many tokens the search for the first difference compares one token at a time.
+LINEAR_BELOW = 32
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens a and b share (the engine's prefix cache uses it too)."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
+    """How many leading tokens a and b share (the engine's prefix cache and the draft model use it too).
+
+    Compared a block at a time (list slices compare in C), doubling the blocks, then bisecting the
+    block where they differ: a draft model syncs its context with the request's every step, and a
+    Python loop over a 16k-token context took 0.55 ms (4k: 0.14 ms) on the 2-core CPU;
+    bench/bookkeeping.py --prefix times both."""
+    if type(a) is not list or type(b) is not list:
+        a, b = list(a), list(b)  # (slices of a list and a tuple never compare equal)
+    n = min(len(a), len(b))
+    lo, step = 0, LINEAR_BELOW
+    while lo < n:  # a[:lo] == b[:lo]
+        hi = min(n, lo + step)
+        if a[lo:hi] != b[lo:hi]:
             break
-        n += 1
-    return n
+        lo, step = hi, 2 * step
+    else:
+        return n
+    while hi - lo > LINEAR_BELOW:  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while a[lo] == b[lo]:
+        lo += 1
+    return lo
 
 
 def ctx_class(n_ctx: int) -> int:
