@@ -123,3 +123,37 @@ def test_a_short_match_is_judged_by_whether_its_occurrences_agree():
     lk.propose([1, 7, 8, 30, 0, 9], 8, 4)
     once = lk._last_m
     assert (split, once, agreed) == (1, 1, 3)
+
+
+def _state(c: NgramCache) -> tuple:
+    return c.arena, c.doc_start, c.where, c.prev
+
+
+def test_a_request_growing_look_by_look_is_indexed_as_if_fed_whole():
+    import random
+    rng = random.Random(3)
+    text = [rng.randrange(20) for _ in range(300)]
+    grown, fed = NgramCache(3), NgramCache(3)
+    i = 40
+    while i < len(text):
+        grown.grow(text[:i - 1], text[i - 1])  # a look: the sequence's tokens and its last one
+        fed.feed(text[:i])
+        assert _state(grown) == _state(fed)
+        i += rng.choice([1, 1, 2, 5])  # plain steps and accepted drafts
+    grown.grow(text[:i - 7], text[i - 7])  # looked at twice without a step (nothing new to index)
+    grown.grow(text[:i - 7], text[i - 7])
+    fed.feed(text[:i - 6])
+    assert _state(grown) == _state(fed)
+
+
+def test_a_shifted_context_starts_a_new_document():
+    """A context shift (engine/batching/shift.py) drops half the text after its kept start: the text then
+    no longer goes on from the arena's end, whether the drafter looks right after it or only after the
+    text grew back past its old length (a drafter resting through the shift)."""
+    text = list(range(1000, 1200))
+    for regrown in (0, 150):
+        c = NgramCache(3)
+        c.grow(text[:99], text[99])
+        shifted = text[:4] + text[52:100] + list(range(5000, 5000 + regrown))
+        c.grow(shifted[:-1], shifted[-1])
+        assert c.arena == text[:100] + [SEP] + shifted and c.doc_start == 101
