@@ -18,7 +18,7 @@ from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.runtime.native import LlamaLog, LoadedModel, load_model
 from ggufdesk.engine.speculation.drafter import Drafter
 from ggufdesk.engine.speculation.lookup import NgramCache
-from ggufdesk.engine.speculation.speculative import make_drafter
+from ggufdesk.engine.speculation.speculative import TokenText, make_drafter
 
 # A CPU as measured (the starter, 2 threads): a step of one row costs PLAIN_S; verifying k drafts
 # alone 1.5 plain steps plus k/3; beside N decode rows a row adds about half a decode row's share.
@@ -75,6 +75,7 @@ class Live:
         self.engine = BatchEngine(self.lm, self.vocab, emit=self.events.append, cancelled=self.cancels.__contains__,
                                   set_batch=lambda rids: None, verify_costs=costs, **kw)
         self._n = 0
+        self.text: TokenText | None = None
 
     def close(self) -> None:
         self.lm.close()
@@ -87,7 +88,10 @@ class Live:
         """A prompt-lookup drafter for `prompt` (fixed K 8 unless told otherwise); `history`: what
         earlier requests left for it to draft from."""
         settings = SpeculationSettings(**{"mode": "lookup", "k_max": 8, "adaptive": False, **spec})
-        d = make_drafter(settings, prompt=prompt, draft=None, target=self.lm, costs=costs, ngrams=history)
+        if self.text is None:  # read as lookup asks, kept for the model's life (as the worker keeps it)
+            self.text = TokenText.of(self.lm)
+        d = make_drafter(settings, prompt=prompt, draft=None, target=self.lm, costs=costs, ngrams=history,
+                         text=self.text)
         assert d is not None
         return d
 
