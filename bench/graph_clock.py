@@ -11,7 +11,10 @@ are a model, its one-row figures guesses around what the H200 showed (800 tok/s 
 the step launching kernels); print them beside any figure taken from it.
 
     .venv/bin/python bench/graph_clock.py [--suite heldout|tuned] [--categories free-de,explain-en]
-        [--rounds 2] [--streams 1] [--replay-ms 1.0] [--direct-ms 1.8] [--capture-ms 0.4]
+        [--rounds 2] [--streams 1] [--replay-ms 1.0] [--direct-ms 1.8] [--capture-ms 0.4] [--split]
+
+`--split` also says where a decode step's time went, plain against adaptive: the modelled decode (and
+how many steps ran without a graph) and the engine's own Python (everything else, real time).
 
 Weigh a change on the tuned suite first (`--suite tuned`), then read the held-out one.
 """
@@ -42,6 +45,7 @@ class GraphClock:
         self.table, self.replay, self.direct, self.capture = table, replay, direct, capture
         self.offset = 0.0
         self.shapes: list[tuple[int, int]] = [(0, 0), (0, 0)]
+        self.spent: list[float] = [0.0, 0, 0]  # modelled decode seconds, decode calls, graph-less ones among them
 
     def __call__(self) -> float:
         return time.perf_counter() - self.offset
@@ -56,9 +60,11 @@ class GraphClock:
         shape = (rows, logits)
         before, last = self.shapes[-2:]
         self.shapes = [last, shape]
-        if shape == last == before:
-            return self.replay * self.ratio(rows)
-        return self.direct * self.ratio(rows) + (self.capture if shape == last else 0.0)
+        graph = shape == last == before
+        t = self.replay * self.ratio(rows) if graph else \
+            self.direct * self.ratio(rows) + (self.capture if shape == last else 0.0)
+        self.spent = [self.spent[0] + t, self.spent[1] + 1, self.spent[2] + (not graph)]
+        return t
 
     def decode(self, ctx: Any, batch: Any) -> int:
         t = time.perf_counter()
@@ -79,6 +85,7 @@ def main() -> int:
     ap.add_argument("--replay-ms", type=float, default=1.0)
     ap.add_argument("--direct-ms", type=float, default=1.8)
     ap.add_argument("--capture-ms", type=float, default=0.4)
+    ap.add_argument("--split", action="store_true", help="also where each decode step's time went")
     args = ap.parse_args()
     if args.rounds < 1 or args.streams < 1 or min(args.replay_ms, args.direct_ms, args.capture_ms) < 0:
         ap.error("--rounds and --streams >= 1, times >= 0")
@@ -92,6 +99,7 @@ def main() -> int:
     cats = [c for c in args.categories.split(",") if c]
     ws = [w for w in SUITES[args.suite] if not cats or w.category in cats]
     res: dict[tuple[str, str], list[tuple[float, int, int]]] = {}
+    split: dict[tuple[str, str], list[float]] = {}  # seconds, modelled decode seconds, steps, graph-less, tokens
     for rnd in range(args.rounds):
         for w in ws:
             for mode in ("plain", "adaptive") if rnd % 2 == 0 else ("adaptive", "plain"):
@@ -101,13 +109,16 @@ def main() -> int:
                         for i in range(args.streams)]
                 for s in seqs:
                     live.engine.submit(s)
-                first, n0 = None, 0
+                first, n0, spent0 = None, 0, clock.spent
                 while live.engine.busy:
                     live.engine.step()
                     if first is None and all(s.stats.n_gen >= 1 for s in seqs):  # decode only, from here
-                        first, n0 = clock(), sum(s.stats.n_gen for s in seqs)
+                        first, n0, spent0 = clock(), sum(s.stats.n_gen for s in seqs), clock.spent
                 n = sum(s.stats.n_gen for s in seqs) - n0
                 rate = n / (clock() - first) if first is not None and n > 0 else 0.0
+                if first is not None:
+                    got = [clock() - first] + [a - b for a, b in zip(clock.spent, spent0)] + [n]
+                    split[(w.category, mode)] = [a + b for a, b in zip(split.get((w.category, mode), [0.0] * 5), got)]
                 res.setdefault((w.category, mode), []).append(
                     (rate, sum(s.stats.drafted for s in seqs), sum(s.stats.accepted for s in seqs)))
                 for s in seqs:
@@ -123,6 +134,14 @@ def main() -> int:
         drafts = ", ".join(f"{d}/{acc}" for _, d, acc in res[(c, "adaptive")])
         print(f"{c:11s} plain {p:6.0f} adaptive {a:6.0f} tok/s (modelled) = {a / p:.2f}x plain; "
               f"drafted/accepted {drafts}")
+    if args.split:
+        print("where a decode step's time went, all rounds: modelled decode + the engine's Python (real time)")
+        for (c, mode), (wall, model, steps, direct, n) in split.items():
+            py = wall - model
+            if steps:
+                print(f"  {c:11s} {mode:8s} {steps:5.0f} steps, {n / steps:.2f} tokens a step: decode "
+                      f"{model / steps * 1e6:5.0f} us ({direct / steps:.0%} without a graph), Python "
+                      f"{py / steps * 1e6:4.0f} us a step ({py / max(n, 1) * 1e6:.0f} us a token)")
     return 0
 
 
