@@ -308,10 +308,14 @@ class DraftLength:
         """Predicted tokens/s of drafting each k in ks (lengths()) at acceptance alpha."""
         if not self.costs:
             return {k: expected_tokens(alpha, k) / self.step_cost(k) for k in ks}
-        # step_cost(k), its length-free factors taken once (~16 lengths are priced a step)
+        # step_cost(k), its length-free factors taken once, and expected_tokens written out: ~16 lengths
+        # are priced at every look that finds a draft (the same arithmetic, in the same order)
         assert self.t0 is not None
-        unit = self.t0 * self.correction()
-        return {k: expected_tokens(alpha, k) / (unit * self.ratio(k)) for k in ks}
+        unit, costs = self.t0 * self.correction(), self.costs
+        if alpha >= 0.999:
+            return {k: (k + 1.0) / (unit * (costs.get(k) or self.ratio(k))) for k in ks}
+        q = 1.0 - alpha
+        return {k: (1.0 - alpha ** (k + 1)) / q / (unit * (costs.get(k) or self.ratio(k))) for k in ks}
 
     def worth(self, alpha: float, k: int) -> int:
         """The draft length (at most k) worth proposing at acceptance alpha (0 = a plain step is faster)."""
