@@ -169,3 +169,34 @@ def test_a_model_that_cannot_shift_rolls_and_says_so(one_layer, monkeypatch):
         assert done.usage["prompt_tokens"] + done.usage["completion_tokens"] <= N_CTX  # never past the window
     finally:
         live.close()
+
+
+def test_lookup_drafts_through_a_shift_and_writes_what_plain_decoding_writes(one_layer, monkeypatch):
+    """Lookup's n-gram cache grows by the tokens written since its last look (engine/speculation/lookup.py:
+    NgramCache.grow); a context shift rewrites the request's text, which the cache must see: it starts a
+    new document at every shift, and the answer is plain decoding's, token for token."""
+    from ggufdesk.engine.speculation import lookup
+
+    docs: list[int] = []
+    real = lookup.NgramCache._new_doc
+
+    def counted(self: Any, tokens: list[int]) -> None:
+        docs.append(len(tokens))
+        real(self, tokens)
+
+    monkeypatch.setattr(lookup.NgramCache, "_new_doc", counted)
+    live = Live(one_layer, **LOAD)
+    try:
+        plain = one(live.run("plain", prompt="from " * 10, sampling=greedy(400, "shift")), P.Done)
+        docs.clear()
+        events = live.run("spec", prompt="from " * 10, sampling=greedy(400, "shift"),
+                          speculation={"mode": "lookup", "k_max": 8, "adaptive": False})
+        done = one(events, P.Done)
+        shifts = [e for e in events if isinstance(e, P.Overflow)]
+        assert len(shifts) >= 2 and done.tokens == plain.tokens
+        final = [e for e in events if isinstance(e, P.Stats) and e.final][-1]
+        assert final.drafted > 0 and final.accepted > 0
+        assert len(docs) == 1 + len(shifts)  # the first look's document, then one after each shift
+        assert all(n < N_CTX for n in docs)  # each the shifted text, not the old one grown on
+    finally:
+        live.close()
