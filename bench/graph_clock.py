@@ -14,13 +14,15 @@ the step launching kernels); print them beside any figure taken from it.
         [--rounds 2] [--streams 1] [--replay-ms 1.0] [--direct-ms 1.8] [--capture-ms 0.4] [--split]
 
 `--split` also says where a decode step's time went, plain against adaptive: the modelled decode (and
-how many steps ran without a graph) and the engine's own Python (everything else, real time).
+how many steps ran without a graph), the engine's own Python (everything else, real time), and of it
+the garbage collector's pauses (engine/runtime/heap.py).
 
 Weigh a change on the tuned suite first (`--suite tuned`), then read the held-out one.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -75,6 +77,24 @@ class GraphClock:
         return rc
 
 
+class Pauses:
+    """gc.callbacks: the collector's pauses (seconds, collections, full ones) by (category, mode)."""
+
+    def __init__(self) -> None:
+        self.key: tuple[str, str] = ("", "")
+        self.by: dict[tuple[str, str], list[float]] = {}
+        self._t = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+            return
+        g = self.by.setdefault(self.key, [0.0, 0, 0])
+        g[0] += time.perf_counter() - self._t
+        g[1] += 1
+        g[2] += info["generation"] == 2
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default="heldout", choices=list(SUITES))
@@ -100,6 +120,8 @@ def main() -> int:
     ws = [w for w in SUITES[args.suite] if not cats or w.category in cats]
     res: dict[tuple[str, str], list[tuple[float, int, int]]] = {}
     split: dict[tuple[str, str], list[float]] = {}  # seconds, modelled decode seconds, steps, graph-less, tokens
+    pauses = Pauses()
+    gc.callbacks.append(pauses)
     for rnd in range(args.rounds):
         for w in ws:
             for mode in ("plain", "adaptive") if rnd % 2 == 0 else ("adaptive", "plain"):
@@ -110,10 +132,13 @@ def main() -> int:
                 for s in seqs:
                     live.engine.submit(s)
                 first, n0, spent0 = None, 0, clock.spent
+                pauses.key = ("", "")  # (prefill's pauses are not a decode step's)
                 while live.engine.busy:
                     live.engine.step()
                     if first is None and all(s.stats.n_gen >= 1 for s in seqs):  # decode only, from here
                         first, n0, spent0 = clock(), sum(s.stats.n_gen for s in seqs), clock.spent
+                        pauses.key = (w.category, mode)
+                pauses.key = ("", "")
                 n = sum(s.stats.n_gen for s in seqs) - n0
                 rate = n / (clock() - first) if first is not None and n > 0 else 0.0
                 if first is not None:
@@ -139,9 +164,11 @@ def main() -> int:
         for (c, mode), (wall, model, steps, direct, n) in split.items():
             py = wall - model
             if steps:
+                g = pauses.by.get((c, mode), [0.0, 0, 0])
                 print(f"  {c:11s} {mode:8s} {steps:5.0f} steps, {n / steps:.2f} tokens a step: decode "
                       f"{model / steps * 1e6:5.0f} us ({direct / steps:.0%} without a graph), Python "
-                      f"{py / steps * 1e6:4.0f} us a step ({py / max(n, 1) * 1e6:.0f} us a token)")
+                      f"{py / steps * 1e6:4.0f} us a step ({py / max(n, 1) * 1e6:.0f} us a token); of it the "
+                      f"collector {g[0] / steps * 1e6:.0f} us ({g[1]:.0f} collections, {g[2]:.0f} full)")
     return 0
 
 

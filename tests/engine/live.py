@@ -15,6 +15,7 @@ from ggufdesk.engine.batching.batch import BatchEngine
 from ggufdesk.engine.batching.sequence import RunStats, Sequence
 from ggufdesk.engine.batching.vocab import Vocab
 from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.runtime import heap
 from ggufdesk.engine.runtime.native import LlamaLog, LoadedModel, load_model
 from ggufdesk.engine.speculation.drafter import Drafter
 from ggufdesk.engine.speculation.lookup import NgramCache
@@ -75,10 +76,12 @@ class Live:
         self.engine = BatchEngine(self.lm, self.vocab, emit=self.events.append, cancelled=self.cancels.__contains__,
                                   set_batch=lambda rids: None, verify_costs=costs, **kw)
         self._n = 0
+        heap.settle()  # as the worker does after a load
         self.text: TokenText | None = None
 
     def close(self) -> None:
         self.lm.close()
+        heap.release()
 
     def tokens(self, text: str) -> list[int]:
         return self.vocab.tokenize(text)

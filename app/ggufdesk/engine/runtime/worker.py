@@ -28,6 +28,7 @@ from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSe
 from ggufdesk.engine.batching import cpu_load
 from ggufdesk.engine.link import lifeline
 from ggufdesk.engine.link import protocol as P
+from ggufdesk.engine.runtime import heap
 
 if TYPE_CHECKING:
     from ggufdesk.core.images import Pixels
@@ -232,6 +233,7 @@ class Engine:
             while self._calibration is not None:
                 self._calibrate_step()
             self._ready_drafting(lm, self.speculation.mode)
+        heap.settle()  # what lives as long as the model: no full collection traverses it again
         self.emit(self._loaded_event(req, lm, template, memory, offload))
 
     def _load_speculation(self, req: P.Load) -> SpeculationSettings | None:
@@ -394,6 +396,7 @@ class Engine:
             self._lookup_prompts.clear()
             self.lm.close()
             self.lm = None
+            heap.release()
         if not quiet:
             self.emit(P.Unloaded())
 
