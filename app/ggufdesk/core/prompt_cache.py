@@ -87,7 +87,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     Compared a block at a time (list slices compare in C), doubling the blocks, then bisecting the
     block where they differ: a draft model syncs its context with the request's every step, and a
     Python loop over a 16k-token context took 0.55 ms (4k: 0.14 ms) on the 2-core CPU;
-    bench/bookkeeping.py --prefix times both."""
+    bench/bookkeeping.py --contexts times both."""
     if type(a) is not list or type(b) is not list:
         a, b = list(a), list(b)  # (slices of a list and a tuple never compare equal)
     n = min(len(a), len(b))
