@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Lookup on a GPU: SmolLM2-135M-Instruct wholly offloaded on a lent NVIDIA machine (no internet there):
-# what a draft costs the one-row steps after it (bench/shape_cost.py: CUDA graphs), four clients with
+# what a draft costs the one-row steps after it (bench/shape_cost.py: CUDA graphs), where a four-client
+# step's time goes on the real clock (bench/graph_clock.py --real --split), four clients with
 # and without lookup (bench/batch.py --parts 16) and the held-out suite (bench/speculative.py). The
 # model (98 MB) and llama-cpp-python's sdist do not fit one transfer to that machine, so it runs in two
 # calls, the second while the first's build still runs:
@@ -88,6 +89,13 @@ for k in 1 4; do
   timeout 120 python3 bench/shape_cost.py --model "$model" --gpu-layers $gpu --threads 8 --k $k 2>&1 \
     | grep -v '^llama\|^load' | tee -a "$out/shape_cost_gpu.txt"
 done
+# four clients on the real clock: what the engine's Python costs a step beside a GPU decode, plain
+# against lookup (graph_clock.py --real --split; on the 2-core CPU's modelled clock it was a third of a
+# step: docs/bench/speculative-decoding.md, "Where four clients lose")
+splitcats="--categories explain-en,free-fr,quote-fr,copy-de"; [ "$dry" = 1 ] && splitcats="--categories explain-en"
+# shellcheck disable=SC2086
+timeout "${SPLIT_S:-90}" python3 bench/graph_clock.py --real --gpu-layers $gpu --threads 8 --streams 4 --rounds 1 \
+  --max-tokens $tokens --split $splitcats 2>&1 | grep -v '^llama\|^load\|exceeds the model' | tee "$out/split_gpu.txt"
 # GPU_LOOKUP_BEFORE=DIR (an app/ folder of another tree, carried in DIR2): the same benches on both trees,
 # alternated, into one file per bench (each run headed by its tree)
 trees="after"; [ -n "${GPU_LOOKUP_BEFORE:-}" ] && { trees="after before"; rounds=${GPU_AB_ROUNDS:-2}; }

@@ -12,10 +12,14 @@ the step launching kernels); print them beside any figure taken from it.
 
     .venv/bin/python bench/graph_clock.py [--suite heldout|tuned] [--categories free-de,explain-en]
         [--rounds 2] [--streams 1] [--replay-ms 1.0] [--direct-ms 1.8] [--capture-ms 0.4] [--split]
+        [--real] [--gpu-layers 0] [--threads 2]
 
 `--split` also says where a decode step's time went, plain against adaptive: the modelled decode (and
 how many steps ran without a graph), the engine's own Python (everything else, real time), and of it
-the garbage collector's pauses (engine/runtime/heap.py).
+the garbage collector's pauses (engine/runtime/heap.py). `--real` keeps the real clock instead, decode
+included (`--gpu-layers -1 --threads 8` on a lent GPU: bench/gpu_lookup.sh), and the split then says
+what the engine's Python costs beside a real decode (the graph-less share is still llama.cpp's rule
+applied to the steps' shapes).
 
 Weigh a change on the tuned suite first (`--suite tuned`), then read the held-out one.
 """
@@ -41,10 +45,13 @@ TABLE_FILE = Path(__file__).resolve().parents[1] / "docs/bench/runs/2026-12-04/g
 
 
 class GraphClock:
-    """The step loop's timer: wall time, less each decode call's real time, plus its modelled one."""
+    """The step loop's timer: wall time, less each decode call's real time, plus its modelled one (with
+    `real`, wall time itself: on a GPU, what the split of a step really is)."""
 
-    def __init__(self, table: dict[int, float], replay: float, direct: float, capture: float) -> None:
+    def __init__(self, table: dict[int, float], replay: float, direct: float, capture: float, *,
+                 real: bool = False) -> None:
         self.table, self.replay, self.direct, self.capture = table, replay, direct, capture
+        self.real = real  # (--real: wall time throughout; `spent` holds the decode calls' real time)
         self.offset = 0.0
         self.shapes: list[tuple[int, int]] = [(0, 0), (0, 0)]
         self.spent: list[float] = [0.0, 0, 0]  # modelled decode seconds, decode calls, graph-less ones among them
@@ -73,7 +80,11 @@ class GraphClock:
         rc = int(llama_cpp.llama_decode(ctx, batch))
         real = time.perf_counter() - t
         logits = sum(1 for i in range(batch.n_tokens) if batch.logits[i])
-        self.offset += real - self.modelled(batch.n_tokens, logits)
+        modelled = self.modelled(batch.n_tokens, logits)
+        if self.real:  # the real clock: the decode's own time is counted, the rule's only its shapes
+            self.spent[0] += real - modelled
+        else:
+            self.offset += real - modelled
         return rc
 
 
@@ -106,16 +117,21 @@ def main() -> int:
     ap.add_argument("--direct-ms", type=float, default=1.8)
     ap.add_argument("--capture-ms", type=float, default=0.4)
     ap.add_argument("--split", action="store_true", help="also where each decode step's time went")
+    ap.add_argument("--real", action="store_true", help="the real clock, decode included (on a GPU)")
+    ap.add_argument("--gpu-layers", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     if args.rounds < 1 or args.streams < 1 or min(args.replay_ms, args.direct_ms, args.capture_ms) < 0:
         ap.error("--rounds and --streams >= 1, times >= 0")
+    if args.threads < 1 or args.gpu_layers < -1:
+        ap.error("--threads >= 1, --gpu-layers >= -1")
     from tests.engine.live import Live
 
     table = {int(k): float(v) for k, v in next(iter(json.loads(TABLE_FILE.read_text()).values())).items()}
-    clock = GraphClock(table, args.replay_ms / 1e3, args.direct_ms / 1e3, args.capture_ms / 1e3)
-    live = Live(model_path("smollm2"), LoadSettings(n_ctx=4096 * args.streams, n_threads=2, n_threads_batch=2,
-                                                   n_parallel=args.streams), clock=clock,
-                costs=table)
+    clock = GraphClock(table, args.replay_ms / 1e3, args.direct_ms / 1e3, args.capture_ms / 1e3, real=args.real)
+    live = Live(model_path("smollm2"), LoadSettings(n_ctx=4096 * args.streams, n_threads=args.threads,
+                                                   n_threads_batch=args.threads, n_parallel=args.streams,
+                                                   n_gpu_layers=args.gpu_layers), clock=clock, costs=table)
     cats = [c for c in args.categories.split(",") if c]
     ws = [w for w in SUITES[args.suite] if not cats or w.category in cats]
     res: dict[tuple[str, str], list[tuple[float, int, int]]] = {}
@@ -150,23 +166,27 @@ def main() -> int:
                     live.result(s.rid)
                 live.forget()
     live.close()
-    print(f"SmolLM2 on a modelled GPU clock (one-row step: replayed {args.replay_ms} ms, graph-less "
-          f"{args.direct_ms} ms, capture +{args.capture_ms} ms), {args.streams} stream(s), "
-          f"{args.rounds} rounds, medians")
+    on = f"the real clock ({args.gpu_layers} GPU layers, {args.threads} threads)" if args.real else \
+        f"a modelled GPU clock (one-row step: replayed {args.replay_ms} ms, graph-less {args.direct_ms} ms, " \
+        f"capture +{args.capture_ms} ms)"
+    print(f"SmolLM2 on {on}, {args.streams} stream(s), {args.rounds} rounds, medians")
+    clocked = "real" if args.real else "modelled"
     for c in dict.fromkeys(w.category for w in ws):
         p = statistics.median(r[0] for r in res[(c, "plain")])
         a = statistics.median(r[0] for r in res[(c, "adaptive")])
         drafts = ", ".join(f"{d}/{acc}" for _, d, acc in res[(c, "adaptive")])
-        print(f"{c:11s} plain {p:6.0f} adaptive {a:6.0f} tok/s (modelled) = {a / p:.2f}x plain; "
+        print(f"{c:11s} plain {p:6.0f} adaptive {a:6.0f} tok/s ({clocked}) = {a / p:.2f}x plain; "
               f"drafted/accepted {drafts}")
     if args.split:
-        print("where a decode step's time went, all rounds: modelled decode + the engine's Python (real time)")
+        kind, graphless = ("real", "of shapes without a graph by llama.cpp's rule") if args.real else \
+            ("modelled", "without a graph")
+        print(f"where a decode step's time went, all rounds: {kind} decode + the engine's Python (real time)")
         for (c, mode), (wall, model, steps, direct, n) in split.items():
             py = wall - model
             if steps:
                 g = pauses.by.get((c, mode), [0.0, 0, 0])
                 print(f"  {c:11s} {mode:8s} {steps:5.0f} steps, {n / steps:.2f} tokens a step: decode "
-                      f"{model / steps * 1e6:5.0f} us ({direct / steps:.0%} without a graph), Python "
+                      f"{model / steps * 1e6:5.0f} us ({direct / steps:.0%} {graphless}), Python "
                       f"{py / steps * 1e6:4.0f} us a step ({py / max(n, 1) * 1e6:.0f} us a token); of it the "
                       f"collector {g[0] / steps * 1e6:.0f} us ({g[1]:.0f} collections, {g[2]:.0f} full)")
     return 0
