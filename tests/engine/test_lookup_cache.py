@@ -134,16 +134,17 @@ def test_a_request_growing_look_by_look_is_indexed_as_if_fed_whole():
     rng = random.Random(3)
     text = [rng.randrange(20) for _ in range(300)]
     grown, fed = NgramCache(3), NgramCache(3)
-    i = 40
+    i = looked = 40
     while i < len(text):
         grown.grow(text[:i - 1], text[i - 1])  # a look: the sequence's tokens and its last one
         fed.feed(text[:i])
         assert _state(grown) == _state(fed)
-        i += rng.choice([1, 1, 2, 5])  # plain steps and accepted drafts
-    grown.grow(text[:i - 7], text[i - 7])  # looked at twice without a step (nothing new to index)
-    grown.grow(text[:i - 7], text[i - 7])
-    fed.feed(text[:i - 6])
-    assert _state(grown) == _state(fed)
+        looked, i = i, i + rng.choice([1, 1, 2, 5])  # plain steps and accepted drafts
+    grown.grow(text[:looked - 1], text[looked - 1])  # looked at again without a step: nothing new
+    assert _state(grown) == _state(fed)  # (fed was not fed again)
+    grown.grow(text[:looked - 8], text[looked - 8])  # a text shorter than the last: fed anew, as feed does
+    fed.feed(text[:looked - 7])
+    assert _state(grown) == _state(fed) and grown.doc_start == looked + 1
 
 
 def test_a_shifted_context_starts_a_new_document():
