@@ -270,6 +270,30 @@ def test_a_resting_drafter_is_skipped_until_its_next_look_and_then_told_what_was
     assert costs.steps == learnt + 7  # the steps a drafter slept through still taught their cost
 
 
+def test_a_step_where_every_drafter_dozes_prices_nothing_and_bills_nothing():
+    costs = StepCosts(TABLE)
+    pl = planner(costs, n_outputs=40)
+    lks = [PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=TABLE) for _ in range(3)]
+    seqs = [seq(i, lk) for i, lk in enumerate(lks)]
+    for lk in lks:
+        lk.control.disable("test")
+    asked = []
+    real = costs.predict
+    costs.predict = lambda rows: asked.append(rows) or real(rows)  # type: ignore[method-assign]
+    for step in range(3):
+        p = Plan(decode=[DecodeRow(s) for s in seqs], prefill=None, chunk=0)
+        pl.plan(p)
+        assert all(r.draft == [] for r in p.decode)
+        if step:  # (the first step finds them disabled: plain rows, billed; then they doze)
+            assert asked == [] and pl._bills == {}
+        pl.settle(p, StepResult(outputs=[SeqOutput(seq=s, tokens=[7]) for s in seqs], seconds=0.010, rows=3,
+                                n_prompt=0))
+        asked.clear()
+        for s in seqs:
+            s.stats.n_gen += 1
+    assert costs.steps == 3  # their steps still taught the cost of three rows
+
+
 def test_a_paused_drafter_sleeps_through_its_pause_and_a_disabled_one_for_good():
     pl = planner(StepCosts(TABLE))
     lk = PromptLookup(ngram=3, k_min=1, k_max=16, adaptive=True, costs=TABLE)

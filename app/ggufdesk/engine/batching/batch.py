@@ -280,11 +280,14 @@ class BatchEngine:
     def spec_mode(self) -> str:
         """Speculation now: 'off' (no drafter runs), the drafters' kind ('lookup', 'draft') while one of
         them may draft, 'paused' while all of them are paused or disabled."""
-        drafters = [s.drafter for s in self.sched.running if s.drafter is not None]
-        if not drafters:
-            return "off"
-        active = [d.control.label for d in drafters if not d.status.startswith("disabled")]
-        return active[0] if active else "paused"
+        mode = "off"  # (asked every step: the first drafter that may draft answers)
+        for s in self.sched.running:
+            d = s.drafter
+            if d is not None:
+                if not d.status.startswith("disabled"):
+                    return d.control.label
+                mode = "paused"
+        return mode
 
     def _status(self, *, force: bool) -> None:
         """Status when it changed: at most every STATUS_EVERY_S while busy, at once when idle."""

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from ggufdesk.engine.batching.runner import StepResult
 from ggufdesk.engine.batching.scheduler import DecodeRow, Plan
 from ggufdesk.engine.batching.sequence import Sequence, SequenceStatus
-from ggufdesk.engine.speculation.drafter import Drafter
 from ggufdesk.engine.speculation.shape_cost import ShapeCosts
 from ggufdesk.engine.speculation.step_cost import StepCosts
 
@@ -72,6 +71,13 @@ class DraftPlanner:
         self._drafters = bool(rows)
         if not rows:
             return
+        turn = self._turn % len(rows)
+        self._turn += 1
+        # a drafter dozing this step is a plain row with nothing to bill: most steps of free text every
+        # drafter dozes, and then nothing is priced (beside three others a GPU step's few percent)
+        awake = [r for r in rows[turn:] + rows[:turn] if not self._dozes(r.seq)]
+        if not awake:
+            return
         n = len(plan.decode)
         p = plan.prefill
         part = 0 if p is None else min(plan.chunk, len(p.prompt) - p.n_done)
@@ -80,13 +86,11 @@ class DraftPlanner:
         budget = min(self.n_outputs - n - int(completes), self.n_batch - decode_rows - part)
         plain = self.costs.predict(n)
         total = decode_rows + int(completes)  # rows with logits: the prompt's other rows add the same to every k
-        turn = self._turn % len(rows)
-        self._turn += 1
-        self._draft_all(rows[turn:] + rows[:turn], budget, total, plain / n if plain else None, part)
+        self._draft_all(awake, budget, total, plain / n if plain else None, part)
 
     def _draft_all(self, rows: list[DecodeRow[Sequence]], budget: int, total: int, share: float | None,
                    part: int) -> None:
-        """Each drafter in turn: skipped while it dozes, a plain row while it does not look, else drafted."""
+        """Each drafter awake in turn: a plain row while it does not look, else drafted."""
         # the first draft to change the step's shape pays what the change costs the steps after it (a
         # prompt chunk changes the shape anyway); priced only when a drafter looks (most steps of free
         # text none does, and beside three others their bookkeeping is a GPU step's few percent)
@@ -94,8 +98,6 @@ class DraftPlanner:
         for r in rows:
             d = r.seq.drafter
             assert d is not None
-            if d.control.dozing and self._dozes(r.seq, d):
-                continue  # a plain row, nothing to bill
             if not share or d.k <= 0:
                 self._rest(r, share)
                 continue
@@ -106,10 +108,14 @@ class DraftPlanner:
             total += used
 
     @staticmethod
-    def _dozes(s: Sequence, d: Drafter) -> bool:
+    def _dozes(s: Sequence) -> bool:
         """Is s's drafter skipped this step (its control idle for tokens not yet all written)? When
         they are, it wakes, told how many were written."""
+        d = s.drafter
+        assert d is not None
         c = d.control
+        if not c.dozing:
+            return False
         written = s.stats.n_gen
         if c.dozed_at < 0:
             c.dozed_at = written
@@ -190,6 +196,8 @@ class DraftPlanner:
             self.costs.observe(result.rows, result.seconds)
             if predicted:
                 scale = result.seconds / predicted
+        if not self._bills:  # every drafter dozed: nothing to tell them
+            return
         outputs = {id(o.seq): o for o in result.outputs}
         for r in plan.decode:
             s, bill = r.seq, self._bills.get(id(r))
