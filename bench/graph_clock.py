@@ -12,7 +12,7 @@ the step launching kernels); print them beside any figure taken from it.
 
     .venv/bin/python bench/graph_clock.py [--suite heldout|tuned] [--categories free-de,explain-en]
         [--rounds 2] [--streams 1] [--replay-ms 1.0] [--direct-ms 1.8] [--capture-ms 0.4] [--split]
-        [--real] [--gpu-layers 0] [--threads 2]
+        [--real] [--gpu-layers 0] [--threads 2] [--python-free]
 
 `--split` also says where a decode step's time went, plain against adaptive: the modelled decode (and
 how many steps ran without a graph), the engine's own Python (everything else, real time), and of it
@@ -20,6 +20,14 @@ the garbage collector's pauses (engine/runtime/heap.py). `--real` keeps the real
 included (`--gpu-layers -1 --threads 8` on a lent GPU: bench/gpu_lookup.sh), and the split then says
 what the engine's Python costs beside a real decode (the graph-less share is still llama.cpp's rule
 applied to the steps' shapes).
+
+`--python-free` counts the modelled decode alone: the engine's Python costs nothing, so a look costs
+nothing (no drafter rests) and a tree's run is the same every time. It weighs the drafting decisions
+and the graph rule apart from this CPU's Python, whose real-time cost feeds back into the decisions and
+makes runs of one tree differ by more than most changes move them (one tree read 0.64x and 2.18x plain
+on one held-out prompt: docs/bench/speculative-decoding.md, session 22). Between two trees even plain
+decoding's figures move (what the runs before a prompt leave in the engine's caches differs), so a
+difference is still read over many prompts.
 
 Weigh a change on the tuned suite first (`--suite tuned`), then read the held-out one.
 """
@@ -120,15 +128,19 @@ def main() -> int:
     ap.add_argument("--real", action="store_true", help="the real clock, decode included (on a GPU)")
     ap.add_argument("--gpu-layers", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--python-free", action="store_true", help="count the modelled decode alone (deterministic)")
     args = ap.parse_args()
     if args.rounds < 1 or args.streams < 1 or min(args.replay_ms, args.direct_ms, args.capture_ms) < 0:
         ap.error("--rounds and --streams >= 1, times >= 0")
     if args.threads < 1 or args.gpu_layers < -1:
         ap.error("--threads >= 1, --gpu-layers >= -1")
-    from tests.engine.live import Live
+    if args.real and args.python_free:
+        ap.error("--real and --python-free: one clock or the other")
+    from tests.engine.live import Live, ModelClock
 
     table = {int(k): float(v) for k, v in next(iter(json.loads(TABLE_FILE.read_text()).values())).items()}
-    clock = GraphClock(table, args.replay_ms / 1e3, args.direct_ms / 1e3, args.capture_ms / 1e3, real=args.real)
+    graph = GraphClock(table, args.replay_ms / 1e3, args.direct_ms / 1e3, args.capture_ms / 1e3, real=args.real)
+    clock: Any = ModelClock(graph.modelled) if args.python_free else graph
     live = Live(model_path("smollm2"), LoadSettings(n_ctx=4096 * args.streams, n_threads=args.threads,
                                                    n_threads_batch=args.threads, n_parallel=args.streams,
                                                    n_gpu_layers=args.gpu_layers), clock=clock, costs=table)
@@ -147,18 +159,18 @@ def main() -> int:
                         for i in range(args.streams)]
                 for s in seqs:
                     live.engine.submit(s)
-                first, n0, spent0 = None, 0, clock.spent
+                first, n0, spent0 = None, 0, graph.spent
                 pauses.key = ("", "")  # (prefill's pauses are not a decode step's)
                 while live.engine.busy:
                     live.engine.step()
                     if first is None and all(s.stats.n_gen >= 1 for s in seqs):  # decode only, from here
-                        first, n0, spent0 = clock(), sum(s.stats.n_gen for s in seqs), clock.spent
+                        first, n0, spent0 = clock(), sum(s.stats.n_gen for s in seqs), graph.spent
                         pauses.key = (w.category, mode)
                 pauses.key = ("", "")
                 n = sum(s.stats.n_gen for s in seqs) - n0
                 rate = n / (clock() - first) if first is not None and n > 0 else 0.0
                 if first is not None:
-                    got = [clock() - first] + [a - b for a, b in zip(clock.spent, spent0)] + [n]
+                    got = [clock() - first] + [a - b for a, b in zip(graph.spent, spent0)] + [n]
                     split[(w.category, mode)] = [a + b for a, b in zip(split.get((w.category, mode), [0.0] * 5), got)]
                 res.setdefault((w.category, mode), []).append(
                     (rate, sum(s.stats.drafted for s in seqs), sum(s.stats.accepted for s in seqs)))
@@ -168,7 +180,7 @@ def main() -> int:
     live.close()
     on = f"the real clock ({args.gpu_layers} GPU layers, {args.threads} threads)" if args.real else \
         f"a modelled GPU clock (one-row step: replayed {args.replay_ms} ms, graph-less {args.direct_ms} ms, " \
-        f"capture +{args.capture_ms} ms)"
+        f"capture +{args.capture_ms} ms{'; the Python free' if args.python_free else ''})"
     print(f"SmolLM2 on {on}, {args.streams} stream(s), {args.rounds} rounds, medians")
     clocked = "real" if args.real else "modelled"
     for c in dict.fromkeys(w.category for w in ws):
