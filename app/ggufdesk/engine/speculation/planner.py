@@ -73,7 +73,7 @@ class DraftPlanner:
             return
         turn = self._turn % len(rows)
         self._turn += 1
-        # a drafter dozing this step is a plain row with nothing to bill: most steps of free text every
+        # a drafter dozing this step is a plain row with nothing to bill: in many steps of free text every
         # drafter dozes, and then nothing is priced (beside three others a GPU step's few percent)
         awake = [r for r in rows[turn:] + rows[:turn] if not self._dozes(r.seq)]
         if not awake:
