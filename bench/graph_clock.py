@@ -26,7 +26,7 @@ nothing (no drafter rests) and a tree's run is the same every time. It weighs th
 and the graph rule apart from this CPU's Python, whose real-time cost feeds back into the decisions and
 makes runs of one tree differ by more than most changes move them (one tree read 0.64x and 2.18x plain
 on one held-out prompt: docs/bench/speculative-decoding.md, session 22). Between two trees even plain
-decoding's figures move (what the runs before a prompt leave in the engine's caches differs), so a
+decoding's figures move (presumably what the runs before a prompt leave in the engine's caches), so a
 difference is still read over many prompts.
 
 Weigh a change on the tuned suite first (`--suite tuned`), then read the held-out one.
