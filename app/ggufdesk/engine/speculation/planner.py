@@ -92,8 +92,7 @@ class DraftPlanner:
                    part: int) -> None:
         """Each drafter awake in turn: a plain row while it does not look, else drafted."""
         # the first draft to change the step's shape pays what the change costs the steps after it (a
-        # prompt chunk changes the shape anyway); priced only when a drafter looks (most steps of free
-        # text none does, and beside three others their bookkeeping is a GPU step's few percent)
+        # prompt chunk changes the shape anyway); priced only when a drafter looks
         steady, change = total, None
         for r in rows:
             d = r.seq.drafter
@@ -192,7 +191,7 @@ class DraftPlanner:
             return
         scale = 1.0
         if result.n_prompt == 0:
-            predicted = self.costs.predict(result.rows)
+            predicted = self.costs.predict(result.rows) if self._bills else None  # (a bill's scale)
             self.costs.observe(result.rows, result.seconds)
             if predicted:
                 scale = result.seconds / predicted
