@@ -11,7 +11,7 @@ from ggufdesk.engine.batching.sequence import SequenceStatus
 from ggufdesk.engine.runtime.native import LlamaLog
 from ggufdesk.engine.speculation.draft_model import DraftModel, DraftModelDrafter
 from ggufdesk.engine.speculation.lookup import NgramCache
-from tests.engine.live import Live
+from tests.engine.live import Live, ModelClock
 from tests.fixtures import ggufs
 
 SETTINGS = LoadSettings(n_ctx=2048, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, n_parallel=4, flash_attn="off",
@@ -224,3 +224,37 @@ def test_a_cancel_during_a_step_with_an_accepted_draft(live, self_draft):
     assert seq.status is SequenceStatus.FINISHED_CANCELLED and seq.status.finished
     assert last_slot(live).tokens == prompt + r.tokens  # all it showed (it had been decoded); not the second draft
     live.check_kv()
+
+
+class GraphCost:
+    """A GPU-like clock (tests/engine/live.py ModelClock's cost): llama.cpp's CUDA graph is replayed
+    only for a step shaped like the two before it; replayed, eight rows cost what one does."""
+
+    def __init__(self) -> None:
+        self.shapes = [(0, 0), (0, 0)]
+
+    def __call__(self, rows: int, logits: int) -> float:
+        shape = (rows, logits)
+        before, last = self.shapes[-2:]
+        self.shapes.append(shape)
+        ratio = 1.0 if rows <= 8 else 1.6
+        return 0.001 * ratio if shape == last == before else 0.0018 * ratio + 0.0004 * (shape == last)
+
+
+def test_steps_padded_to_keep_their_shape_decode_as_plain_decoding_does(live):
+    """Where a replayed shape costs no more with more rows, the planner pads steps to the shape of the
+    steps before (filler rows, verified like drafts): the answers stay plain decoding's, the cache too."""
+    gpu = Live(live.lm.path, SETTINGS, costs={k: 1.0 if k <= 7 else 1.6 for k in range(1, 17)},
+               clock=ModelClock(GraphCost()))
+    try:
+        pads: list[int] = []
+        planner = gpu.engine.drafts
+        pad = planner._pad
+        planner._pad = lambda order, n, budget: (pad(order, n, budget), pads.append(sum(r.pad for r in order)))
+        lookups = [gpu.lookup(gpu.tokens(p), history=misleading(live.answers[i]), adaptive=True, k_max=16)
+                   for i, p in enumerate(PROMPTS)]
+        rs = gpu.run(*[gpu.sequence(p, N, drafter=lookups[i]) for i, p in enumerate(PROMPTS)], on_step=Live.check_kv)
+        assert [r.tokens for r in rs] == live.answers
+        assert sum(pads) > 0, pads  # filler rows were verified (and rolled back, or kept where they matched)
+    finally:
+        gpu.close()

@@ -188,3 +188,80 @@ def test_on_a_gpu_like_clock_a_copy_still_drafts():
     prompt = [1, *text, 2]
     plain = loop(text, prompt, lookup=False)
     assert loop(text, prompt, lookup=True) < plain / 3
+
+
+# ---- holding a shape: padding a step to the run's count instead of leaving the run ----------------
+
+def settled(sc: ShapeCosts, top_s: float, fell: tuple[float, float] = (0.008, 0.012)) -> None:
+    """Four-row steps 10 ms steady, `fell` more at the first two steps after a change; then a run of
+    eight rows that has settled at `top_s`."""
+    for _ in range(3):
+        run_of(sc, 4, [0.010 + fell[0], 0.010 + fell[1], 0.010, 0.010])
+        sc.step(8, 0.020)
+    run_of(sc, 4, [0.010 + fell[0], 0.010 + fell[1], 0.010])
+    run_of(sc, 8, [0.020, 0.020, top_s, top_s])
+
+
+def test_a_run_is_held_where_its_count_costs_no_more_than_leaving_it():
+    flat = lambda rows: 1.0  # noqa: E731  (the table: four and eight rows cost the kernels alike)
+    gpu = ShapeCosts()
+    settled(gpu, 0.010)
+    assert gpu.hold(4, 1, flat) and gpu.hold(4, 1000, flat)  # a replayed graph: held whatever comes next
+    dear = ShapeCosts()
+    settled(dear, 0.014)  # eight rows 4 ms dearer: held only while a draft would come back soon
+    assert dear.hold(4, 1, flat) and not dear.hold(4, 10, flat)
+    cpu = ShapeCosts()  # each row costs, a change almost nothing: never held
+    settled(cpu, 0.016, fell=(0.0005, 0.0002))
+    assert not cpu.hold(4, 1, flat)
+    assert not cpu.hold(8, 1, flat) and not ShapeCosts().hold(4, 1, flat)  # nothing to hold, nothing measured
+
+
+def test_a_count_not_measured_is_scaled_from_the_nearest_one_by_the_table():
+    sc = ShapeCosts()
+    settled(sc, 0.010)
+    sc.step(3, 0.020)  # a client finished: three rows never ran steadily, nor after a change
+    run_of(sc, 8, [0.020, 0.020, 0.010])
+    table = {3: 1.0, 4: 1.0, 8: 1.0}
+    assert sc.hold(3, 1000, table.__getitem__)  # three rows as dear as four, a change to three as one to four
+    table[8] = 2.0  # eight rows twice three's (its steady measured, three's scaled from it): held only
+    assert sc.hold(3, 1, table.__getitem__) and not sc.hold(3, 10, table.__getitem__)  # while drafts come soon
+
+
+def holding(n_outputs: int = 17):
+    """A planner whose last steps ran eight rows (a draft beside four decode rows) and whose counts
+    cost alike when replayed (a GPU-like clock), with drafts every few steps."""
+    costs = StepCosts({k: 1.0 if k <= 7 else 1.6 for k in range(1, 17)})  # from nine rows on, dearer
+    costs.observe(4, 0.010)
+    pl = planner(costs, n_outputs=n_outputs)
+    settled(pl.shapes, 0.010)
+    pl._gap = 2.0  # (what settle keeps from steps with drafts outside a hold)
+    return pl
+
+
+def test_a_held_step_is_padded_and_the_pads_are_no_drafters():
+    pl = holding()
+    d = Fixed([])  # looks, finds nothing
+    p = Plan(decode=[DecodeRow(seq(0, d)), *[DecodeRow(seq(i)) for i in range(1, 4)]], prefill=None, chunk=0)
+    pl.plan(p)
+    assert p.decode_rows == 8 and sum(r.pad for r in p.decode) == 4 and pl._held == 8
+    assert all(c == pytest.approx(1.0) for k, c in d.control.costs.items() if k <= 4)  # inside the hold: free
+    assert d.control.costs[5] == pytest.approx(1.0 + 0.006 / 0.0025)  # beyond it: what the ninth row adds
+    padded = next(r for r in p.decode if r.pad)
+    assert padded.draft == [padded.seq.last] * padded.pad  # filler, verified like any draft
+    outs = [SeqOutput(seq=r.seq, accepted=1 if r.pad else 0) for r in p.decode]  # one filler row matched
+    pl.settle(p, StepResult(outputs=outs, seconds=0.010, rows=8, n_prompt=0))
+    assert d.fed[-1][:2] == (0, 0) and p.decode[0].seq.stats.drafted == 0  # nobody's drafts, nobody's bill
+    assert pl._gap == 2.0  # a hold says nothing of how often drafts change the shape
+
+
+def test_a_step_is_not_held_without_room_nor_beside_a_prompt_chunk():
+    pl = holding(n_outputs=6)  # two draft rows reserved: eight rows cannot be reached
+    p = Plan(decode=[DecodeRow(seq(0, Fixed([]))), *[DecodeRow(seq(i)) for i in range(1, 4)]], prefill=None, chunk=0)
+    pl.plan(p)
+    assert p.decode_rows == 4 and pl._held == 0
+    pl = holding()
+    waiting = seq(9)
+    waiting.prompt = list(range(1, 50))
+    p = Plan(decode=[DecodeRow(seq(0, Fixed([]))), *[DecodeRow(seq(i)) for i in range(1, 4)]], prefill=waiting, chunk=8)
+    pl.plan(p)
+    assert p.decode_rows == 4 and pl._held == 0  # a chunk changes the shape anyway

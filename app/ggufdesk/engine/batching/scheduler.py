@@ -43,6 +43,7 @@ class DecodeRow(Generic[S]):
     seq: S
     forced: list[int] = field(default_factory=list)
     draft: list[int] = field(default_factory=list)
+    pad: int = 0  # of the draft, filler rows at its end that keep the step's shape (engine/speculation/planner.py)
 
     @property
     def rows(self) -> int:

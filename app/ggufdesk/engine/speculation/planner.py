@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from ggufdesk.engine.batching.runner import StepResult
 from ggufdesk.engine.batching.scheduler import DecodeRow, Plan
 from ggufdesk.engine.batching.sequence import Sequence, SequenceStatus
-from ggufdesk.engine.speculation.shape_cost import ShapeCosts
+from ggufdesk.engine.speculation.shape_cost import EMA, ShapeCosts
 from ggufdesk.engine.speculation.step_cost import StepCosts
 
 
@@ -61,39 +61,79 @@ class DraftPlanner:
         self.n_outputs, self.n_batch, self.n_ctx = n_outputs, n_batch, n_ctx
         self.set_batch, self.clock = set_batch, clock
         self._turn = 0
+        self._since = 0  # steps since a drafter drafted
+        self._gap: float | None = None  # steps between two steps with drafts (EMA), None before two
+        self._drafted = False
+        self._held = 0  # the rows this step was padded to (0: none)
         self._bills: dict[int, _Bill] = {}  # id(decode row) -> its bill, for this step
         self._drafters = False  # has this step a drafter in it (asleep or not)?
 
     def plan(self, plan: Plan[Sequence]) -> None:
         """Give the plan's decode rows their drafts (and mark them VERIFYING)."""
         self._bills.clear()
+        self._held = 0
         rows = [r for r in plan.decode if r.seq.drafter is not None]
         self._drafters = bool(rows)
         if not rows:
             return
         turn = self._turn % len(rows)
         self._turn += 1
+        order = rows[turn:] + rows[:turn]
         # a drafter dozing this step is a plain row with nothing to bill: in many steps of free text every
         # drafter dozes, and then nothing is priced (beside three others a GPU step's few percent)
-        awake = [r for r in rows[turn:] + rows[:turn] if not self._dozes(r.seq)]
-        if not awake:
-            return
+        awake = [r for r in order if not self._dozes(r.seq)]
         n = len(plan.decode)
         p = plan.prefill
         part = 0 if p is None else min(plan.chunk, len(p.prompt) - p.n_done)
         completes = p is not None and p.n_done + part == len(p.prompt)  # its last row wants logits too
         decode_rows = plan.decode_rows
         budget = min(self.n_outputs - n - int(completes), self.n_batch - decode_rows - part)
-        plain = self.costs.predict(n)
         total = decode_rows + int(completes)  # rows with logits: the prompt's other rows add the same to every k
-        self._draft_all(awake, budget, total, plain / n if plain else None, part)
+        hold = self._held = self._hold(order, total, budget) if part == 0 else 0
+        if awake:
+            plain = self.costs.predict(n)
+            used = self._draft_all(awake, budget, total, plain / n if plain else None, part, hold)
+            budget, total = budget - used, total + used
+        if hold > total:
+            self._pad(order, hold - total, budget)
+
+    def _hold(self, order: list[DecodeRow[Sequence]], total: int, budget: int) -> int:
+        """The row count to pad this step to, to keep the last steps' shape (0: none)."""
+        top = self.shapes.rows
+        if top <= total or top - total > budget or self._gap is None:
+            return 0
+        if sum(self._room(r, budget) for r in order) < top - total:
+            return 0  # the rows cannot be padded that far
+        return top if self.shapes.hold(total, max(self._gap, self._since), self.costs.shape) else 0
+
+    def _pad(self, order: list[DecodeRow[Sequence]], n: int, budget: int) -> None:
+        """n filler rows after the drafts of the rows in `order` with room: verified like drafts (one
+        that matches is a token like any), not the drafters' (neither billed nor counted as theirs)."""
+        if n > budget:
+            return
+        fits = []
+        for r in order:
+            room = min(self._room(r, budget + len(r.draft)) - len(r.draft), budget)
+            if room > 0:
+                fits.append((r, min(room, n)))
+                n -= fits[-1][1]
+                if n == 0:
+                    break
+        if n:
+            return  # not enough room: the step changes shape anyway
+        for r, k in fits:
+            last = r.draft[-1] if r.draft else r.seq.last
+            r.draft.extend([last] * k)
+            r.pad = k
+            r.seq.status = SequenceStatus.VERIFYING
 
     def _draft_all(self, rows: list[DecodeRow[Sequence]], budget: int, total: int, share: float | None,
-                   part: int) -> None:
-        """Each drafter awake in turn: a plain row while it does not look, else drafted."""
+                   part: int, hold: int) -> int:
+        """Each drafter awake in turn: a plain row while it does not look, else drafted. The rows drafted."""
         # the first draft to change the step's shape pays what the change costs the steps after it (a
-        # prompt chunk changes the shape anyway); priced only when a drafter looks
-        steady, change = total, None
+        # prompt chunk changes the shape anyway); priced only when a drafter looks. Rows up to `hold`
+        # (padded to anyway) cost nothing and change nothing.
+        steady, change, used = max(total, hold), None, 0
         for r in rows:
             d = r.seq.drafter
             assert d is not None
@@ -101,10 +141,12 @@ class DraftPlanner:
                 self._rest(r, share)
                 continue
             if change is None:
-                change = self.shapes.penalty(total) if part == 0 else 0.0
-            used = self._draft(r, budget, total, share, change if total == steady else 0.0)
-            budget -= used
-            total += used
+                change = self.shapes.penalty(steady) if part == 0 else 0.0
+            k = self._draft(r, budget, total, share, change if total <= steady else 0.0, hold)
+            budget -= k
+            total += k
+            used += k
+        return used
 
     @staticmethod
     def _dozes(s: Sequence) -> bool:
@@ -131,13 +173,14 @@ class DraftPlanner:
         r.seq.status = SequenceStatus.DECODING
         self._bills[id(r)] = _Bill(share or 1.0, 0.0, 0.0, 0.0)
 
-    def _draft(self, r: DecodeRow[Sequence], budget: int, total: int, share: float, after: float) -> int:
+    def _draft(self, r: DecodeRow[Sequence], budget: int, total: int, share: float, after: float,
+               hold: int) -> int:
         """Price r's draft rows beside the `total` rows planned so far (and `after`, what any draft costs
         the steps after this one), let its drafter choose, propose (its drafter's k is above 0)."""
         s, d = r.seq, r.seq.drafter
         assert d is not None
         room = self._room(r, budget)
-        base = self.costs.predict(total)
+        base = self.costs.predict(max(total, hold))
         draft: list[int] = []
         spent = 0.0
         extra = 0.0
@@ -145,17 +188,18 @@ class DraftPlanner:
             t = self.clock()
             # k drafts cost what they add to the step and after it, in units of the sequence's share of the step
             ks = [k for k in self.costs.lengths(d.control.k_max) if k <= room] or [1]
-            d.control.price({k: 1.0 + (self._predict(total + k) - base + after) / share for k in ks}, share)
+            d.control.price({k: 1.0 + (self._predict(max(total + k, hold)) - base + after * (total + k > hold)) / share
+                             for k in ks}, share)
             k = min(d.k, room)
             setup = 0.0
             if k > 0:
                 draft = self._propose(s, k)
-                extra = self._predict(total + len(draft)) - base
+                extra = self._predict(max(total + len(draft), hold)) - base
                 setup = d.setup_s
             spent = max(self.clock() - t - setup, 0.0)  # the look: pricing and proposing
         r.draft = draft
         s.status = SequenceStatus.VERIFYING if draft else SequenceStatus.DECODING
-        self._bills[id(r)] = _Bill(share, extra, after * bool(draft), spent)
+        self._bills[id(r)] = _Bill(share, extra, after * (bool(draft) and total + len(draft) > hold), spent)
         return len(draft)
 
     def _room(self, r: DecodeRow[Sequence], budget: int) -> int:
@@ -182,6 +226,16 @@ class DraftPlanner:
         assert t is not None
         return t
 
+    def _count(self, plan: Plan[Sequence]) -> None:
+        """How often drafts change the step's shape anyway (what a hold saves for). Drafts inside a
+        hold cost nothing and say nothing of it, so a hold that costs its steps something ends once
+        it has cost what leaving the run would."""
+        self._since += 1
+        if not self._held and any(len(r.draft) > r.pad for r in plan.decode):
+            if self._drafted:
+                self._gap = self._since if self._gap is None else self._gap + EMA * (self._since - self._gap)
+            self._drafted, self._since = True, 0
+
     def settle(self, plan: Plan[Sequence], result: StepResult) -> None:
         """The step ran: learn its cost and tell each drafter what it got and what it paid. (Steps
         without a drafter in them are not learnt from: a drafter's first step is a plain one; every
@@ -189,6 +243,7 @@ class DraftPlanner:
         self.shapes.step(result.rows, result.seconds if result.n_prompt == 0 else None)
         if not self._drafters:  # (drafters asleep still learn the step's cost)
             return
+        self._count(plan)
         scale = 1.0
         if result.n_prompt == 0:
             predicted = self.costs.predict(result.rows) if self._bills else None  # (a bill's scale)
@@ -203,11 +258,13 @@ class DraftPlanner:
             if s.drafter is None or bill is None:
                 continue
             out = outputs[id(s)]
+            drafted = len(r.draft) - r.pad
+            accepted = min(out.accepted, drafted)
             cost = (scale * (bill.share + bill.extra) + bill.after + bill.drafting) / bill.share
-            s.drafter.feedback(len(r.draft), out.accepted, cost, bill.drafting / bill.share)
+            s.drafter.feedback(drafted, accepted, cost, bill.drafting / bill.share)
             st = s.stats
-            st.drafted += len(r.draft)
-            st.drafts += 1 if r.draft else 0
-            st.accepted += out.accepted
+            st.drafted += drafted
+            st.drafts += 1 if drafted else 0
+            st.accepted += accepted
             st.draft_len, st.speculation = s.drafter.k, s.drafter.status
             s.drafter.control.dozing = s.drafter.control.idle()  # skipped until then (0: asked next step)

@@ -19,8 +19,16 @@ A run that starts after a prompt chunk is not measured: what that chunk costs th
 a draft's doing. Where the steps after a change cost about what the others do the charge is small
 (the 2-core CPU: the first one-row step after a draft 3-8% dearer, 0.03-0.12 plain steps in all,
 bench/shape_cost.py), and on a modelled clock, where they cost exactly the same, it is nothing.
+
+The same measurements say when not to change the shape at all (`hold`): after a draft, a step that
+needs fewer rows than the run before it can be padded to the run's count (engine/speculation/
+planner.py). Held, each step pays what that count costs steadily over its own until a draft would
+change the shape anyway (`gap` steps, measured by the planner); left, the next steps pay the change.
 """
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
 
 # Steps after a change of shape measured apart, then steady: llama.cpp's CUDA backend captures a
 # graph on the second step of a shape and replays it from the third.
@@ -79,3 +87,40 @@ class ShapeCosts:
             return 0.0
         a = self.age(rows)
         return sum(known[j - 1] - (known[a + j - 1] if a + j <= AFTER else 0.0) for j in range(1, AFTER + 1))
+
+    def hold(self, rows: int, gap: float, shape: Callable[[int], float]) -> bool:
+        """Does padding a step of `rows` rows up to the current run's count cost less than leaving the
+        run? Held, each of the next `gap` steps (until a draft would change the shape anyway) pays
+        what the run's count costs steadily over `rows`'s, and the run finishes settling; left, the
+        steps at `rows` pay its change. A count not measured (steady, or every age of a change) is
+        scaled from the nearest measured one by `shape`, the verification table's cost of a count
+        (as engine/speculation/step_cost.py predicts a count from another)."""
+        top = self.rows
+        if top <= rows:
+            return False
+        s_top, s_mine = self._steady(top), self._steady(rows)
+        if s_top is None and s_mine is None:
+            return False
+        s_mine = s_mine if s_mine is not None else s_top * shape(rows) / shape(top)  # type: ignore[operator]
+        s_top = s_top if s_top is not None else s_mine * shape(top) / shape(rows)
+        fell = self._change(rows, shape)
+        if fell is None:
+            return False
+        est = self._change(top, shape) or fell
+        up = [x if x is not None else e for x, e in zip(self.excess.get(top) or est, est)]
+        settling = sum(up[min(self.run, AFTER):])  # the run's change is paid; what is left of its settling
+        return gap * (s_top - s_mine) + settling < sum(fell)
+
+    def _steady(self, rows: int) -> float | None:
+        got = self.steady.get(rows)
+        return got[0] if got is not None and self.steps - got[1] <= FRESH else None
+
+    def _change(self, rows: int, shape: Callable[[int], float]) -> list[float] | None:
+        """What a change to `rows` costs the steps 1 .. AFTER into the new run: measured, else scaled
+        from the nearest count measured at every age (None: none is)."""
+        known = [(abs(math.log(r / rows)), r) for r, x in self.excess.items() if None not in x]
+        if not known:
+            return None
+        _, r = min(known)
+        f = shape(rows) / shape(r)
+        return [x * f for x in self.excess[r]]  # type: ignore[operator]
