@@ -65,13 +65,14 @@ class DraftPlanner:
         self._gap: float | None = None  # steps between two steps with drafts (EMA), None before two
         self._drafted = False
         self._held = 0  # the rows this step was padded to (0: none)
+        self._drafting = False  # did a drafter draft this step?
         self._bills: dict[int, _Bill] = {}  # id(decode row) -> its bill, for this step
         self._drafters = False  # has this step a drafter in it (asleep or not)?
 
     def plan(self, plan: Plan[Sequence]) -> None:
         """Give the plan's decode rows their drafts (and mark them VERIFYING)."""
         self._bills.clear()
-        self._held = 0
+        self._held, self._drafting = 0, False
         rows = [r for r in plan.decode if r.seq.drafter is not None]
         self._drafters = bool(rows)
         if not rows:
@@ -83,17 +84,19 @@ class DraftPlanner:
         # drafter dozes, and then nothing is priced (beside three others a GPU step's few percent)
         awake = [r for r in order if not self._dozes(r.seq)]
         n = len(plan.decode)
+        if not awake and self.shapes.rows <= n:
+            return  # nothing to draft and no larger shape to hold
+        decode_rows = plan.decode_rows
         p = plan.prefill
         part = 0 if p is None else min(plan.chunk, len(p.prompt) - p.n_done)
         completes = p is not None and p.n_done + part == len(p.prompt)  # its last row wants logits too
-        decode_rows = plan.decode_rows
         budget = min(self.n_outputs - n - int(completes), self.n_batch - decode_rows - part)
         total = decode_rows + int(completes)  # rows with logits: the prompt's other rows add the same to every k
         hold = self._held = self._hold(order, total, budget) if part == 0 else 0
         if awake:
             plain = self.costs.predict(n)
             used = self._draft_all(awake, budget, total, plain / n if plain else None, part, hold)
-            budget, total = budget - used, total + used
+            budget, total, self._drafting = budget - used, total + used, used > 0
         if hold > total:
             self._pad(order, hold - total, budget)
 
@@ -226,12 +229,12 @@ class DraftPlanner:
         assert t is not None
         return t
 
-    def _count(self, plan: Plan[Sequence]) -> None:
+    def _count(self) -> None:
         """How often drafts change the step's shape anyway (what a hold saves for). Drafts inside a
         hold cost nothing and say nothing of it, so a hold that costs its steps something ends once
         it has cost what leaving the run would."""
         self._since += 1
-        if not self._held and any(len(r.draft) > r.pad for r in plan.decode):
+        if self._drafting and not self._held:
             if self._drafted:
                 self._gap = self._since if self._gap is None else self._gap + EMA * (self._since - self._gap)
             self._drafted, self._since = True, 0
@@ -243,7 +246,7 @@ class DraftPlanner:
         self.shapes.step(result.rows, result.seconds if result.n_prompt == 0 else None)
         if not self._drafters:  # (drafters asleep still learn the step's cost)
             return
-        self._count(plan)
+        self._count()
         scale = 1.0
         if result.n_prompt == 0:
             predicted = self.costs.predict(result.rows) if self._bills else None  # (a bill's scale)
