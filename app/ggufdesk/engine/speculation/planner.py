@@ -21,13 +21,19 @@ one, times its share plus what its rows added, plus its drafting time, plus what
 steps after it: the first draft that changes a step's shape from the run of steps before it is charged
 what the next steps pay for the change (engine/speculation/shape_cost.py: 0.03-0.12 plain steps on
 the 2-core CPU; on a GPU whose one-row steps replay a CUDA graph, by llama.cpp's source, the graph-less
-steps it causes, not yet measured on one). The controllers keep their own ways back from a pause
-(engine/speculation/adaptive.py, evidence.py): no price makes them stop for good. A drafter whose
-controller will not look for a while whatever the steps say (resting between looks, paused,
-disabled: `DraftLength.idle`) is skipped until then and told afterwards how many tokens were
-written: beside three others on a GPU, drafters that only kept count cost a one-millisecond step
-some percent (bench/bookkeeping.py). Sequences take turns at the front of the queue for rows, so a
-long drafter cannot starve the others.
+steps it causes, not yet measured on one). Where the steps before ran more rows than this one needs
+(a draft beside the decode rows) and holding that count costs less than leaving it (`ShapeCosts.hold`,
+from measured steps: on a GPU a replayed graph of eight rows may cost what one of four does and a
+change several plain steps; on the 2-core CPU every row costs and a change almost nothing), the step
+is padded to it, as vLLM pads a batch to a captured graph's size: drafts inside it cost nothing, and
+rows no drafter fills carry filler (the row's last token again), verified like drafts (one that
+matches is a token like any) and neither billed nor counted as any drafter's. The controllers keep
+their own ways back from a pause (engine/speculation/adaptive.py, evidence.py): no price makes them
+stop for good. A drafter whose controller will not look for a while whatever the steps say (resting
+between looks, paused, disabled: `DraftLength.idle`) is skipped until then and told afterwards how
+many tokens were written: beside three others on a GPU, drafters that only kept count cost a
+one-millisecond step some percent (bench/bookkeeping.py). Sequences take turns at the front of the
+queue for rows, so a long drafter cannot starve the others.
 """
 from __future__ import annotations
 
