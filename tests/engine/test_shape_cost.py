@@ -214,6 +214,8 @@ def test_a_run_is_held_where_its_count_costs_no_more_than_leaving_it():
     settled(cpu, 0.016, fell=(0.0005, 0.0002))
     assert not cpu.hold(4, 1, flat)
     assert not cpu.hold(8, 1, flat) and not ShapeCosts().hold(4, 1, flat)  # nothing to hold, nothing measured
+    gpu.step(12, None)  # a prompt chunk beside the decode rows: its rows have no logits, no draft keeps them
+    assert not gpu.hold(4, 1, flat)
 
 
 def test_a_count_not_measured_is_scaled_from_the_nearest_one_by_the_table():

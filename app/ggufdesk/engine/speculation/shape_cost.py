@@ -96,7 +96,7 @@ class ShapeCosts:
         scaled from the nearest measured one by `shape`, the verification table's cost of a count
         (as engine/speculation/step_cost.py predicts a count from another)."""
         top = self.rows
-        if top <= rows:
+        if top <= rows or not self.decoded:  # (a prompt chunk's rows are not a shape drafts can keep)
             return False
         s_top, s_mine = self._steady(top), self._steady(rows)
         if s_top is None and s_mine is None:
