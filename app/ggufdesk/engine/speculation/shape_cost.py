@@ -67,11 +67,11 @@ class ShapeCosts:
             old = self.steady.get(rows)
             self.steady[rows] = (seconds if old is None else old[0] + EMA * (seconds - old[0]), self.steps)
             return
-        steady = self.steady.get(rows)
-        if not self.measured or steady is None or self.steps - steady[1] > FRESH:
+        steady = self._steady(rows)
+        if not self.measured or steady is None:
             return
         by_age = self.excess.setdefault(rows, [None] * AFTER)
-        old_x, x = by_age[age - 1], seconds - steady[0]
+        old_x, x = by_age[age - 1], seconds - steady
         by_age[age - 1] = x if old_x is None else old_x + EMA * (x - old_x)
 
     def penalty(self, rows: int) -> float:
@@ -112,6 +112,7 @@ class ShapeCosts:
         return gap * (s_top - s_mine) + settling < sum(fell)
 
     def _steady(self, rows: int) -> float | None:
+        """The steady seconds of `rows` rows, if measured at most FRESH steps ago."""
         got = self.steady.get(rows)
         return got[0] if got is not None and self.steps - got[1] <= FRESH else None
 
