@@ -59,15 +59,18 @@ def greedy(n: int) -> SamplingSettings:
 
 
 def stream_times(client: EngineClient, rid: str, t0: float, out: dict) -> None:
-    """Collect (token arrival times, done) of one request."""
+    """Collect (token arrival times, done, the final stats' drafting counts) of one request."""
     times: list[float] = []
+    drafts = {"n_gen": 0, "drafted": 0, "accepted": 0}
     for ev in client.stream(rid):
         if isinstance(ev, P.Token):
             times.append(time.perf_counter())
+        elif isinstance(ev, P.Stats) and ev.final:
+            drafts = {"n_gen": ev.n_gen, "drafted": ev.drafted, "accepted": ev.accepted}
         elif isinstance(ev, P.Error):
             out[rid] = {"error": f"{ev.kind}: {ev.message}"}
             return
-    out[rid] = {"t0": t0, "times": times}
+    out[rid] = {"t0": t0, "times": times, **drafts}
 
 
 def run_together(client: EngineClient, prompts: list[str], gen: int, *, sampling: list[dict] | None = None,
@@ -114,12 +117,13 @@ def four_clients(client: EngineClient, r: int, work: list, tokens: int, lookup: 
 
 
 def four_clients_loop(client: EngineClient, r: int, work: list, tokens: int, lookup: bool,
-                      per_client: int = 3) -> float:
+                      per_client: int = 3, tally: dict[str, int] | None = None) -> float:
     """Round r: 4 clients, each sending `per_client` prompts of `work` one after another (the next as
     soon as its answer ends, as an agent or a script does), so 4 requests run at every moment of the
     window measured: from the moment all four clients have their first token until the first client
     has its last. Tokens of every request in that window over its length. (busy_rate's single wave
-    ends with a tail at fewer than 4 streams, and only where lookup finishes some streams early.)"""
+    ends with a tail at fewer than 4 streams, and only where lookup finishes some streams early.)
+    `tally` adds up the requests' tokens, drafted and accepted draft tokens."""
     spec = {"mode": "lookup", "adaptive": True, "lookup_history": False} if lookup else {"mode": "off"}
     times: list[list[float]] = [[] for _ in range(4)]
     errors: list[str] = []
@@ -136,6 +140,9 @@ def four_clients_loop(client: EngineClient, r: int, work: list, tokens: int, loo
                 errors.append(out[rid]["error"])
                 return
             times[i] += out[rid]["times"]
+            for key in ("n_gen", "drafted", "accepted"):
+                if tally is not None:
+                    tally[key] = tally.get(key, 0) + out[rid][key]
 
     threads = [threading.Thread(target=one_client, args=(i,)) for i in range(4)]
     for th in threads:
@@ -272,6 +279,7 @@ def main() -> int:
 
     inproc = Live(args.model, LoadSettings(n_ctx=4096, **base))
     rows: dict[str, list[float]] = {}
+    tallies: dict[str, dict[str, int]] = {"copy": {}, "free": {}}  # part 6's lookup runs: tokens, drafted, accepted
     n_long, n_system = len(inproc.tokens(text(LONG, "r0longA"))), len(inproc.tokens(text(SYSTEM, "r0system")))
 
     def add(key: str, v: float) -> None:
@@ -345,8 +353,10 @@ def main() -> int:
             # 6. 4 clients with and without lookup (order alternates by round)
             for lookup in (False, True) if r % 2 == 0 else (True, False):
                 name = "lookup" if lookup else "plain"
-                add(f"copy_{name}", four_clients_loop(serve, r, COPY_EDIT, args.max_tokens, lookup))
-                add(f"free_{name}", four_clients_loop(serve, r, FREE, args.max_tokens, lookup))
+                add(f"copy_{name}", four_clients_loop(serve, r, COPY_EDIT, args.max_tokens, lookup,
+                                                      tally=tallies["copy"] if lookup else None))
+                add(f"free_{name}", four_clients_loop(serve, r, FREE, args.max_tokens, lookup,
+                                                      tally=tallies["free"] if lookup else None))
                 add(f"copywave_{name}", four_clients(serve, r, COPY_EDIT, args.max_tokens, lookup))
                 add(f"freewave_{name}", four_clients(serve, r, FREE, args.max_tokens, lookup))
         print(f"round {r + 1}/{args.rounds} done (load average {os.getloadavg()[0]:.1f})", flush=True)
@@ -404,6 +414,20 @@ def main() -> int:
                 print(f"   {key}: the plain run's decode rows ({share:.1f} ms each) explain {decode:.0%} of its "
                       f"wall; with every step full of accepted drafts (a token at {best:.2f}x a decode row's "
                       f"share) and the rest unchanged, lookup could reach {1 / (1 - decode + decode * best):.2f}x")
+                # at the acceptance the lookup runs reached: their tokens cost (tokens - accepted) decode
+                # rows' shares plus every drafted row at part 1's price beside four (k = 8, the largest
+                # measured there; the lookup runs' steps carry about that many): what this host's row
+                # prices allow at that acceptance, and if no draft had been rejected
+                t = tallies[key]
+                if t.get("n_gen"):
+                    p8 = (vcost[8] - vcost[0]) / 8 / share
+                    n, a, d = t["n_gen"], t["accepted"], t["drafted"]
+                    at = ((n - a) + d * p8) / n
+                    none = ((n - a) + a * p8) / n
+                    print(f"   {key}, at the acceptance reached ({a} of {d} drafted accepted, {a / n:.0%} of {n} "
+                          f"tokens) and a draft row at {p8:.2f}x a decode row's share: a token at {at:.2f}x, "
+                          f"lookup could reach {1 / (1 - decode + decode * at):.2f}x; with no draft rejected "
+                          f"{1 / (1 - decode + decode * none):.2f}x")
         for key in ("copy", "free", "copywave", "freewave"):
             print(f"   {key} per round, plain / lookup: " + ", ".join(
                 f"{a:.1f} / {b:.1f}" for a, b in zip(rows[f"{key}_plain"], rows[f"{key}_lookup"], strict=True)))
