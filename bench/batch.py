@@ -140,8 +140,8 @@ def four_clients_loop(client: EngineClient, r: int, work: list, tokens: int, loo
                 errors.append(out[rid]["error"])
                 return
             times[i] += out[rid]["times"]
-            for key in ("n_gen", "drafted", "accepted"):
-                if tally is not None:
+            if tally is not None:
+                for key in ("n_gen", "drafted", "accepted"):
                     tally[key] = tally.get(key, 0) + out[rid][key]
 
     threads = [threading.Thread(target=one_client, args=(i,)) for i in range(4)]
@@ -409,25 +409,29 @@ def main() -> int:
             full = 16 + 1
             row_ms = min((vcost[k] - vcost[0]) / k for k in drafts if k)
             best = (vcost[0] + (full - 4) * row_ms) / full / share  # a token's cost then, in decode rows' shares
+            p8 = (vcost[8] - vcost[0]) / 8 / share  # a draft row beside four at k = 8, in decode rows' shares
             for key in ("copy", "free"):
                 decode = min(1.0, share / 1000 * m(f"{key}_plain"))
+
+                def reach(token: float, decode: float = decode) -> float:
+                    """lookup's ratio with a token at `token` decode rows' shares and the rest unchanged"""
+                    return 1 / (1 - decode + decode * token)
+
                 print(f"   {key}: the plain run's decode rows ({share:.1f} ms each) explain {decode:.0%} of its "
                       f"wall; with every step full of accepted drafts (a token at {best:.2f}x a decode row's "
-                      f"share) and the rest unchanged, lookup could reach {1 / (1 - decode + decode * best):.2f}x")
+                      f"share) and the rest unchanged, lookup could reach {reach(best):.2f}x")
                 # at the acceptance the lookup runs reached: their tokens cost (tokens - accepted) decode
                 # rows' shares plus every drafted row at part 1's price beside four (k = 8, the largest
                 # measured there; the lookup runs' steps carry about that many): what this host's row
                 # prices allow at that acceptance, and if no draft had been rejected
                 t = tallies[key]
                 if t.get("n_gen"):
-                    p8 = (vcost[8] - vcost[0]) / 8 / share
                     n, a, d = t["n_gen"], t["accepted"], t["drafted"]
                     at = ((n - a) + d * p8) / n
                     none = ((n - a) + a * p8) / n
                     print(f"   {key}, at the acceptance reached ({a} of {d} drafted accepted, {a / n:.0%} of {n} "
                           f"tokens) and a draft row at {p8:.2f}x a decode row's share: a token at {at:.2f}x, "
-                          f"lookup could reach {1 / (1 - decode + decode * at):.2f}x; with no draft rejected "
-                          f"{1 / (1 - decode + decode * none):.2f}x")
+                          f"lookup could reach {reach(at):.2f}x; with no draft rejected {reach(none):.2f}x")
         for key in ("copy", "free", "copywave", "freewave"):
             print(f"   {key} per round, plain / lookup: " + ", ".join(
                 f"{a:.1f} / {b:.1f}" for a, b in zip(rows[f"{key}_plain"], rows[f"{key}_lookup"], strict=True)))
