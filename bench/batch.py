@@ -5,7 +5,8 @@ threads (medians over rounds; the machine is shared, so read the ratios, not the
 
 1. step cost vs prefill chunk (in-process, low-level: 4 decode rows + C prompt rows in one
    llama_decode), and the cost of extra verification rows beside 4 decode rows (do lookup
-   drafts riding in a batch pay?);
+   drafts riding in a batch pay?), at a short context and at the copy/edit prompts' length (part 6's
+   bounds are priced there);
 2. aggregate tok/s with 1, 4 and 8 concurrent streams through the engine process, against the
    same batches driven in-process through the low-level API (a quiet machine: 79 / 118 / 178 tok/s);
 3. one stream: an engine loaded for 8 sequences vs one loaded for 1 (what `ggufdesk run` uses)
@@ -265,6 +266,20 @@ def main() -> int:
               + f"; each draft row costs {(vcost[8] - vcost[0]) / 8 / share:.2f}x a decode row's share at k=8, "
               + ", ".join(f"{(vcost[k] - vcost[0]) / k / share:.2f}x at k={k}" for k in (1, 2, 3))
               + " (an odd count of rows with logits can cost more than the even count above it)")
+        # the same where part 6 runs: beside four sequences as long as its copy/edit prompts (median, plus
+        # half an answer), at the even row counts its steps carry (bench/runs/2026-12-05: 6 to 16 rows).
+        # Attention over the longer context makes a row dearer, and part 6's bound is priced here.
+        ctx_len = int(statistics.median(len(low.lm.model.tokenize(w.prompt.encode(), True, True))
+                                        for w in COPY_EDIT)) + 64
+        low.reset(4, ctx_len)
+        long_k = (0, 2, 4, 8, 12)
+        lcost = {k: low.step_ms(4, k, extra_logits=True, reps=5) for k in long_k}
+        lshare = lcost[0] / 4
+        p_long = statistics.median((lcost[k] - lcost[0]) / k / lshare for k in long_k if k)
+        print(f"   the same beside four {ctx_len}-token sequences: "
+              + ", ".join(f"k={k}: {lcost[k]:.1f} ms" for k in long_k)
+              + f"; a draft row costs {p_long:.2f}x a decode row's share (median over k), "
+              + ", ".join(f"{(lcost[k] - lcost[0]) / k / lshare:.2f}x at k={k}" for k in long_k if k))
 
     # engines: n_parallel 8 (serve), n_parallel 1 (run)
     serve = EngineClient(auto_restart=False)
@@ -402,35 +417,33 @@ def main() -> int:
             wave = m(f"{key}wave_lookup") / m(f"{key}wave_plain")
             print(f"| {label} | {a:.1f} | {b:.1f} | {b / a:.2f}x | {target} | {wave:.2f}x |")
         if "1" in args.parts:
-            # what lookup could reach at best, at part 1's prices (an estimate that errs high): it only makes
-            # the decode rows' tokens cheaper, the rest of the wall (prompts' prefill, the loop) stays. At
-            # best every step is full, its rows with logits (K max 16 + 1, reserved at load) 4 decode rows
-            # and the rest accepted draft rows, each draft row at part 1's cheapest price
-            full = 16 + 1
-            row_ms = min((vcost[k] - vcost[0]) / k for k in drafts if k)
-            best = (vcost[0] + (full - 4) * row_ms) / full / share  # a token's cost then, in decode rows' shares
-            p8 = (vcost[8] - vcost[0]) / 8 / share  # a draft row beside four at k = 8, in decode rows' shares
+            # what lookup could reach at best, at part 1's prices where part 6 runs (copy/edit prompts'
+            # length): it only makes the decode rows' tokens cheaper, the rest of the wall (prompts' prefill,
+            # the loop) stays. At best every step is full: 4 decode rows and 12 accepted draft rows (16 rows,
+            # the even count below the 17 reserved at load, K max 16 + 1), as measured
+            best = lcost[12] / 16 / lshare  # a token's cost then, in decode rows' shares
             for key in ("copy", "free"):
-                decode = min(1.0, share / 1000 * m(f"{key}_plain"))
+                decode = min(1.0, lshare / 1000 * m(f"{key}_plain"))
 
                 def reach(token: float, decode: float = decode) -> float:
                     """lookup's ratio with a token at `token` decode rows' shares and the rest unchanged"""
                     return 1 / (1 - decode + decode * token)
 
-                print(f"   {key}: the plain run's decode rows ({share:.1f} ms each) explain {decode:.0%} of its "
+                print(f"   {key}: the plain run's decode rows ({lshare:.1f} ms each) explain {decode:.0%} of its "
                       f"wall; with every step full of accepted drafts (a token at {best:.2f}x a decode row's "
                       f"share) and the rest unchanged, lookup could reach {reach(best):.2f}x")
                 # at the acceptance the lookup runs reached: their tokens cost (tokens - accepted) decode
-                # rows' shares plus every drafted row at part 1's price beside four (k = 8, the largest
-                # measured there; the lookup runs' steps carry about that many): what this host's row
-                # prices allow at that acceptance, and if no draft had been rejected
+                # rows' shares plus every drafted row at the price beside four such sequences: what this
+                # host's row prices allow at that acceptance, and if no draft had been rejected. (Until
+                # 2026-12-05 this used k = 8 beside four 64-token sequences, 0.42x: a cheap count at a
+                # short context, which made the bound 1.38x where the steps part 6 runs allow about 1.2x.)
                 t = tallies[key]
                 if t.get("n_gen"):
                     n, a, d = t["n_gen"], t["accepted"], t["drafted"]
-                    at = ((n - a) + d * p8) / n
-                    none = ((n - a) + a * p8) / n
+                    at = ((n - a) + d * p_long) / n
+                    none = ((n - a) + a * p_long) / n
                     print(f"   {key}, at the acceptance reached ({a} of {d} drafted accepted, {a / n:.0%} of {n} "
-                          f"tokens) and a draft row at {p8:.2f}x a decode row's share: a token at {at:.2f}x, "
+                          f"tokens) and a draft row at {p_long:.2f}x a decode row's share: a token at {at:.2f}x, "
                           f"lookup could reach {reach(at):.2f}x; with no draft rejected {reach(none):.2f}x")
         for key in ("copy", "free", "copywave", "freewave"):
             print(f"   {key} per round, plain / lookup: " + ", ".join(
