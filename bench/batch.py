@@ -267,7 +267,7 @@ def main() -> int:
               + ", ".join(f"{(vcost[k] - vcost[0]) / k / share:.2f}x at k={k}" for k in (1, 2, 3))
               + " (an odd count of rows with logits can cost more than the even count above it)")
         # the same where part 6 runs: beside four sequences as long as its copy/edit prompts (median, plus
-        # half an answer), at the even row counts its steps carry (bench/runs/2026-12-05: 6 to 16 rows).
+        # half an answer), at the even row counts its steps carry (docs/bench/runs/2026-12-05: 6 to 16 rows).
         # Attention over the longer context makes a row dearer, and part 6's bound is priced here.
         ctx_len = int(statistics.median(len(low.lm.model.tokenize(w.prompt.encode(), True, True))
                                         for w in COPY_EDIT)) + 64
@@ -436,7 +436,7 @@ def main() -> int:
                 # rows' shares plus every drafted row at the price beside four such sequences: what this
                 # host's row prices allow at that acceptance, and if no draft had been rejected. (Until
                 # 2026-12-05 this used k = 8 beside four 64-token sequences, 0.42x: a cheap count at a
-                # short context, which made the bound 1.38x where the steps part 6 runs allow about 1.2x.)
+                # short context, which made the bound 1.38x where the steps part 6 runs allow 1.22-1.34x.)
                 t = tallies[key]
                 if t.get("n_gen"):
                     n, a, d = t["n_gen"], t["accepted"], t["drafted"]
