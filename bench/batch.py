@@ -167,6 +167,12 @@ def four_clients_loop(client: EngineClient, r: int, work: list, tokens: int, loo
     return n / (end - start) if end > start else 0.0
 
 
+def row_prices(cost: dict[int, float]) -> dict[int, float]:
+    """k -> what each of k draft rows adds to a step of 4 decode rows (cost[0], ms), in decode rows' shares."""
+    share = cost[0] / 4
+    return {k: (c - cost[0]) / k / share for k, c in cost.items() if k}
+
+
 def aggregate(results: list[dict]) -> float:
     """Tokens per second over the span where all streams were decoding (first token of the
     last to start .. last token of the first to finish), counted over every stream."""
@@ -272,11 +278,11 @@ def main() -> int:
         drafts = (0, 1, 2, 3, 4, 8)
         low.reset(4)
         vcost = {k: low.step_ms(4, k, extra_logits=True) for k in drafts}
-        share = vcost[0] / 4
+        price = row_prices(vcost)
         print("   4 decode rows + k draft rows on one of them (all with logits): "
               + ", ".join(f"k={k}: {vcost[k]:.1f} ms" for k in drafts)
-              + f"; each draft row costs {(vcost[8] - vcost[0]) / 8 / share:.2f}x a decode row's share at k=8, "
-              + ", ".join(f"{(vcost[k] - vcost[0]) / k / share:.2f}x at k={k}" for k in (1, 2, 3))
+              + f"; each draft row costs {price[8]:.2f}x a decode row's share at k=8, "
+              + ", ".join(f"{price[k]:.2f}x at k={k}" for k in (1, 2, 3))
               + " (an odd count of rows with logits can cost more than the even count above it)")
         # the same where part 6 runs: beside four sequences as long as its copy/edit prompts (median, plus
         # half an answer), at the even row counts its steps carry (docs/bench/runs/2026-12-05: 6 to 16 rows).
@@ -287,11 +293,12 @@ def main() -> int:
         long_k = (0, 2, 4, 8, 12)
         lcost = {k: low.step_ms(4, k, extra_logits=True, reps=5) for k in long_k}
         lshare = lcost[0] / 4
-        p_long = statistics.median((lcost[k] - lcost[0]) / k / lshare for k in long_k if k)
+        lprice = row_prices(lcost)
+        p_long = statistics.median(lprice.values())
         print(f"   the same beside four {ctx_len}-token sequences: "
               + ", ".join(f"k={k}: {lcost[k]:.1f} ms" for k in long_k)
               + f"; a draft row costs {p_long:.2f}x a decode row's share (median over k), "
-              + ", ".join(f"{(lcost[k] - lcost[0]) / k / lshare:.2f}x at k={k}" for k in long_k if k))
+              + ", ".join(f"{v:.2f}x at k={k}" for k, v in lprice.items()))
 
     # engines: n_parallel 8 (serve), n_parallel 1 (run)
     serve = EngineClient(auto_restart=False)
