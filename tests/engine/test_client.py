@@ -84,10 +84,15 @@ def test_a_request_that_ignores_stop_gets_the_engine_killed_and_restarted(tmp_pa
 
 
 def test_requests_during_a_restart_return_at_once_and_reach_the_new_engine(tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_ENGINE_START_S", "1.0")  # every start takes a second
+    gate = tmp_path / "engine-may-start"
+    gate.touch()
+    # Every start waits for this file, so the restart lasts until the test lets it go, however
+    # slow the machine (a fixed start time would race a busy CI run).
+    monkeypatch.setenv("FAKE_ENGINE_START_GATE", str(gate))
     with client(hang_timeout=10) as c:
         c.load(str(tmp_path / "m.gguf"))
         old_ready = c.ready
+        gate.unlink()
         c.kill()
         wait_for(c, lambda ev: isinstance(ev, P.Error) and ev.kind == "crash")
         assert c.loaded is None and c.state in ("starting", "loading")  # no stale model
@@ -95,8 +100,9 @@ def test_requests_during_a_restart_return_at_once_and_reach_the_new_engine(tmp_p
         c.cancel("nothing-of-that-name")
         c.unload()
         c.load(str(tmp_path / "m.gguf"), wait=False)
-        # The new engine takes a second to say Ready; the old client waited for it in generate.
+        # The new engine is held before Ready; the old client waited for it in generate.
         assert c.ready is old_ready or c.ready is None
+        gate.touch()
         events = list(c.stream(rid, timeout=120))
         assert isinstance(events[-1], P.Done) and events[-1].text == "Echo: queued while"
         wait_for(c, lambda ev: isinstance(ev, P.Loaded))  # then the unload, and the new load
