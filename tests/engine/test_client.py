@@ -95,6 +95,7 @@ def test_requests_during_a_restart_return_at_once_and_reach_the_new_engine(tmp_p
         gate.unlink()
         c.kill()
         wait_for(c, lambda ev: isinstance(ev, P.Error) and ev.kind == "crash")
+        wait_for(c, lifecycle("starting", restarted=True))  # said just after the crash, not with it
         assert c.loaded is None and c.state in ("starting", "loading")  # no stale model
         rid = c.generate(prompt="queued while restarting", sampling={"max_tokens": 3})
         c.cancel("nothing-of-that-name")

@@ -120,8 +120,9 @@ def test_requests_alternate_between_models_each_loaded_once(make):
     assert listed["a"]["ram_bytes"] == 100 * MB and listed["c"]["state"] == "unloaded"
 
 
-def test_four_concurrent_requests_for_an_unloaded_model_start_one_engine_and_one_load(make):
-    s = make(env={"FAKE_ENGINE_LOAD_S": "1.5"})
+def test_four_concurrent_requests_for_an_unloaded_model_start_one_engine_and_one_load(make, tmp_path):
+    gate = tmp_path / "load-may-finish"  # the load lasts until the test opens this, however busy the machine
+    s = make(env={"FAKE_ENGINE_LOAD_GATE": str(gate)})
     results: list[httpx.Response] = []
     threads = [threading.Thread(target=lambda: results.append(s.chat("a"))) for _ in range(4)]
     for t in threads:
@@ -131,6 +132,7 @@ def test_four_concurrent_requests_for_an_unloaded_model_start_one_engine_and_one
     assert s.metric("ggufdesk_model_load_waiting_requests") == {'{model="a"}': 4.0}
     load = next(m for m in httpx.get(s.url + "/v1/models").json()["data"] if m["id"] == "a")["load"]
     assert load["waiting"] == 4 and load["stage"] in ("queued", "starting", "model")
+    gate.touch()
     for t in threads:
         t.join(60)
     assert [r.status_code for r in results] == [200] * 4
@@ -219,8 +221,9 @@ def test_unknown_models_are_404_listing_the_ids_and_paths_are_refused(make):
     assert s.spawned == []
 
 
-def test_a_client_that_leaves_while_its_model_loads_leaves_only_its_own_wait(make):
-    s = make(env={"FAKE_ENGINE_LOAD_S": "1.5"})
+def test_a_client_that_leaves_while_its_model_loads_leaves_only_its_own_wait(make, tmp_path):
+    gate = tmp_path / "load-may-finish"
+    s = make(env={"FAKE_ENGINE_LOAD_GATE": str(gate)})
 
     async def main() -> None:
         async with httpx.AsyncClient(timeout=60) as c:
@@ -231,6 +234,7 @@ def test_a_client_that_leaves_while_its_model_loads_leaves_only_its_own_wait(mak
                 await asyncio.sleep(0.02)
             leaver.cancel()
             await asyncio.gather(leaver, return_exceptions=True)
+            gate.touch()
             assert (await stayer).status_code == 200
 
     asyncio.run(main())

@@ -27,8 +27,9 @@ async def wait_for(pred, timeout: float = 20.0) -> None:
             await asyncio.sleep(0.01)
 
 
-def test_health_says_loading_until_the_model_is_ready_then_ok():
-    s = InProcess(env={"FAKE_ENGINE_LOAD_S": "2"}, load=False)
+def test_health_says_loading_until_the_model_is_ready_then_ok(tmp_path):
+    gate = tmp_path / "load-may-finish"  # the load lasts until the test opens this, however busy the machine
+    s = InProcess(env={"FAKE_ENGINE_LOAD_GATE": str(gate)}, load=False)
     try:
         loader = threading.Thread(target=lambda: s.pool.start(), daemon=True)
         loader.start()
@@ -37,6 +38,7 @@ def test_health_says_loading_until_the_model_is_ready_then_ok():
         r = httpx.post(s.url + "/v1/chat/completions", json=CHAT)
         assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
         assert r.headers["retry-after"]
+        gate.touch()
         assert s.pool.wait_ready(60)
         r = httpx.get(s.url + "/health")
         assert r.status_code == 200 and r.json() == {"status": "ok"}

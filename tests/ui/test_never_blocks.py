@@ -29,6 +29,9 @@ def test_gui_thread_is_never_blocked_across_an_engine_crash_and_restart(qtbot, w
     gaps.start()
     with qtbot.waitSignals([w.engine.crashed, w.answer_finished], timeout=20000, order="none"):
         assert w.send("__crash__ now")
+    # The client reports the crash before it says it is starting anew: the two reach the GUI thread
+    # in separate drains on a busy machine, so wait for the second.
+    qtbot.waitUntil(lambda: w.engine.state != "loaded", timeout=20000)
     # The engine is restarting now (held at the gate): everything returns at once.
     assert w.engine.state in ("starting", "loading") and w.engine.loaded_event is None  # no stale model
     opener = threading.Timer(RESTART_HELD_S, gate.touch)  # off the GUI thread: a blocked loop still opens it
