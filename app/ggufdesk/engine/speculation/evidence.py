@@ -4,9 +4,9 @@ A draft continues an earlier occurrence of the text's last tokens. How far back 
 extends is the best single predictor of acceptance: inside a passage being copied the match is
 tens of tokens long; in free text it is one to three. So acceptance is estimated per class of
 match length, from a prior (longer: more likely) and recent outcomes weighted by recency (half
-weight after HALF_LIFE tokens). A class that is refused is probed again with a short draft after
-PROBE_FIRST refusals, the gap doubling after every failed probe (up to PROBE_MAX) and reset by a
-success.
+weight after HALF_LIFE tokens), a shorter class's estimate raising a longer class's prior. A class that
+is refused is probed again with a short draft after PROBE_FIRST refusals, the gap doubling after
+every failed probe (up to PROBE_MAX) and reset by a success.
 
 The priors are fitted to the starter's greedy answers to bench/speculative.py's suite (drafts
 with a one-token match had their first token accepted 34% of the time, two tokens 56%, three
@@ -65,19 +65,16 @@ class Evidence:
 
     def alpha(self, m: int) -> float:
         """Estimated per-token acceptance of a draft whose match spans m tokens: its class's outcomes
-        on top of the class's measured prior, scaled by the request's ratio.
-
-        A shorter class's estimate does not raise a longer class's prior (it did until session 29):
-        the ratio already carries the request's drafts to every class, and short drafts (3-7 tokens)
-        rarely reach the point where an answer leaves its source (a quote's close, an edit), so
-        letting their success lift a 15-token draft counted it twice. Replayed at the AMD host's
-        costs (docs/bench/speculative-decoding.md, "A class of its own (session 29)"): the starter's
-        tuned RAG 1.46 -> 1.53x plain, copy 1.96 -> 2.00, its held-out quote-de 1.08 -> 1.19;
-        SmolLM2's held-out suite 0.7% lower on the geometric mean."""
-        i = self.klass(m)
-        prior: float = PRIOR[i] ** (1.0 / max(self.ratio(), 1e-3))
-        self._decay(i)
-        return (self.acc[i] + PRIOR_WEIGHT * prior) / (self.acc[i] + self.fail[i] + PRIOR_WEIGHT)
+        on top of a prior that is the class's measured one (scaled by the request's ratio) or the
+        next shorter class's estimate, whichever is higher (if short matches are accepted, longer
+        ones are too)."""
+        scale = 1.0 / max(self.ratio(), 1e-3)
+        a = 0.0
+        for i in range(self.klass(m) + 1):
+            self._decay(i)
+            prior = max(PRIOR[i] ** scale, a)
+            a = (self.acc[i] + PRIOR_WEIGHT * prior) / (self.acc[i] + self.fail[i] + PRIOR_WEIGHT)
+        return a
 
     def refused(self, m: int) -> bool:
         """A draft of this class was judged not worth it; True when it is time to probe anyway."""
