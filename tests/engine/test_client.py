@@ -126,6 +126,27 @@ def test_a_failed_reload_after_a_crash_says_why_no_model_is_loaded(tmp_path):
         assert str(e.value) == f"no model is loaded: {why}"
 
 
+def test_an_engine_that_could_not_start_its_threads_says_to_ask_for_fewer(tmp_path):
+    """`--threads 256` on a 2-core machine loads, then libgomp ends the engine at the first step: the
+    user is told what to change, beside llama.cpp's own line."""
+    with client(auto_restart=False) as c:
+        c.load(str(tmp_path / "m.gguf"))
+        events = list(c.stream(c.generate(prompt="__nothreads__", sampling={"max_tokens": 3}), timeout=120))
+        err = events[-1]
+        assert isinstance(err, P.Error) and err.kind == "crash"
+        assert err.message == ("the engine stopped (exit code 1: libgomp: Thread creation failed: Resource "
+                               "temporarily unavailable; this machine would not start that many threads: "
+                               "set fewer (0 = one per core))")
+
+
+def test_a_crash_without_a_known_cause_gives_no_advice(tmp_path):
+    with client(auto_restart=False) as c:
+        c.load(str(tmp_path / "m.gguf"))
+        events = list(c.stream(c.generate(prompt="__crash__", sampling={"max_tokens": 8}), timeout=120))
+        err = events[-1]
+        assert isinstance(err, P.Error) and err.kind == "crash" and "set fewer" not in err.message
+
+
 def test_a_crashing_draft_is_blamed_on_the_draft_and_the_model_loads_without_it(tmp_path):
     with client() as c:
         with pytest.raises(EngineError) as e:

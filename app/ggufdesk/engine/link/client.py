@@ -44,6 +44,13 @@ class EngineError(KnownError):
         self.event = event
 
 
+# What an engine's last words mean, where llama.cpp's line does not say what to do about them. A thread
+# count far above the cores (`--threads 256` on 2 cores) loads, then ends the engine at its first step:
+# libgomp exits when it cannot start the threads asked for.
+CAUSES = ((re.compile(r"Thread creation failed"),
+           "this machine would not start that many threads: set fewer (0 = one per core)"),)
+
+
 def describe_exit(rc: int | None) -> str:
     if rc is None:
         return "still running"
@@ -455,7 +462,9 @@ class EngineClient:
             return "hung", proc.kill_reason, detail
         lines = [ln.strip() for ln in self.stderr_tail if ln.strip()]
         telling = [ln for ln in lines if re.search(r"GGML_ASSERT|error|what\(\)|terminate|abort", ln, re.I)]
-        return "crash", describe_exit(proc.popen.poll()) + (f": {(telling or lines)[-1]}" if lines else ""), detail
+        advice = next((a for cause, a in CAUSES if any(cause.search(ln) for ln in lines)), "")
+        return "crash", describe_exit(proc.popen.poll()) + (f": {(telling or lines)[-1]}" if lines else "") \
+            + (f"; {advice}" if advice else ""), detail
 
     def _fail_crashed_load(self, crashed_load: P.Load, stage: P.Loading | None, good: P.Load | None,
                            kind: P.ErrorKind, reason: str, detail: str) -> P.Load | None:
