@@ -255,6 +255,7 @@ class EngineClient:
         if popen is None:
             self._set_state("failed", failed)
             return False
+        self.stderr_tail.clear()  # this process's last words only: an earlier one's must not explain its end
         stderr = proc.stderr = threading.Thread(target=self._read_stderr, args=(popen,), daemon=True,
                                                 name="engine-stderr")
         stderr.start()
