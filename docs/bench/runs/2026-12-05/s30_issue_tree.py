@@ -3,11 +3,11 @@
     git worktree add /tmp/old 1af3ebd
     # the tuned suite with each tree's own bench (1af3ebd's prints its table only with a fixed K, so
     # its per-round lines are read here), from each tree's root:
-    (cd /tmp/old && PYTHONPATH=/tmp/old/app .venv-python bench/speculative.py --categories rag,copy,code \
-        --rounds 3 --max-tokens 96 --fixed "" --no-reference > old_1.txt)
-    python s30_issue_tree.py parse old_1.txt new_1.txt ...
+    (cd /tmp/old && PYTHONPATH=/tmp/old/app $REPO/.venv/bin/python bench/speculative.py --categories \
+        rag,copy,code --rounds 3 --max-tokens 96 --fixed "" --no-reference > old_1.txt)
+    .venv/bin/python s30_issue_tree.py parse old_1.txt new_1.txt ...
     # one-shot `ggufdesk run [--lookup] --json` of held-out prompts through each tree's CLI, alternated:
-    python s30_issue_tree.py oneshot starter|smollm2 ROUNDS CATEGORIES /tmp/old [--greedy]
+    .venv/bin/python s30_issue_tree.py oneshot starter|smollm2 ROUNDS CATEGORIES /tmp/old [--greedy]
 
 A category's figure is the geometric mean over its prompts of the median over rounds of adaptive / plain
 tok/s (one-shot: the run's decode tok/s). Each tree keeps its own cost tables and prompt cache
