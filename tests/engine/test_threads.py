@@ -377,3 +377,51 @@ def test_with_a_sensor_a_quiet_machine_is_probed_less_often():
     used = decode(sensed, m, GAP_SENSED + 2 * WINDOW, QUIET)
     assert used[:GAP_SENSED].count(1) == 0 and 1 in used  # no probe before the gap, then one
     assert used[-1] == 2 and sensed.decode.gap == 2 * GAP_SENSED  # it lost and backed off
+
+
+def test_quiet_reads_the_sensor_also_where_the_counts_are_fixed():
+    """The verification-cost measurement (engine/speculation/verify_cost.py) waits for a quiet machine
+    whatever the thread settings: a neighbour on one of 2 CPUs leaves too little for 2 threads, enough
+    for 1; without a reading (no sensor, or none yet) it is taken as quiet."""
+    for fixed in (False, True):
+        m = Machine(others=1.0)
+        th = Threads(2, 2, fixed=fixed, apply=lambda n, nb: None, load=m.load())
+        assert th.quiet()  # one sample: no interval read yet
+        m.step(PERIOD, own_cores=0)
+        assert not th.quiet()
+        m.others = 0.0
+        m.step(PERIOD, own_cores=0)
+        assert th.quiet()
+    m = Machine(others=1.0)
+    one = Threads(1, 1, fixed=True, apply=lambda n, nb: None, load=m.load())
+    m.step(PERIOD, own_cores=0)
+    assert one.quiet()
+    assert Threads(2, 2, fixed=False, apply=lambda n, nb: None, load=None).quiet()
+
+
+def test_at_full_runs_the_settings_counts_inside_and_the_tuned_ones_after():
+    applied: list[tuple[int, int]] = []
+    m = Machine(others=1.0)
+    th = Threads(2, 2, fixed=False, apply=lambda n, nb: applied.append((n, nb)), load=m.load())
+    m.step(PERIOD, own_cores=0)
+    th.prepare()  # the neighbour: one thread
+    assert th.now == (1, 1) and applied == [(1, 1)]
+    with th.at_full():
+        assert applied[-1] == (2, 2)
+    assert applied[-1] == (1, 1) and th.now == (1, 1)
+    try:
+        with th.at_full():
+            raise RuntimeError("a failed call")
+    except RuntimeError:
+        pass
+    assert applied[-1] == (1, 1)
+
+
+def test_more_threads_than_cpus_are_quiet_when_nothing_else_runs():
+    m = Machine()
+    th = Threads(8, 8, fixed=True, apply=lambda n, nb: None, load=m.load())  # 8 asked of 2 CPUs
+    m.step(PERIOD, own_cores=0)
+    assert th.quiet()
+    m.others = 1.0
+    m.step(PERIOD, own_cores=0)
+    assert not th.quiet()

@@ -61,6 +61,15 @@ def test_lengths_outside_the_request_s_bounds_are_ignored():
     assert c.lengths() == [3, 7] and c._k in (3, 7)  # (k itself is 0 until a plain step was timed)
 
 
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """The machine read as quiet: the measurement waits for that (tested on its own below), and these
+    tests must pass on a busy one too."""
+    from ggufdesk.engine.batching.threads import Threads
+
+    monkeypatch.setattr(Threads, "quiet", lambda self: True)
+
+
 @pytest.fixture
 def unhurried(monkeypatch):
     """No time budget for the measurement: on a busy machine the real one (2.5 s) can run out in the
@@ -134,7 +143,9 @@ class FakeClock:
         return 0
 
 
-def calibrate(monkeypatch, tiny_model, slow: dict[int, float], budget: float = 1.5):
+def calibrate(monkeypatch, tiny_model, slow: dict[int, float], budget: float = 1.5, busy_at: tuple[int, ...] = ()):
+    """A calibration on the fake clock; the CPU-load sensor reads busy when asked before the calls
+    listed in `busy_at` (by index), once each (the neighbour gone at the next reading)."""
     import types
 
     import llama_cpp
@@ -156,7 +167,15 @@ def calibrate(monkeypatch, tiny_model, slow: dict[int, float], budget: float = 1
     monkeypatch.setattr(verify_cost, "llama_cpp", Llama())
     monkeypatch.setattr(verify_cost, "BUDGET_S", budget)
     try:
-        cal = verify_cost.Calibration(lm, 16)
+        waiting = set(busy_at)
+
+        def quiet() -> bool:
+            if clock.calls in waiting:
+                waiting.discard(clock.calls)
+                return False
+            return True
+
+        cal = verify_cost.Calibration(lm, 16, quiet)
         while not cal.done:
             cal.step()
         return cal, clock
@@ -189,6 +208,86 @@ def test_rounds_past_the_second_stay_within_the_budget(monkeypatch, tiny_model):
     last = next(n for n in range(1, 18) if spent[n - 1] > 0.5 * per_round)  # the call that passed it: 12 rows
     assert last == 12
     assert cal.rounds == 2 and sorted(cal.costs or {}) == list(range(1, last))  # 13 rows and up skipped
+
+
+def test_a_round_the_sensor_saw_busy_is_thrown_away_and_measured_again(monkeypatch, tiny_model):
+    """A neighbour slows the second round's 9-, 10- and 11-row calls, and the sensor, read a moment
+    later, sees it before the 12-row call: the round so far goes, and the two rounds kept are quiet
+    ones. Unseen, the median of two rounds (their mean) carries it into k = 8, 9 and 10."""
+    n = 17
+    per_round = 0.01 * sum(1 + 0.3 * (r - 1) for r in range(1, n + 1))
+    slow = {1 + n + 8 + i: 3.0 for i in range(3)}
+    unseen, _ = calibrate(monkeypatch, tiny_model, slow, budget=2.5 * per_round)
+    assert unseen.costs is not None and unseen.costs[9] == pytest.approx((1 + 0.3 * 9) * 2)  # (1x + 3x) / 2
+    cal, clock = calibrate(monkeypatch, tiny_model, slow, budget=2.5 * per_round, busy_at=(1 + n + 11,))
+    assert cal.voided == 1 and cal.rounds == 2 and clock.calls == 1 + 2 * n + 11  # 11 calls measured again
+    assert cal.costs is not None and sorted(cal.costs) == list(range(1, 17))
+    for k, c in cal.costs.items():
+        assert abs(c - (1 + 0.3 * k)) < 1e-9, (k, c)
+
+
+def test_a_busy_first_round_does_not_cut_the_lengths_measured(monkeypatch, tiny_model):
+    """A neighbour makes the first round's first two calls 100 times slower: they pass the budget,
+    which leaves every longer length unmeasured (never drafted) for good; the sensor, read as the
+    cut round ends, sees it, and the quiet rounds measure every length."""
+    n = 17
+    per_round = 0.01 * sum(1 + 0.3 * (r - 1) for r in range(1, n + 1))
+    slow = {1: 100.0, 2: 100.0}
+    unseen, _ = calibrate(monkeypatch, tiny_model, slow, budget=2.5 * per_round)
+    assert unseen.costs is not None and sorted(unseen.costs) == [1]
+    cal, _ = calibrate(monkeypatch, tiny_model, slow, budget=2.5 * per_round, busy_at=(3,))
+    assert cal.voided == 1 and cal.costs is not None and sorted(cal.costs) == list(range(1, 17))
+    for k, c in cal.costs.items():
+        assert abs(c - (1 + 0.3 * k)) < 1e-9, (k, c)
+
+
+def test_a_busy_machine_at_load_reports_loaded_and_measures_once_quiet_keeping_the_cache_till_then(
+        tiny_model, unhurried, monkeypatch):
+    """A load with speculation on a busy machine does not wait for it: Loaded comes, the measurement
+    waits (a prompt cached meanwhile stays cached) and runs once the machine is quiet."""
+    from ggufdesk.engine.batching.threads import Threads
+
+    busy = [True]
+    monkeypatch.setattr(Threads, "quiet", lambda self: not busy[0])
+    events: list = []
+    engine = Engine(events.append, CancelBook())  # type: ignore[arg-type]
+    engine.load(P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256),
+                       speculation=SpeculationSettings(mode="lookup", k_max=8)))
+    assert any(isinstance(e, P.Loaded) for e in events), events
+    assert engine.verify_costs is None and engine._calibration is not None
+    evicted: list = []
+    assert engine.batch is not None
+    monkeypatch.setattr(type(engine.batch.slots), "used", property(lambda self: 1))
+    monkeypatch.setattr(engine.batch.slots, "evict", lambda n: evicted.append(n))
+    for _ in range(5):
+        assert engine._calibrate_step() is False
+    assert evicted == [] and engine._calibration is not None and engine._calibration.spent == 0.0
+    busy[0] = False
+    while engine._calibration is not None:
+        engine._calibrate_step()
+    assert evicted and engine.verify_costs is not None and sorted(engine.verify_costs) == list(range(1, 9))
+    engine.unload(quiet=True)
+
+
+def test_the_worker_waits_for_a_quiet_machine_without_spinning_and_answers_meanwhile(monkeypatch):
+    import queue
+
+    from ggufdesk.engine.runtime import worker
+
+    waits: list[float | None] = []
+
+    class Inbox(queue.Queue):
+        def get(self, block: bool = True, timeout: float | None = None) -> P.Message:
+            waits.append(timeout)
+            if len(waits) < 3:
+                raise queue.Empty
+            return P.Ping(id="p")
+
+    engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
+    engine._calibration = object()  # type: ignore[assignment]
+    monkeypatch.setattr(engine, "_calibrate_step", lambda: False)  # the machine stays busy
+    assert isinstance(engine.next_request(Inbox()), P.Ping)
+    assert waits == [worker.IDLE_SENSE_S] * 3  # each wait a sensor period, not a spin on get_nowait
 
 
 def count_calibrations(monkeypatch) -> list:

@@ -100,7 +100,7 @@ class BatchEngine:
         fixed = bool(s.n_threads or s.n_threads_batch)
         self.threads = Threads(s.threads, s.threads_batch, fixed=fixed,
                                apply=lambda n, nb: set_threads(lm.ctx.ctx, n, nb),
-                               load=None if fixed else CpuLoad.of_this_machine())
+                               load=CpuLoad.of_this_machine())
         self.update.threads = lambda: self.threads.decode.n
         self._status_sent: tuple[int, int, int, str, int] | None = None
         self._status_t = 0.0

@@ -26,9 +26,10 @@ thread count (`--threads`) turns both signals off.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -147,12 +148,14 @@ class Threads:
 
     def __init__(self, n_threads: int, n_threads_batch: int, *, fixed: bool,
                  apply: Callable[[int, int], None], load: CpuLoad | None = None) -> None:
-        self.load = None if fixed else load  # the CPUs other programs leave free (None: step times only)
+        self.sensor = load  # the CPUs other programs leave free, read also where the counts are fixed (`quiet`)
+        self.load = None if fixed else load  # ... and what tunes the counts (None: step times only)
         gap = GAP_FIRST if self.load is None else GAP_SENSED
         self.decode = ThreadTuner(n_threads, fixed=fixed, gap_first=gap)
         self.batch = ThreadTuner(n_threads_batch, fixed=fixed, gap_first=gap)
         self.apply = apply
-        self._applied = (n_threads, n_threads_batch)
+        self.full = (n_threads, n_threads_batch)  # the counts the settings ask for
+        self._applied = self.full
 
     @property
     def now(self) -> tuple[int, int]:
@@ -185,6 +188,24 @@ class Threads:
         started at 1 thread after the loud ones, 0.81 of fixed 2 threads)."""
         if self.load is not None:
             self.load.read()
+
+    def quiet(self) -> bool:
+        """Do other programs leave the settings' threads their CPUs now (True where nothing reads
+        it)? What engine/speculation/verify_cost.py's measurement waits for: a table timed beside a
+        neighbour is that moment's, not this machine's, and it is kept on disk."""
+        if self.sensor is None:
+            return True
+        free = self.sensor.free()
+        return free is None or free >= min(max(self.full), self.sensor.cpus)  # (more threads than CPUs: all)
+
+    @contextlib.contextmanager
+    def at_full(self) -> Iterator[None]:
+        """Run the settings' counts inside (a measurement keyed by them), the tuned ones again after."""
+        self.apply(*self.full)
+        try:
+            yield
+        finally:
+            self.apply(*self._applied)
 
     def _apply(self) -> None:
         if self.now != self._applied:

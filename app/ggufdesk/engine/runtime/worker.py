@@ -229,9 +229,9 @@ class Engine:
         for module in _REQUEST_MODULES:  # with the load, not before a fresh engine's first token
             importlib.import_module(module)
         if self.speculation.mode != "off":  # measured before Loaded, so no first request waits for it
-            self._start_calibration()
-            while self._calibration is not None:
-                self._calibrate_step()
+            self._start_calibration()  # (where the machine is busy, later, while idle and quiet)
+            while self._calibration is not None and self._calibrate_step():
+                pass
             self._ready_drafting(lm, self.speculation.mode)
         heap.settle()  # what lives as long as the model: no full collection traverses it again
         self.emit(self._loaded_event(req, lm, template, memory, offload))
@@ -579,10 +579,10 @@ class Engine:
             self.batch.idle()
         while self._calibration is not None:  # one timed call at a time, so a request waits for one at most
             try:
-                return inbox.get_nowait()
+                # while another program takes a CPU the measurement waits (reading the sensor between)
+                return inbox.get_nowait() if self._calibrate_step() else inbox.get(timeout=IDLE_SENSE_S)
             except queue.Empty:
                 pass
-            self._calibrate_step()
         threads = None if self.batch is None else self.batch.threads
         while threads is not None and threads.sensing:  # the CPU-load sensor reads on while we wait
             try:
@@ -616,22 +616,28 @@ class Engine:
                 self.verify_costs = known
                 self.batch.set_verify_costs(known)
                 return
-            self._calibration = verify_cost.Calibration(self.lm, self.speculation.k_max)
+            quiet = None if self.batch is None else self.batch.threads.quiet
+            self._calibration = verify_cost.Calibration(self.lm, self.speculation.k_max, quiet)
 
-    def _calibrate_step(self) -> None:
+    def _calibrate_step(self) -> bool:
+        """One call of the measurement; False where it waits for the machine to be quiet."""
         cal = self._calibration
         if self.batch is None or cal is None:
             self._calibration = None
-            return
+            return True
         lm = _need(self.lm)
+        if not cal.ready():  # (checked first: a wait must not drop the cached prefixes)
+            return False
         if self.batch.slots.used:  # a request came first and left its prefix cached: measure on an empty cache
             self.batch.slots.evict(lm.n_ctx)
         try:
-            cal.step()
+            with self.batch.threads.at_full():  # the counts the table is kept under, not the tuner's now
+                if not cal.step():
+                    return False
         except Exception as e:  # noqa: BLE001 - a failed measurement leaves speculation on its prior
             log.warning("could not measure the verification cost: %s", e)
             self._calibration = None
-            return
+            return True
         if cal.done:
             self.verify_costs, self._calibration = cal.costs, None
             self.batch.set_verify_costs(cal.costs)
@@ -641,6 +647,7 @@ class Engine:
                 store(lm, self.speculation.k_max, cal.costs)
                 log.info("verification cost in plain steps: %s",
                          ", ".join(f"k={k}: {c:.2f}" for k, c in cal.costs.items()))
+        return True
 
     def _structured(self, req: P.Generate, sampling: SamplingSettings) -> Structured:
         """The request's schema/grammar/tools resolved (engine/structured/request.py); SchemaError if unsupported.

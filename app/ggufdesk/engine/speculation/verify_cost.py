@@ -22,7 +22,11 @@ within BUDGET_S, and larger row counts are skipped once the first round passes i
 drafted), so no first request waits for it. When a later request turns speculation on, the work is
 cut into single decode calls (`Calibration.step`) that the worker runs while idle, so a request
 arriving meanwhile waits for one call at most; cached prompt prefixes are dropped first (the
-measurement needs an empty KV cache), which costs the next turn one full prefill, once.
+measurement needs an empty KV cache), which costs the next turn one full prefill, once. Either way
+it times only while no other program takes a CPU its threads need (`Calibration`): on a busy
+machine Loaded comes at once and the rest waits for a quiet moment while idle, at the settings'
+thread counts (the key below), whatever the thread tuner runs then. Until it is measured the step
+loop prices drafts by its prior (engine/speculation/step_cost.py).
 
 The table is kept on disk (`stored`, `store`: the cache directory's verify_costs.json), keyed by
 the model file, the settings that shape a decode call and the machine, so only the first load of a
@@ -39,6 +43,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +57,10 @@ ROUNDS = (2, 5)  # rounds of every row count timed: at least, and at most while 
 # Once the timed calls took this long (a big model on a CPU), larger row counts are skipped: two
 # rounds of 1-17 rows take the starter about 2.2 s on 2 cores, so it measures twice.
 BUDGET_S = 2.5
-VERSION = 2  # of the table: 1 timed only 1, 2, 4, 8 and 16 rows (tables kept from it are measured again)
+# of the table (tables kept from an older one are measured again): 1 timed only 1, 2, 4, 8 and 16
+# rows; 2 timed whatever else the machine ran (a neighbour during a round left k = 2 at 38 plain steps,
+# k = 3 at 0.59, or only k <= 3 measured once the budget ran out, kept on disk for every later load)
+VERSION = 3
 TOKEN = 100  # any ordinary token: the cost does not depend on which
 STORE_FILE = "verify_costs.json"
 STORE_MAX = 64  # tables kept (the newest): one per model and settings in use is plenty
@@ -122,12 +130,21 @@ class Calibration:
     loads of the starter measured k = 7 at 2.83-4.21 plain steps and k = 15 at 4.84-6.63, enough to
     change which lengths the controller drafts (replayed on the suite at such tables, RAG and copy
     lost up to 7%); in five rounds, eight loads measured 3.29-3.58 and 5.47-5.79.
+
+    A busy moment the CPU-load sensor sees (`quiet`: another program takes a CPU the settings'
+    threads need, engine/batching/threads.py) throws its round away, and the measurement waits for
+    the machine to be quiet: with two rounds a median cannot outvote one, and neighbours running
+    through both (the other engines of bench/contention.py) left tables of three lengths at 0.6-2.1
+    plain steps, or k = 2 at 38.
     """
 
-    def __init__(self, lm: LoadedModel, k_max: int) -> None:
+    def __init__(self, lm: LoadedModel, k_max: int, quiet: Callable[[], bool] | None = None) -> None:
         top = max(1, min(k_max + 1, lm.n_outputs, lm.settings.n_batch))
         self.lm = lm
-        self.rows = list(range(1, top + 1))
+        self.quiet = quiet or (lambda: True)
+        self.voided = 0  # rounds thrown away: another program took a CPU meanwhile
+        self._all = list(range(1, top + 1))
+        self.rows = list(self._all)
         self._todo = [1] + self.rows  # the first call only warms up
         self._warm = False
         self._round: dict[int, float] = {}  # rows -> seconds, this round
@@ -142,10 +159,13 @@ class Calibration:
     def done(self) -> bool:
         return not self._todo
 
-    def step(self) -> None:
-        """One timed decode call (the KV cache must hold nothing else: the worker runs this idle)."""
+    def step(self) -> bool:
+        """One timed decode call (the KV cache must hold nothing else: the worker runs this idle).
+        False, nothing timed, while the machine is not quiet: the worker waits and asks again."""
         if not self._todo:
-            return
+            return True
+        if not self.ready():
+            return False
         rows = self._todo.pop(0)
         fill_batch(self._batch, [(TOKEN, i, 0, True) for i in range(rows)])
         t = time.perf_counter()
@@ -154,17 +174,40 @@ class Calibration:
         llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1)
         if rc != 0:
             self._todo.clear()  # leave the controller on its prior
-            return
+            return True
         if not self._warm:
             self._warm = True
-            return
+            return True
         self._round[rows] = dt
         self.spent += dt
         if self.rounds == 0 and self.spent > BUDGET_S:  # finish this row count, skip the larger ones (never drafted)
             self.rows = [r for r in self.rows if r <= rows]
             self._todo = [r for r in self._todo if r <= rows]
         if not self._todo:
+            if not self.quiet():  # a neighbour came during the round's last calls
+                self._void()
+                return False
             self._end_round()
+        return True
+
+    def ready(self) -> bool:
+        """May a call be timed now (the machine quiet)? If not, the round so far is thrown away."""
+        if self.quiet():
+            return True
+        self._void()
+        return False
+
+    def _void(self) -> None:
+        """Throw the round so far away (its one-row call may predate the neighbour) and its budget
+        cut with it: a busy round passes the budget where a quiet one would not."""
+        if not self._warm:
+            return  # nothing timed yet
+        self.voided += bool(self._round)
+        self.spent -= sum(self._round.values())
+        self._round = {}
+        if self.rounds == 0:
+            self.rows = list(self._all)
+        self._todo = list(self.rows)
 
     def _end_round(self) -> None:
         one = self._round[1]
