@@ -242,11 +242,12 @@ def test_a_busy_first_round_does_not_cut_the_lengths_measured(monkeypatch, tiny_
 
 
 def test_a_busy_machine_at_load_reports_loaded_and_measures_once_quiet_keeping_the_cache_till_then(
-        tiny_model, unhurried, monkeypatch):
+        tiny_model, unhurried, monkeypatch, caplog):
     """A load with speculation on a busy machine does not wait for it: Loaded comes, the measurement
     waits (a prompt cached meanwhile stays cached) and runs once the machine is quiet."""
     from ggufdesk.engine.batching.threads import Threads
 
+    caplog.set_level("INFO", logger="ggufdesk.engine")
     busy = [True]
     monkeypatch.setattr(Threads, "quiet", lambda self: not busy[0])
     events: list = []
@@ -262,6 +263,8 @@ def test_a_busy_machine_at_load_reports_loaded_and_measures_once_quiet_keeping_t
     for _ in range(5):
         assert engine._calibrate_step() is False
     assert evicted == [] and engine._calibration is not None and engine._calibration.spent == 0.0
+    said = [r for r in caplog.records if "measured later, while quiet" in r.getMessage()]
+    assert len(said) == 1  # said once, not at every wait
     busy[0] = False
     while engine._calibration is not None:
         engine._calibrate_step()

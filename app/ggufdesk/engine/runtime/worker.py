@@ -627,6 +627,10 @@ class Engine:
             return True
         lm = _need(self.lm)
         if not cal.ready():  # (checked first: a wait must not drop the cached prefixes)
+            if not cal.waited:
+                log.info("another program keeps a CPU busy: the verification cost is measured later, while "
+                         "quiet (until then drafts are priced by a prior)")
+            cal.waited = True
             return False
         if self.batch.slots.used:  # a request came first and left its prefix cached: measure on an empty cache
             self.batch.slots.evict(lm.n_ctx)

@@ -143,6 +143,7 @@ class Calibration:
         self.lm = lm
         self.quiet = quiet or (lambda: True)
         self.voided = 0  # rounds thrown away: another program took a CPU meanwhile
+        self.waited = False  # has it waited for a quiet machine (the worker says so once)
         self._all = list(range(1, top + 1))
         self.rows = list(self._all)
         self._todo = [1] + self.rows  # the first call only warms up
