@@ -10,7 +10,17 @@ to round). The adaptive engine carries what it learnt from one request to the ne
 use, so its figures include the time it takes to notice a change. Printed: median decode tok/s per
 condition and engine, and adaptive / the better fixed choice (target >= 0.9 in every condition).
 
-    .venv/bin/python bench/contention.py [--rounds 5] [--tokens 128] [--loops 0,1,2] [--model PATH]
+With `--lookup` every engine answers a code edit from the tuned suite (bench/spec_workloads.py) with
+adaptive prompt lookup: its verification steps carry up to 16 rows, so the batch tuner judges steps
+of many sizes (`threads.units`), where the free-writing prompt gives it almost only one-row steps.
+
+`--gap S` waits S seconds between answers. Without it each answer starts as the engine before it
+stops, so the CPU-load sensor's last reading (a quarter second) still sees that engine's threads and
+the adaptive engine starts on fewer threads until the next one: a neighbour that stops just before a
+request, which costs a short answer with lookup (under a second) a larger share than a plain one.
+
+    .venv/bin/python bench/contention.py [--rounds 5] [--tokens 128] [--loops 0,1,2] [--model PATH] [--lookup]
+        [--gap S]
 """
 from __future__ import annotations
 
@@ -20,10 +30,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.spec_workloads import WORKLOADS
 from ggufdesk.core.starter import starter_model_path
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.link.client import EngineClient
@@ -32,11 +44,15 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 ENGINES = {"adaptive": 0, "fixed 1": 1, "fixed 2": 2}  # n_threads (0: the engine chooses and adapts)
 
 
-def decode(client: EngineClient, tokens: int) -> tuple[float, int]:
+EDIT = next(w.prompt for w in WORKLOADS if (w.category, w.name) == ("code", "stack"))
+LOOKUP = {"mode": "lookup", "k_max": 16, "adaptive": True, "lookup_history": False}
+
+
+def decode(client: EngineClient, tokens: int, lookup: bool = False) -> tuple[float, int]:
     """(decode tok/s, the threads the engine reported last) of one greedy answer."""
-    rid = client.generate(prompt=PROMPT, sampling={"temperature": 0.0, "max_tokens": tokens,
-                                                   "stop": ["never-stop-here"]},
-                          speculation={"mode": "off"})
+    rid = client.generate(prompt=EDIT if lookup else PROMPT,
+                          sampling={"temperature": 0.0, "max_tokens": tokens, "stop": ["never-stop-here"]},
+                          speculation=LOOKUP if lookup else {"mode": "off"})
     stats = None
     for ev in client.stream(rid, timeout=600):
         if isinstance(ev, P.Stats):
@@ -63,6 +79,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--loops", default="0,1,2", help="busy loops beside the engine, per condition")
     ap.add_argument("--model", help="a GGUF (default: the starter)")
+    ap.add_argument("--lookup", action="store_true", help="a code edit with adaptive prompt lookup")
+    ap.add_argument("--gap", type=float, default=0.0, help="seconds between answers (default 0)")
     args = ap.parse_args()
     model = args.model or str(starter_model_path())
     # the engines' own cache (recorded decode speeds, saved prompts) in a throwaway folder: runs made
@@ -75,15 +93,19 @@ def main() -> int:
     try:
         for name, n in ENGINES.items():
             clients[name].__enter__()
-            clients[name].load(model, settings={"n_ctx": 1024, "n_threads": n, "n_threads_batch": n})
-            decode(clients[name], 8)  # warm-up: page the weights in
+            # with --lookup, loaded with it: the verification costs are measured at load, while the
+            # machine is quiet (later, idle, the other engines' turns keep it busy)
+            clients[name].load(model, settings={"n_ctx": 2048, "n_threads": n, "n_threads_batch": n},
+                               speculation=LOOKUP if args.lookup else None)
+            decode(clients[name], 8, args.lookup)  # warm-up: page the weights in
         for rnd in range(args.rounds):
             for cond in loops[rnd % len(loops):] + loops[:rnd % len(loops)]:
                 procs = busy_loops(cond)
                 try:
                     names = list(ENGINES)
                     for name in names[rnd % len(names):] + names[:rnd % len(names)]:
-                        tok_s, n = decode(clients[name], args.tokens)
+                        time.sleep(args.gap)
+                        tok_s, n = decode(clients[name], args.tokens, args.lookup)
                         speed.setdefault((cond, name), []).append(tok_s)
                         threads.setdefault((cond, name), []).append(n)
                 finally:
@@ -94,7 +116,8 @@ def main() -> int:
         for c in clients.values():
             c.__exit__(None, None, None)
     print(f"\ndecode tok/s, medians of {args.rounds} interleaved rounds, {args.tokens} tokens, "
-          f"{os.cpu_count()} cores")
+          f"{os.cpu_count()} cores" + (", a code edit with adaptive lookup" if args.lookup else "")
+          + (f", {args.gap:g} s between answers" if args.gap else ""))
     print("| busy loops | adaptive (threads at the end) | fixed 1 | fixed 2 | adaptive / better fixed |")
     print("|---:|---:|---:|---:|---:|")
     for cond in loops:
