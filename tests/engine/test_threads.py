@@ -382,11 +382,11 @@ def test_with_a_sensor_a_quiet_machine_is_probed_less_often():
 def test_quiet_reads_the_sensor_also_where_the_counts_are_fixed():
     """The verification-cost measurement (engine/speculation/verify_cost.py) waits for a quiet machine
     whatever the thread settings: a neighbour on one of 2 CPUs leaves too little for 2 threads, enough
-    for 1; without a reading (no sensor, or none yet) it is taken as quiet."""
+    for 1; without a sensor it is taken as quiet, and None says its first reading is still to come."""
     for fixed in (False, True):
         m = Machine(others=1.0)
         th = Threads(2, 2, fixed=fixed, apply=lambda n, nb: None, load=m.load())
-        assert th.quiet()  # one sample: no interval read yet
+        assert th.quiet() is None  # one sample: no interval read yet
         m.step(PERIOD, own_cores=0)
         assert not th.quiet()
         m.others = 0.0
@@ -425,3 +425,16 @@ def test_more_threads_than_cpus_are_quiet_when_nothing_else_runs():
     m.others = 1.0
     m.step(PERIOD, own_cores=0)
     assert not th.quiet()
+
+
+def test_a_sensor_that_never_reads_stops_holding_the_measurement_back():
+    """A reader that fails after the first sample: no reading ever comes, and after two periods the
+    machine counts as quiet (as without a sensor) rather than keeping the measurement waiting."""
+    m = Machine()
+    load = m.load()
+    load.busy = lambda: (_ for _ in ()).throw(OSError("gone"))  # type: ignore[method-assign]
+    th = Threads(2, 2, fixed=False, apply=lambda n, nb: None, load=load)
+    m.step(PERIOD, own_cores=0)
+    assert th.quiet() is None
+    m.step(PERIOD, own_cores=0)
+    assert th.quiet() is True

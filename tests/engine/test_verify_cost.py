@@ -241,6 +241,45 @@ def test_a_busy_first_round_does_not_cut_the_lengths_measured(monkeypatch, tiny_
         assert abs(c - (1 + 0.3 * k)) < 1e-9, (k, c)
 
 
+def test_a_round_timed_before_the_sensor_first_reads_waits_for_that_reading(monkeypatch, tiny_model):
+    """A measurement shorter than the sensor's first reading (a small model, a GPU): its round waits,
+    is kept when the reading says quiet and measured again when it says busy."""
+    import types
+
+    import llama_cpp
+
+    from ggufdesk.core.settings import LoadSettings
+    from ggufdesk.engine.runtime.native import LlamaLog, load_model
+    from ggufdesk.engine.speculation import verify_cost
+
+    clock = FakeClock({})
+
+    class Llama:
+        llama_decode = staticmethod(clock.decode)
+
+        def __getattr__(self, name):
+            return getattr(llama_cpp, name)
+
+    monkeypatch.setattr(verify_cost, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr(verify_cost, "llama_cpp", Llama())
+    monkeypatch.setattr(verify_cost, "BUDGET_S", 2.5 * 0.01 * sum(1 + 0.3 * (r - 1) for r in range(1, 18)))
+    lm = load_model(str(tiny_model), LoadSettings(n_ctx=256), LlamaLog(), n_outputs=17)
+    try:
+        for later, voided in ((True, 0), (False, 1)):
+            # no reading through round 1 (a check before each call and one at its end), two waits, then one
+            readings = iter([None] * 21 + [later])
+            cal = verify_cost.Calibration(lm, 16, lambda: next(readings, True))
+            for _ in range(17):  # the warm-up and round 1's first 16 calls
+                assert cal.step()
+            assert not cal.step()  # its last call: timed, and the round waits for a reading
+            assert not cal.done and cal.rounds == 0 and not cal.step() and not cal.step()  # still none
+            while not cal.done:
+                cal.step()
+            assert cal.voided == voided and cal.rounds == 2 and sorted(cal.costs or {}) == list(range(1, 17))
+    finally:
+        lm.close()
+
+
 def test_a_busy_machine_at_load_reports_loaded_and_measures_once_quiet_keeping_the_cache_till_then(
         tiny_model, unhurried, monkeypatch, caplog):
     """A load with speculation on a busy machine does not wait for it: Loaded comes, the measurement

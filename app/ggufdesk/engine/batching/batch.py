@@ -68,6 +68,8 @@ class BatchEngine:
     clock: the time request deadlines are read on. decode, timer: llama.cpp's decode call and the
     timer of steps and drafting, whose costs speculation decides on (tests pass modelled ones).
     disk: the disk prompt cache (engine/batching/disk_cache.py), None when it is off.
+    cpu: the CPU-load sensor (engine/batching/cpu_load.py), started before the model loaded so it has
+    read the machine by the first step; None: one started now.
     """
 
     def __init__(self, lm: LoadedModel, vocab: Vocab, *, emit: Callable[[Any], None],
@@ -78,7 +80,7 @@ class BatchEngine:
                  decode: Callable[[Any, Any], int] = llama_cpp.llama_decode,
                  timer: Callable[[], float] = time.perf_counter,
                  set_threads: Callable[[Any, int, int], None] = llama_cpp.llama_set_n_threads,
-                 disk: DiskCache | None = None) -> None:
+                 disk: DiskCache | None = None, cpu: CpuLoad | None = None) -> None:
         s = lm.settings
         self.clock = clock  # for request deadlines
         self._reaped_at: float | None = None  # the clock at the last _reap (prompt reading is not counted)
@@ -100,7 +102,7 @@ class BatchEngine:
         fixed = bool(s.n_threads or s.n_threads_batch)
         self.threads = Threads(s.threads, s.threads_batch, fixed=fixed,
                                apply=lambda n, nb: set_threads(lm.ctx.ctx, n, nb),
-                               load=CpuLoad.of_this_machine())
+                               load=cpu or CpuLoad.of_this_machine())
         self.update.threads = lambda: self.threads.decode.n
         self._status_sent: tuple[int, int, int, str, int] | None = None
         self._status_t = 0.0

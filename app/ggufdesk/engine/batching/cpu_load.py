@@ -6,8 +6,9 @@ there, and within a 128-token answer even one such step costs more than the whol
 (~3 s). This reads the cause instead: the system's busy CPU time minus this process's own (which
 includes llama.cpp's spinning threads), over the wall time since the last sample, is the cores the
 others take. Sampled at step boundaries, at most every PERIOD; the first interval runs from the
-engine's start (or its last step), so a neighbour that was there all along is seen before the first
-step of a request.
+start of the model's load (or the engine's last step), so a neighbour that was there all along is
+seen before the first step of a request, and before the verification cost is measured
+(engine/speculation/verify_cost.py).
 """
 from __future__ import annotations
 
@@ -78,7 +79,14 @@ class CpuLoad:
         self.last: float | None = None  # the latest reading, in cores
         self._sample: tuple[float, float, float] | None = None  # (wall, busy, own) at the last sample
         self._told = False
+        self.started = clock()
         self.read()
+
+    @property
+    def reading(self) -> bool:
+        """Is a first reading still to come (within two PERIODs of the start)? After that, a sensor
+        without one cannot read this machine, and callers go on without it."""
+        return self.taken is None and self.clock() - self.started < 2 * PERIOD
 
     @classmethod
     def of_this_machine(cls) -> CpuLoad | None:

@@ -189,14 +189,17 @@ class Threads:
         if self.load is not None:
             self.load.read()
 
-    def quiet(self) -> bool:
-        """Do other programs leave the settings' threads their CPUs now (True where nothing reads
-        it)? What engine/speculation/verify_cost.py's measurement waits for: a table timed beside a
-        neighbour is that moment's, not this machine's, and it is kept on disk."""
+    def quiet(self) -> bool | None:
+        """Do other programs leave the settings' threads their CPUs now (True where nothing can read
+        it; None until the sensor's first reading)? What engine/speculation/verify_cost.py's
+        measurement waits for: a table timed beside a neighbour is that moment's, not this machine's,
+        and it is kept on disk."""
         if self.sensor is None:
             return True
         free = self.sensor.free()
-        return free is None or free >= min(max(self.full), self.sensor.cpus)  # (more threads than CPUs: all)
+        if free is None:
+            return None if self.sensor.reading else True
+        return free >= min(max(self.full), self.sensor.cpus)  # (more threads than CPUs: all of them)
 
     @contextlib.contextmanager
     def at_full(self) -> Iterator[None]:

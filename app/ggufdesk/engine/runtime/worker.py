@@ -199,6 +199,7 @@ class Engine:
         if spec is None:
             return
         self.unload(quiet=True)
+        cpu = cpu_load.CpuLoad.of_this_machine()  # read over the load: by the first step (or measurement) it knows
         mmproj = _projector_for(req)
         opened = self._open_model(req, spec, mmproj)
         if opened is None:
@@ -225,7 +226,7 @@ class Engine:
         self.batch = BatchEngine(lm, vocab, emit=self._emit, cancelled=self.book.is_cancelled,
                                  set_batch=self.book.set_batch, flush=getattr(self.emit, "flush", None),
                                  on_plain_done=lambda st: self._calibrate(st.n_gen, st.decode_tok_s),
-                                 disk=None if self.embedding_only else _disk_cache(lm))
+                                 disk=None if self.embedding_only else _disk_cache(lm), cpu=cpu)
         for module in _REQUEST_MODULES:  # with the load, not before a fresh engine's first token
             importlib.import_module(module)
         if self.speculation.mode != "off":  # measured before Loaded, so no first request waits for it
@@ -626,11 +627,11 @@ class Engine:
             self._calibration = None
             return True
         lm = _need(self.lm)
+        busy = cal.busy
         if not cal.ready():  # (checked first: a wait must not drop the cached prefixes)
-            if not cal.waited:
+            if cal.busy == 1 and busy == 0:
                 log.info("another program keeps a CPU busy: the verification cost is measured later, while "
                          "quiet (until then drafts are priced by a prior)")
-            cal.waited = True
             return False
         if self.batch.slots.used:  # a request came first and left its prefix cached: measure on an empty cache
             self.batch.slots.evict(lm.n_ctx)

@@ -138,12 +138,13 @@ class Calibration:
     plain steps, or k = 2 at 38.
     """
 
-    def __init__(self, lm: LoadedModel, k_max: int, quiet: Callable[[], bool] | None = None) -> None:
+    def __init__(self, lm: LoadedModel, k_max: int, quiet: Callable[[], bool | None] | None = None) -> None:
         top = max(1, min(k_max + 1, lm.n_outputs, lm.settings.n_batch))
         self.lm = lm
-        self.quiet = quiet or (lambda: True)
+        self.quiet = quiet or (lambda: True)  # is the machine quiet (None: the sensor has not read yet)
         self.voided = 0  # rounds thrown away: another program took a CPU meanwhile
-        self.waited = False  # has it waited for a quiet machine (the worker says so once)
+        self.busy = 0  # times it found the machine busy (the worker says so the first time)
+        self._pending = False  # a round timed, waiting for the sensor's first reading to be kept
         self._all = list(range(1, top + 1))
         self.rows = list(self._all)
         self._todo = [1] + self.rows  # the first call only warms up
@@ -158,15 +159,18 @@ class Calibration:
 
     @property
     def done(self) -> bool:
-        return not self._todo
+        return not self._todo and not self._pending
 
     def step(self) -> bool:
         """One timed decode call (the KV cache must hold nothing else: the worker runs this idle).
-        False, nothing timed, while the machine is not quiet: the worker waits and asks again."""
-        if not self._todo:
+        False, nothing timed, while the machine is not quiet, or while a round waits for the sensor's
+        first reading: the worker waits and asks again."""
+        if self.done:
             return True
         if not self.ready():
             return False
+        if not self._todo:
+            return True  # (ready() ended the round that waited for a reading, and with it the measurement)
         rows = self._todo.pop(0)
         fill_batch(self._batch, [(TOKEN, i, 0, True) for i in range(rows)])
         t = time.perf_counter()
@@ -184,19 +188,26 @@ class Calibration:
         if self.rounds == 0 and self.spent > BUDGET_S:  # finish this row count, skip the larger ones (never drafted)
             self.rows = [r for r in self.rows if r <= rows]
             self._todo = [r for r in self._todo if r <= rows]
-        if not self._todo:
-            if not self.quiet():  # a neighbour came during the round's last calls
-                self._void()
-                return False
-            self._end_round()
+        if not self._todo:  # the round is timed: kept once the sensor says it ran quiet
+            self._pending = True
+            return self.ready()
         return True
 
     def ready(self) -> bool:
-        """May a call be timed now (the machine quiet)? If not, the round so far is thrown away."""
-        if self.quiet():
-            return True
-        self._void()
-        return False
+        """May a call be timed now? Not while another program takes a CPU (the round so far is thrown
+        away), nor while a timed round waits for the sensor's first reading (it comes a PERIOD after
+        the sensor starts: the whole measurement of a small model, or on a GPU, can be shorter)."""
+        verdict = self.quiet()
+        if verdict is False:
+            self.busy += 1
+            self._void()
+            return False
+        if self._pending:
+            if verdict is None:
+                return False
+            self._pending = False
+            self._end_round()
+        return True
 
     def _void(self) -> None:
         """Throw the round so far away (its one-row call may predate the neighbour) and its budget
@@ -205,7 +216,7 @@ class Calibration:
             return  # nothing timed yet
         self.voided += bool(self._round)
         self.spent -= sum(self._round.values())
-        self._round = {}
+        self._round, self._pending = {}, False
         if self.rounds == 0:
             self.rows = list(self._all)
         self._todo = list(self.rows)
