@@ -268,7 +268,7 @@ def test_a_round_timed_before_the_sensor_first_reads_waits_for_that_reading(monk
         for later, voided in ((True, 0), (False, 1)):
             # no reading through round 1 (a check before each call and one at its end), two waits, then one
             readings = iter([None] * 21 + [later])
-            cal = verify_cost.Calibration(lm, 16, lambda: next(readings, True))
+            cal = verify_cost.Calibration(lm, 16, lambda r=readings: next(r, True))
             for _ in range(17):  # the warm-up and round 1's first 16 calls
                 assert cal.step()
             assert not cal.step()  # its last call: timed, and the round waits for a reading
