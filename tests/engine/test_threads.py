@@ -260,6 +260,25 @@ def test_the_machine_reader_reads_or_says_none():
     assert load is None or load.cpus >= 1
 
 
+def test_the_sensor_reads_only_the_cpus_this_process_may_run_on(monkeypatch):
+    import psutil
+
+    from ggufdesk.engine.batching import cpu_load
+
+    n = len(psutil.cpu_times(percpu=True))
+    whole, first = busy_cpu_reader(), busy_cpu_reader(frozenset({0}))
+    assert whole is not None and first is not None
+    if n > 1:  # CPU 0 alone has been busy no longer than all of them together
+        assert first() <= whole() + 0.5
+    assert cpu_load.logical_cpus(frozenset({0})) == 1
+    monkeypatch.setattr(cpu_load, "affinity", lambda: frozenset({0}))
+    load = CpuLoad.of_this_machine()
+    assert load is not None and load.cpus == 1
+    # CPUs psutil does not list (offline ones) make an index no CPU's number: the whole machine is read
+    odd = busy_cpu_reader(frozenset({0, n + 7}))
+    assert odd is not None and abs(odd() - whole()) < 0.5
+
+
 def test_the_engine_asks_the_sensor_before_the_first_decode_call_and_reports_the_count_in_use(tiny_model):
     import llama_cpp
 

@@ -76,3 +76,10 @@ def test_the_probe_waits_for_the_engine_starting_beside_it(monkeypatch):
     events.clear()
     ModelServices(engine_devices=devices, decode_probe=True).probe()  # recorded: no probe, no extra wait
     assert events == ["ready"]
+
+
+def test_the_wizard_says_how_many_cores_a_container_or_affinity_leaves_usable():
+    hw = fake_hw(0)
+    assert not any("usable here" in ln for ln in describe_hardware(hw))
+    limited = replace(hw, cpu=replace(hw.cpu, cores_usable=2))
+    assert any("8 cores (2 usable here)" in ln for ln in describe_hardware(limited))

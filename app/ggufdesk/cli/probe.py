@@ -55,9 +55,7 @@ def run(args: argparse.Namespace) -> int:
         extra = (f", compute {g.compute_capability or '?'}, PCIe gen {g.pcie_gen or '?'} x{g.pcie_width or '?'}"
                  if g.source == "nvml" else " (found by llama.cpp)")
         print(f"GPU {g.index}: {g.name}, {g.vram_free / GiB:.1f} of {g.vram_total / GiB:.1f} GB free{bw}{extra}")
-    c = hw.cpu
-    print(f"CPU: {c.name}, {c.cores_physical} cores / {c.cores_logical} threads, "
-          f"{' '.join(c.flags) or 'no SIMD flags'}")
+    print(describe_cpu(hw.cpu))
     print(f"RAM: {hw.ram_available / GiB:.1f} of {hw.ram_total / GiB:.1f} GB available, "
           f"{hw.ram_bandwidth_gbs:.1f} GB/s read ({hw.ram_bandwidth_source}), {hw.cpu_gflops:.0f} GFLOPS")
     if line := describe_decode_probe(hw):
@@ -69,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
     for w in workers:
         print(describe_worker(w))
     return 0
+
+
+def describe_cpu(c: hardware.CPUInfo) -> str:
+    usable = f" ({c.cores_usable} usable here)" if c.cores_usable else ""
+    return (f"CPU: {c.name}, {c.cores_physical} cores / {c.cores_logical} threads{usable}, "
+            f"{' '.join(c.flags) or 'no SIMD flags'}")
 
 
 def probe_decode(*, quiet: bool) -> None:

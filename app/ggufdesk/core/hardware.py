@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ggufdesk.core.cpus import usable_cpus
+
 log = logging.getLogger("ggufdesk.hardware")
 
 CPU_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile",
@@ -47,6 +49,7 @@ class CPUInfo:
     cores_physical: int
     cores_logical: int
     flags: tuple[str, ...]
+    cores_usable: int | None = None  # fewer CPUs than logical ones this process may use (core/cpus.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,11 +167,12 @@ def cpu_info() -> CPUInfo:
     machine = platform.machine().lower()
     if machine in ("arm64", "aarch64") and ("asimd" in flags or platform.system() == "Darwin"):
         flags.add("neon")
+    logical, usable = psutil.cpu_count(logical=True) or os.cpu_count() or 1, usable_cpus()
     return CPUInfo(
         name=name or "unknown CPU", arch=machine,
         cores_physical=psutil.cpu_count(logical=False) or os.cpu_count() or 1,
-        cores_logical=psutil.cpu_count(logical=True) or os.cpu_count() or 1,
-        flags=tuple(f for f in CPU_FLAGS if f in flags),
+        cores_logical=logical, flags=tuple(f for f in CPU_FLAGS if f in flags),
+        cores_usable=usable if usable < logical else None,
     )
 
 
@@ -181,7 +185,7 @@ def measure_ram_bandwidth(nbytes: int = BANDWIDTH_BYTES, passes: int = 10, threa
     import numpy as np
     import psutil
 
-    threads = threads or min(psutil.cpu_count(logical=False) or os.cpu_count() or 1, 32)
+    threads = threads or min(psutil.cpu_count(logical=False) or os.cpu_count() or 1, usable_cpus(), 32)
     nbytes = int(min(nbytes * max(1, threads // 4), psutil.virtual_memory().available // 8))
     a = np.ones(max(nbytes // 8, 1 << 20), dtype=np.int64)
     parts = np.array_split(a, threads)
@@ -276,6 +280,10 @@ def probe(*, remeasure: bool = False) -> HardwareInfo:
         notes.append("Apple unified memory: the GPU shares system RAM")
     if not gpus:
         notes.append("no usable GPU found: models run on the CPU")
+    if cpu.cores_usable is not None:
+        n = cpu.cores_usable
+        notes.append(f"this process may use {n} of the {cpu.cores_logical} CPUs (a container's CPU limit or an "
+                     f"affinity mask): the engine decodes on {n} thread{'s' if n > 1 else ''} unless told otherwise")
     return HardwareInfo(gpus=tuple(gpus), cpu=cpu, ram_total=int(vm.total), ram_available=int(vm.available),
                         ram_bandwidth_gbs=bw, ram_bandwidth_source=src, cpu_gflops=gflops, driver=driver,
                         unified_memory=unified, notes=tuple(notes), calibration=calibration())

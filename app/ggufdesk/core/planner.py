@@ -299,6 +299,12 @@ class _Reader:
         return nbytes / (cpu_read_gbs(self.hw, float_type=float_type, calibration=self.cal, ggml_type=ggml_type) * 1e9)
 
 
+def engine_threads(hw: HardwareInfo) -> int:
+    """The threads the engine decodes on by default: the physical cores, no more than this process
+    may use (core/settings.py `default_threads`)."""
+    return max(1, min(hw.cpu.cores_physical, hw.cpu.cores_usable or hw.cpu.cores_physical))
+
+
 def cpu_read_gbs(hw: HardwareInfo, *, float_type: bool = False, calibration: Calibration | None = None,
                  ggml_type: str | None = None) -> float:
     """GB of weights a CPU decode reads per second here: the engine's decode probe of this CPU when it
@@ -311,7 +317,7 @@ def cpu_read_gbs(hw: HardwareInfo, *, float_type: bool = False, calibration: Cal
         return cal.cpu_gbs
     eff = EFF_CPU_FLOAT if float_type else EFF_CPU_QUANT
     per_thread = PER_THREAD_FLOAT if float_type else PER_THREAD_QUANT
-    threads = max(1, hw.cpu.cores_physical)  # the engine decodes on the physical cores by default
+    threads = engine_threads(hw)
     return max(min(hw.ram_bandwidth_gbs * eff, threads * per_thread), 1e-3)
 
 
@@ -351,7 +357,7 @@ def cpu_attention_s(hw: HardwareInfo, n_head: int) -> float:
     """Seconds one layer's attention takes per query head and cached token on the CPU: ATTN_CPU_S of
     thread time split over the threads (heads are shared out between them, so no more threads than
     heads help)."""
-    return ATTN_CPU_S / max(1, min(hw.cpu.cores_physical, n_head or 1))
+    return ATTN_CPU_S / max(1, min(engine_threads(hw), n_head or 1))
 
 
 def _gpu_layers(info: GGUFInfo, hw: HardwareInfo, n_gpu_layers: int) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 
 from ggufdesk.core.aside import try_move_aside
+from ggufdesk.core.cpus import usable_cpus
 from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.rpc_wire import parse_workers
 
@@ -61,14 +62,16 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
 
 
 def default_threads() -> int:
-    """Physical cores: decode is memory-bound and hyperthreads only add contention."""
+    """Physical cores: decode is memory-bound and hyperthreads only add contention; no more than
+    the CPUs this process may use (a container's quota, `taskset`: core/cpus.py), where more
+    spinning threads than CPUs collapse a decode."""
     try:
         import psutil
 
         n = psutil.cpu_count(logical=False)
     except Exception:  # noqa: BLE001 - psutil missing or unsupported platform
         n = None
-    return max(1, n or os.cpu_count() or 1)
+    return max(1, min(n or os.cpu_count() or 1, usable_cpus()))
 
 
 @dataclass(slots=True, kw_only=True)

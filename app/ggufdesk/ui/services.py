@@ -132,7 +132,9 @@ def describe_hardware(hw: HardwareInfo) -> list[str]:
         lines.append("No graphics card we can use: models run on the processor (slower, but it works).")
     cpu = getattr(hw, "cpu", None)
     if cpu is not None:
-        lines.append(f"Processor: {cpu.name}, {cpu.cores_physical} cores.")
+        n = getattr(cpu, "cores_usable", None)
+        usable = f" ({n} usable here)" if n else ""
+        lines.append(f"Processor: {cpu.name}, {cpu.cores_physical} cores{usable}.")
     ram_total = getattr(hw, "ram_total", 0)
     ram_free = getattr(hw, "ram_available", 0)
     bw = getattr(hw, "ram_bandwidth_gbs", 0.0)

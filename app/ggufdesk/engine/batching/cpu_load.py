@@ -18,6 +18,8 @@ import os
 import time
 from collections.abc import Callable
 
+from ggufdesk.core.cpus import affinity
+
 log = logging.getLogger("ggufdesk.engine")
 
 # seconds of wall time between samples: the system's CPU times count in 10 ms ticks, so a quarter
@@ -35,36 +37,47 @@ NEGATIVE = -0.5  # a reading below this is inconsistent (counters reset, a clock
 Reader = Callable[[], float]
 
 
-def busy_cpu_reader() -> Reader | None:
-    """The system's busy CPU seconds (all CPUs), or None where psutil cannot read them.
+def busy_cpu_reader(cpus: frozenset[int] | None = None) -> Reader | None:
+    """The busy CPU seconds of the CPUs in `cpus` (None: all of them), or None where psutil cannot
+    read them.
 
     Busy is everything but idle and I/O wait; time of niced processes ("nice") counts only while this
     process is niced too: a niced neighbour yields its core to us, so it soaks up only what we leave
-    (read as taken, it would keep us at 1 thread forever beside a nice 19 build)."""
+    (read as taken, it would keep us at 1 thread forever beside a nice 19 build). Only the CPUs this
+    process may run on (`taskset`, a container's cpuset): a neighbour on the others takes nothing
+    from us, and counted against ours it would drop threads we can keep."""
     try:
         import psutil
 
-        psutil.cpu_times()
+        per_cpu = len(psutil.cpu_times(percpu=True))
         niced = psutil.Process().nice() > 0
     except Exception as e:  # noqa: BLE001 - no psutil, or a platform it cannot read
         log.debug("no CPU load reading (%s): threads follow step times only", e)
         return None
     skip = {"idle", "iowait", "guest", "guest_nice"} | (set() if niced else {"nice"})  # guest: inside user
+    # psutil lists online CPUs in order; where some are offline an index is not a CPU's number, and
+    # the whole machine is read instead
+    ours = sorted(cpus) if cpus and max(cpus) < per_cpu and len(cpus) < per_cpu else None
 
     def busy() -> float:
-        t = psutil.cpu_times()._asdict()
-        return float(sum(v for k, v in t.items() if k not in skip))
+        if ours is None:
+            t = [psutil.cpu_times()._asdict()]
+        else:
+            every = psutil.cpu_times(percpu=True)
+            t = [every[i]._asdict() for i in ours]
+        return float(sum(v for d in t for k, v in d.items() if k not in skip))
     return busy
 
 
-def logical_cpus() -> int:
+def logical_cpus(cpus: frozenset[int] | None = None) -> int:
     """The CPUs the scheduler shares among everyone, which the busy time is measured against.
 
     Logical, not the physical cores the engine's thread count starts from: spinning threads collapse
     when they are descheduled, which happens only when busy threads outnumber logical CPUs; a
     neighbour on an idle SMT sibling slows one of ours without descheduling it (the step times see
-    that). On a machine without SMT, as the 2-core one measured, the two are the same."""
-    return max(1, os.cpu_count() or 1)
+    that). On a machine without SMT, as the 2-core one measured, the two are the same. Only those
+    this process may run on (`cpus`, its affinity) where it is restricted."""
+    return max(1, len(cpus) if cpus else os.cpu_count() or 1)
 
 
 class CpuLoad:
@@ -90,8 +103,9 @@ class CpuLoad:
 
     @classmethod
     def of_this_machine(cls) -> CpuLoad | None:
-        busy = busy_cpu_reader()
-        return None if busy is None else cls(logical_cpus(), busy)
+        cpus = affinity()
+        busy = busy_cpu_reader(cpus)
+        return None if busy is None else cls(logical_cpus(cpus), busy)
 
     def free(self) -> int | None:
         """CPUs the others leave free now (sampled if PERIOD has passed), None while unknown."""

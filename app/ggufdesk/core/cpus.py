@@ -1,0 +1,99 @@
+"""The CPUs this process may use: its CPU affinity, capped by a cgroup CPU quota.
+
+A container started with `--cpus 2` or `--cpuset-cpus 0,1`, a systemd unit with `CPUQuota=`, or a
+program run under `taskset` sees every CPU of the machine in `os.cpu_count()` and psutil, but may run
+on fewer. llama.cpp's threads spin-wait for each other, so more threads than the CPUs allowed
+collapse a decode the way a busy neighbour does (engine/batching/threads.py). The same reading as
+joblib's loky (`cpu_count`): affinity, and the quota rounded up; written here because loky is a
+process-pool library, and because this also walks the process's own cgroup up to the root (a unit's
+quota is set on its own cgroup, which is not the mount's root outside a container).
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+CGROUP = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+
+
+def affinity() -> frozenset[int] | None:
+    """The CPUs the scheduler may run this process on, or None where the platform does not say."""
+    try:
+        cpus = frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS and Windows have no sched_getaffinity
+        try:
+            import psutil
+
+            cpus = frozenset(psutil.Process().cpu_affinity() or ())
+        except Exception:  # noqa: BLE001 - psutil missing, or no affinity on this platform (macOS)
+            return None
+    return cpus or None
+
+
+def _quota(text: str, period: str | None = None) -> float | None:
+    """CPUs from a v2 `cpu.max` line ("max 100000", "150000 100000") or v1 quota and period files."""
+    parts = text.split()
+    if period is not None:
+        parts = parts[:1] + period.split()[:1]
+    if len(parts) < 2 or parts[0] in ("max", "-1"):
+        return None
+    try:
+        quota, per = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    return quota / per if quota > 0 and per > 0 else None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def cgroup_cpus(root: Path = CGROUP, proc_cgroup: Path = PROC_CGROUP) -> float | None:
+    """The tightest CPU quota on this process's cgroup and its ancestors (v2 `cpu.max`, v1
+    `cpu.cfs_quota_us` / `cpu.cfs_period_us`), in CPUs; None where none is set or none can be read.
+    Inside a container's cgroup namespace its own cgroup reads as "/", the mount's root."""
+    text = _read(proc_cgroup)
+    if text is None:
+        return None
+    found: list[float] = []
+    for line in text.splitlines():
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # v2: "0::/path"
+            base, name = root, "cpu.max"
+        elif "cpu" in controllers.split(","):  # v1: "4:cpu,cpuacct:/path"
+            base, name = _v1_mount(root, controllers), "cpu.cfs_quota_us"
+        else:
+            continue
+        here = Path(os.path.normpath(base / path.strip().lstrip("/")))  # ("..": still under base)
+        for d in (here, *here.parents):
+            if not d.is_relative_to(base):
+                break
+            q = (_quota(_read(d / name) or "") if name == "cpu.max"
+                 else _quota(_read(d / name) or "", _read(d / "cpu.cfs_period_us") or ""))
+            if q is not None:
+                found.append(q)
+    return min(found) if found else None
+
+
+def _v1_mount(root: Path, controllers: str) -> Path:
+    """Where a v1 hierarchy holding the cpu controller is mounted: `cpu,cpuacct` or `cpu`."""
+    for name in (controllers, "cpu,cpuacct", "cpu"):
+        if (root / name).is_dir():
+            return root / name
+    return root / "cpu"
+
+
+def usable_cpus() -> int:
+    """The CPUs this process can keep busy at once: its affinity, capped by its cgroup's quota
+    (rounded up: 1.5 CPUs let two threads run most of the time). At least 1."""
+    cpus = affinity()
+    n = len(cpus) if cpus else (os.cpu_count() or 1)
+    quota = cgroup_cpus()
+    if quota is not None:
+        n = min(n, math.ceil(quota - 1e-9))
+    return max(1, n)
