@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Literal
 from ggufdesk.core import procs
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
+from ggufdesk.engine.link import engine_log
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.link.lifeline import PARENT_ENV
 
@@ -238,6 +239,7 @@ class EngineClient:
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("GGML_NO_BACKTRACE", "1")  # no gdb attach on abort: crash fast, say why
         env[PARENT_ENV] = str(os.getpid())
+        env.setdefault(engine_log.ENV, engine_log.level_for_engine())  # its log lines: as ours would show
         # Spawned and published under the lock shutdown() takes to set _closing: a shutdown either
         # comes first (nothing is spawned) or finds the process and waits for it. Without this, a
         # shutdown that came while a start was queued returned at once and the engine it spawned
@@ -312,7 +314,8 @@ class EngineClient:
                 line = raw.decode("utf-8", "replace").rstrip()
                 if line:
                     self.stderr_tail.append(line)
-                    log.debug("engine: %s", line)
+                    if not engine_log.relay(line):
+                        log.debug("engine: %s", line)
         except (OSError, ValueError) as e:  # the pipe went away under us: the process is ending
             log.debug("engine stderr closed: %s", e)
 
@@ -461,7 +464,7 @@ class EngineClient:
         detail = "\n".join(self.stderr_tail)
         if proc.kill_reason:
             return "hung", proc.kill_reason, detail
-        lines = [ln.strip() for ln in self.stderr_tail if ln.strip()]
+        lines = [ln.strip() for ln in self.stderr_tail if ln.strip() and not engine_log.is_chatter(ln)]
         telling = [ln for ln in lines if re.search(r"GGML_ASSERT|error|what\(\)|terminate|abort", ln, re.I)]
         advice = next((a for cause, a in CAUSES if any(cause.search(ln) for ln in lines)), "")
         return "crash", describe_exit(proc.popen.poll()) + (f": {(telling or lines)[-1]}" if lines else "") \

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeGuard, TypeVar, get_args
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
 from ggufdesk.engine.batching import cpu_load
-from ggufdesk.engine.link import lifeline
+from ggufdesk.engine.link import engine_log, lifeline
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.runtime import heap
 
@@ -1001,6 +1001,7 @@ def main() -> int:
     os.dup2(2, 1)  # C code printing to stdout now lands on stderr
     out = os.fdopen(events_fd, "w", encoding="utf-8", buffering=1 << 16)  # Emitter flushes
     sys.stdout = sys.stderr
+    engine_log.configure()  # our log lines reach the client's log (engine/link/engine_log.py)
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
     emit = Emitter(out)
     book = CancelBook()
