@@ -404,3 +404,20 @@ def test_a_table_kept_by_the_earlier_version_is_measured_again(tiny_model, unhur
     new.load(load)
     assert len(made) == 1 and new.verify_costs is not None and sorted(new.verify_costs) == list(range(1, 9))
     new.unload(quiet=True)
+
+
+def test_a_full_disk_loses_the_stored_table_not_the_load(tiny_model, unhurried, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    from ggufdesk.core.hardware import cache_dir
+
+    def full(self, *a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(Path, "write_text", full)
+    engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
+    engine.load(P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256),
+                       speculation=SpeculationSettings(mode="lookup", k_max=8)))
+    assert engine.verify_costs is not None and sorted(engine.verify_costs) == list(range(1, 9))  # in use
+    engine.unload(quiet=True)
+    assert not (cache_dir() / "verify_costs.json").exists()  # nothing half written for the next load
