@@ -138,3 +138,27 @@ def test_the_probe_notes_the_limit_and_the_threads_it_leaves(monkeypatch):
     assert any("on 1 thread unless" in n for n in hardware.probe().notes)
     monkeypatch.setattr(hardware, "cpu_info", lambda: replace(limited, cores_usable=None))
     assert not any("may use" in n for n in hardware.probe().notes)
+
+
+def test_a_limited_process_keeps_measurements_and_a_decode_probe_of_its_own():
+    from dataclasses import replace
+
+    from ggufdesk.core.hardware import machine_key
+
+    cpu = _hw(None).cpu
+    assert machine_key(cpu, 1 << 30).endswith("|32|1024")  # unlimited: the key of earlier versions
+    assert machine_key(replace(cpu, cores_usable=2), 1 << 30) != machine_key(cpu, 1 << 30)
+    assert machine_key(replace(cpu, cores_usable=2), 1 << 30) != machine_key(replace(cpu, cores_usable=4), 1 << 30)
+
+
+def test_a_limited_process_s_decode_probe_does_not_replace_the_whole_machine_s(monkeypatch):
+    from ggufdesk.core import hardware
+
+    monkeypatch.setattr(hardware, "cpu_limit", lambda: None)
+    hardware.record_decode_probe({"float_gbs": 20.0, "quant_gbs": 15.0, "type_gbs": {"Q4_K": 15.0}})
+    monkeypatch.setattr(hardware, "cpu_limit", lambda: 1)
+    assert hardware.decode_probe() is None and not hardware.decode_probe_is_current()  # to be probed here
+    hardware.record_decode_probe({"float_gbs": 9.0, "quant_gbs": 7.0, "type_gbs": {"Q4_K": 7.0}})
+    assert hardware.decode_probe()["quant_gbs"] == 7.0
+    monkeypatch.setattr(hardware, "cpu_limit", lambda: None)
+    assert hardware.decode_probe()["quant_gbs"] == 15.0 and hardware.decode_probe_is_current()

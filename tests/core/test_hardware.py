@@ -197,3 +197,47 @@ def test_runs_measured_on_a_busy_machine_do_not_become_the_prediction():
     for tok_s in (2.3, 2.1, 2.6, 2.4, 3.0):
         hardware.record_decode_run(where="cpu", bytes_per_token=250_000_000, tok_s=tok_s)
     assert hardware.effective_bandwidth_gbs("cpu") == pytest.approx(13.0 * 0.25)
+
+
+def test_a_limited_process_and_the_whole_machine_keep_their_own_measurements(monkeypatch):
+    use(monkeypatch, fake_nvml([]))
+    reads = iter([30.0, 9.0, 31.0])
+    monkeypatch.setattr(hardware, "measure_ram_bandwidth", lambda *a, **k: next(reads))
+    whole = hardware.probe()
+    monkeypatch.setattr(hardware, "cpu_limit", lambda: 1)  # taskset -c 0, a container's --cpus 1
+    limited = hardware.probe()
+    assert (whole.ram_bandwidth_gbs, limited.ram_bandwidth_gbs) == (30.0, 9.0)
+    assert limited.cpu.cores_usable == 1 and limited.ram_bandwidth_source == "measured"
+    assert hardware.probe().ram_bandwidth_source == "cached"
+    monkeypatch.setattr(hardware, "cpu_limit", lambda: None)
+    again = hardware.probe()  # not measured again: the limited run kept its entry apart
+    assert (again.ram_bandwidth_gbs, again.ram_bandwidth_source) == (30.0, "cached")
+
+
+def test_a_cache_of_one_entry_written_before_is_read(monkeypatch):
+    import json
+
+    import psutil
+
+    use(monkeypatch, fake_nvml([]))
+    cpu = hardware.cpu_info()
+    key = hardware.machine_key(cpu, int(psutil.virtual_memory().total))
+    path = hardware.cache_dir() / hardware.CACHE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"key": key, "ram_bandwidth_gbs": 27.5, "cpu_gflops": 90.0}))
+    hw = hardware.probe()
+    assert (hw.ram_bandwidth_gbs, hw.ram_bandwidth_source) == (27.5, "cached")
+    path.write_text(json.dumps({"machines": {key: "not a dict"}, "key": 3}))
+    assert hardware.probe().ram_bandwidth_source == "measured"
+
+
+def test_runs_recorded_under_a_cpu_limit_calibrate_only_that_limit(monkeypatch):
+    monkeypatch.setattr(hardware, "cpu_limit", lambda: None)
+    hardware.record_decode_run(where="cpu", bytes_per_token=100 << 20, tok_s=20.0)
+    monkeypatch.setattr(hardware, "cpu_limit", lambda: 1)
+    assert hardware.effective_bandwidth_gbs("cpu") is None  # the whole machine's run says nothing here
+    hardware.record_decode_run(where="cpu", bytes_per_token=100 << 20, tok_s=8.0)
+    limited = hardware.effective_bandwidth_gbs("cpu")
+    monkeypatch.setattr(hardware, "cpu_limit", lambda: None)
+    whole = hardware.effective_bandwidth_gbs("cpu")
+    assert limited is not None and whole is not None and limited < whole

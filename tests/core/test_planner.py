@@ -282,7 +282,9 @@ def test_the_decode_probe_is_kept_per_machine_and_a_broken_file_is_ignored():
     assert hardware.decode_probe() == {"float_gbs": 20.0, "quant_gbs": 15.0, "type_gbs": PROBED}
     assert calibration().cpu_type_gbs == tuple(sorted(PROBED.items()))
     path = hardware.cache_dir() / hardware.DECODE_PROBE_FILE
-    d = json.loads(path.read_text())
+    (d,) = json.loads(path.read_text())["machines"].values()  # one entry per machine key; one alone reads too
+    path.write_text(json.dumps(d))
+    assert hardware.decode_probe() == {"float_gbs": 20.0, "quant_gbs": 15.0, "type_gbs": PROBED}
     path.write_text(json.dumps({**d, "key": "another machine"}))
     assert hardware.decode_probe() is None  # measured on other hardware: not this one's
     for broken in ('{"float_gbs": 20', "[]", json.dumps({**d, "quant_gbs": 0}), json.dumps({**d, "float_gbs": True})):

@@ -18,6 +18,7 @@ CPU_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf1
              "neon", "sve")
 BANDWIDTH_BYTES = 256 << 20  # the measured pass reads this much (fewer when RAM is short)
 CACHE_FILE = "hardware.json"
+MACHINES_MAX = 8  # entries kept per file (_keep): the whole machine and the CPU limits it was used under
 CALIBRATION_FILE = "calibration.json"
 DECODE_PROBE_FILE = "decode_probe.json"
 MAX_RUNS = 50
@@ -167,12 +168,11 @@ def cpu_info() -> CPUInfo:
     machine = platform.machine().lower()
     if machine in ("arm64", "aarch64") and ("asimd" in flags or platform.system() == "Darwin"):
         flags.add("neon")
-    logical, usable = psutil.cpu_count(logical=True) or os.cpu_count() or 1, usable_cpus()
     return CPUInfo(
         name=name or "unknown CPU", arch=machine,
         cores_physical=psutil.cpu_count(logical=False) or os.cpu_count() or 1,
-        cores_logical=logical, flags=tuple(f for f in CPU_FLAGS if f in flags),
-        cores_usable=usable if usable < logical else None,
+        cores_logical=psutil.cpu_count(logical=True) or os.cpu_count() or 1,
+        flags=tuple(f for f in CPU_FLAGS if f in flags), cores_usable=cpu_limit(),
     )
 
 
@@ -218,9 +218,20 @@ def cache_dir() -> Path:
     return Path(user_cache_dir("ggufdesk"))
 
 
+def cpu_limit() -> int | None:
+    """The CPUs this process may use where fewer than the machine's logical ones (core/cpus.py)."""
+    import psutil
+
+    usable, logical = usable_cpus(), psutil.cpu_count(logical=True) or os.cpu_count() or 1
+    return usable if usable < logical else None
+
+
 def machine_key(cpu: CPUInfo, ram_total: int) -> str:
-    # v2: bandwidth read by one thread per physical core (v1 used one thread and is remeasured)
-    return f"v2|{platform.node()}|{cpu.name}|{cpu.cores_logical}|{ram_total >> 20}"
+    # v2: bandwidth read by one thread per physical core (v1 used one thread and is remeasured). A process
+    # limited to fewer CPUs (a container's quota, taskset) decodes and reads on fewer threads: its own
+    # measurements and decode probe, not the whole machine's (the unlimited key is unchanged)
+    limited = f"|cpus{cpu.cores_usable}" if cpu.cores_usable is not None else ""
+    return f"v2|{platform.node()}|{cpu.name}|{cpu.cores_logical}|{ram_total >> 20}{limited}"
 
 
 def _load_json(path: Path) -> Any:
@@ -249,9 +260,9 @@ def measurements(cpu: CPUInfo, ram_total: int, *, remeasure: bool = False) -> tu
     the best figure this machine has shown: a busy pass can only under-read what the memory does."""
     key = machine_key(cpu, ram_total)
     path = cache_dir() / CACHE_FILE
-    cached = _load_json(path)
+    cached = _entries(path).get(key)
     old_bw = old_fl = 0.0
-    if isinstance(cached, dict) and cached.get("key") == key:
+    if isinstance(cached, dict):
         bw, fl = cached.get("ram_bandwidth_gbs"), cached.get("cpu_gflops")
         if isinstance(bw, (int, float)) and bw > 0 and isinstance(fl, (int, float)) and fl > 0:
             if not remeasure:
@@ -263,8 +274,26 @@ def measurements(cpu: CPUInfo, ram_total: int, *, remeasure: bool = False) -> tu
         log.warning("RAM bandwidth measurement failed (%s); assuming 20 GB/s, 50 GFLOPS", e)
         return (old_bw, old_fl, "cached") if old_bw else (20.0, 50.0, "assumed")
     bw, fl = max(bw, old_bw), max(fl, old_fl)
-    _save_json(path, {"key": key, "ram_bandwidth_gbs": bw, "cpu_gflops": fl, "measured_at": time.time()})
+    _keep(path, key, {"ram_bandwidth_gbs": bw, "cpu_gflops": fl, "measured_at": time.time()})
     return bw, fl, "measured"
+
+
+def _entries(path: Path) -> dict[str, dict[str, Any]]:
+    """A per-machine file's entries by machine_key. One per key ("machines"), so a limited process and
+    the whole machine sharing a cache folder do not measure again each time the other ran; a file of
+    one entry (written before) is read as one."""
+    kept = _load_json(path)
+    machines = kept.get("machines") if isinstance(kept, dict) else None
+    if isinstance(machines, dict):
+        return {k: v for k, v in machines.items() if isinstance(v, dict)}
+    return {kept["key"]: kept} if isinstance(kept, dict) and isinstance(kept.get("key"), str) else {}
+
+
+def _keep(path: Path, key: str, entry: dict[str, Any]) -> None:
+    machines = _entries(path)
+    machines.pop(key, None)  # the newest last: the oldest go first past MACHINES_MAX
+    machines[key] = {"key": key, **entry}
+    _save_json(path, {"machines": dict(list(machines.items())[-MACHINES_MAX:])})
 
 
 def probe(*, remeasure: bool = False) -> HardwareInfo:
@@ -352,6 +381,7 @@ class DecodeRun:
     n_layer: int = 0
     matmuls: int = 0  # weight matrices multiplied per token: their fixed cost is not bandwidth
     at: float = field(default_factory=time.time)
+    cpus: int | None = None  # the CPUs a limited process could use (cpu_limit); None: the whole machine
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,14 +437,14 @@ def llama_build() -> str:
 def decode_probe_is_current() -> bool:
     """Whether the recorded decode probe was taken with the llama.cpp build installed now (an earlier
     probe, recorded before builds were noted, counts as another build)."""
-    d = _load_json(cache_dir() / DECODE_PROBE_FILE)
-    return isinstance(d, dict) and d.get("build") == llama_build()
+    d = _entries(cache_dir() / DECODE_PROBE_FILE).get(_probe_key())
+    return d is not None and d.get("build") == llama_build()
 
 
 def decode_probe() -> dict[str, Any] | None:
     """The engine's decode probe recorded for this machine (record_decode_probe), or None."""
-    d = _load_json(cache_dir() / DECODE_PROBE_FILE)
-    if not isinstance(d, dict) or d.get("key") != _probe_key() or not _usable(d):
+    d = _entries(cache_dir() / DECODE_PROBE_FILE).get(_probe_key())
+    if d is None or not _usable(d):
         return None  # another machine's, or a hand-edited or half-written file: the fitted constants stay
     types = d.get("type_gbs")
     types = {k: float(v) for k, v in types.items() if _rate(v)} if isinstance(types, dict) else {}
@@ -435,8 +465,8 @@ def record_decode_probe(result: dict[str, Any]) -> None:
     if not _usable(result):
         raise ValueError("the decode probe returned no usable rates: "
                          + ", ".join(f"{k}={result.get(k)!r}" for k in ("float_gbs", "quant_gbs")))
-    _save_json(cache_dir() / DECODE_PROBE_FILE,
-               {"key": _probe_key(), **result, "build": llama_build(), "measured_at": time.time()})
+    _keep(cache_dir() / DECODE_PROBE_FILE, _probe_key(),
+          {**result, "build": llama_build(), "measured_at": time.time()})
 
 
 def record_decode_run(*, where: str, bytes_per_token: int, tok_s: float, n_layer: int = 0,
@@ -448,7 +478,7 @@ def record_decode_run(*, where: str, bytes_per_token: int, tok_s: float, n_layer
     runs = _load_json(path)
     runs = runs if isinstance(runs, list) else []
     runs.append(asdict(DecodeRun(where=where, bytes_per_token=int(bytes_per_token), tok_s=float(tok_s),
-                                 n_layer=int(n_layer), matmuls=max(0, int(matmuls)))))
+                                 n_layer=int(n_layer), matmuls=max(0, int(matmuls)), cpus=cpu_limit())))
     _save_json(path, runs[-MAX_RUNS:])
 
 
@@ -461,8 +491,9 @@ def effective_bandwidth_gbs(where: str, *, min_bytes: int = 32 << 20) -> float |
     runs = _load_json(cache_dir() / CALIBRATION_FILE)
     if not isinstance(runs, list):
         return None
+    limit = cpu_limit()  # a run on fewer CPUs says nothing of the whole machine, nor the reverse
     vals = [run_gbs(r) for r in runs
-            if isinstance(r, dict) and r.get("where") == where
+            if isinstance(r, dict) and r.get("where") == where and r.get("cpus") == limit
             and isinstance(r.get("bytes_per_token"), int) and r["bytes_per_token"] >= min_bytes
             and isinstance(r.get("tok_s"), (int, float)) and r["tok_s"] > 0]
     return max(vals) if vals else None
