@@ -133,9 +133,9 @@ def test_the_probe_notes_the_limit_and_the_threads_it_leaves(monkeypatch):
     monkeypatch.setattr(hardware, "cpu_info", lambda: limited)
     monkeypatch.setattr(hardware, "measurements", lambda cpu, ram, remeasure=False: (10.0, 50.0, "measured"))
     notes = hardware.probe().notes
-    assert any("may use 2 of the 4 CPUs" in n and "on 2 threads" in n for n in notes), notes
+    assert any("may use 2 of the 4 CPUs" in n and "on 2 threads by default" in n for n in notes), notes
     monkeypatch.setattr(hardware, "cpu_info", lambda: replace(limited, cores_usable=1))
-    assert any("on 1 thread unless" in n for n in hardware.probe().notes)
+    assert any("on 1 thread by default" in n for n in hardware.probe().notes)
     monkeypatch.setattr(hardware, "cpu_info", lambda: replace(limited, cores_usable=None))
     assert not any("may use" in n for n in hardware.probe().notes)
 

@@ -311,8 +311,8 @@ def probe(*, remeasure: bool = False) -> HardwareInfo:
         notes.append("no usable GPU found: models run on the CPU")
     if cpu.cores_usable is not None:
         n = cpu.cores_usable
-        notes.append(f"this process may use {n} of the {cpu.cores_logical} CPUs (a container's CPU limit or an "
-                     f"affinity mask): the engine decodes on {n} thread{'s' if n > 1 else ''} unless told otherwise")
+        notes.append(f"ggufdesk may use {n} of the {cpu.cores_logical} CPUs here (a container's CPU limit or an "
+                     f"affinity mask), so models run on {n} thread{'s' if n > 1 else ''} by default")
     return HardwareInfo(gpus=tuple(gpus), cpu=cpu, ram_total=int(vm.total), ram_available=int(vm.available),
                         ram_bandwidth_gbs=bw, ram_bandwidth_source=src, cpu_gflops=gflops, driver=driver,
                         unified_memory=unified, notes=tuple(notes), calibration=calibration())
