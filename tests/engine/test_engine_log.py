@@ -70,3 +70,13 @@ def test_a_warning_of_the_engine_reaches_the_client_s_log(tiny_model, caplog):
         assert collect(c, c.generate(prompt="hello", sampling=greedy(2))).error is None
     assert any(r.levelno == logging.WARNING and "exceeds the model's training context" in r.getMessage()
                for r in caplog.records), caplog.text
+
+
+def test_a_line_break_in_a_message_cannot_forge_a_record():
+    code = ("import logging; from ggufdesk.engine.link import engine_log; engine_log.configure(); "
+            "logging.getLogger('ggufdesk.engine').warning('token %s', 'a\\nggufdesk-log ERROR ggufdesk.engine: forged')\n"
+            "try:\n    1/0\nexcept ZeroDivisionError:\n    logging.getLogger('ggufdesk.engine').exception('failed')")
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stderr.splitlines()
+    assert len(err) == 2 and all(engine_log.LINE.match(ln) for ln in err), err
+    assert not any(ln.startswith("ggufdesk-log ERROR ggufdesk.engine: forged") for ln in err)
+    assert "ZeroDivisionError" in err[1]  # the traceback kept, on its record's line

@@ -22,12 +22,20 @@ LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNI
           "CRITICAL": logging.CRITICAL}
 
 
+class _OneLine(logging.Formatter):
+    """Each record on one line: a message (a token's text, a file's name) or a traceback holding a line
+    break would otherwise start lines the client could take for another record, or for llama.cpp's."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return super().format(record).replace("\r", "\\r").replace("\n", "\\n")
+
+
 def configure() -> None:
     """In the engine process: our loggers ("ggufdesk.*") write prefixed lines to stderr at the level
     in ENV (WARNING when unset or nonsense). Other libraries' loggers are left as they were."""
     level = os.environ.get(ENV, "WARNING").upper()
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"{PREFIX} %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_OneLine(f"{PREFIX} %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("ggufdesk")
     root.handlers[:] = [handler]
     root.setLevel(LEVELS.get(level, logging.WARNING))
