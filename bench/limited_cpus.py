@@ -6,7 +6,7 @@ fixed 1 and fixed 2 threads (and, for reference, the same without a limit), each
 to round.
 
 llama.cpp's threads spin-wait for each other: two threads on one CPU take turns, which does not
-collapse a decode as a busy neighbour does (engine/batching/threads.py), but measured here cost 12-30%
+collapse a decode as a busy neighbour does (engine/batching/threads.py), but measured here cost 13-37%
 (docs/bench/engine.md). Printed: median decode tok/s per limit and
 thread setting, and default / the better fixed choice (>= 0.9 is the contention bench's bar).
 

@@ -3,7 +3,7 @@
 A container started with `--cpus 2` or `--cpuset-cpus 0,1`, a systemd unit with `CPUQuota=`, or a
 program run under `taskset` sees every CPU of the machine in `os.cpu_count()` and psutil, but may run
 on fewer. llama.cpp's threads spin-wait for each other, so more threads than the CPUs allowed take
-turns: measured on 2 cores limited to one, 2 threads decoded 12-30% slower than 1 (bench/limited_cpus.py,
+turns: measured on 2 cores limited to one, 2 threads decoded 13-37% slower than 1 (bench/limited_cpus.py,
 docs/bench/engine.md), and neither the CPU-load sensor nor the step times see it, since nothing else
 runs and the count is slow from the first step (engine/batching/threads.py). The same reading as
 joblib's loky (`cpu_count`): affinity, and the quota rounded up; written here because loky is a

@@ -64,7 +64,7 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
 def default_threads() -> int:
     """Physical cores: decode is memory-bound and hyperthreads only add contention; no more than
     the CPUs this process may use (a container's quota, `taskset`: core/cpus.py), where more
-    spinning threads than CPUs take turns (12-30% slower, bench/limited_cpus.py)."""
+    spinning threads than CPUs take turns (13-37% slower, bench/limited_cpus.py)."""
     try:
         import psutil
 
