@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ggufdesk.core.cpus import usable_cpus
+from ggufdesk.core.settings import default_threads
 
 log = logging.getLogger("ggufdesk.hardware")
 
@@ -185,7 +186,7 @@ def measure_ram_bandwidth(nbytes: int = BANDWIDTH_BYTES, passes: int = 10, threa
     import numpy as np
     import psutil
 
-    threads = threads or min(psutil.cpu_count(logical=False) or os.cpu_count() or 1, usable_cpus(), 32)
+    threads = threads or min(default_threads(), 32)  # the engine's count: physical cores it may use
     nbytes = int(min(nbytes * max(1, threads // 4), psutil.virtual_memory().available // 8))
     a = np.ones(max(nbytes // 8, 1 << 20), dtype=np.int64)
     parts = np.array_split(a, threads)
