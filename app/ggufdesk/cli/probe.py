@@ -70,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def describe_cpu(c: hardware.CPUInfo) -> str:
+    fast = f", {c.cores_performance} of them performance cores" if c.cores_performance else ""
     usable = f" ({c.cores_usable} usable here)" if c.cores_usable else ""
-    return (f"CPU: {c.name}, {c.cores_physical} cores / {c.cores_logical} threads{usable}, "
+    return (f"CPU: {c.name}, {c.cores_physical} cores{fast} / {c.cores_logical} threads{usable}, "
             f"{' '.join(c.flags) or 'no SIMD flags'}")
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import os
+import platform
+from collections.abc import Callable
 from pathlib import Path
 
 CGROUP = Path("/sys/fs/cgroup")
@@ -99,3 +101,85 @@ def usable_cpus() -> int:
     if quota is not None:
         n = min(n, math.ceil(quota - 1e-9))
     return max(1, n)
+
+
+# ------------------------------------------------------------------ hybrid CPUs: performance cores
+
+SYS_DEVICES = Path("/sys/devices")
+SYS_CPU = Path("/sys/devices/system/cpu")
+CPULIST_MAX = 1 << 16  # no machine has more CPUs: a longer range in a CPU list is nonsense, not a list
+
+
+def cpulist(text: str) -> frozenset[int]:
+    """A kernel CPU list ("0-7,16,18-19"); empty for anything that is not one."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        lo, _, hi = part.strip().partition("-")
+        try:
+            a, b = int(lo), int(hi or lo)
+        except ValueError:
+            return frozenset()
+        if a < 0 or b < a or b - a >= CPULIST_MAX:
+            return frozenset()
+        out.update(range(a, b + 1))
+    return frozenset(out)
+
+
+def fast_cpus(devices: Path = SYS_DEVICES) -> frozenset[int] | None:
+    """The logical CPUs of the performance cores of a hybrid Intel CPU (Alder Lake and later: P- and
+    E-cores), which Linux 5.13+ lists as two perf PMUs, `cpu_core` and `cpu_atom`; None where the CPU
+    is not hybrid (one PMU, `cpu`) or the lists cannot be read."""
+    core, atom = _read(devices / "cpu_core" / "cpus"), _read(devices / "cpu_atom" / "cpus")
+    if core is None or atom is None:
+        return None
+    fast, slow = cpulist(core), cpulist(atom)
+    return fast if fast and slow else None
+
+
+def physical_cores(cpus: frozenset[int], sys_cpu: Path = SYS_CPU) -> int:
+    """Physical cores among these logical CPUs: SMT siblings (`thread_siblings_list`) count once."""
+    cores = set()
+    for c in cpus:
+        siblings = cpulist(_read(sys_cpu / f"cpu{c}" / "topology" / "thread_siblings_list") or "")
+        cores.add(min(siblings) if c in siblings else c)
+    return len(cores)
+
+
+def _sysctl_int(name: str) -> int | None:
+    """A macOS integer sysctl (ctypes: `sysctl` the program would cost a process per call)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        value, size = ctypes.c_int(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_int))
+        if libc.sysctlbyname(name.encode(), ctypes.byref(value), ctypes.byref(size), None, ctypes.c_size_t(0)):
+            return None
+    except (OSError, AttributeError):
+        return None
+    return value.value
+
+
+def performance_cores(system: str | None = None, devices: Path = SYS_DEVICES, sys_cpu: Path = SYS_CPU,
+                      sysctl: Callable[[str], int | None] = _sysctl_int) -> int | None:
+    """The physical performance cores this process may run on, where the CPU mixes fast and slow
+    cores; None where its cores are alike or the platform does not say.
+
+    llama.cpp's threads wait for each other at every operation, so a thread on a slower core holds
+    the others back: llama.cpp's own default (`cpu_get_num_math`) counts only an Intel hybrid CPU's
+    P-cores, and on macOS only the performance cores (`hw.perflevel0.physicalcpu`), and so does
+    ours. Linux on Intel reads the perf PMU lists (llama.cpp asks CPUID on each CPU in turn, which
+    needs pinning a thread to each); a process pinned to E-cores only has cores that are alike.
+    Not read: Windows (llama.cpp counts every core there too) and Arm big.LITTLE boards on Linux."""
+    system = system or platform.system()
+    if system == "Darwin":
+        levels = sysctl("hw.nperflevels")
+        fast = sysctl("hw.perflevel0.physicalcpu") if levels and levels > 1 else None
+        return fast if fast and fast > 0 else None
+    if system != "Linux":
+        return None
+    fast_set = fast_cpus(devices)
+    if fast_set is None:
+        return None
+    mine = fast_set & (affinity() or fast_set)
+    return physical_cores(mine, sys_cpu) if mine else None

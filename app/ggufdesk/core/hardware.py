@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ggufdesk.core.cpus import usable_cpus
+from ggufdesk.core.cpus import performance_cores, usable_cpus
 from ggufdesk.core.settings import default_threads
 
 log = logging.getLogger("ggufdesk.hardware")
@@ -52,6 +52,7 @@ class CPUInfo:
     cores_logical: int
     flags: tuple[str, ...]
     cores_usable: int | None = None  # fewer CPUs than logical ones this process may use (core/cpus.py)
+    cores_performance: int | None = None  # a hybrid CPU's performance cores this process may use; None: alike
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,6 +175,7 @@ def cpu_info() -> CPUInfo:
         cores_physical=psutil.cpu_count(logical=False) or os.cpu_count() or 1,
         cores_logical=psutil.cpu_count(logical=True) or os.cpu_count() or 1,
         flags=tuple(f for f in CPU_FLAGS if f in flags), cores_usable=cpu_limit(),
+        cores_performance=performance_cores(),
     )
 
 
@@ -230,9 +232,11 @@ def cpu_limit() -> int | None:
 def machine_key(cpu: CPUInfo, ram_total: int) -> str:
     # v2: bandwidth read by one thread per physical core (v1 used one thread and is remeasured). A process
     # limited to fewer CPUs (a container's quota, taskset) decodes and reads on fewer threads: its own
-    # measurements and decode probe, not the whole machine's (the unlimited key is unchanged)
+    # measurements and decode probe, not the whole machine's (the unlimited key is unchanged); so does a
+    # hybrid CPU's default of its performance cores only (measured on every core before that default)
     limited = f"|cpus{cpu.cores_usable}" if cpu.cores_usable is not None else ""
-    return f"v2|{platform.node()}|{cpu.name}|{cpu.cores_logical}|{ram_total >> 20}{limited}"
+    fast = f"|perf{cpu.cores_performance}" if cpu.cores_performance is not None else ""
+    return f"v2|{platform.node()}|{cpu.name}|{cpu.cores_logical}|{ram_total >> 20}{limited}{fast}"
 
 
 def _load_json(path: Path) -> Any:
@@ -314,6 +318,10 @@ def probe(*, remeasure: bool = False) -> HardwareInfo:
         n = cpu.cores_usable
         notes.append(f"ggufdesk may use {n} of the {cpu.cores_logical} CPUs here (a container's CPU limit or an "
                      f"affinity mask), so models run on {n} thread{'s' if n > 1 else ''} by default")
+    if cpu.cores_performance is not None:
+        notes.append(f"this CPU mixes fast and slow cores: models run on its {cpu.cores_performance} performance "
+                     "cores by default, as llama.cpp does (threads that wait for each other at every step go "
+                     "at the slowest one's pace); --threads sets another count")
     return HardwareInfo(gpus=tuple(gpus), cpu=cpu, ram_total=int(vm.total), ram_available=int(vm.available),
                         ram_bandwidth_gbs=bw, ram_bandwidth_source=src, cpu_gflops=gflops, driver=driver,
                         unified_memory=unified, notes=tuple(notes), calibration=calibration())

@@ -300,9 +300,10 @@ class _Reader:
 
 
 def engine_threads(hw: HardwareInfo) -> int:
-    """The threads the engine decodes on by default: the physical cores, no more than this process
-    may use (core/settings.py `default_threads`)."""
-    return max(1, min(hw.cpu.cores_physical, hw.cpu.cores_usable or hw.cpu.cores_physical))
+    """The threads the engine decodes on by default: the physical cores (a hybrid CPU's performance
+    cores), no more than this process may use (core/settings.py `default_threads`)."""
+    cores = hw.cpu.cores_performance or hw.cpu.cores_physical
+    return max(1, min(cores, hw.cpu.cores_usable or cores))
 
 
 def cpu_read_gbs(hw: HardwareInfo, *, float_type: bool = False, calibration: Calibration | None = None,

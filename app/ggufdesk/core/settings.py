@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 
 from ggufdesk.core.aside import try_move_aside
-from ggufdesk.core.cpus import usable_cpus
+from ggufdesk.core.cpus import performance_cores, usable_cpus
 from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.rpc_wire import parse_workers
 
@@ -62,15 +62,18 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
 
 
 def default_threads() -> int:
-    """Physical cores: decode is memory-bound and hyperthreads only add contention; no more than
-    the CPUs this process may use (a container's quota, `taskset`: core/cpus.py), where more
-    spinning threads than CPUs take turns (13-37% slower, bench/limited_cpus.py)."""
-    try:
-        import psutil
+    """Physical cores: decode is memory-bound and hyperthreads only add contention; on a hybrid CPU
+    its performance cores only, as llama.cpp counts them (core/cpus.py `performance_cores`); no more
+    than the CPUs this process may use (a container's quota, `taskset`), where more spinning threads
+    than CPUs take turns (13-37% slower, bench/limited_cpus.py)."""
+    n = performance_cores()
+    if n is None:
+        try:
+            import psutil
 
-        n = psutil.cpu_count(logical=False)
-    except Exception:  # noqa: BLE001 - psutil missing or unsupported platform
-        n = None
+            n = psutil.cpu_count(logical=False)
+        except Exception:  # noqa: BLE001 - psutil missing or unsupported platform
+            n = None
     return max(1, min(n or os.cpu_count() or 1, usable_cpus()))
 
 

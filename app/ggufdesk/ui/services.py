@@ -134,7 +134,9 @@ def describe_hardware(hw: HardwareInfo) -> list[str]:
     if cpu is not None:
         n = getattr(cpu, "cores_usable", None)
         usable = f" ({n} usable here)" if n else ""
-        lines.append(f"Processor: {cpu.name}, {cpu.cores_physical} cores{usable}.")
+        fast = getattr(cpu, "cores_performance", None)
+        fast_text = f", {fast} of them fast ones that models run on" if fast else ""
+        lines.append(f"Processor: {cpu.name}, {cpu.cores_physical} cores{fast_text}{usable}.")
     ram_total = getattr(hw, "ram_total", 0)
     ram_free = getattr(hw, "ram_available", 0)
     bw = getattr(hw, "ram_bandwidth_gbs", 0.0)
