@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.spec_heldout2 import HELDOUT2
 from bench.spec_workloads import WORKLOADS as TUNED
 from bench.spec_workloads import Workload
 
@@ -107,7 +108,7 @@ HELDOUT: list[Workload] = [
 ]
 HELDOUT_CATEGORIES = list(dict.fromkeys(w.category for w in HELDOUT))
 COPY_HEAVY = ("quote-de", "quote-fr", "quote-ja", "copy-ja", "copy-de", "list-ja", "edit-en")
-SUITES = {"tuned": TUNED, "heldout": HELDOUT}
+SUITES = {"tuned": TUNED, "heldout": HELDOUT, "heldout2": HELDOUT2}  # heldout2: bench/spec_heldout2.py
 
 
 def chat_prompt(w: Workload) -> list[dict[str, str]]:

@@ -253,7 +253,8 @@ def tiny(rounds: int, tokens: int) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default="tuned", choices=list(SUITES), help="tuned (bench/spec_workloads.py) or "
-                    "heldout (bench/spec_heldout.py: never tuned on)")
+                    "heldout (bench/spec_heldout.py: never tuned on), heldout2 (bench/spec_heldout2.py: "
+                    "written 2026-12-06, nothing chosen on it)")
     ap.add_argument("--model", default="starter", help="starter, smollm2 (sent as chat messages) or a GGUF path")
     ap.add_argument("--hints", action="store_true", help="also adaptive with each lookup hint off and all off")
     ap.add_argument("--categories", default="", help="comma-separated (default: all of the suite's)")
