@@ -22,10 +22,11 @@ threads (medians over rounds; the machine is shared, so read the ratios, not the
    until the last is done (lookup's early finishers leave a tail at fewer streams there).
 
     .venv/bin/python bench/batch.py [MODEL] [--rounds N] [--threads N] [--chunk C] [--parts 123456]
-        [--max-tokens N] [--work tuned|heldout]
+        [--max-tokens N] [--work tuned|heldout|heldout2]
 
 `--work heldout` runs part 6 on bench/spec_heldout.py's prompts instead (never tuned on): its copy-heavy
-categories against its free writing and explanations.
+categories against its free writing and explanations; `--work heldout2` on bench/spec_heldout2.py's
+(written 2026-12-06, nothing chosen on it) the same way.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.spec_heldout import COPY_HEAVY, HELDOUT
+from bench.spec_heldout2 import COPY_HEAVY2, HELDOUT2
 from bench.spec_workloads import WORKLOADS
 from ggufdesk.core.settings import LoadSettings, SamplingSettings
 from ggufdesk.engine.link import protocol as P
@@ -114,6 +116,9 @@ FREE = [w for w in WORKLOADS if w.category == "writing"]
 # not lose (free writing sampled at T 0.8 in three languages, explanations); its count-on lists are neither
 HELD_COPY = [w for w in HELDOUT if w.category in COPY_HEAVY]
 HELD_FREE = [w for w in HELDOUT if w.category.startswith(("free-", "explain-"))]
+WORK = {"tuned": (COPY_EDIT, FREE), "heldout": (HELD_COPY, HELD_FREE),
+        "heldout2": ([w for w in HELDOUT2 if w.category in COPY_HEAVY2],
+                     [w for w in HELDOUT2 if w.category.startswith(("free-", "explain-"))])}
 
 
 def four_clients(client: EngineClient, r: int, work: list, tokens: int, lookup: bool) -> float:
@@ -247,10 +252,10 @@ def main() -> int:
     ap.add_argument("--parts", default="123456", help="which parts to run, e.g. 4 or 145")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per stream in part 6")
     ap.add_argument("--gpu-layers", type=int, default=0, help="layers on a GPU (-1: all)")
-    ap.add_argument("--work", default="tuned", choices=("tuned", "heldout"),
-                    help="part 6's prompts: bench/spec_workloads.py's (tuned on) or bench/spec_heldout.py's")
+    ap.add_argument("--work", default="tuned", choices=list(WORK),
+                    help="part 6's prompts: bench/spec_workloads.py's (tuned on), bench/spec_heldout.py's or spec_heldout2.py's")
     args = ap.parse_args()
-    copy_work, free_work = (HELD_COPY, HELD_FREE) if args.work == "heldout" else (COPY_EDIT, FREE)
+    copy_work, free_work = WORK[args.work]
     if args.model is None:
         from ggufdesk.core.starter import starter_model_path
 
@@ -431,8 +436,8 @@ def main() -> int:
         print("| work | without lookup | with adaptive lookup | ratio | target | one wave: ratio |")
         print("|---|---:|---:|---:|---:|---:|")
         labels = ("copy/edit (code, RAG, copy)", "free writing (sampled)")
-        if args.work == "heldout":
-            labels = ("copy/edit (held out: quotes, copies, a list, edits)", "free (held out: writing, explanations)")
+        if args.work != "tuned":
+            labels = (f"copy/edit ({args.work}: quotes, copies, edits)", f"free ({args.work}: writing, explanations)")
         for key, label, target in (("copy", labels[0], ">= 1.3x"), ("free", labels[1], ">= 0.97x")):
             a, b = m(f"{key}_plain"), m(f"{key}_lookup")
             wave = m(f"{key}wave_lookup") / m(f"{key}wave_plain")
