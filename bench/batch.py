@@ -253,7 +253,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per stream in part 6")
     ap.add_argument("--gpu-layers", type=int, default=0, help="layers on a GPU (-1: all)")
     ap.add_argument("--work", default="tuned", choices=list(WORK),
-                    help="part 6's prompts: bench/spec_workloads.py's (tuned on), bench/spec_heldout.py's or spec_heldout2.py's")
+                    help="part 6's prompts: bench/spec_workloads.py's (tuned on), bench/spec_heldout.py's "
+                    "or bench/spec_heldout2.py's")
     args = ap.parse_args()
     copy_work, free_work = WORK[args.work]
     if args.model is None:
