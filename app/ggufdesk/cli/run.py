@@ -41,8 +41,9 @@ def add_model_arguments(p: argparse.ArgumentParser, *, many: bool = False) -> No
         p.add_argument("model", nargs="?", help="a .gguf path or a library id (`ggufdesk library`; default: "
                                                 "the offline chat starter, smollm2-135m-instruct)")
     p.add_argument("--ctx", type=int, help="context length in tokens [4096]")
-    p.add_argument("--threads", type=int, help="decode threads (0 = physical cores) [0]")
-    p.add_argument("--threads-batch", type=int, help="prefill threads (0 = physical cores) [0]")
+    p.add_argument("--threads", type=int,
+                   help="decode threads (0 = the physical cores it may use, a hybrid CPU's fast ones) [0]")
+    p.add_argument("--threads-batch", type=int, help="prefill threads (0 = the same default as --threads) [0]")
     p.add_argument("--batch", type=int, help="n_batch: prompt tokens per decode call [512]")
     p.add_argument("--ubatch", type=int, help="n_ubatch: physical micro-batch [512, at most --batch]")
     p.add_argument("--gpu-layers", type=int, help="layers to offload (-1 = all) [0]")

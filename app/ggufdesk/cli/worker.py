@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=50052, help="port (0 = pick a free one and print it)")
     p.add_argument("--mem", type=int, default=0,
                    help="bytes of memory to offer (what planners see; default: all free memory)")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = physical cores)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads (0 = the physical cores it may use, a hybrid CPU's fast ones)")
     p.add_argument("--cpu", action="store_true", help="offer the CPU even when a GPU is present")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow listening on a non-loopback address (unauthenticated, unencrypted)")

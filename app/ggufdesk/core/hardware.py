@@ -188,7 +188,7 @@ def measure_ram_bandwidth(nbytes: int = BANDWIDTH_BYTES, passes: int = 10, threa
     import numpy as np
     import psutil
 
-    threads = threads or min(default_threads(), 32)  # the engine's count: physical cores it may use
+    threads = threads or min(default_threads(), 32)  # the engine's count (default_threads)
     nbytes = int(min(nbytes * max(1, threads // 4), psutil.virtual_memory().available // 8))
     a = np.ones(max(nbytes // 8, 1 << 20), dtype=np.int64)
     parts = np.array_split(a, threads)

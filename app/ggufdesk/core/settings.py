@@ -87,8 +87,8 @@ class LoadSettings:
     n_gpu_layers: int = 0  # -1 = all layers
     n_batch: int = 512  # logical batch for prompt processing
     n_ubatch: int = 512  # physical micro-batch, <= n_batch
-    n_threads: int = 0  # decode (1-token batches); 0 = physical cores
-    n_threads_batch: int = 0  # prefill and verification; 0 = physical cores
+    n_threads: int = 0  # decode (1-token batches); 0 = default_threads()
+    n_threads_batch: int = 0  # prefill and verification; 0 = default_threads()
     flash_attn: FlashAttn = "auto"
     type_k: KvType = "f16"
     type_v: KvType = "f16"
