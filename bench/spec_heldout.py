@@ -24,7 +24,7 @@ ceiling says what no policy drafting from the n-gram match can beat on this host
 drafts numbers no match holds and can pass it), and whether a target missed there is the
 controller's or the machine's.
 
-    .venv/bin/python bench/spec_heldout.py [--suite heldout|tuned] [--model starter|smollm2|PATH]
+    .venv/bin/python bench/spec_heldout.py [--suite heldout|heldout2|tuned] [--model starter|smollm2|PATH]
         [--max-tokens 96] [--categories ...] [--measured]
 """
 from __future__ import annotations
