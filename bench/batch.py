@@ -446,12 +446,13 @@ def main() -> int:
         if "1" in args.parts:
             # what lookup could reach at best, at part 1's prices where part 6 runs (copy/edit prompts'
             # length): it makes the decode rows' tokens cheaper; the rest of the wall lies between two ends.
-            # Prompts' prefill stays as it is; the step loop's own time per step (sampling, the scheduler,
-            # Python) goes with the steps, fewer where drafts are accepted. Which share is which is not
-            # measured here, so both ends are printed (until 2026-12-06 only the first, which SmolLM2's
-            # runs passed: its small steps leave 30-40% of the wall to the loop). At best every step is
-            # full: 4 decode rows and 12 accepted draft rows (16 rows, the even count below the 17
-            # reserved at load, K max 16 + 1), as measured: 16 tokens a step where plain makes 4
+            # Prompts' prefill stays as it is. What goes with the steps, fewer where drafts are accepted:
+            # the loop's own time (1-2% of the wall in-process, bench/batch_trace.py) and what part 6's
+            # decode steps cost beyond part 1's price (they attend over every cell in use of the unified
+            # KV cache, other requests' cached prefixes too). Which share is which is not measured here,
+            # so both ends are printed (until 2026-12-06 only the first, which SmolLM2's runs passed). At
+            # best every step is full: 4 decode rows and 12 accepted draft rows (16 rows, the even count
+            # below the 17 reserved at load, K max 16 + 1), as measured: 16 tokens a step where plain makes 4
             best = lcost[12] / 16 / lshare  # a token's cost then, in decode rows' shares
             for key in ("copy", "free"):
                 decode = min(1.0, lshare / 1000 * m(f"{key}_plain"))
