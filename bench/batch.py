@@ -448,8 +448,8 @@ def main() -> int:
             # length): it makes the decode rows' tokens cheaper; the rest of the wall lies between two ends.
             # Prompts' prefill stays as it is. What goes with the steps, fewer where drafts are accepted:
             # the loop's own time (1-2% of the wall in-process, bench/batch_trace.py) and what part 6's
-            # decode steps cost beyond part 1's price (they attend over every cell in use of the unified
-            # KV cache, other requests' cached prefixes too). Which share is which is not measured here,
+            # decode steps cost beyond part 1's price (they walk every cell of the unified KV cache up to
+            # the highest in use, other requests' idle cached prefixes too). Which share is which is not measured here,
             # so both ends are printed (until 2026-12-06 only the first, which SmolLM2's runs passed). At
             # best every step is full: 4 decode rows and 12 accepted draft rows (16 rows, the even count
             # below the 17 reserved at load, K max 16 + 1), as measured: 16 tokens a step where plain makes 4
