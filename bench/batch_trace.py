@@ -14,14 +14,15 @@ of part 6's prompts at once, 128 tokens each, with adaptive lookup and without, 
 
 Each configuration runs twice in a row: cold (an empty KV cache, every prompt evaluated) and warm (the
 same prompts again, found in the prefix cache, as part 6's repeated prompts mostly are). With
-`--idle-cached N` each cold run starts after N tokens of other prompts were answered and left cached
-in idle slots (1,500-token prompts), as a server's earlier conversations are: in llama.cpp's unified KV
-cache every decode step attends over all cells in use, the idle ones masked, so this prices them. The order of
+`--idle-prompts N` each cold run starts after N other prompts (1,300 words each: 1,375 tokens for
+SmolLM2, 1,306 for the starter; the count is printed) were answered and left cached in idle slots, as
+a server's earlier conversations are: in llama.cpp's unified KV cache every decode step walks every
+cell up to the highest one in use, the idle ones masked, so this prices them. The order of
 the two modes alternates by round; prompts rotate by round as part 6's do. Printed: every run, then per
 mode and cache the sums and tok/s, and lookup / plain.
 
     .venv/bin/python bench/batch_trace.py [MODEL] [--rounds 4] [--work tuned|heldout|heldout2] [--kind copy|free]
-        [--idle-cached N] [--plain-only]
+        [--idle-prompts N] [--plain-only]
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ FIELDS = ("tokens", "accepted", "steps", "prompt_steps", "wall", "prompt_s", "de
 
 
 def name(lookup: bool, idle: int) -> str:
-    return ("lookup" if lookup else "plain") + (f" beside {idle} idle cached tokens" if idle else "")
+    return ("lookup" if lookup else "plain") + (f" beside {idle} idle cached prompts" if idle else "")
 
 
 def rate(a: dict[str, float]) -> float:
@@ -100,8 +101,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--work", default="tuned", choices=list(WORK))
     ap.add_argument("--kind", default="copy", choices=("copy", "free"))
-    ap.add_argument("--idle-cached", type=int, default=0, help="tokens of other prompts left cached before each run")
-    ap.add_argument("--plain-only", action="store_true", help="without lookup only (with --idle-cached: "
+    ap.add_argument("--idle-prompts", type=int, default=0, help="other prompts left cached before each run")
+    ap.add_argument("--plain-only", action="store_true", help="without lookup only (with --idle-prompts: "
                     "each round runs plain with and without the idle cells)")
     args = ap.parse_args()
     if args.model is None:
@@ -130,15 +131,18 @@ def main() -> int:
 
     live.engine.runner.decode = decode
     sums: dict[tuple[str, str], dict[str, float]] = {}
-    idle = args.idle_cached
-    # (lookup, idle cached tokens) per configuration: plain and lookup, or with --plain-only plain without
+    idle = args.idle_prompts
+    if idle:
+        idle_tokens = sum(len(live.tokens(text(1300, f"idle0.{j}"))) for j in range(idle))
+        print(f"{idle} idle prompts: {idle_tokens} tokens")
+    # (lookup, idle cached prompts) per configuration: plain and lookup, or with --plain-only plain without
     # and with the idle cells
     configs = [(False, idle), (True, idle)] if not args.plain_only else [(False, 0), (False, idle)][:1 + bool(idle)]
     try:
         for r in range(args.rounds):
             for lookup, n_idle in configs if r % 2 == 0 else configs[::-1]:
                 live.forget()
-                for j in range(n_idle // 1500):  # earlier conversations, answered and left in idle slots
+                for j in range(n_idle):  # earlier conversations, answered and left in idle slots
                     live.plain(text(1300, f"idle{r}.{j}"), 1)
                 for cache in ("cold", "warm"):
                     out = one_run(live, work, r, lookup, costs, timed)
