@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -53,6 +54,17 @@ WORDS = ("river town woke slowly fishermen pulled their boats onto the gravel ba
 GEN = 32
 LONG = 2950  # words of the long prompt (about 3,000 tokens; the bench prints the count)
 SYSTEM = 1480  # words of the shared system prompt (about 1,500 tokens)
+
+
+# Part 6's engine: 8 sequences sharing 12,288 cells, loaded with lookup (verification costs measured at load;
+# each request chooses). bench/batch_baseline.py and bench/batch_trace.py load the same.
+SERVE_CELLS, SERVE_SEQS = 12288, 8
+SERVE_SPECULATION = {"mode": "lookup", "k_max": 16}
+
+
+def serve_settings(**base: Any) -> LoadSettings:
+    """Part 6's load settings, with `base` (threads, batch sizes, offload) as the bench's others."""
+    return LoadSettings(n_ctx=SERVE_CELLS, n_parallel=SERVE_SEQS, **base)
 
 
 def text(n_words: int, tag: str) -> str:
@@ -312,8 +324,7 @@ def main() -> int:
     serve.start()
     run1.start()
     # (loaded with lookup: verification costs are measured at load; requests choose per request)
-    serve.load(args.model, settings=LoadSettings(n_ctx=12288, n_parallel=8, **base),
-               speculation={"mode": "lookup", "k_max": 16})
+    serve.load(args.model, settings=serve_settings(**base), speculation=SERVE_SPECULATION)
     run1.load(args.model, settings=LoadSettings(n_ctx=4096, n_parallel=1, **base))
     from tests.engine.live import Live
 

@@ -20,8 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.batch import WORK, four_clients_loop
-from ggufdesk.core.settings import LoadSettings
+from bench.batch import SERVE_SPECULATION, WORK, four_clients_loop, serve_settings
 from ggufdesk.engine.link.client import EngineClient
 
 
@@ -39,14 +38,13 @@ def main() -> int:
     print(f"model {Path(args.model).name}; work {args.work}; {args.rounds} rounds; "
           f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     th = args.threads
-    settings = LoadSettings(n_ctx=12288, n_parallel=8, n_batch=512, n_ubatch=512, n_threads=th,
-                            n_threads_batch=th, flash_attn="auto")
+    settings = serve_settings(n_batch=512, n_ubatch=512, n_threads=th, n_threads_batch=th, flash_attn="auto")
     engines = {"loaded with lookup": EngineClient(auto_restart=False),
                "loaded without": EngineClient(auto_restart=False)}
     for name, client in engines.items():  # (as bench/batch.py loads its serving engine, or without lookup)
         client.start()
         client.load(args.model, settings=settings,
-                    speculation={"mode": "lookup", "k_max": 16} if name == "loaded with lookup" else None)
+                    speculation=SERVE_SPECULATION if name == "loaded with lookup" else None)
     rates: dict[tuple[str, str], list[float]] = {}
     try:
         for r in range(args.rounds):

@@ -35,8 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.batch import WORK, text
-from ggufdesk.core.settings import LoadSettings
+from bench.batch import SERVE_SPECULATION, WORK, serve_settings, text
 from ggufdesk.engine.batching.sequence import SequenceStatus
 from ggufdesk.engine.speculation.verify_cost import Calibration
 from tests.engine.live import Live
@@ -113,8 +112,8 @@ def main() -> int:
     print(f"model {Path(args.model).name}; work {args.work} {args.kind}; {args.rounds} rounds; "
           f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     th = args.threads
-    live = Live(args.model, LoadSettings(n_ctx=12288, n_parallel=8, n_threads=th, n_threads_batch=th))
-    cal = Calibration(live.lm, 16)  # the verification table, as the worker measures it at load
+    live = Live(args.model, serve_settings(n_threads=th, n_threads_batch=th))
+    cal = Calibration(live.lm, int(SERVE_SPECULATION["k_max"]))  # the verification table, as the worker measures it
     while not cal.done:
         cal.step()
     costs = cal.costs
