@@ -92,3 +92,30 @@ def test_composer_sends_the_text_as_typed_and_has_room_for_attachments(qtbot):
     assert not box._attach_row.isVisible()
     box.set_send_words("Continue", "The model continues your text", "Write the beginning")
     assert box.send_btn.text() == "Continue" and "Enter sends" in box.box.placeholderText()
+
+
+def test_the_attach_buttons_say_less_when_the_window_is_narrow_and_all_when_it_is_wide(qtbot):
+    """In an 800 px window "Attach image…", "Attach files…", "Attach folder…" were cut to "Attac…lder…"."""
+    from PySide6.QtWidgets import QToolButton
+
+    from ggufdesk.ui.composer import Composer
+
+    box = Composer(images=True)
+    qtbot.addWidget(box)
+    files, folder = QToolButton(), QToolButton()
+    files.setText("Attach files…")
+    folder.setText("Attach folder…")
+    box.add_tool(files)
+    box.add_tool(folder)
+    box.resize(900, 200)
+    box.show()
+    qtbot.waitUntil(lambda: files.text() == "Attach files…")
+    assert box.attach_btn.text() == "Attach image…" and folder.text() == "Attach folder…"
+    box.resize(300, 200)
+    qtbot.waitUntil(lambda: files.text() == "Files…")
+    assert box.attach_btn.text() == "Image…" and folder.text() == "Folder…"
+    row = box._tool_row
+    assert sum(w.sizeHint().width() for w in (box.attach_btn, files, folder)) <= row.width()
+    box.resize(900, 200)
+    qtbot.waitUntil(lambda: files.text() == "Attach files…")
+    assert box.attach_btn.text() == "Attach image…"

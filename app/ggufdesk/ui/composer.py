@@ -8,9 +8,9 @@ it (`images()`). `add_tool()` puts a control in the row under the box, `add_atta
 from __future__ import annotations
 
 from PySide6.QtCore import QMimeData, QSettings, Qt, Signal
-from PySide6.QtGui import QKeyEvent
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QPlainTextEdit, QPushButton, QVBoxLayout,
-                               QWidget)
+from PySide6.QtGui import QKeyEvent, QResizeEvent
+from PySide6.QtWidgets import (QAbstractButton, QFileDialog, QHBoxLayout, QPlainTextEdit, QPushButton,
+                               QVBoxLayout, QWidget)
 
 from ggufdesk.core import images as img
 from ggufdesk.ui.image_views import COMPOSER_SIDE, FILE_FILTER, Thumbnail, mime_images, read_image_file
@@ -69,6 +69,64 @@ class MessageBox(QPlainTextEdit):
         super().keyPressEvent(event)
 
 
+class ToolRow(QWidget):
+    """The row of buttons under the box. Its buttons say "Attach files…" while the row is wide enough
+    for every long label, and "Files…" when it is not: in an 800 px window the three long labels were
+    cut to "Attac…lder…" (each button keeps its tooltip)."""
+
+    PREFIX = "Attach "
+
+    def __init__(self, layout: QHBoxLayout) -> None:
+        super().__init__()
+        self.setLayout(layout)
+        self.lay = layout
+        self.short = False
+
+    def buttons(self) -> list[QAbstractButton]:
+        return [b for b in self.findChildren(QAbstractButton) if b.property("long_text")]
+
+    def add(self, widget: QWidget) -> None:
+        if isinstance(widget, QAbstractButton) and widget.text().startswith(self.PREFIX):
+            widget.setProperty("long_text", widget.text())
+        self.fit()
+
+    def label(self, b: QAbstractButton, short: bool) -> str:
+        long = str(b.property("long_text"))
+        text = long[len(self.PREFIX):] if short else long
+        return text[:1].upper() + text[1:]
+
+    def width_for(self, short: bool) -> int:
+        """What the row needs with every label long (or short): each shown widget's width for it."""
+        lay, mine = self.lay, self.buttons()
+        need, n = 0, 0
+        for i in range(lay.count()):
+            item = lay.itemAt(i)
+            w = item.widget() if item is not None else None
+            if w is None or w.isHidden():
+                continue
+            n += 1
+            need += w.sizeHint().width()
+            if w in mine:
+                fm = w.fontMetrics()
+                need += fm.horizontalAdvance(self.label(w, short)) - fm.horizontalAdvance(w.text())
+        m = lay.contentsMargins()
+        return need + max(n - 1, 0) * max(lay.spacing(), 0) + m.left() + m.right()
+
+    def fit(self) -> None:
+        """Long labels where they fit, else short ones; the row may shrink to what the short ones need
+        (its buttons' own minimum would otherwise hold the window's middle column at the long width)."""
+        self.setMinimumWidth(self.width_for(True))
+        self.short = self.width_for(False) > self.width()
+        for b in self.buttons():
+            text = self.label(b, self.short)
+            if b.text() != text:
+                b.setText(text)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt API
+        super().resizeEvent(event)
+        self.fit()
+
+
 class Composer(QWidget):
     """The box, Send and Stop. `send_requested` carries the text as typed (the window decides what
     an empty box means); `stop_requested` the Stop button; `draft_changed` every edit. images: the
@@ -94,7 +152,8 @@ class Composer(QWidget):
         self.tools.setContentsMargins(0, 0, 0, 0)
         self.tools.addStretch(1)
         self._attach_row = self._row(self.attachments)
-        self._tool_row = self._row(self.tools)
+        self._tool_row = ToolRow(self.tools)
+        self._tool_row.hide()
         column = QVBoxLayout()
         column.addWidget(self._attach_row)
         column.addWidget(self.box)
@@ -207,6 +266,7 @@ class Composer(QWidget):
     def add_tool(self, widget: QWidget) -> None:
         """A control that adds to the message (Attach an image…), in the row under the box."""
         self.tools.insertWidget(self.tools.count() - 1, widget)
+        self._tool_row.add(widget)
         self._tool_row.show()
 
     def add_attachment(self, widget: QWidget) -> None:
