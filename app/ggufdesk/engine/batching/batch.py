@@ -248,7 +248,7 @@ class BatchEngine:
         if sizer is not None and (plan.decode or result.n_prompt):
             sizer.observe(result.rows - result.n_prompt, result.n_prompt, result.seconds)
         self.drafts.settle(plan, result)
-        self.threads.observe(result.rows, result.n_prompt, result.seconds)
+        self.threads.observe(result.rows, result.n_prompt, result.seconds, self.slots.used)
 
     # ---- the context --------------------------------------------------------------------------
 

@@ -37,8 +37,17 @@ if TYPE_CHECKING:
 
 WINDOW = 6  # steps timed per thread count before comparing: a median of 6 shrugs off one stalled step
 SLOW = 1.3  # steps this much slower than the best seen at the count are not explained by the batch
-# (context growth moves a step's time by a few percent over hundreds of tokens; a neighbour on one of
-# two cores moved it by 2.8x; one failed try at this ratio costs WINDOW steps and raises the bar)
+# (a neighbour on one of two cores moved it by 2.8x; one failed try at this ratio costs WINDOW steps and
+# raises the bar) nor by the context: the best is kept per KV_PAD cells, see below
+# llama.cpp attends to the KV cache's cells in runs of 256 (n_kv is padded to it), so a step past a multiple
+# of 256 cells attends to 256 more at once. Measured (2 threads, FA auto): SmolLM2 135M's decode step at
+# 257-289 cells is 1.19x its step at 40-69 cells (1.10x up to 255, the jump 1.08x), the starter's 1.11x.
+# Against the best seen since the answer began (a minimum, so it sits low), that read as a neighbour: a
+# quiet machine tried one thread fewer at the 256-cell edge in 6 of 10 answers of 229-246 tokens. With
+# flash attention the count changes llama.cpp's sums over the cells past 256 in the last bits, so those
+# tries also changed greedy answers from run to run (docs/engine.md). The best is therefore the best
+# seen within the current run of KV_PAD cells.
+KV_PAD = 256
 # steps between tries of one thread more, doubled after every losing try: a losing try costs WINDOW
 # steps at the slower count (beside a busy loop 6 x (1/16.8 - 1/24.9) s = 0.12 s against 32 steps' 1.3 s,
 # 9% at first, halving with every doubling), a winning one regains the full speed within 32 steps
@@ -79,10 +88,14 @@ class ThreadTuner:
         self.since = 0  # steps since the count last changed
         self.gap = self.gap_first = gap_first
         self.changes = 0
+        self.band = 0  # the run of KV_PAD cells the steps attend to (cells in use // KV_PAD)
 
-    def observe(self, t: float) -> None:
+    def observe(self, t: float, band: int = 0) -> None:
         if self.fixed or t <= 0:
             return
+        if band != self.band:  # another extent of the cache: every count's quiet speed is to be seen again,
+            self.band, self.times = band, []  # from steps of this extent only
+            self.best.clear()
         self.times.append(t)
         self.since += 1
         if len(self.times) < WINDOW:
@@ -161,11 +174,12 @@ class Threads:
     def now(self) -> tuple[int, int]:
         return self.decode.n, self.batch.n
 
-    def observe(self, rows: int, n_prompt: int, seconds: float) -> None:
-        """One step's rows (of them prompt rows) and seconds; sets new counts before the next step."""
+    def observe(self, rows: int, n_prompt: int, seconds: float, cells: int = 0) -> None:
+        """One step's rows (of them prompt rows), seconds and the KV cells in use after it; sets new counts
+        before the next step."""
         if rows <= 0:
             return
-        (self.decode if rows == 1 else self.batch).observe(seconds / units(rows, n_prompt))
+        (self.decode if rows == 1 else self.batch).observe(seconds / units(rows, n_prompt), cells // KV_PAD)
         self._apply()
 
     def prepare(self) -> None:
