@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from ggufdesk.engine.batching.cpu_load import PERIOD, CpuLoad, busy_cpu_reader
-from ggufdesk.engine.batching.threads import GAP_FIRST, GAP_SENSED, WINDOW, Threads, ThreadTuner, units
+from ggufdesk.engine.batching.threads import GAP_FIRST, GAP_SENSED, KV_PAD, WINDOW, Threads, ThreadTuner, units
 
 # the starter on 2 cores, as measured (issue 29): seconds per token by thread count
 QUIET = {2: 1 / 47, 1: 1 / 25}
@@ -463,8 +463,6 @@ def test_a_step_past_a_256_cell_edge_is_not_taken_for_a_neighbour():
     """llama.cpp attends to the cache in runs of KV_PAD cells: past an edge every step attends to 256
     more at once (SmolLM2: 1.19x its early steps). A quiet machine tried one thread fewer there in 6 of
     10 answers; the best is now the best within the run of cells, so nothing is tried."""
-    from ggufdesk.engine.batching.threads import KV_PAD
-
     t = ThreadTuner(2, gap_first=GAP_SENSED)
     seen = []
     for cells in range(200, 200 + GAP_SENSED - 2 * WINDOW):  # past the edge at 256; the periodic probe later

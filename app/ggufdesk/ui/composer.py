@@ -80,7 +80,6 @@ class ToolRow(QWidget):
         super().__init__()
         self.setLayout(layout)
         self.lay = layout
-        self.short = False
 
     def buttons(self) -> list[QAbstractButton]:
         return [b for b in self.findChildren(QAbstractButton) if b.property("long_text")]
@@ -116,9 +115,9 @@ class ToolRow(QWidget):
         """Long labels where they fit, else short ones; the row may shrink to what the short ones need
         (its buttons' own minimum would otherwise hold the window's middle column at the long width)."""
         self.setMinimumWidth(self.width_for(True))
-        self.short = self.width_for(False) > self.width()
+        short = self.width_for(False) > self.width()
         for b in self.buttons():
-            text = self.label(b, self.short)
+            text = self.label(b, short)
             if b.text() != text:
                 b.setText(text)
 
