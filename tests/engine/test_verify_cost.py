@@ -408,16 +408,17 @@ def test_a_table_kept_by_the_earlier_version_is_measured_again(tiny_model, unhur
 
 def test_a_full_disk_loses_the_stored_table_not_the_load(tiny_model, unhurried, monkeypatch):
     import errno
-    from pathlib import Path
+    import os
 
     from ggufdesk.core.hardware import cache_dir
 
-    def full(self, *a, **kw):
+    def full(fd: int) -> None:  # the data reaches the disk at the latest here (core/atomic.py)
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(Path, "write_text", full)
+    monkeypatch.setattr(os, "fsync", full)
     engine = Engine(lambda e: None, CancelBook())  # type: ignore[arg-type]
     engine.load(P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256),
                        speculation=SpeculationSettings(mode="lookup", k_max=8)))
     assert engine.verify_costs is not None and sorted(engine.verify_costs) == list(range(1, 9))  # in use
     engine.unload(quiet=True)
     assert not (cache_dir() / "verify_costs.json").exists()  # nothing half written for the next load
+    assert [p.name for p in cache_dir().iterdir() if p.name.endswith(".tmp")] == []

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ggufdesk.core.atomic import locked, write_atomic
 from ggufdesk.core.cpus import performance_cores, usable_cpus
 from ggufdesk.core.settings import default_threads
 
@@ -249,9 +250,7 @@ def _load_json(path: Path) -> Any:
 def _save_json(path: Path, obj: Any) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(obj, indent=1))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(obj, indent=1))
     except OSError as e:
         log.warning("could not save %s: %s", path, e)
 
@@ -295,10 +294,11 @@ def _entries(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def _keep(path: Path, key: str, entry: dict[str, Any]) -> None:
-    machines = _entries(path)
-    machines.pop(key, None)  # the newest last: the oldest go first past MACHINES_MAX
-    machines[key] = {"key": key, **entry}
-    _save_json(path, {"machines": dict(list(machines.items())[-MACHINES_MAX:])})
+    with locked(path, best_effort=True):  # the engine processes, the window and the CLI share it
+        machines = _entries(path)
+        machines.pop(key, None)  # the newest last: the oldest go first past MACHINES_MAX
+        machines[key] = {"key": key, **entry}
+        _save_json(path, {"machines": dict(list(machines.items())[-MACHINES_MAX:])})
 
 
 def probe(*, remeasure: bool = False) -> HardwareInfo:
@@ -484,11 +484,12 @@ def record_decode_run(*, where: str, bytes_per_token: int, tok_s: float, n_layer
     if bytes_per_token <= 0 or not tok_s > 0 or where not in ("cpu", "gpu"):
         return
     path = cache_dir() / CALIBRATION_FILE
-    runs = _load_json(path)
-    runs = runs if isinstance(runs, list) else []
-    runs.append(asdict(DecodeRun(where=where, bytes_per_token=int(bytes_per_token), tok_s=float(tok_s),
-                                 n_layer=int(n_layer), matmuls=max(0, int(matmuls)), cpus=cpu_limit())))
-    _save_json(path, runs[-MAX_RUNS:])
+    run = asdict(DecodeRun(where=where, bytes_per_token=int(bytes_per_token), tok_s=float(tok_s),
+                           n_layer=int(n_layer), matmuls=max(0, int(matmuls)), cpus=cpu_limit()))
+    with locked(path, best_effort=True):  # engine processes finish runs at the same moment
+        runs = _load_json(path)
+        runs = runs if isinstance(runs, list) else []
+        _save_json(path, [*runs, run][-MAX_RUNS:])
 
 
 def effective_bandwidth_gbs(where: str, *, min_bytes: int = 32 << 20) -> float | None:

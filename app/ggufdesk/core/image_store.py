@@ -8,12 +8,12 @@ another image).
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 from pathlib import Path
 
 from ggufdesk.core import images as img
+from ggufdesk.core.atomic import write_atomic
 from ggufdesk.core.errors import KnownError
 
 log = logging.getLogger("ggufdesk.history")
@@ -42,13 +42,10 @@ class ImageStore:
         path = self._path(key, _EXT.get(fmt, ".img"))
         if path.exists():
             return key
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            write_atomic(path, data)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
             raise KnownError(f"could not save the image in {path.parent}: {e.strerror or e}") from e
         return key
 

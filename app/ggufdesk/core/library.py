@@ -6,7 +6,6 @@ to a GGUF blob ``blobs/sha256-<hex>``).
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -17,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ggufdesk.core.atomic import locked, write_atomic
 from ggufdesk.core.errors import KnownError
 from ggufdesk.core.gguf_meta import split_names, split_parts
 from ggufdesk.core.projector import is_projector_name, projector_beside
@@ -205,15 +205,26 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Atomic write; a read-only data folder becomes a KnownError that says where."""
-    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(data, indent=1))
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         raise KnownError(f"cannot save the model list in {path.parent}: {e.strerror or e}") from e
+
+
+def _update(name: str, change: Callable[[dict[str, Any]], None]) -> None:
+    """Read the data file `name`, change its entries, write it back, one writer at a time across threads
+    and the processes that share it (the window, the CLI, a server: core/atomic.py's `locked`, so
+    neither loses the other's entry). Raises KnownError where it cannot."""
+    f = _data_file(name)
+    with _lock:
+        try:
+            with locked(f):
+                data = _read_json(f)
+                change(data)
+                _write_json(f, data)
+        except (OSError, TimeoutError) as e:
+            raise KnownError(f"cannot save the model list in {f.parent}: {e}") from e
 
 
 def _resolve(path: str | Path) -> Path:
@@ -233,24 +244,17 @@ def add_path(path: str | Path) -> LocalModel:
     entry = _entry(p, p.name, "user")
     if entry is None:
         raise KnownError(f"{path}: some parts of this split model are missing")
-    with _lock:
-        f = _data_file("library.json")
-        data = _read_json(f)
+
+    def add(data: dict[str, Any]) -> None:
         paths = [x for x in data.get("paths", []) if isinstance(x, str)]
-        if str(p) not in paths:
-            paths.append(str(p))
-        data["paths"] = paths
-        _write_json(f, data)
+        data["paths"] = paths if str(p) in paths else [*paths, str(p)]
+    _update("library.json", add)
     return entry
 
 
 def remove_path(path: str | Path) -> None:
     p = str(_resolve(path))
-    with _lock:
-        f = _data_file("library.json")
-        data = _read_json(f)
-        data["paths"] = [x for x in data.get("paths", []) if x != p]
-        _write_json(f, data)
+    _update("library.json", lambda data: data.update(paths=[x for x in data.get("paths", []) if x != p]))
 
 
 def user_models() -> list[LocalModel]:
@@ -301,15 +305,14 @@ def verified_sha(path: Path, size: int, mtime_ns: int) -> str | None:
 
 
 def remember_verified(path: Path, size: int, mtime_ns: int, sha256: str) -> None:
-    with _lock:
-        f = _data_file("verified.json")
-        data = _read_json(f)
-        data = {k: v for k, v in data.items() if Path(k).exists()}
+    def remember(data: dict[str, Any]) -> None:
+        for gone in [k for k in data if not Path(k).exists()]:
+            del data[gone]
         data[str(path)] = [size, mtime_ns, sha256]
-        try:
-            _write_json(f, data)
-        except KnownError as e:  # only a cache of checks done: the file is checked again next time
-            log.warning("%s", e)
+    try:
+        _update("verified.json", remember)
+    except KnownError as e:  # only a cache of checks done: the file is checked again next time
+        log.warning("%s", e)
 
 
 # ----------------------------------------------------------------------------------- ids and lookups

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ggufdesk.core.atomic import locked, write_atomic
+
 log = logging.getLogger("ggufdesk.prompt_cache")
 
 MAGIC = b"GGDKVC1\n"
@@ -211,24 +213,6 @@ def read_payload(entry: Entry) -> bytearray:
     return data
 
 
-def write_atomic(path: Path, parts: list[bytes | bytearray | memoryview]) -> None:
-    """Write parts to path through a temporary file and a rename; nothing is left behind on failure."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            for part in parts:
-                f.write(part)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
-
-
 # ---- the model file's hash ----------------------------------------------------------------------------
 
 
@@ -266,11 +250,11 @@ def model_sha256(model: str, root: Path) -> str:
             h.update(chunk)
     sha = h.hexdigest()
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        hashes = _read_json(root / HASHES)
-        hashes[os.path.abspath(model)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
-        write_atomic(root / HASHES, [json.dumps(hashes, indent=1, sort_keys=True).encode()])
-    except OSError as e:  # a read-only cache directory: hashed again next time
+        with locked(root / HASHES):  # the window's engine and a server's share the file
+            hashes = _read_json(root / HASHES)
+            hashes[os.path.abspath(model)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+            write_atomic(root / HASHES, json.dumps(hashes, indent=1, sort_keys=True))
+    except (OSError, TimeoutError) as e:  # a read-only cache directory: hashed again next time
         log.info("could not remember the model's hash in %s: %s", root, e)
     return sha
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 
 from ggufdesk.core.aside import try_move_aside
+from ggufdesk.core.atomic import write_atomic
 from ggufdesk.core.cpus import performance_cores, usable_cpus
 from ggufdesk.core.errors import SettingsError
 from ggufdesk.core.rpc_wire import parse_workers
@@ -521,7 +522,5 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
     """Write atomically so a crash mid-write never leaves a broken settings file."""
     path = path or settings_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(settings.to_dict(), indent=2), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(settings.to_dict(), indent=2))
     return path

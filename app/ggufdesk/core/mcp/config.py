@@ -22,6 +22,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from ggufdesk.core.aside import try_move_aside
+from ggufdesk.core.atomic import write_atomic
 from ggufdesk.core.errors import SettingsError
 
 Transport = Literal["stdio", "http", "sse"]
@@ -290,9 +291,7 @@ def save_mcp_config(config: McpConfig, path: Path | None = None) -> Path:
     """Write atomically (a crash mid-write never leaves a broken file); raises OSError."""
     path = path or mcp_config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(config.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(config.to_json(), indent=2, ensure_ascii=False) + "\n")
     return path
 
 

@@ -50,6 +50,7 @@ from typing import Any
 import llama_cpp
 from llama_cpp import _internals as internals
 
+from ggufdesk.core.atomic import locked, write_atomic
 from ggufdesk.engine.batching.runner import fill_batch
 from ggufdesk.engine.runtime.native import LoadedModel
 
@@ -108,15 +109,13 @@ def stored(lm: LoadedModel, k_max: int) -> dict[int, float] | None:
 
 def store(lm: LoadedModel, k_max: int, costs: dict[int, float]) -> None:
     """Keep a measured table for the next load (a full disk or a read-only cache only loses it)."""
-    data = _read_store()
-    data.pop(_key(lm, k_max), None)
-    data[_key(lm, k_max)] = {str(k): round(c, 4) for k, c in costs.items()}
     path = _store_path()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(dict(list(data.items())[-STORE_MAX:]), indent=1))
-        tmp.replace(path)
+        with locked(path, best_effort=True):  # the engines of several models may measure at once
+            data = _read_store()
+            data.pop(_key(lm, k_max), None)
+            data[_key(lm, k_max)] = {str(k): round(c, 4) for k, c in costs.items()}
+            write_atomic(path, json.dumps(dict(list(data.items())[-STORE_MAX:]), indent=1))
     except OSError:
         pass
 
