@@ -481,3 +481,38 @@ def test_a_neighbour_arriving_within_a_run_of_cells_is_still_seen():
         t.observe(ONE_BUSY_LOOP[t.n], 1)
         seen.append(t.n)
     assert seen[-1] == 1 and seen.index(1) <= 2 * WINDOW
+
+
+def test_a_trial_under_way_when_a_long_prompt_starts_is_judged_not_kept_for_the_whole_prompt():
+    """A long prompt's chunks cross a run of KV_PAD cells every step, and each new run starts the
+    window again; a trial of one thread fewer begun just before such a prompt was never judged and
+    read the whole prompt at one thread. The trial's window now runs on across runs of cells."""
+    t = ThreadTuner(2, gap_first=GAP_SENSED)
+    for _ in range(GAP_SENSED + WINDOW):  # quiet steps until the periodic probe tries one fewer
+        t.observe(QUIET[t.n], 0)
+        if t.trial_from is not None:
+            break
+    assert t.n == 1 and t.trial_from is not None
+    seen = []
+    for chunk in range(1, 1 + 4 * WINDOW):  # a prompt of 24 chunks of 512 tokens: 2 runs of cells each
+        t.observe(QUIET[t.n], 2 * chunk)
+        seen.append(t.n)
+    assert seen[-1] == 2 and seen.index(2) <= WINDOW
+
+
+def test_a_prompt_arriving_beside_decoding_sequences_is_not_taken_for_a_neighbour():
+    """A prompt row's price grows with the cells it attends to: SmolLM2 at ~4,300 cells read 32-row prompt
+    chunks at 54 ms a unit where the 4-row decode steps before them took 25. Compared with those, the
+    chunks read as a neighbour and the batch count went to one thread for WINDOW steps of ~0.4 s each.
+    Steps with prompt rows are now compared only with each other."""
+    applied: list[tuple[int, int]] = []
+    th = Threads(2, 2, fixed=False, apply=lambda n, nb: applied.append((n, nb)), load=None)
+    cells = 4 * KV_PAD + 10
+    for _ in range(14):  # four sequences decoding: 4-row steps
+        th.observe(4, 0, 0.062, cells)
+        cells += 4
+    for _ in range(12):  # a fifth request's prompt in chunks of 29 rows beside their 3 decode rows
+        th.observe(32, 29, 0.38, cells)
+        cells += 32
+    assert cells // KV_PAD == 4 + 1  # (one edge crossed: the window had room to fill on either side)
+    assert applied == [] and th.now == (2, 2)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -88,14 +88,22 @@ class ThreadTuner:
         self.since = 0  # steps since the count last changed
         self.gap = self.gap_first = gap_first
         self.changes = 0
-        self.band = 0  # the run of KV_PAD cells the steps attend to (cells in use // KV_PAD)
+        self.kind: Hashable = 0  # what makes steps alike (`Threads.observe`: their run of KV_PAD cells, ...)
 
-    def observe(self, t: float, band: int = 0) -> None:
+    def observe(self, t: float, kind: Hashable = 0) -> None:
+        """A step's seconds per unit, and what it is like (steps of another `kind` are not compared with it)."""
         if self.fixed or t <= 0:
             return
-        if band != self.band:  # another extent of the cache: every count's quiet speed is to be seen again,
-            self.band, self.times = band, []  # from steps of this extent only
+        if kind != self.kind:  # steps of another kind: every count's quiet speed is to be seen again,
+            self.kind = kind  # from steps of this kind only
             self.best.clear()
+            if self.trial_from is None:
+                self.times = []
+            # else a trial's window runs on: a long prompt's chunks cross an edge every step, so a window
+            # started again at each would never be judged, and a trial of one thread fewer begun just
+            # before the prompt read all of it at that count (bench/prefill_threads.py). Steps of the
+            # dearer kind (more cells, prompt rows) count against the trial: kept only where faster still
+
         self.times.append(t)
         self.since += 1
         if len(self.times) < WINDOW:
@@ -179,7 +187,12 @@ class Threads:
         before the next step."""
         if rows <= 0:
             return
-        (self.decode if rows == 1 else self.batch).observe(seconds / units(rows, n_prompt), cells // KV_PAD)
+        # alike: the same run of KV_PAD cells, and prompt rows or none. A prompt row's price grows with the
+        # cells it attends to (SmolLM2 at 4,352 cells: ~0.4 of a one-row step, not PROMPT_SHARE), so steps
+        # reading a prompt measured per unit 2.2x the decode steps before them (54 against 25 ms), and a
+        # prompt arriving beside decoding sequences tried one thread fewer for WINDOW steps of ~0.4 s
+        kind = (cells // KV_PAD, n_prompt > 0)
+        (self.decode if rows == 1 else self.batch).observe(seconds / units(rows, n_prompt), kind)
         self._apply()
 
     def prepare(self) -> None:
