@@ -501,9 +501,9 @@ def test_a_trial_under_way_when_a_long_prompt_starts_is_judged_not_kept_for_the_
 
 
 def test_a_prompt_arriving_beside_decoding_sequences_is_not_taken_for_a_neighbour():
-    """A prompt row's price grows with the cells it attends to: SmolLM2 at ~4,300 cells read 32-row prompt
-    chunks at 54 ms a unit where the 4-row decode steps before them took 25. Compared with those, the
-    chunks read as a neighbour and the batch count went to one thread for WINDOW steps of ~0.4 s each.
+    """A prompt row's price grows with the cells it attends to: SmolLM2 at 4,096-4,351 cells read prompt
+    chunks of 32-96 rows at 54-84 ms a unit where the 4-row decode steps before them took 24-28. Compared
+    with those, the chunks read as a neighbour and the batch count went to one thread for WINDOW steps.
     Steps with prompt rows are now compared only with each other."""
     applied: list[tuple[int, int]] = []
     th = Threads(2, 2, fixed=False, apply=lambda n, nb: applied.append((n, nb)), load=None)

@@ -188,9 +188,9 @@ class Threads:
         if rows <= 0:
             return
         # alike: the same run of KV_PAD cells, and prompt rows or none. A prompt row's price grows with the
-        # cells it attends to (SmolLM2 at 4,352 cells: ~0.4 of a one-row step, not PROMPT_SHARE), so steps
-        # reading a prompt measured per unit 2.2x the decode steps before them (54 against 25 ms), and a
-        # prompt arriving beside decoding sequences tried one thread fewer for WINDOW steps of ~0.4 s
+        # cells it attends to, and PROMPT_SHARE does not: SmolLM2 at 4,096-4,351 cells read prompt chunks of
+        # 32-96 rows at 54-84 ms a unit where the 4-row decode steps before them took 24-28, so a prompt
+        # arriving beside decoding sequences tried one thread fewer for WINDOW steps (0.33-0.45 s each there)
         kind = (cells // KV_PAD, n_prompt > 0)
         (self.decode if rows == 1 else self.batch).observe(seconds / units(rows, n_prompt), kind)
         self._apply()
