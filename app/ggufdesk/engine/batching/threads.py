@@ -14,7 +14,8 @@ left), a probe of one thread more starts at once and a window of step times judg
 
 Below the ceiling, step times decide, for what the sensor cannot see (memory-bandwidth contention,
 SMT siblings, a platform without the sensor): `ThreadTuner` reads them normalised by what the batch
-explains (`units`), and when they slow down beyond SLOW x the best seen at the current count, tries
+explains (`units`), each compared only with steps of its kind (the same run of KV_PAD cells, prompt rows
+or none: `Threads.observe`), and when they slow down beyond SLOW x the best seen at the current count, tries
 one thread fewer for a window of steps and keeps whichever was faster. Every `gap` steps it probes
 one thread more the same way, or at the ceiling one fewer (contention the sensor does not see leaves
 no slowdown to notice when it was there from the start; GAP_SENSED steps apart where the sensor
@@ -73,7 +74,7 @@ def units(rows: int, n_prompt: int) -> float:
 class ThreadTuner:
     """The thread count for one kind of step, chosen from its measured times.
 
-    `observe(seconds per unit)` after each step; `n` is the count to use for the next. A trial runs
+    `observe(seconds per unit, kind)` after each step; `n` is the count to use for the next. A trial runs
     WINDOW steps at another count and is kept when its median beats the median before it.
     """
 
