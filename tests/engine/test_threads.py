@@ -511,7 +511,7 @@ def test_a_prompt_arriving_beside_decoding_sequences_is_not_taken_for_a_neighbou
     for _ in range(14):  # four sequences decoding: 4-row steps
         th.observe(4, 0, 0.062, cells)
         cells += 4
-    for _ in range(12):  # a fifth request's prompt in chunks of 29 rows beside their 3 decode rows
+    for _ in range(12):  # one has ended: a new request's prompt in chunks of 29 rows beside the three decoding
         th.observe(32, 29, 0.38, cells)
         cells += 32
     assert cells // KV_PAD == 4 + 1  # (one edge crossed: the window had room to fill on either side)
