@@ -14,7 +14,7 @@ from ggufdesk.core import hardware, library
 from ggufdesk.core.atomic import locked, write_atomic
 
 WRITERS, EACH = 4, 12  # 48 runs: under hardware.MAX_RUNS, so every one must be kept
-MODELS = 40  # each of two processes adds (without the lock, 3 runs of 11 lost some: one kept 75 of 80)
+MODELS = 40  # each of two processes adds, started together (without the lock 8 runs of 8 lost some)
 
 
 def _record_runs(i: int) -> int:
@@ -23,8 +23,8 @@ def _record_runs(i: int) -> int:
     return i
 
 
-def _add_models(folder: str, go: Any) -> None:
-    go.wait(30)  # both processes started: their adds overlap
+def _add_models(folder: str, both: Any) -> None:
+    both.wait(60)  # the two processes started: their adds overlap
     for p in sorted(Path(folder).iterdir()):
         library.add_path(p)
 
@@ -50,11 +50,10 @@ def test_two_processes_adding_models_at_once_keep_both_lists(tmp_path):
             (d / f"model-{w}-{j}.gguf").write_bytes(header)
         folders.append(str(d))
     ctx = multiprocessing.get_context("spawn")
-    go = ctx.Event()
-    procs = [ctx.Process(target=_add_models, args=(f, go)) for f in folders]
+    both = ctx.Barrier(2)
+    procs = [ctx.Process(target=_add_models, args=(f, both)) for f in folders]
     for p in procs:
         p.start()
-    go.set()
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
