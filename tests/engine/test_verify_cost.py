@@ -6,7 +6,7 @@ import queue
 
 import pytest
 
-from ggufdesk.core.settings import LoadSettings, SpeculationSettings
+from ggufdesk.core.settings import LoadSettings, SamplingSettings, SpeculationSettings
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.engine.speculation.adaptive import DraftLength
 from ggufdesk.engine.runtime.worker import CancelBook, Engine
@@ -92,6 +92,52 @@ def test_a_load_with_speculation_measures_before_it_reports_loaded(tiny_model, u
     assert engine.batch.drafts.costs.lengths(16) == list(range(1, 9))  # the step loop prices drafts with it
     engine.unload(quiet=True)
     assert engine.verify_costs is None
+
+
+def test_loaded_s_load_time_counts_the_measurement_it_waited_for(tiny_model, unhurried, monkeypatch):
+    """`load_s` (`ggufdesk run --json`, "loaded in ... s") was the model file's open alone: 0.15 s
+    where the first `ggufdesk run --lookup` waited 2 s more for the measurement."""
+    import time
+
+    from ggufdesk.engine.speculation import verify_cost
+
+    calls, step = [0], verify_cost.Calibration.step
+
+    def slow(self: verify_cost.Calibration) -> bool:  # a lower bound only: a busy machine adds to it
+        calls[0] += 1
+        time.sleep(0.01)
+        return step(self)
+
+    monkeypatch.setattr(verify_cost.Calibration, "step", slow)
+    events: list = []
+    engine = Engine(events.append, CancelBook())  # type: ignore[arg-type]
+    engine.load(P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256),
+                       speculation=SpeculationSettings(mode="lookup", k_max=8)))
+    loaded = [e for e in events if isinstance(e, P.Loaded)]
+    assert loaded and calls[0] > 10, (events, calls)
+    assert loaded[0].load_s >= 0.01 * calls[0] + engine.lm.load_s - 0.001
+    engine.unload(quiet=True)
+
+
+def test_the_first_request_s_llama_perf_counts_its_own_rows_not_the_measurement_s(tiny_model, unhurried):
+    """llama.cpp adds a decode call's rows to its perf counters only at a synchronize: unsynchronized,
+    the measurement's rows (about a hundred here) landed in the first request's `llama_perf`
+    (`ggufdesk run --lookup --json`: 524 prompt tokens for a prompt of 53)."""
+    events: list = []
+    engine = Engine(events.append, CancelBook())  # type: ignore[arg-type]
+    engine.load(P.Load(id="l", model=str(tiny_model), settings=LoadSettings(n_ctx=256),
+                       speculation=SpeculationSettings(mode="lookup", k_max=8)))
+    assert engine.verify_costs is not None  # measured before Loaded
+    engine.generate(P.Generate(id="r", prompt="the cat sat on the mat", sampling=SamplingSettings(
+        temperature=0, max_tokens=4)))
+    while engine.batch.busy:
+        engine.batch.step()
+    stats = [e for e in events if isinstance(e, P.Stats) and e.id == "r"][-1]
+    perf = stats.llama_perf
+    assert perf, stats  # alone: llama.cpp's timings are the request's own
+    # its prompt, then each multi-row step's rows: at most one per drafted token and one more per step
+    assert 0 < perf["prompt_tokens"] <= stats.n_prompt + stats.drafted + stats.n_gen, (perf, stats)
+    engine.unload(quiet=True)
 
 
 def test_measuring_later_runs_while_idle_and_yields_to_requests(tiny_model, unhurried):

@@ -216,6 +216,9 @@ class ModelRunner:
             raise KnownError(f"the context is full ({self.n_ctx} cells)")
         if rc != 0:
             raise KnownError(f"llama_decode failed with code {rc}")
+        # A GPU computes after llama_decode returns; a step that reads no logits (a prompt chunk alone)
+        # would be timed at its launch and its work charged to the next step. On a CPU this is a no-op.
+        llama_cpp.llama_synchronize(self.lm.ctx.ctx)
         self.n_decode += 1
         self.n_busy += len(seqs)
         return True

@@ -193,7 +193,7 @@ class Loaded:
     reasoning: str | None = None  # the template's reasoning format (core/reasoning.py), None: none
     tool_format: str = "generic"  # the template's tool-call format (core/tools.py)
     memory: dict[str, int] = field(default_factory=dict)  # weights/kv/compute/draft bytes
-    load_s: float = 0.0
+    load_s: float = 0.0  # Load to Loaded: the model, a projector or draft model, the draft-cost measurement
     draft: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     rpc: dict[str, Any] = field(default_factory=dict)  # RPC workers: split, devices, prediction

@@ -187,6 +187,7 @@ def token_seconds(path: Path, depth: int = 1, n_tokens: int = DECODE_TOKENS) -> 
             t = time.perf_counter()
             if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(one, 1)) != 0:
                 raise KnownError("the decode probe's token did not decode")
+            llama_cpp.llama_synchronize(ctx)  # (a no-op on a CPU; what a timed call waits for elsewhere)
             times.append(time.perf_counter() - t)
         return statistics.median(times[2:])
     finally:

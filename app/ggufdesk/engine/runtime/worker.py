@@ -199,6 +199,7 @@ class Engine:
         if spec is None:
             return
         self.unload(quiet=True)
+        t0 = time.perf_counter()  # load_s: all a load waits for (projector, draft model, measurement)
         cpu = cpu_load.CpuLoad.of_this_machine()  # read over the load: by the first step (or measurement) it knows
         mmproj = _projector_for(req)
         opened = self._open_model(req, spec, mmproj)
@@ -235,7 +236,7 @@ class Engine:
                 pass
             self._ready_drafting(lm, self.speculation.mode)
         heap.settle()  # what lives as long as the model: no full collection traverses it again
-        self.emit(self._loaded_event(req, lm, template, memory, offload))
+        self.emit(self._loaded_event(req, lm, template, memory, offload, time.perf_counter() - t0))
 
     def _load_speculation(self, req: P.Load) -> SpeculationSettings | None:
         """The load's speculation settings, with Load.draft as a draft model (None: refused, said why)."""
@@ -316,13 +317,13 @@ class Engine:
             self.speculation = dataclasses.replace(spec, mode="off", draft_model=None)
 
     def _loaded_event(self, req: P.Load, lm: LoadedModel, template: ChatTemplate, memory: dict[str, int],
-                      offload: Offload | None) -> P.Loaded:
+                      offload: Offload | None, load_s: float) -> P.Loaded:
         settings = req.settings
         return P.Loaded(
             id=req.id, model=req.model, arch=lm.arch, n_ctx=lm.n_ctx, n_ctx_train=lm.model.n_ctx_train(),
             n_vocab=lm.n_vocab, n_layer=lm.n_layer, n_gpu_layers=settings.n_gpu_layers,
             chat_format="completion" if template.builtin else "template", memory=memory,
-            load_s=round(lm.load_s, 3), reasoning=self.reasoning.name if self.reasoning else None,
+            load_s=round(load_s, 3), reasoning=self.reasoning.name if self.reasoning else None,
             tool_format=_need(self.tool_format).name, draft=self.draft.path if self.draft else None,
             settings=P.fields_of(settings), rpc=offload.plan if offload else {}, n_embd=lm.n_embd,
             embedding_only=self.embedding_only, mmproj=self.projector.path if self.projector else None,

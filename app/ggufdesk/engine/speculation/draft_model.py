@@ -136,6 +136,7 @@ class DraftModel:
                 self._decode(i, todo[j:j + step])
         finally:
             self.lm.abortable(False)
+        llama_cpp.llama_synchronize(self.lm.ctx.ctx)  # a GPU computes after llama_decode returns
         dt = time.perf_counter() - t
         if len(todo) >= 32:
             self.prefill_tok_s = len(todo) / max(dt, 1e-6)

@@ -174,6 +174,9 @@ class Calibration:
         fill_batch(self._batch, [(TOKEN, i, 0, True) for i in range(rows)])
         t = time.perf_counter()
         rc = llama_cpp.llama_decode(self.lm.ctx.ctx, self._batch.batch)
+        # (a GPU computes after llama_decode returns; and llama.cpp counts a call's rows in its perf
+        # timings only at a synchronize, else in the first request's `llama_perf`)
+        llama_cpp.llama_synchronize(self.lm.ctx.ctx)
         dt = time.perf_counter() - t
         llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1)
         if rc != 0:
