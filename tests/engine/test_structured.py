@@ -28,7 +28,35 @@ def test_every_schema_validates_greedy(engine, name, schema):
     assert r.error is None, r.error
     assert r.done.finish_reason == "stop", (name, r.text)
     _validate(r.text, schema)
-    assert r.stats.speculation == "off: grammar"
+
+
+@pytest.fixture(scope="module")
+def lookup_engine(tiny_model):
+    from ggufdesk.core.settings import SpeculationSettings
+
+    client = EngineClient(auto_restart=True)
+    client.start()
+    client.load(str(tiny_model), settings=LOAD, speculation=SpeculationSettings(mode="lookup", adaptive=False, k_max=8))
+    yield client
+    client.shutdown()
+
+
+@pytest.mark.parametrize("name,schema", SCHEMAS[::4], ids=[n for n, _ in SCHEMAS[::4]])
+def test_prompt_lookup_drafts_under_a_grammar_and_the_answer_is_plain_decodings(lookup_engine, name, schema):
+    """A constrained request speculates too (it ran without before): the second time the same request
+    comes, lookup drafts from the first answer (the conversation's n-grams), and the answer is the
+    same; speculation off gives it as well."""
+    def ask(**spec):
+        return collect(lookup_engine, lookup_engine.generate(prompt="the cat", sampling=greedy(400),
+                                                             json_schema=schema, speculation=spec or None))
+
+    off = ask(mode="off")
+    first, second = ask(), ask()
+    assert off.error is None and off.done.finish_reason == "stop", (name, off.error, off.text)
+    _validate(off.text, schema)
+    assert first.text == second.text == off.text, name
+    assert second.stats.speculation.startswith("lookup"), second.stats
+    assert second.stats.accepted > 0, second.stats
 
 
 def test_sampled_outputs_validate_too(engine):

@@ -123,8 +123,6 @@ class Update:
     def stats(self, s: Sequence, *, final: bool) -> P.Stats:
         st = s.stats
         spec = st.speculation if s.drafter is None else s.drafter.status
-        if s.structured is not None and s.structured.active:
-            spec = "off: grammar"
         return P.Stats(
             id=s.rid, n_prompt=st.n_prompt, n_reused=st.n_reused, n_gen=st.n_gen,
             ttft_s=round(st.ttft_s, 4), prefill_tok_s=round(st.prefill_tok_s, 2),

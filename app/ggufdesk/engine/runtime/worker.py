@@ -482,7 +482,9 @@ class Engine:
         media, self._media = self._media, None
         text = text_only(prompt) if media is not None else prompt  # (what reads token ids)
         budgeted = thinking is not None and thinking.budget is not None
-        drafter = None if constraint or budgeted else self._drafter(spec, text, sampling.max_tokens)
+        # (a grammar takes speculation as it is: verification samples row by row under it, each sample
+        # advances it as plain decoding's would, and a rejected draft token never reaches it)
+        drafter = None if budgeted else self._drafter(spec, text, sampling.max_tokens)
         if spec.lookup_history and self.ngrams is not None:
             self._lookup_prompts[req.id] = text
         room = sampling.max_tokens if use.shifting else n_ctx - len(prompt)  # shift: no edge

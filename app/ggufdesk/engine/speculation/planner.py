@@ -225,7 +225,10 @@ class DraftPlanner:
         if self.set_batch is not None:
             self.set_batch([s.rid])  # a cancel of this request stops a draft model's catching up
         try:
-            return d.propose(s.slot.tokens, s.last, k)[:k]
+            draft = d.propose(s.slot.tokens, s.last, k)[:k]
+            if s.constraint is not None:  # under a grammar: not past the first token it refuses
+                del draft[s.constraint.fitting(draft):]
+            return draft
         finally:
             if self.set_batch is not None:
                 self.set_batch([])

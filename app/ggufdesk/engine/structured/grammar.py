@@ -466,6 +466,29 @@ class GrammarConstraint:
                 self.awaiting = self._marker not in self._buf
         llama_cpp.llama_sampler_accept(self._smp, token)
 
+    def fitting(self, draft: list[int]) -> int:
+        """How many of a draft's first tokens the grammar allows in a row from here (on a copy of its
+        state; nothing here changes). A token it refuses can never be sampled, so its row and the rows
+        after it would be verified in vain: the planner drafts only this prefix. Before a lazy grammar's
+        marker every token is free (the whole draft)."""
+        if self.awaiting or not draft or not self._smp:
+            return len(draft)
+        smp, state = llama_cpp.llama_sampler_clone(self._smp), self._utf8.getstate()
+        try:
+            for i, t in enumerate(draft):
+                if not self._utf8_ok(t):
+                    return i
+                self._one[0] = (t, 0.0, 0.0)
+                self._apply(smp, self._one)
+                if not np.isfinite(self._one[0]["logit"]):
+                    return i
+                self._utf8.decode(self._piece(t))
+                llama_cpp.llama_sampler_accept(smp, t)  # (an allowed end of generation ends the grammar too)
+            return len(draft)
+        finally:
+            self._utf8.setstate(state)
+            llama_cpp.llama_sampler_free(smp)
+
     def close(self) -> None:
         if self._smp:
             llama_cpp.llama_sampler_free(self._smp)

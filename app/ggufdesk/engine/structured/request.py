@@ -27,10 +27,6 @@ class Structured:
     fmt: T.ToolFormat | None = None  # how calls are written and parsed
     mode: str = "none"  # tools: none | auto | required
 
-    @property
-    def active(self) -> bool:
-        return self.gbnf is not None
-
     def system_message(self) -> str | None:
         """Tool instructions for templates that cannot render tools themselves."""
         if self.tools and self.fmt is not None and not self.fmt.native:
