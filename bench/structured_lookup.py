@@ -6,11 +6,12 @@ drafted. TASKS were written before the first run: two that copy from the prompt 
 as JSON; an edit tool's call quoting a line of code), a list extracted from a text, and one with
 nothing to copy (records the model makes up), where lookup must not lose. The first run had the tool
 call losing to drafts the grammar refused, which the planner now cuts (no constant, nothing chosen
-on these tasks); HELD_OUT were written after that and before their first run. Each task runs greedy, alone, under the request's grammar, plain (speculation off) and
-with the load's adaptive lookup (what `ggufdesk serve --lookup` does), alternated within each round
-with the order swapped every round; the KV cache and the conversation's n-grams are not reused
-(`cache_prompt` off, `lookup_history` off). Prints decode tok/s, the ratio per task (median over
-rounds) and whether the two answers are the same text.
+on these tasks); HELD_OUT were written after that and before their first run. Each task runs greedy,
+alone, under the request's grammar, plain (speculation off) and with the load's adaptive lookup
+(what `ggufdesk serve --lookup` does), alternated within each round with the order swapped every
+round; the KV cache and the conversation's n-grams are not reused (`cache_prompt` off,
+`lookup_history` off). Prints decode tok/s, the ratio per task (median over rounds) and whether the
+two answers are the same text.
 
     .venv/bin/python bench/structured_lookup.py [starter|smollm2|PATH ...] [--rounds 3] [--tokens 160] [--held-out]
 """
