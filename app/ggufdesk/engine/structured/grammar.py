@@ -483,7 +483,7 @@ class GrammarConstraint:
                 if not np.isfinite(self._one[0]["logit"]):
                     return i
                 self._utf8.decode(self._piece(t))
-                llama_cpp.llama_sampler_accept(smp, t)  # (an allowed end of generation ends the grammar too)
+                llama_cpp.llama_sampler_accept(smp, t)  # (past an allowed end of generation, nothing is taken)
             return len(draft)
         finally:
             self._utf8.setstate(state)
