@@ -216,9 +216,9 @@ class ModelRunner:
             raise KnownError(f"the context is full ({self.n_ctx} cells)")
         if rc != 0:
             raise KnownError(f"llama_decode failed with code {rc}")
-        # A GPU computes after llama_decode returns; a step that reads no logits (a prompt chunk alone)
-        # would be timed at its launch and its work charged to the next step. On a CPU this is a no-op.
-        llama_cpp.llama_synchronize(self.lm.ctx.ctx)
+        # (A step that samples waits for the logits it reads, in sampling. One that reads none, a prompt chunk
+        # alone, is timed at its launch on a GPU; only the thread tuner reads that time, the chunk sizer
+        # learns from steps with decode rows. Not synchronized until a GPU run measures what waiting costs.)
         self.n_decode += 1
         self.n_busy += len(seqs)
         return True
