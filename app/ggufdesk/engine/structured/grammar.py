@@ -470,7 +470,9 @@ class GrammarConstraint:
         """How many of a draft's first tokens the grammar allows in a row from here (on a copy of its
         state; nothing here changes). A token it refuses can never be sampled, so its row and the rows
         after it would be verified in vain: the planner drafts only this prefix. Before a lazy grammar's
-        marker every token is free (the whole draft)."""
+        marker every token is free (the whole draft). The copy is not free with many tools: Claude Code's
+        25 (a 138k-character grammar) cost 0.33 ms to copy and 0.5 ms for 8 tokens, which the planner
+        bills to the drafter as part of its look, so lookup drafts there only where that pays."""
         if self.awaiting or not draft or not self._smp:
             return len(draft)
         smp, state = llama_cpp.llama_sampler_clone(self._smp), self._utf8.getstate()
