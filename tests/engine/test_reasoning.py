@@ -68,6 +68,28 @@ def test_the_budget_closes_the_block_at_n_tokens_and_the_model_answers(client, m
     assert d.text == full.text and d.finish_reason == "stop"
 
 
+@pytest.mark.parametrize("name", ["qwen3", "r1", "harmony"])
+def test_a_budget_holds_with_prompt_lookup_drafting_around_it(client, models, name):
+    """Drafts stop where the budget will be looked at (ReasoningControl.room): the same thinking, cut
+    at the same token, and the same answer as without speculation. The second of two identical
+    requests drafts from the first's answer (the conversation's n-grams), across the whole budget."""
+    from ggufdesk.core.settings import SpeculationSettings
+
+    spec = SpeculationSettings(mode="lookup", adaptive=False, k_max=8)
+    for budget in (0, 3, 6):
+        plain = run(client, models[name], reasoning_budget=budget)["done"]
+        client.load(str(models[name]), settings=LOAD, speculation=spec)
+        for _ in range(2):
+            rid = client.generate(messages=USER, sampling={"temperature": 0.0, "max_tokens": 200},
+                                  reasoning_budget=budget)
+            events = list(client.stream(rid, timeout=60))
+            done = next(e for e in events if isinstance(e, P.Done))
+            stats = [e for e in events if isinstance(e, P.Stats)][-1]
+            counts = [(d.usage["completion_tokens"], d.usage["reasoning_tokens"]) for d in (done, plain)]
+            assert (done.reasoning, done.text, counts[0]) == (plain.reasoning, plain.text, counts[1]), budget
+        assert stats.speculation.startswith("lookup") and stats.accepted > 0, (budget, stats)
+
+
 def test_max_tokens_inside_the_think_block_keeps_the_reasoning(client, models):
     r = run(client, models["qwen3"], max_tokens=4)
     d = r["done"]

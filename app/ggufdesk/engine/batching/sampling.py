@@ -58,10 +58,10 @@ class Sampling:
     def sample(self, s: Sequence, row: int) -> tuple[int, dict[str, Any] | None]:
         """(token, its logprob entry when the request asked for them). Every call is one draw of
         the sequence's sampler: verification calls it once per emitted token, as plain decoding does.
-        A reasoning budget that ran out writes the tokens that close the block instead, one a step."""
+        A reasoning budget that ran out writes the tokens that close the block instead, one a call."""
         free = s.constraint is None or s.constraint.awaiting  # an active grammar decides every token
         forced = s.reasoning.forced() if s.reasoning is not None and free else None
-        if forced is not None:  # (a request with a budget runs without a drafter: nothing to verify)
+        if forced is not None:  # (the planner keeps drafts within the budget: DraftPlanner._room)
             if s.constraint is not None:
                 s.constraint.accept(forced)
             return forced, None

@@ -481,10 +481,10 @@ class Engine:
         batch, n_ctx = _need(self.batch), _need(self.lm).n_ctx
         media, self._media = self._media, None
         text = text_only(prompt) if media is not None else prompt  # (what reads token ids)
-        budgeted = thinking is not None and thinking.budget is not None
         # (a grammar takes speculation as it is: verification samples row by row under it, each sample
-        # advances it as plain decoding's would, and a rejected draft token never reaches it)
-        drafter = None if budgeted else self._drafter(spec, text, sampling.max_tokens)
+        # advances it as plain decoding's would, and a rejected draft token never reaches it; a reasoning
+        # budget bounds the drafts, DraftPlanner._room)
+        drafter = self._drafter(spec, text, sampling.max_tokens)
         if spec.lookup_history and self.ngrams is not None:
             self._lookup_prompts[req.id] = text
         room = sampling.max_tokens if use.shifting else n_ctx - len(prompt)  # shift: no edge

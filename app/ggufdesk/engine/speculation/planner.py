@@ -216,7 +216,9 @@ class DraftPlanner:
         s = r.seq
         if r.forced or s.slot is None:
             return 0
-        return min(budget, s.max_gen - s.stats.n_gen - 1, self.n_ctx - len(s.slot.tokens) - 2)
+        room = min(budget, s.max_gen - s.stats.n_gen - 1, self.n_ctx - len(s.slot.tokens) - 2)
+        thinking = None if s.reasoning is None else s.reasoning.room()  # a reasoning budget: not past it
+        return room if thinking is None else min(room, thinking)
 
     def _propose(self, s: Sequence, k: int) -> list[int]:
         """s's drafter's proposal of at most k tokens."""

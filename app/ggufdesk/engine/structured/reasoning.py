@@ -28,6 +28,16 @@ class ReasoningControl:
     def finish(self) -> list[Piece]:
         return self.split.finish()
 
+    def room(self) -> int | None:
+        """Draft tokens a step may carry before the budget must be looked at again (None: no limit).
+        `tokens` counts what the step loop has taken, after each step: a step that sampled past the
+        budget inside one verification would write reasoning that plain decoding closes. With at most
+        budget - tokens samples in a step, forced() sees each of them as plain decoding would. Once the
+        budget has closed the block, each sample takes the next closing token as one step's would."""
+        if self.budget is None or self.closed_by_budget:
+            return None
+        return max(0, self.budget - self.tokens - 1)
+
     def forced(self) -> int | None:
         """The next token to insert instead of sampling, or None."""
         if not self._queue and not self.closed_by_budget and self.budget is not None \
