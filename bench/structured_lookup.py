@@ -14,12 +14,15 @@ round; the KV cache and the conversation's n-grams are not reused (`cache_prompt
 two answers are the same text.
 
     .venv/bin/python bench/structured_lookup.py [starter|smollm2|PATH ...] [--rounds 3] [--tokens 160] [--held-out]
+        [--clients]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -162,15 +165,58 @@ def bench(model: str, rounds: int, tokens: int, tasks: dict[str, dict[str, Any]]
     return lines
 
 
+def _client(client: EngineClient, tasks: dict[str, dict[str, Any]], names: list[str], i: int, spec: str,
+            tokens: int, counts: list[int]) -> None:
+    """Client i: every task once, one after another, from the i-th on; its tokens into counts[i]."""
+    for j in range(len(names)):
+        counts[i] += run(client, tasks[names[(i + j) % len(names)]], spec, tokens)[2].n_gen
+
+
+def four_clients(model: str, rounds: int, tokens: int, tasks: dict[str, dict[str, Any]]) -> None:
+    """Four clients at once, each sending every task once (starting at a different one), greedy, under
+    each task's grammar: tokens of all requests over the time from the first request to the last
+    answer, lookup against none, alternated, order swapped each round (an engine for 8 sequences, as
+    bench/batch.py part 6 loads). Prints each round's ratio."""
+    client = EngineClient()
+    client.start()
+    names = list(tasks)
+    print(f"model {Path(model).name}, four clients, {rounds} rounds, greedy, at most {tokens} tokens", flush=True)
+    try:
+        client.load(model, settings=LoadSettings(n_ctx=12288, n_parallel=8, n_threads=2, n_threads_batch=2),
+                    speculation=SpeculationSettings(mode="lookup"))
+        for name in names:
+            run(client, tasks[name], "lookup", 8)  # warm: each task's grammar and prompt
+        speeds: dict[str, list[float]] = {"off": [], "lookup": []}
+        for r in range(rounds):
+            for spec in (("off", "lookup") if r % 2 == 0 else ("lookup", "off")):
+                counts = [0] * 4
+                t0 = time.perf_counter()
+                threads = [threading.Thread(target=_client, args=(client, tasks, names, i, spec, tokens, counts))
+                           for i in range(4)]
+                for th in threads:
+                    th.start()
+                for th in threads:
+                    th.join()
+                speeds[spec].append(sum(counts) / (time.perf_counter() - t0))
+        ratios = [b / a for a, b in zip(speeds["off"], speeds["lookup"])]
+        print(f"  plain {statistics.median(speeds['off']):6.1f} tok/s, lookup "
+              f"{statistics.median(speeds['lookup']):6.1f}: {statistics.median(ratios):.2f}x "
+              f"(runs {', '.join(f'{x:.2f}' for x in ratios)})", flush=True)
+    finally:
+        client.shutdown()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", default=["starter", "smollm2"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--held-out", action="store_true", help="the held-out tasks instead")
+    ap.add_argument("--clients", action="store_true", help="four clients at once instead of one request at a time")
     args = ap.parse_args()
     for m in args.models:
-        bench(model_path(m), args.rounds, args.tokens, HELD_OUT if args.held_out else TASKS)
+        (four_clients if args.clients else bench)(model_path(m), args.rounds, args.tokens,
+                                                   HELD_OUT if args.held_out else TASKS)
     return 0
 
 
