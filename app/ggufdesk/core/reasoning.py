@@ -133,6 +133,12 @@ class ReasoningSplit:
             return self._state == "body" and self._kind == "reasoning"
         return self._state == "reasoning"
 
+    @property
+    def settled(self) -> bool:
+        """No reasoning can come any more: a think block closed, or the answer began without one
+        (harmony's channels can open another analysis message: never settled)."""
+        return self.fmt.name != "harmony" and self._state in ("after", "answer")
+
     def push(self, text: str) -> list[Piece]:
         self._buf += text
         out: list[Piece] = []

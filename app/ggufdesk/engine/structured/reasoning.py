@@ -33,8 +33,9 @@ class ReasoningControl:
         `tokens` counts what the step loop has taken, after each step: a step that sampled past the
         budget inside one verification would write reasoning that plain decoding closes. With at most
         budget - tokens samples in a step, forced() sees each of them as plain decoding would. Once the
-        budget has closed the block, each sample takes the next closing token as one step's would."""
-        if self.budget is None or self.closed_by_budget:
+        budget has closed the block, each sample takes the next closing token as one step's would; once
+        the model has closed it (or answered without one), the budget has nothing more to do."""
+        if self.budget is None or self.closed_by_budget or self.split.settled:
             return None
         return max(0, self.budget - self.tokens - 1)
 

@@ -1,0 +1,41 @@
+"""ReasoningControl.room: how many drafts a step may carry beside a reasoning budget (the planner's
+bound, engine/speculation/planner.py), as the thinking is taken token by token."""
+from __future__ import annotations
+
+from ggufdesk.core.reasoning import HARMONY, THINK
+from ggufdesk.engine.structured.reasoning import ReasoningControl
+
+
+def control(fmt=THINK, budget: int | None = 5) -> ReasoningControl:
+    return ReasoningControl(fmt, inside=False, budget=budget, close_tokens=[7])
+
+
+def test_drafts_stop_short_of_the_budget_while_the_block_may_still_be_open():
+    c = control()
+    assert c.room() == 4  # not opened yet: a step may open it and think up to the budget
+    for piece in ("<think>", "\n", "a", " b"):
+        c.take(piece)
+    assert c.tokens == 3 and c.room() == 1  # two more samples reach the budget: one draft row
+    c.take(" c")
+    assert c.room() == 0
+    c.take(" d")
+    assert c.forced() == 7 and c.room() is None  # the budget closes the block: closing tokens one a sample
+
+
+def test_a_block_the_model_closed_itself_leaves_the_answer_unbounded():
+    c = control(budget=4)
+    for piece in ("<think>", "a", " b", "</think>", "\n\nThe"):
+        c.take(piece)
+    assert c.tokens == 3 and c.room() is None  # (budget - tokens - 1 would be 0: no drafts in the answer)
+    plain = control()
+    plain.take("The answer")  # no block: the answer began
+    assert plain.room() is None
+    assert control(budget=None).room() is None
+
+
+def test_harmony_can_think_again_so_its_bound_stays():
+    c = control(HARMONY, budget=6)
+    for piece in ("<|channel|>analysis<|message|>", "a", "<|end|>", "<|start|>assistant<|channel|>final<|message|>",
+                  "Four"):
+        c.take(piece)
+    assert c.room() is not None
