@@ -369,10 +369,15 @@ class GrammarConstraint:
             buf = self._buf + self._piece(token)
             i = buf.find(self._marker)
             return i < 0 or any(o.startswith(buf[i:]) for o in self._openings)
+        return self._fits(self._smp, token)
+
+    def _fits(self, smp: Any, token: int) -> bool:
+        """The grammar state `smp` (this request's, or a copy `fitting` moves on) takes the token, and
+        the output stays valid UTF-8 with it (from where the decoder stands)."""
         if not self._utf8_ok(token):
             return False
         self._one[0] = (token, 0.0, 0.0)
-        self._apply(self._smp, self._one)
+        self._apply(smp, self._one)
         return bool(np.isfinite(self._one[0]["logit"]))
 
     def _utf8_ok(self, token: int) -> bool:
@@ -478,11 +483,7 @@ class GrammarConstraint:
         smp, state = llama_cpp.llama_sampler_clone(self._smp), self._utf8.getstate()
         try:
             for i, t in enumerate(draft):
-                if not self._utf8_ok(t):
-                    return i
-                self._one[0] = (t, 0.0, 0.0)
-                self._apply(smp, self._one)
-                if not np.isfinite(self._one[0]["logit"]):
+                if not self._fits(smp, t):
                     return i
                 self._utf8.decode(self._piece(t))
                 llama_cpp.llama_sampler_accept(smp, t)  # (past an allowed end of generation, nothing is taken)
