@@ -33,9 +33,24 @@ def test_a_block_the_model_closed_itself_leaves_the_answer_unbounded():
     assert control(budget=None).room() is None
 
 
-def test_harmony_can_think_again_so_its_bound_stays():
+def test_harmony_can_think_again_after_a_preamble_but_not_after_its_final_message():
     c = control(HARMONY, budget=6)
-    for piece in ("<|channel|>analysis<|message|>", "a", "<|end|>", "<|start|>assistant<|channel|>final<|message|>",
-                  "Four"):
+    for piece in ("<|channel|>analysis<|message|>", "a", "<|end|>",
+                  "<|start|>assistant<|channel|>commentary<|message|>", "Let me check."):
         c.take(piece)
-    assert c.room() is not None
+    assert c.room() == 3  # a preamble to the user: analysis may open again, the budget still counts
+    c.take("<|end|><|start|>assistant<|channel|>analysis<|message|>")
+    c.take("b")
+    assert c.tokens == 3 and c.room() == 2
+    c.take("<|end|><|start|>assistant<|channel|>final<|message|>")
+    c.take("Four")
+    assert c.room() is None  # the final message ends the output (<|return|>): nothing left to bound
+    call = control(HARMONY, budget=6)
+    call.take("<|start|>assistant<|channel|>commentary to=functions.add<|message|>")
+    assert call.room() == 5  # a tool call's message is not the final one either
+
+
+def test_text_that_is_not_harmony_at_all_settles_at_once():
+    c = control(HARMONY, budget=6)
+    c.take("Four, plainly.")
+    assert c.room() is None

@@ -123,6 +123,7 @@ class ReasoningSplit:
         self._buf = ""
         self._state = "reasoning" if inside else "start"
         self._kind = ""  # harmony: the current message's kind (reasoning | answer | call)
+        self._final = False  # harmony: the final channel's message began (it ends the output)
         self._started = False  # reasoning text shown yet (its leading spaces are dropped)
         self.reasoning = ""
         self.answer = ""
@@ -135,9 +136,13 @@ class ReasoningSplit:
 
     @property
     def settled(self) -> bool:
-        """No reasoning can come any more: a think block closed, or the answer began without one
-        (harmony's channels can open another analysis message: never settled)."""
-        return self.fmt.name != "harmony" and self._state in ("after", "answer")
+        """No reasoning can come any more: a think block closed, or the answer began without one.
+        Harmony opens a message per channel, and analysis may follow a commentary message (a preamble
+        to the user), so only its final message settles it: that one ends with <|return|>, which
+        ends the output (llama.cpp counts it, and <|call|>, as end of generation; <|end|> it does not)."""
+        if self.fmt.name == "harmony":
+            return self._final or self._state == "plain"
+        return self._state in ("after", "answer")
 
     def push(self, text: str) -> list[Piece]:
         self._buf += text
@@ -230,6 +235,7 @@ class ReasoningSplit:
             channel = re.search(r"<\|channel\|>\s*([a-z]+)", header)
             name = channel.group(1) if channel else ""
             self._kind = "call" if "to=functions." in header else "reasoning" if name == "analysis" else "answer"
+            self._final = self._final or (name == "final" and self._kind == "answer")
             if self._kind == "call":
                 out.append((False, buf[:i + len("<|message|>")]))
             self._state, self._buf = "body", buf[i + len("<|message|>"):]
