@@ -16,6 +16,8 @@ QWEN = "<think>\nFirst I add two and two. That makes four. I am sure.\n</think>\
 R1 = "Two plus two. Four.\n</think>\n\nFour."
 HARMONY = ("<|channel|>analysis<|message|>Add them up, carefully, one by one.<|end|><|start|>assistant"
            "<|channel|>final<|message|>Four.")
+HARMONY_LONG = ("<|channel|>analysis<|message|>Two and two.<|end|><|start|>assistant<|channel|>final<|message|>"
+                "Two and two make four, as counting on your fingers shows: one, two, three, four. So the sum is four.")
 USER = [{"role": "user", "content": "What is 2+2?"}]
 
 
@@ -40,6 +42,7 @@ def models(tmp_path_factory):
     return {"qwen3": write_scripted(d / "qwen3.gguf", "qwen3", QWEN),
             "r1": write_scripted(d / "r1.gguf", "deepseek-r1", R1),
             "harmony": write_scripted(d / "oss.gguf", "gpt-oss", HARMONY),
+            "harmony_long": write_scripted(d / "oss_long.gguf", "gpt-oss", HARMONY_LONG),
             "endless": write_scripted(d / "endless.gguf", "qwen3", "<think>\nI keep thinking and never stop"),
             "unstripped": write_scripted(d / "plain.gguf", "qwen3", "Four.",
                                          chat_template="{# reasons in <think> #}" + CHATML_TEMPLATE)}
@@ -88,6 +91,25 @@ def test_a_budget_holds_with_prompt_lookup_drafting_around_it(client, models, na
             counts = [(d.usage["completion_tokens"], d.usage["reasoning_tokens"]) for d in (done, plain)]
             assert (done.reasoning, done.text, counts[0]) == (plain.reasoning, plain.text, counts[1]), budget
         assert stats.speculation.startswith("lookup") and stats.accepted > 0, (budget, stats)
+
+
+def test_a_harmony_answer_drafts_once_its_final_message_began_however_little_budget_is_left(client, models):
+    """gpt-oss thinks exactly its budget's worth and answers itself: nothing is left of the budget, yet
+    the answer (its final message, after which no analysis can come) drafts from the first request's
+    answer. Before, the budget's bound held to the end and the answer drafted nothing."""
+    from ggufdesk.core.settings import SpeculationSettings
+
+    path = models["harmony_long"]
+    free = run(client, path)["done"]
+    budget = free.usage["reasoning_tokens"]  # the model closes the block itself at exactly this count
+    client.load(str(path), settings=LOAD, speculation=SpeculationSettings(mode="lookup", adaptive=False, k_max=8))
+    for _ in range(2):
+        rid = client.generate(messages=USER, sampling={"temperature": 0.0, "max_tokens": 200}, reasoning_budget=budget)
+        events = list(client.stream(rid, timeout=60))
+        done = next(e for e in events if isinstance(e, P.Done))
+        assert (done.reasoning, done.text) == (free.reasoning, free.text)
+    stats = [e for e in events if isinstance(e, P.Stats)][-1]
+    assert stats.accepted > budget, stats  # more than the thinking could hold: the answer drafted
 
 
 def test_max_tokens_inside_the_think_block_keeps_the_reasoning(client, models):
