@@ -57,7 +57,8 @@ SYSTEM = 1480  # words of the shared system prompt (about 1,500 tokens)
 
 
 # Part 6's engine: 8 sequences sharing 12,288 cells, loaded with lookup (verification costs measured at load;
-# each request chooses). bench/batch_baseline.py and bench/batch_trace.py load the same.
+# each request chooses). bench/batch_baseline.py, bench/batch_trace.py and bench/structured_lookup.py --clients
+# load the same.
 SERVE_CELLS, SERVE_SEQS = 12288, 8
 SERVE_SPECULATION = {"mode": "lookup", "k_max": 16}
 

@@ -28,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.batch import serve_settings
 from bench.spec_heldout import model_path
 from ggufdesk.core.settings import LoadSettings, SpeculationSettings
 from ggufdesk.engine.link import protocol as P
@@ -182,7 +183,7 @@ def four_clients(model: str, rounds: int, tokens: int, tasks: dict[str, dict[str
     names = list(tasks)
     print(f"model {Path(model).name}, four clients, {rounds} rounds, greedy, at most {tokens} tokens", flush=True)
     try:
-        client.load(model, settings=LoadSettings(n_ctx=12288, n_parallel=8, n_threads=2, n_threads_batch=2),
+        client.load(model, settings=serve_settings(n_threads=2, n_threads_batch=2),
                     speculation=SpeculationSettings(mode="lookup"))
         for name in names:
             run(client, tasks[name], "lookup", 8)  # warm: each task's grammar and prompt
