@@ -11,7 +11,7 @@ threads (medians over rounds; the machine is shared, so read the ratios, not the
    same batches driven in-process through the low-level API (a quiet machine: 79 / 118 / 178 tok/s);
 3. one stream: an engine loaded for 8 sequences vs one loaded for 1 (what `ggufdesk run` uses)
    vs the same step loop in-process, without the process and its pipes (tests/engine/live.py);
-4. 4 streams decoding while a 3,000-token prompt arrives: their worst inter-token gap vs their
+4. 4 streams (`--streams`) decoding while a 3,000-token prompt arrives: their worst inter-token gap vs their
    undisturbed median, and that prompt's time to first token vs alone;
 5. a second request sharing a 1,500-token system prompt: its TTFT vs the first's;
 6. 4 concurrent clients with and without prompt lookup (adaptive, drafting inside the batched
@@ -22,7 +22,7 @@ threads (medians over rounds; the machine is shared, so read the ratios, not the
    until the last is done (lookup's early finishers leave a tail at fewer streams there).
 
     .venv/bin/python bench/batch.py [MODEL] [--rounds N] [--threads N] [--chunk C] [--parts 123456]
-        [--max-tokens N] [--work tuned|heldout|heldout2]
+        [--max-tokens N] [--streams N] [--work tuned|heldout|heldout2]
 
 `--work heldout` runs part 6 on bench/spec_heldout.py's prompts instead (never tuned on): its copy-heavy
 categories against its free writing and explanations; `--work heldout2` on bench/spec_heldout2.py's
@@ -264,6 +264,7 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=-1, help="prefill_chunk for the engine (0 = auto, the default)")
     ap.add_argument("--parts", default="123456", help="which parts to run, e.g. 4 or 145")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per stream in part 6")
+    ap.add_argument("--streams", type=int, default=4, help="streams decoding beside part 4's long prompt")
     ap.add_argument("--gpu-layers", type=int, default=0, help="layers on a GPU (-1: all)")
     ap.add_argument("--work", default="tuned", choices=list(WORK),
                     help="part 6's prompts: bench/spec_workloads.py's (tuned on), bench/spec_heldout.py's "
@@ -332,7 +333,11 @@ def main() -> int:
     inproc = Live(args.model, LoadSettings(n_ctx=4096, **base))
     rows: dict[str, list[float]] = {}
     tallies: dict[str, dict[str, int]] = {"copy": {}, "free": {}}  # part 6's lookup runs: tokens, drafted, accepted
-    n_long, n_system = len(inproc.tokens(text(LONG, "r0longA"))), len(inproc.tokens(text(SYSTEM, "r0system")))
+    # (this run's own prompts: the disk prompt cache keeps an earlier run's, and part 4's and 5's first
+    # prompts would be found there, not prefilled)
+    run = os.getpid()
+    n_long = len(inproc.tokens(text(LONG, f"{run}r0longA")))
+    n_system = len(inproc.tokens(text(SYSTEM, f"{run}r0system")))
 
     def add(key: str, v: float) -> None:
         rows.setdefault(key, []).append(v)
@@ -340,7 +345,7 @@ def main() -> int:
 
     chunk = serve.loaded.settings["prefill_chunk"]
     for r in range(args.rounds):
-        tag = f"r{r}"
+        tag = f"{run}r{r}"
         # 2. aggregate tok/s, engine vs low-level
         for n in (1, 4, 8) if "2" in args.parts else ():
             res = run_together(serve, [text(20, f"{tag}s{n}q{i}") for i in range(n)], GEN)
@@ -359,14 +364,14 @@ def main() -> int:
                 res = run_together(serve if who == "serve" else run1, [p], GEN)[0]
                 add(f"one_{who}", (len(res["times"]) - 1) / (res["times"][-1] - res["times"][0]))
         if "4" in args.parts:
-            # 4. a 3,000-token prompt: alone, then while 4 streams decode
+            # 4. a 3,000-token prompt: alone, then while --streams streams (4) decode
             long_alone = text(LONG, f"{tag}longA")
             res = run_together(serve, [long_alone], 2)[0]
             add("ttft_alone", res["times"][0] - res["t0"])
             out: dict = {}
             ths, bg = [], []
             t0 = time.perf_counter()
-            for i in range(4):
+            for i in range(args.streams):
                 # (prompt + max_tokens of all four and the long prompt must fit the cells, or it waits)
                 rid = serve.generate(prompt=text(20, f"{tag}bg{i}"), sampling=greedy(1000),
                                      speculation={"mode": "off"})
@@ -374,7 +379,7 @@ def main() -> int:
                 th_.start()
                 ths.append(th_)
                 bg.append(rid)
-            time.sleep(3.0)  # let the four settle into plain decoding
+            time.sleep(3.0)  # let the streams settle into plain decoding
             t_long = time.perf_counter()
             res_long = run_together(serve, [text(LONG, f"{tag}longB")], 2)[0]
             t_first = res_long["times"][0]
@@ -434,7 +439,8 @@ def main() -> int:
         print(f"   n_parallel=8 vs run: {m('one_serve') / m('one_run'):.3f}x; run vs in-process: "
               f"{m('one_run') / m('one_inproc'):.3f}x (target >= 0.95x)")
     if "4" in args.parts:
-        print(f"\n4. a {n_long}-token prompt arriving while 4 streams decode (prefill_chunk {chunk or 'auto'})")
+        print(f"\n4. a {n_long}-token prompt arriving while {args.streams} streams decode "
+              f"(prefill_chunk {chunk or 'auto'})")
         print(f"   running streams: undisturbed median gap {m('gap_median') * 1000:.0f} ms, worst gap during the "
               f"prefill {m('gap_worst') * 1000:.0f} ms = {m('gap_worst') / m('gap_median'):.1f}x (target <= 10x)")
         print(f"   its TTFT: {m('ttft_busy'):.2f} s beside them vs {m('ttft_alone'):.2f} s alone = "
