@@ -45,6 +45,8 @@ def test_harmony_can_think_again_after_a_preamble_but_not_after_its_final_messag
     c.take("<|end|><|start|>assistant<|channel|>final<|message|>")
     c.take("Four")
     assert c.room() is None  # the final message ends the output (<|return|>): nothing left to bound
+    c.take("<|end|><|start|>assistant<|channel|>analysis<|message|>")  # malformed: thinks after its answer
+    assert c.tokens == 4 and c.room() == 1  # bounded again, the count where it was
     call = control(HARMONY, budget=6)
     call.take("<|start|>assistant<|channel|>commentary to=functions.add<|message|>")
     assert call.room() == 5  # a tool call's message is not the final one either

@@ -123,7 +123,7 @@ class ReasoningSplit:
         self._buf = ""
         self._state = "reasoning" if inside else "start"
         self._kind = ""  # harmony: the current message's kind (reasoning | answer | call)
-        self._final = False  # harmony: the final channel's message began (it ends the output)
+        self._final = False  # harmony: the current message is the final channel's (it ends the output)
         self._started = False  # reasoning text shown yet (its leading spaces are dropped)
         self.reasoning = ""
         self.answer = ""
@@ -235,7 +235,9 @@ class ReasoningSplit:
             channel = re.search(r"<\|channel\|>\s*([a-z]+)", header)
             name = channel.group(1) if channel else ""
             self._kind = "call" if "to=functions." in header else "reasoning" if name == "analysis" else "answer"
-            self._final = self._final or (name == "final" and self._kind == "answer")
+            # (the current message's: output that opens analysis after its final message, which a
+            # well-formed one cannot, is bounded by the budget again)
+            self._final = name == "final" and self._kind == "answer"
             if self._kind == "call":
                 out.append((False, buf[:i + len("<|message|>")]))
             self._state, self._buf = "body", buf[i + len("<|message|>"):]
