@@ -133,6 +133,8 @@ def main() -> int:
 
         args.model = str(starter_model_path())
     modes = [int(x) for x in args.clients.split(",")]
+    if not modes or any(m not in (1, 4) for m in modes):
+        ap.error("--clients takes 1, 4 or 1,4")
     copy_work, free_work = WORK[args.work]
     servers = configs(args.model, args.threads)  # (builds llama-server first if it is not cached yet)
     # the engines' own caches (saved prompts, measured costs) in a throwaway folder, alike for every round
