@@ -141,18 +141,26 @@ class Server:
                 self.proc.kill()
 
 
+def ggufdesk_cmd(model: str, threads: int, ctx: int, parallel: int) -> list[str]:
+    """`ggufdesk serve` as this bench runs it ("{port}" to fill in); bench/server_lookup.py runs it too."""
+    t = str(threads)
+    return [sys.executable, "-m", "ggufdesk", "serve", model, "--port", "{port}", "--threads", t,
+            "--threads-batch", t, "--ctx", str(ctx), "--parallel", str(parallel), "--batch", "512", "--ubatch", "512",
+            "--flash-attn", "on", "--temperature", "0"]
+
+
+def llama_server_cmd(model: str, threads: int, ctx: int, parallel: int) -> list[str]:
+    """llama-server with the same threads, batch sizes, flash attention and unified KV cache."""
+    t = str(threads)
+    return [str(llama_server_binary()), "-m", model, "--port", "{port}", "-t", t, "-tb", t, "-c", str(ctx),
+            "-np", str(parallel), "-kvu", "-cb", "-b", "512", "-ub", "512", "-fa", "on", "--no-webui"]
+
+
 def make_servers(model: str, a: argparse.Namespace) -> list[Server]:
-    t, ctx, np_ = str(a.threads), str(a.ctx), str(a.parallel)
-    ours = Server("ggufdesk serve", [sys.executable, "-m", "ggufdesk", "serve", model, "--port", "{port}",
-                                     "--threads", t, "--threads-batch", t, "--ctx", ctx, "--parallel", np_,
-                                     "--batch", "512", "--ubatch", "512", "--flash-attn", "on",
-                                     "--temperature", "0"], 0, "/health")
-    servers = [ours]
+    t, ctx = str(a.threads), str(a.ctx)
+    servers = [Server("ggufdesk serve", ggufdesk_cmd(model, a.threads, a.ctx, a.parallel), 0, "/health")]
     if not a.skip_llama_server:
-        servers.append(Server("llama-server", [str(llama_server_binary()), "-m", model, "--port", "{port}",
-                                               "-t", t, "-tb", t, "-c", ctx, "-np", np_, "-kvu",
-                                               "-cb", "-b", "512", "-ub", "512", "-fa", "on", "--no-webui"],
-                              0, "/health"))
+        servers.append(Server("llama-server", llama_server_cmd(model, a.threads, a.ctx, a.parallel), 0, "/health"))
     if not a.skip_llama_cpp_python:
         py = llama_cpp_python_server_venv()
         servers.append(Server("llama-cpp-python", [str(py), "-m", "llama_cpp.server", "--model", model,
@@ -160,6 +168,11 @@ def make_servers(model: str, a: argparse.Namespace) -> list[Server]:
                                                    "--n_ctx", ctx, "--n_batch", "512", "--n_ubatch", "512",
                                                    "--flash_attn", "True", "--interrupt_requests", "False"],
                               0, "/v1/models"))
+    return with_ports(servers)
+
+
+def with_ports(servers: list[Server]) -> list[Server]:
+    """Each server a free port, filled into its command's "{port}"."""
     for s in servers:
         s.port = free_port()
         s.cmd = [c.replace("{port}", str(s.port)) for c in s.cmd]

@@ -36,7 +36,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.batch import WORK
-from bench.server import Server, free_port, llama_server_binary
+from bench.server import Server, ggufdesk_cmd, llama_server_cmd, with_ports
 
 TOKENS = 128
 PER_CLIENT = 3
@@ -44,21 +44,15 @@ CTX, SLOTS = 12288, 4
 
 
 def configs(model: str, threads: int) -> list[Server]:
-    t = str(threads)
-    ours = [sys.executable, "-m", "ggufdesk", "serve", model, "--port", "{port}", "--threads", t,
-            "--threads-batch", t, "--ctx", str(CTX), "--parallel", str(SLOTS), "--batch", "512", "--ubatch", "512",
-            "--flash-attn", "on"]
-    theirs = [str(llama_server_binary()), "-m", model, "--port", "{port}", "-t", t, "-tb", t, "-c", str(CTX),
-              "-np", str(SLOTS), "-kvu", "-cb", "-b", "512", "-ub", "512", "-fa", "on", "--no-webui"]
+    # (every request names its temperature, so ours' default of 0 there changes nothing)
+    ours = ggufdesk_cmd(model, threads, CTX, SLOTS)
+    theirs = llama_server_cmd(model, threads, CTX, SLOTS)
     servers = [Server("ggufdesk", ours, 0, "/health"), Server("ggufdesk --lookup", [*ours, "--lookup"], 0, "/health"),
                Server("llama-server", theirs, 0, "/health"),
                Server("llama-server --spec-default", [*theirs, "--spec-default"], 0, "/health"),
                Server("llama-server ngram-simple", [*theirs, "--spec-type", "ngram-simple", "--spec-draft-n-max", "64"],
                       0, "/health")]
-    for s in servers:
-        s.port = free_port()
-        s.cmd = [c.replace("{port}", str(s.port)) for c in s.cmd]
-    return servers
+    return with_ports(servers)
 
 
 def base_of(name: str) -> str:
