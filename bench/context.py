@@ -184,7 +184,7 @@ def run_one(engine: Any, events: list[Any], rid: str, prompt: str) -> P.Done:
 
 
 def restore_vs_prefill(model: str, ctx: int, words: int, a: argparse.Namespace) -> dict[str, Any]:
-    """Seconds per token: a cold prefill (its Stats) vs DiskCache.restore of the same prefix."""
+    """Seconds per token: a cold prefill (its Stats) vs PromptStates.restore of the same prefix from disk."""
     load = {"n_ctx": ctx, "n_threads": a.threads, "n_threads_batch": a.threads}
     prefill, restore, n = [], [], 0
     for rnd in range(a.reps):
@@ -196,16 +196,16 @@ def restore_vs_prefill(model: str, ctx: int, words: int, a: argparse.Namespace) 
             prefill.append((time.perf_counter() - t0) / done.usage["prompt_tokens"])
             engine.unload(quiet=True)  # the save lands
             engine, events = engine_in_process(model, Path(d), **load)
-            disk, spent = engine.batch.disk, []
-            real = disk.restore
+            saved, spent = engine.batch.saved, []
+            real = saved.restore  # (a fresh engine: its RAM holds nothing, the prefix comes from disk)
 
-            def timed(*args: Any, _real: Any = real, _spent: list[float] = spent) -> int:
+            def timed(*args: Any, _real: Any = real, _spent: list[float] = spent) -> tuple[int, str]:
                 t = time.perf_counter()
                 got = _real(*args)
                 _spent.append(time.perf_counter() - t)
                 return got
 
-            disk.restore = timed
+            saved.restore = timed
             done = run_one(engine, events, "warm", prompt)
             n = done.usage["restored_tokens"]
             engine.unload(quiet=True)

@@ -148,7 +148,7 @@ def test_a_full_disk_while_saving_leaves_the_answer_and_no_file(tiny_model, cach
     live = Live(tiny_model, **LOAD)
     try:
         events = live.run("r", prompt=ALIGNED, sampling={"temperature": 0.0, "max_tokens": 6})
-        live.engine.batch.disk.close()  # the writer has tried (and failed)
+        live.engine.batch.saved.close()  # the writer has tried (and failed)
         again = live.run("s", prompt=ALIGNED, sampling={"temperature": 0.0, "max_tokens": 6})
     finally:
         live.close()
@@ -168,8 +168,8 @@ def test_a_read_only_cache_folder_still_restores_and_saves_nothing(tiny_model, c
     try:
         warm = one(live.run("r", prompt=ALIGNED, sampling={"temperature": 0.0, "max_tokens": 6}), P.Done)
         other = one(live.run("s", prompt="hello " * 80, sampling={"temperature": 0.0, "max_tokens": 6}), P.Done)
-        live.engine.batch.disk.close()
-        assert live.engine.batch.disk.store.read_only
+        live.engine.batch.saved.close()
+        assert live.engine.batch.saved.disk.store.read_only
     finally:
         live.close()
     assert warm.usage["restored_tokens"] == 128 and warm.tokens == cold.tokens

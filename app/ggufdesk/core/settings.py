@@ -35,6 +35,11 @@ PREFILL_CHUNK = 0  # 0 = sized each step from measured times (engine/batching/ch
 OVERFLOW_POLICIES = ("error", "rolling", "truncate-middle", "shift")
 PROMPT_CACHE_BYTES = 4 << 30  # the disk prompt cache's size cap (least recently used entries go first)
 PROMPT_CACHE_MIN_TOKENS = 256  # shorter prefixes are cheap to prefill again: not worth a file
+# Recent prompts' KV states kept in the engine's RAM beyond its slots (engine/batching/ram_cache.py):
+# llama-server keeps 8 GiB (--cache-ram); a desktop app shares the machine, so 1 GiB (the starter's
+# states are 18 KiB a token: 58k tokens; an 8B model's with GQA, 128 KiB: 8k tokens). The engine's
+# memory ceiling counts it (engine/runtime/memlimit.py).
+PROMPT_CACHE_RAM_BYTES = 1 << 30
 
 
 def _int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
@@ -100,9 +105,10 @@ class LoadSettings:
     rpc: list[str] = field(default_factory=list)  # RPC workers, host:port (`ggufdesk worker`)
     chat_template: str | None = None  # Jinja text used instead of the model's own (serve --chat-template-file)
     # the KV of finished prompts saved on disk and restored by later requests, also after a restart
-    # (engine/batching/disk_cache.py); a cap of 0 bytes turns it off
+    # (engine/batching/disk_cache.py, engine/batching/prompt_states.py); a cap of 0 bytes turns it off
     prompt_cache_bytes: int = PROMPT_CACHE_BYTES
     prompt_cache_min_tokens: int = PROMPT_CACHE_MIN_TOKENS
+    prompt_cache_ram_bytes: int = PROMPT_CACHE_RAM_BYTES  # recent prompts' KV in RAM; 0 turns it off
     # a mixture of experts: the routed experts of the first N layers stay in RAM while the rest of
     # those layers is on the GPU (llama.cpp's --n-cpu-moe; core/planner.py proposes N)
     n_cpu_moe: int = 0
@@ -111,6 +117,7 @@ class LoadSettings:
         _int("context length (n_ctx)", self.n_ctx, 16, 1 << 20)
         _int("prompt cache size (prompt_cache_bytes)", self.prompt_cache_bytes, 0, 1 << 50)
         _int("shortest cached prompt (prompt_cache_min_tokens)", self.prompt_cache_min_tokens, 1, 1 << 20)
+        _int("prompt cache in memory (prompt_cache_ram_bytes)", self.prompt_cache_ram_bytes, 0, 1 << 50)
         _int("layers with experts on the CPU (n_cpu_moe)", self.n_cpu_moe, 0, 100_000)
         if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template
                                                or len(self.chat_template) > 1 << 20):

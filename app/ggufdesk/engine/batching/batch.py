@@ -13,9 +13,9 @@ steps; speculation runs inside batched steps, each sequence with its own drafter
 Hooks for what comes next (keep them in these places):
 - a per-request deadline (done: `Sequence.deadline`, read on `clock`) or any other end decided
   between steps: `_reap`;
-- the disk prompt cache (engine/batching/disk_cache.py): restored in `_admit`, after the slot is
-  acquired (text-only prompts); saved when a prompt is prefilled (`_prefilled`, sliding-window models)
-  or when a sequence finishes (`Update.on_finished`);
+- prompt states kept beyond the slots, in RAM and on disk (engine/batching/prompt_states.py): restored
+  in `_admit`, after the slot is acquired (text-only prompts); saved when a prompt is prefilled
+  (`_prefilled`, sliding-window models) or when a sequence finishes (`Update.on_finished`);
 - image chunks as prefill (done: engine/batching/media.py): `_images` makes an image the step's
   prefill item (`Plan.image`) and stops a text chunk at the next image; the runner decodes it after
   the step's rows (`ModelRunner._image`); the prefix cache compares an image's span by its hash;
@@ -34,9 +34,9 @@ from typing import Any
 import llama_cpp
 
 from ggufdesk.core.errors import KnownError
-from ggufdesk.engine.batching.disk_cache import DiskCache
 from ggufdesk.engine.batching.media import text_only
 from ggufdesk.engine.batching.prefix_cache import Slots
+from ggufdesk.engine.batching.prompt_states import PromptStates
 from ggufdesk.engine.batching.runner import Memory, ModelRunner, StepResult
 from ggufdesk.engine.batching.sampling import Sampling, make_sampler
 from ggufdesk.engine.batching.scheduler import Overloaded, Plan, Scheduler
@@ -67,7 +67,7 @@ class BatchEngine:
     step decided before computing, such as a cancel's Done, does not wait for the computation).
     clock: the time request deadlines are read on. decode, timer: llama.cpp's decode call and the
     timer of steps and drafting, whose costs speculation decides on (tests pass modelled ones).
-    disk: the disk prompt cache (engine/batching/disk_cache.py), None when it is off.
+    saved: prompt states kept beyond the slots (engine/batching/prompt_states.py), None when off.
     cpu: the CPU-load sensor (engine/batching/cpu_load.py), started before the model loaded so it has
     read the machine by the first step; None: one started now.
     """
@@ -80,7 +80,7 @@ class BatchEngine:
                  decode: Callable[[Any, Any], int] = llama_cpp.llama_decode,
                  timer: Callable[[], float] = time.perf_counter,
                  set_threads: Callable[[Any, int, int], None] = llama_cpp.llama_set_n_threads,
-                 disk: DiskCache | None = None, cpu: CpuLoad | None = None) -> None:
+                 saved: PromptStates | None = None, cpu: CpuLoad | None = None) -> None:
         s = lm.settings
         self.clock = clock  # for request deadlines
         self._reaped_at: float | None = None  # the clock at the last _reap (prompt reading is not counted)
@@ -89,7 +89,7 @@ class BatchEngine:
         self.n_parallel = s.n_parallel
         self.mem = Memory(lm)
         self.slots = Slots(s.n_parallel, lm.n_ctx, self.mem, n_swa=int(llama_cpp.llama_model_n_swa(lm.model.model)))
-        self.disk = disk
+        self.saved = saved
         self.sched: Scheduler[Sequence] = Scheduler(n_slots=s.n_parallel, n_cells=lm.n_ctx, n_batch=s.n_batch,
                                                     prefill_chunk=s.prefill_chunk)
         self.runner = ModelRunner(lm, self.slots, Sampling(lm, vocab), set_batch=set_batch, flush=flush,
@@ -97,7 +97,7 @@ class BatchEngine:
         self.drafts = DraftPlanner(StepCosts(verify_costs), n_outputs=lm.n_outputs, n_batch=s.n_batch,
                                    n_ctx=lm.n_ctx, set_batch=set_batch, clock=timer)
         self.update = Update(lm, vocab, self.sched, self.slots, emit=emit, cancelled=cancelled,
-                             on_plain_done=on_plain_done, on_finished=None if disk is None else disk.finished)
+                             on_plain_done=on_plain_done, on_finished=None if saved is None else saved.finished)
         # fewer threads while another program takes a core (engine/batching/threads.py); --threads: fixed
         fixed = bool(s.n_threads or s.n_threads_batch)
         self.threads = Threads(s.threads, s.threads_batch, fixed=fixed,
@@ -226,8 +226,9 @@ class BatchEngine:
         if seq.media is not None:  # an image is decoded whole or not at all
             seq.stats.n_reused = seq.media.align(seq.stats.n_reused)
             self.slots.truncate(seq.slot, seq.stats.n_reused)
-        elif self.disk is not None and seq.reuse:  # a longer prefix saved on disk, also by an earlier process
-            seq.ctx.restored = self.disk.restore(self.slots, seq.slot, seq.prompt)
+        elif self.saved is not None and seq.reuse:  # a longer prefix kept in RAM or on disk (by any process)
+            n, tier = self.saved.restore(self.slots, seq.slot, seq.prompt)
+            seq.ctx.restored = n if tier == "disk" else 0
             seq.stats.n_reused = len(seq.slot.tokens)
         seq.n_done = seq.stats.n_reused
         base = seq.stats.n_reused  # llama-server's first progress report: read so far = what the cache held
@@ -264,12 +265,12 @@ class BatchEngine:
 
     def _prefilled(self, result: StepResult) -> None:
         """Prompts that finished prefilling this step: a sliding-window model saves them now."""
-        if self.disk is None:
+        if self.saved is None:
             return
         for out in result.outputs:
             s = out.seq
             if out.prompt_done and s.slot is not None and s.n_done == len(s.prompt):
-                self.disk.prefilled(s.slot)
+                self.saved.prefilled(s.slot)
 
     def overflow_event(self, s: Sequence) -> P.Overflow:
         """What the overflow policy dropped from s so far."""

@@ -1,23 +1,15 @@
-"""The disk prompt cache on llama.cpp: a finished sequence's KV saved, the longest saved prefix restored before prefill.
+"""The disk prompt cache on llama.cpp: prompt states written to files, found again by later requests.
 
-The files and their checks are core/prompt_cache.py's; here the KV state of one sequence is read
-(`llama_state_seq_get_data`, on the step loop's thread, a memory copy) and handed to a writer
-thread that writes the file, and an admitted request whose prompt starts with a saved prefix gets
-it back (`llama_state_seq_set_data`) before its prefill: also after a restart of the engine, the
-app or the server. The key holds the model file's sha256 (remembered by path, size and mtime; a
-file not hashed before is hashed once, on a thread if it is large, and the cache waits for it).
-Nothing here raises for the disk's sake: a failed save loses that entry, a failed restore is a
-normal prefill.
-
-When: a model without a sliding window saves a sequence when it finishes (its prompt and answer: a
-conversation's next turn after a restart finds both); a model with one (Gemma 3) saves the prompt as
-soon as it is prefilled, because llama.cpp keeps the window's layers only for a sequence's last
-n_swa positions: a later prompt can then start from the saved state only where it ends (or one token
-before), never after cutting the answer off again (engine/batching/prefix_cache.py).
+The files and their checks are core/prompt_cache.py's; engine/batching/prompt_states.py reads a
+sequence's KV state (`llama_state_seq_get_data`, on the step loop's thread, a memory copy) and hands
+it here, where a writer thread writes the file; an admitted request whose prompt starts with a saved
+prefix gets it back before its prefill: also after a restart of the engine, the app or the server.
+The key holds the model file's sha256 (remembered by path, size and mtime; a file not hashed before
+is hashed once, on a thread if it is large, and the cache waits for it). Nothing here raises for the
+disk's sake: a failed save loses that entry, a failed restore is a normal prefill.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import queue
@@ -27,15 +19,10 @@ from pathlib import Path
 import llama_cpp
 
 from ggufdesk.core import prompt_cache as pc
-from ggufdesk.engine.batching.prefix_cache import Slot, Slots
 from ggufdesk.engine.runtime.native import LoadedModel
 
 log = logging.getLogger("ggufdesk.engine")
 
-# Restoring a file costs a read of every saved position; a handful of tokens more than the memory
-# cache already holds are cheaper to prefill (on the starter a restored token costs a few % of a
-# prefilled one: bench/context.py), so the disk must bring at least this many more.
-MIN_GAIN = 64
 HASH_NOW_BYTES = 512 << 20  # a model file this small is hashed at load; a larger one on a thread
 PENDING_SAVES = 2  # KV states waiting for the writer; more are dropped (the loop never waits)
 CLOSE_TIMEOUT_S = 120.0
@@ -51,8 +38,7 @@ class DiskCache:
         self._queue: queue.Queue[tuple[pc.CacheKey, list[int], bytearray] | None] = queue.Queue(PENDING_SAVES)
         self._writer = threading.Thread(target=self._write_loop, name="prompt-cache-writer", daemon=True)
         self._writer.start()
-        self.saved = self.restored = 0  # entries, for the log and tests
-        self.swa = bool(llama_cpp.llama_model_n_swa(lm.model.model))  # saved when prefilled, not at the end
+        self.saved = 0  # entries written, for the log and tests
 
     @classmethod
     def open(cls, lm: LoadedModel, root: Path | None = None) -> DiskCache | None:
@@ -87,76 +73,40 @@ class DiskCache:
             log.info("prompt cache: %d entries of an earlier %s deleted", gone, os.path.basename(self.lm.path))
         self.key = key
 
-    # ---- restore ----------------------------------------------------------------------------------
+    # ---- reading ----------------------------------------------------------------------------------
 
-    def restore(self, slots: Slots, slot: Slot, prompt: list[int]) -> int:
-        """Put the longest saved prefix of `prompt` into `slot` when it beats what the slot holds
-        (by MIN_GAIN); prompt tokens restored (0: the slot is as it was, or emptied when llama.cpp
-        refused the state). Afterwards `slot.tokens` is a prefix of `prompt` either way."""
-        key, have = self.key, len(slot.tokens)
-        if key is None:
-            return 0
-        hit = self.store.best(key, prompt, limit=len(prompt) - 1, at_least=max(self.min_tokens, have + MIN_GAIN))
-        if hit is None:
-            return 0
-        entry, n = hit
-        if entry.n_tokens >= self.lm.n_ctx or not slots.room_for(slot, entry.n_tokens):
-            return 0
-        data = self.store.load(entry, key)
-        if data is None:
-            return 0
-        slots.clear(slot)
-        slots.evict(entry.n_tokens)
-        buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
-        got = llama_cpp.llama_state_seq_set_data(self.lm.ctx.ctx, buf, len(data), slot.seq)
-        del buf
-        if got == 0:  # llama.cpp refused it (and emptied the sequence): never offered again
-            slots.mem.seq_rm(slot.seq, -1, -1)
-            log.warning("prompt cache: llama.cpp could not restore %s; deleted", entry.path.name)
-            self.store.remove(entry)
-            return 0
-        slots.extend(slot, entry.tokens)
-        if not slots.window_holds(slot, n):  # its sliding-window layers end too far after n
-            slots.clear(slot)
-            return 0
-        slots.truncate(slot, n)
-        self.restored += 1
-        return n
+    def best(self, prompt: list[int], *, limit: int, at_least: int) -> tuple[pc.Entry, int] | None:
+        """The saved entry sharing the longest prefix with `prompt` (at most `limit` tokens count, at least
+        `at_least` and min_tokens), and that length; None before the model file's hash is known."""
+        if self.key is None:
+            return None
+        return self.store.best(self.key, prompt, limit=limit, at_least=max(self.min_tokens, at_least))
 
-    # ---- save -------------------------------------------------------------------------------------
+    def load(self, entry: pc.Entry) -> bytearray | None:
+        """The entry's checked KV state (None: a bad file, deleted)."""
+        return None if self.key is None else self.store.load(entry, self.key)
 
-    def prefilled(self, slot: Slot) -> bool:
-        """A prompt was prefilled into `slot`: saved now for a sliding-window model."""
-        return self.save(slot) if self.swa else False
+    def refused(self, entry: pc.Entry) -> None:
+        """llama.cpp refused the entry's state: never offered again."""
+        log.warning("prompt cache: llama.cpp could not restore %s; deleted", entry.path.name)
+        self.store.remove(entry)
 
-    def finished(self, slot: Slot) -> bool:
-        """A sequence ended: what `slot` holds is saved, unless the model has a sliding window."""
-        return False if self.swa else self.save(slot)
+    # ---- saving -----------------------------------------------------------------------------------
 
-    def save(self, slot: Slot) -> bool:
-        """Queue the KV of what `slot` holds for the disk, unless it is short, already saved (all but
-        fewer than min_tokens of it), or the writer is behind. On the loop's thread: a memory copy."""
-        key, tokens = self.key, list(slot.reusable)
+    def wants(self, tokens: list[int]) -> bool:
+        """Whether a state of `tokens` should be written: long enough, the folder writable, and not
+        already saved (all but fewer than min_tokens of it)."""
+        key = self.key
         if key is None or self.store.read_only is not None or len(tokens) < self.min_tokens:
             return False
-        if min(tokens) < 0:  # an image's placeholders (engine/batching/media.py): the projector is not in the key
-            return False
-        if len(tokens) != len(slot.tokens) or len(tokens) >= self.lm.n_ctx:
-            return False  # (a shifted sequence is cut back to its exact part before it is saved)
-        if self.store.best(key, tokens, limit=len(tokens), at_least=len(tokens) - self.min_tokens + 1):
-            return False
-        ctx = self.lm.ctx.ctx
-        size = llama_cpp.llama_state_seq_get_size(ctx, slot.seq)
-        if size <= 0 or size > self.store.max_bytes:
-            return False
-        data = bytearray(size)
-        buf = (ctypes.c_uint8 * size).from_buffer(data)
-        n = llama_cpp.llama_state_seq_get_data(ctx, buf, size, slot.seq)
-        del buf
-        if n <= 0:
+        return self.store.best(key, tokens, limit=len(tokens), at_least=len(tokens) - self.min_tokens + 1) is None
+
+    def put(self, tokens: list[int], data: bytearray) -> bool:
+        """Hand a state to the writer thread; False when the writer is behind (the loop never waits)."""
+        if self.key is None or len(data) > self.store.max_bytes:
             return False
         try:
-            self._queue.put_nowait((key, tokens, data if n == size else data[:n]))
+            self._queue.put_nowait((self.key, list(tokens), data))
         except queue.Full:
             log.info("prompt cache: the writer is behind; %d tokens not saved", len(tokens))
             return False

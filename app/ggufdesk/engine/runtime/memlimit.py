@@ -65,7 +65,7 @@ def limit_for(model: str, settings: LoadSettings, draft: str | None = None, mmpr
     except Exception as e:  # noqa: BLE001 - the engine's own load reports a bad file better
         log.info("no memory limit for %s: %s", model, e)
         return None
-    return now + plan + max(MARGIN_MIN, plan // 2)
+    return now + plan + settings.prompt_cache_ram_bytes + max(MARGIN_MIN, plan // 2)
 
 
 def apply(limit: int | None) -> int | None:

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from ggufdesk.core.reasoning import ReasoningFormat
     from ggufdesk.core.tools import ToolFormat
     from ggufdesk.engine.batching.batch import BatchEngine
-    from ggufdesk.engine.batching.disk_cache import DiskCache
     from ggufdesk.engine.batching.media import MediaPrompt
     from ggufdesk.engine.batching.shift import ContextUse
     from ggufdesk.engine.batching.vocab import Vocab
@@ -191,6 +190,7 @@ class Engine:
 
     def load(self, req: P.Load) -> None:
         from ggufdesk.engine.batching.batch import BatchEngine
+        from ggufdesk.engine.batching.prompt_states import PromptStates
         from ggufdesk.engine.batching.vocab import Vocab
         from ggufdesk.engine.runtime.embed import is_embedding_model
         from ggufdesk.engine.speculation.lookup import NgramCache
@@ -227,7 +227,7 @@ class Engine:
         self.batch = BatchEngine(lm, vocab, emit=self._emit, cancelled=self.book.is_cancelled,
                                  set_batch=self.book.set_batch, flush=getattr(self.emit, "flush", None),
                                  on_plain_done=lambda st: self._calibrate(st.n_gen, st.decode_tok_s),
-                                 disk=None if self.embedding_only else _disk_cache(lm), cpu=cpu)
+                                 saved=None if self.embedding_only else PromptStates.open(lm), cpu=cpu)
         for module in _REQUEST_MODULES:  # with the load, not before a fresh engine's first token
             importlib.import_module(module)
         if self.speculation.mode != "off":  # measured before Loaded, so no first request waits for it
@@ -374,8 +374,8 @@ class Engine:
     def unload(self, quiet: bool = False) -> None:
         if self.batch is not None:
             self.batch.cancel_all()
-            if self.batch.disk is not None:
-                self.batch.disk.close()  # the saves still pending land before the model goes
+            if self.batch.saved is not None:
+                self.batch.saved.close()  # the disk saves still pending land before the model goes
             self.batch = None
         if self.draft is not None:
             self.draft.close()
@@ -728,9 +728,8 @@ class Engine:
         """What the KV caches hold, memory and disk (rolling keeps cutting where they already do)."""
         batch = _need(self.batch)
         held = [list(s.reusable) for s in batch.slots.slots if s.tokens]
-        disk = batch.disk
-        if disk is not None and disk.key is not None:
-            held += [e.tokens for e in disk.store.entries(disk.key.digest)]
+        if batch.saved is not None:
+            held += batch.saved.held()
         return held
 
     def _detokenize(self, tokens: list[int]) -> str:
@@ -926,18 +925,6 @@ def _think(req: P.Generate, sampling: SamplingSettings) -> bool | str | None:
     from ggufdesk.core.settings import think_value
 
     return req.think if req.think is not None else think_value(sampling.think)
-
-
-def _disk_cache(lm: LoadedModel) -> DiskCache | None:
-    """The disk prompt cache for a loaded model (engine/batching/disk_cache.py); None when it is off
-    or its directory cannot be used."""
-    from ggufdesk.engine.batching.disk_cache import DiskCache
-
-    try:
-        return DiskCache.open(lm)
-    except OSError as e:
-        log.warning("prompt cache off: %s", e)
-        return None
 
 
 def _projector_for(req: P.Load) -> str | None:

@@ -1,0 +1,166 @@
+"""Prompt states kept beyond the slots, in RAM (this process) and on disk (also across restarts).
+
+A state is what `llama_state_seq_get_data` gives for one sequence: its KV for the tokens it holds.
+One copy of it goes to both places (engine/batching/ram_cache.py keeps recent ones in memory under a
+byte cap; engine/batching/disk_cache.py writes those of `prompt_cache_min_tokens` or more to files),
+and an admitted request whose prompt starts with a saved prefix longer than what its slot holds gets
+it back (`llama_state_seq_set_data`) before its prefill: from RAM, unless the disk has a prefix longer
+by MIN_GAIN. A state llama.cpp refuses is dropped and the request prefills as usual.
+
+When: a model without a sliding window saves a sequence when it finishes (its prompt and answer: a
+conversation's next turn finds both); a model with one (Gemma 3) saves the prompt as soon as it is
+prefilled, because llama.cpp keeps the window's layers only for a sequence's last n_swa positions: a
+later prompt can then start from the saved state only where it ends (or one token before), never after
+cutting the answer off again (engine/batching/prefix_cache.py).
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+from pathlib import Path
+import llama_cpp
+
+from ggufdesk.engine.batching.disk_cache import DiskCache
+from ggufdesk.engine.batching.prefix_cache import Slot, Slots
+from ggufdesk.engine.batching.ram_cache import RamCache
+from ggufdesk.engine.runtime.native import LoadedModel
+
+log = logging.getLogger("ggufdesk.engine")
+
+# Restoring copies every saved position back (from a file: reads it too); a handful of tokens more than
+# the slot already holds are cheaper to prefill (on the starter a token restored from disk costs a few %
+# of a prefilled one, bench/context.py), so a state must bring at least this many more. A prompt shorter
+# than this is never kept: it could never bring that much.
+MIN_GAIN = 64
+
+
+class PromptStates:
+    """One loaded model's saved prompt states: a RAM tier, a disk tier, either may be off."""
+
+    def __init__(self, lm: LoadedModel, *, ram: RamCache | None, disk: DiskCache | None) -> None:
+        self.lm, self.ram, self.disk = lm, ram, disk
+        self.swa = bool(llama_cpp.llama_model_n_swa(lm.model.model))  # saved when prefilled, not at the end
+        self.restored = {"ram": 0, "disk": 0}  # restores, for the log and tests
+
+    @classmethod
+    def open(cls, lm: LoadedModel, root: Path | None = None) -> PromptStates | None:
+        """Both tiers as the settings ask (a cap of 0 turns one off); None when both are off. A disk
+        folder that cannot be used leaves the RAM tier."""
+        s = lm.settings
+        ram = RamCache(s.prompt_cache_ram_bytes, window=int(llama_cpp.llama_model_n_swa(lm.model.model))) \
+            if s.prompt_cache_ram_bytes > 0 else None
+        try:
+            disk = DiskCache.open(lm, root)
+        except OSError as e:
+            log.warning("prompt cache on disk off: %s", e)
+            disk = None
+        return None if ram is None and disk is None else cls(lm, ram=ram, disk=disk)
+
+    def held(self) -> list[list[int]]:
+        """The token prefixes saved (rolling overflow keeps cutting where a cache holds a prefix)."""
+        held = [e.tokens for e in self.ram.entries] if self.ram is not None else []
+        d = self.disk
+        if d is not None and d.key is not None:
+            held += [e.tokens for e in d.store.entries(d.key.digest)]
+        return held
+
+    # ---- restore ----------------------------------------------------------------------------------
+
+    def restore(self, slots: Slots, slot: Slot, prompt: list[int]) -> tuple[int, str]:
+        """Put the longest saved prefix of `prompt` into `slot` when it beats what the slot holds by
+        MIN_GAIN; returns (prompt tokens restored, "ram" or "disk"), (0, "") when the slot is as it was
+        or emptied (llama.cpp refused the state). Afterwards `slot.tokens` is a prefix of `prompt`."""
+        ram, disk, limit = self.ram, self.disk, len(prompt) - 1
+        hit = ram.best(prompt, limit=limit, at_least=len(slot.tokens) + MIN_GAIN) if ram is not None else None
+        far = None if disk is None else \
+            disk.best(prompt, limit=limit, at_least=(len(slot.tokens) if hit is None else hit[1]) + MIN_GAIN)
+        if disk is not None and far is not None and self._fits(slots, slot, far[0].n_tokens) \
+                and (data := disk.load(far[0])) is not None:
+            got = self._apply(slots, slot, far[0].tokens, data, far[1])
+            if got:
+                return self._done(got, "disk")
+            if got is None:
+                disk.refused(far[0])  # (the slot is empty now: the memory's prefix gains more still)
+        if ram is not None and hit is not None and self._fits(slots, slot, hit[0].n_tokens):
+            got = self._apply(slots, slot, hit[0].tokens, hit[0].data, hit[1])
+            if got:
+                ram.touch(hit[0])
+                return self._done(got, "ram")
+            if got is None:
+                log.warning("prompt cache: llama.cpp could not restore a state kept in memory; dropped")
+                ram.remove(hit[0])
+        return 0, ""
+
+    def _done(self, n: int, tier: str) -> tuple[int, str]:
+        self.restored[tier] += 1
+        return n, tier
+
+    def _fits(self, slots: Slots, slot: Slot, n_tokens: int) -> bool:
+        return n_tokens < self.lm.n_ctx and slots.room_for(slot, n_tokens)
+
+    def _apply(self, slots: Slots, slot: Slot, tokens: list[int], data: bytearray, n: int) -> int | None:
+        """The state of `tokens` into `slot`, cut back to n positions: n, 0 when its sliding-window
+        layers do not hold what follows n (the slot is emptied), None when llama.cpp refused it."""
+        slots.clear(slot)
+        slots.evict(len(tokens))
+        buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        got = llama_cpp.llama_state_seq_set_data(self.lm.ctx.ctx, buf, len(data), slot.seq)
+        del buf
+        if got == 0:  # (llama.cpp emptied the sequence)
+            slots.mem.seq_rm(slot.seq, -1, -1)
+            return None
+        slots.extend(slot, tokens)
+        if not slots.window_holds(slot, n):  # its sliding-window layers end too far after n
+            slots.clear(slot)
+            return 0
+        slots.truncate(slot, n)
+        return n
+
+    # ---- save -------------------------------------------------------------------------------------
+
+    def prefilled(self, slot: Slot) -> bool:
+        """A prompt was prefilled into `slot`: saved now for a sliding-window model."""
+        return self.save(slot) if self.swa else False
+
+    def finished(self, slot: Slot) -> bool:
+        """A sequence ended: what `slot` holds is saved, unless the model has a sliding window."""
+        return False if self.swa else self.save(slot)
+
+    def save(self, slot: Slot) -> bool:
+        """Keep the KV of what `slot` holds, in RAM and (when long enough) on disk, unless it is short or
+        already kept. On the loop's thread: one memory copy, shared by both tiers."""
+        tokens = list(slot.reusable)
+        if len(tokens) < MIN_GAIN or len(tokens) != len(slot.tokens) or len(tokens) >= self.lm.n_ctx:
+            return False  # (a shifted sequence is cut back to its exact part before it is saved)
+        if min(tokens) < 0:  # an image's placeholders (engine/batching/media.py): the projector is not in the key
+            return False
+        to_ram = self.ram is not None and not self.ram.holds(tokens, within=MIN_GAIN)
+        to_disk = self.disk is not None and self.disk.wants(tokens)
+        if not (to_ram or to_disk):
+            return False
+        data = self._read(slot)
+        if data is None:
+            return False
+        kept = self.ram.put(tokens, data) if to_ram and self.ram is not None else False
+        written = self.disk.put(tokens, data) if to_disk and self.disk is not None else False
+        return kept or written
+
+    def _read(self, slot: Slot) -> bytearray | None:
+        ctx = self.lm.ctx.ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, slot.seq)
+        if size <= 0:
+            return None
+        data = bytearray(size)
+        buf = (ctypes.c_uint8 * size).from_buffer(data)
+        n = llama_cpp.llama_state_seq_get_data(ctx, buf, size, slot.seq)
+        del buf
+        if n <= 0:
+            return None
+        return data if n == size else data[:n]
+
+    def close(self) -> None:
+        """Finish the pending disk saves and let the RAM go (a model is unloaded or the engine stops)."""
+        if self.disk is not None:
+            self.disk.close()
+        if self.ram is not None:
+            self.ram.clear()
