@@ -44,7 +44,7 @@ def resting(n: int, rounds: int) -> float:
         seqs.append(s)
 
     def step(t: int, run: bool) -> None:
-        p = Plan(decode=[DecodeRow(s) for s in seqs], prefill=None, chunk=0)
+        p = Plan(decode=[DecodeRow(s) for s in seqs])
         res = StepResult(outputs=[SeqOutput(seq=s, tokens=[7]) for s in seqs], seconds=0.010 * (1 + 0.01 * (t % 3)),
                          rows=n, n_prompt=0)
         if run:

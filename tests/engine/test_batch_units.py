@@ -82,6 +82,7 @@ def test_eviction_is_least_recently_used_and_never_touches_busy_slots():
 class Req:
     reserve: int
     status: SequenceStatus = SequenceStatus.WAITING
+    prompt_left: int = 1000
 
 
 def test_admission_waits_for_cells_in_fifo_order_and_refuses_when_the_queue_is_full():
@@ -120,6 +121,24 @@ def test_plan_decodes_everyone_and_prefills_one_chunk_under_the_budget():
     plan = sched.plan()
     assert [r.seq for r in plan.decode] == [p1, p2] and plan.prefill is None
     assert plan.decode_rows == 2 and plan.sequences() == [p1, p2] and not plan.empty
+
+
+def test_prompts_that_end_within_the_budget_leave_the_rest_to_the_next_in_admission_order():
+    # four short prompts sent at once are read in one step (llama-server's way), not one a step
+    sched: Scheduler[Req] = Scheduler(n_slots=4, n_cells=1000, n_batch=64, prefill_chunk=16)
+    reqs = [Req(40, prompt_left=n) for n in (20, 30, 25, 5)]
+    for r in reqs:
+        sched.submit(r)
+    sched.admit()
+    plan = sched.plan()
+    assert [(p.seq, p.n, p.completes) for p in plan.prefills] == [(reqs[0], 20, True), (reqs[1], 30, True),
+                                                                    (reqs[2], 14, False)]
+    assert plan.chunk == 64 and plan.prefill is reqs[0] and plan.sequences() == reqs[:3]
+    for r, p in zip(reqs, plan.prefills):
+        r.prompt_left -= p.n
+    reqs[0].status = reqs[1].status = SequenceStatus.DECODING
+    plan = sched.plan()  # two decode: the fixed chunk of 16 for the prompts, the unfinished one first
+    assert [(p.seq, p.n) for p in plan.prefills] == [(reqs[2], 11), (reqs[3], 5)] and plan.chunk == 16
 
 
 def test_the_batch_size_bounds_the_chunk():

@@ -69,6 +69,7 @@ def test_an_unmeasured_row_count_borrows_the_nearest_measured_one():
 class Req:
     reserve: int
     status: SequenceStatus = SequenceStatus.WAITING
+    prompt_left: int = 1000
 
 
 def test_the_scheduler_asks_the_sizer_only_when_someone_decodes():

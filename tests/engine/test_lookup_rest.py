@@ -134,7 +134,7 @@ def test_a_resting_drafter_is_neither_priced_nor_asked():
     d.control.look_at = d.control.tokens + 3  # resting for three more tokens
     before = dict(d.control.costs or {})
     pl = planner(costs)
-    p = Plan(decode=[DecodeRow(seq(0, d))], prefill=None, chunk=0)
+    p = Plan(decode=[DecodeRow(seq(0, d))])
     pl.plan(p)
     assert p.decode[0].draft == [] and d.asked == [] and (d.control.costs or {}) == before
     pl.settle(p, StepResult(outputs=[SeqOutput(seq=p.decode[0].seq, accepted=0)], seconds=0.010, rows=1,

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from ggufdesk.engine.batching.runner import SeqOutput, StepResult
-from ggufdesk.engine.batching.scheduler import DecodeRow, Plan
+from ggufdesk.engine.batching.scheduler import DecodeRow, Plan, Prefill
 from ggufdesk.engine.speculation.lookup import PromptLookup
 from ggufdesk.engine.speculation.shape_cost import ShapeCosts
 from ggufdesk.engine.speculation.step_cost import StepCosts
@@ -84,7 +84,7 @@ def test_the_first_draft_that_breaks_a_run_is_charged_what_the_steps_after_it_pa
     pl = planner(StepCosts(TABLE))
     measured(pl)
     d = Fixed(list(range(100, 116)))
-    p = Plan(decode=[DecodeRow(seq(0, d))], prefill=None, chunk=0)
+    p = Plan(decode=[DecodeRow(seq(0, d))])
     pl.plan(p)
     after = (0.030 + 0.020 - 2 * 0.010) / 0.010  # in plain steps
     assert d.control.costs == pytest.approx({k: c + after for k, c in TABLE.items()})
@@ -98,7 +98,7 @@ def test_beside_a_draft_that_changed_the_shape_the_next_drafter_pays_no_change()
     pl = planner(StepCosts(TABLE), n_outputs=40)
     measured(pl, rows=2)
     d1, d2 = Fixed(list(range(100, 116))), Fixed(list(range(200, 216)))
-    p = Plan(decode=[DecodeRow(seq(0, d1)), DecodeRow(seq(1, d2))], prefill=None, chunk=0)
+    p = Plan(decode=[DecodeRow(seq(0, d1)), DecodeRow(seq(1, d2))])
     pl.plan(p)  # d1's turn first
     assert d1.asked and d2.asked
     bills = [pl._bills[id(r)] for r in p.decode]
@@ -111,7 +111,7 @@ def test_a_step_with_a_prompt_chunk_charges_no_draft_for_the_change():
     d = Fixed(list(range(100, 116)))
     waiting = seq(1)
     waiting.prompt = list(range(1, 50))
-    p = Plan(decode=[DecodeRow(seq(0, d))], prefill=waiting, chunk=8)
+    p = Plan(decode=[DecodeRow(seq(0, d))], prefills=[Prefill(waiting, 8)])
     pl.plan(p)
     assert all(b.after == 0.0 for b in pl._bills.values())
 
@@ -147,7 +147,7 @@ def loop(truth: list[int], prompt: list[int], *, lookup: bool, charge: bool = Tr
     s.slot.tokens, s.last, s.max_gen = list(prompt[:-1]), prompt[-1], len(truth) + 1  # type: ignore[union-attr]
     clock, total, i = GraphClock(), 0.0, 0
     while i < len(truth):
-        p = Plan(decode=[DecodeRow(s)], prefill=None, chunk=0)
+        p = Plan(decode=[DecodeRow(s)])
         pl.plan(p)
         draft = p.decode[0].draft
         n = 0
@@ -243,7 +243,7 @@ def holding(n_outputs: int = 17):
 def test_a_held_step_is_padded_and_the_pads_are_no_drafters():
     pl = holding()
     d = Fixed([])  # looks, finds nothing
-    p = Plan(decode=[DecodeRow(seq(0, d)), *[DecodeRow(seq(i)) for i in range(1, 4)]], prefill=None, chunk=0)
+    p = Plan(decode=[DecodeRow(seq(0, d)), *[DecodeRow(seq(i)) for i in range(1, 4)]])
     pl.plan(p)
     assert p.decode_rows == 8 and sum(r.pad for r in p.decode) == 4 and pl._held == 8
     assert all(c == pytest.approx(1.0) for k, c in d.control.costs.items() if k <= 4)  # inside the hold: free
@@ -258,12 +258,13 @@ def test_a_held_step_is_padded_and_the_pads_are_no_drafters():
 
 def test_a_step_is_not_held_without_room_nor_beside_a_prompt_chunk():
     pl = holding(n_outputs=6)  # two draft rows reserved: eight rows cannot be reached
-    p = Plan(decode=[DecodeRow(seq(0, Fixed([]))), *[DecodeRow(seq(i)) for i in range(1, 4)]], prefill=None, chunk=0)
+    p = Plan(decode=[DecodeRow(seq(0, Fixed([]))), *[DecodeRow(seq(i)) for i in range(1, 4)]])
     pl.plan(p)
     assert p.decode_rows == 4 and pl._held == 0
     pl = holding()
     waiting = seq(9)
     waiting.prompt = list(range(1, 50))
-    p = Plan(decode=[DecodeRow(seq(0, Fixed([]))), *[DecodeRow(seq(i)) for i in range(1, 4)]], prefill=waiting, chunk=8)
+    p = Plan(decode=[DecodeRow(seq(0, Fixed([]))), *[DecodeRow(seq(i)) for i in range(1, 4)]],
+             prefills=[Prefill(waiting, 8)])
     pl.plan(p)
     assert p.decode_rows == 4 and pl._held == 0  # a chunk changes the shape anyway

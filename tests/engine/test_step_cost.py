@@ -106,12 +106,12 @@ def test_a_draft_row_beside_others_is_priced_by_what_it_adds_to_the_step():
     for rows in (1, 4, 8):
         costs.observe(rows, 0.010 * costs.shape(rows))
     d = Fixed(list(range(100, 116)))
-    alone = Plan(decode=[DecodeRow(seq(0, d))], prefill=None, chunk=0)
+    alone = Plan(decode=[DecodeRow(seq(0, d))])
     planner(costs).plan(alone)
     assert d.control.costs == pytest.approx(TABLE)  # alone: the verification table itself
     plain = [DecodeRow(seq(i)) for i in range(1, 4)]
     d2 = Fixed(list(range(100, 116)))
-    beside = Plan(decode=[DecodeRow(seq(0, d2)), *plain], prefill=None, chunk=0)
+    beside = Plan(decode=[DecodeRow(seq(0, d2)), *plain])
     planner(costs).plan(beside)
     share = 0.010 * 2.4 / 4  # four rows: each one's share of the step
     assert d2.control.costs[3] == pytest.approx(1 + 0.010 * (costs.shape(7) - 2.4) / share)
@@ -128,7 +128,7 @@ def test_rows_are_shared_in_turns_and_feedback_is_in_units_of_the_share():
     pl = planner(costs, n_outputs=2 + 9)
     plans = []
     for _ in range(2):
-        p = Plan(decode=[DecodeRow(seq(0, a)), DecodeRow(seq(1, b))], prefill=None, chunk=0)
+        p = Plan(decode=[DecodeRow(seq(0, a)), DecodeRow(seq(1, b))])
         pl.plan(p)
         plans.append([len(r.draft) for r in p.decode])
         rows = 2 + sum(len(r.draft) for r in p.decode)
@@ -181,14 +181,13 @@ def test_drafts_beside_others_land_the_step_on_a_cheap_row_count():
         costs.observe(rows, 0.010 * parity(rows))
     drafters = [lookup_like() for _ in range(2)]
     four = Plan(decode=[DecodeRow(seq(0, drafters[0])), DecodeRow(seq(1, drafters[1])),
-                        *(DecodeRow(seq(i)) for i in (2, 3))], prefill=None, chunk=0)
+                        *(DecodeRow(seq(i)) for i in (2, 3))])
     planner(costs, n_outputs=17).plan(four)
     prices = drafters[0].control.costs
     assert prices[1] > prices[2] and prices[3] > prices[4]  # an odd count costs more than the even one above
     drafted = [len(r.draft) for r in four.decode]
     assert all(n > 0 for n in drafted[:2]) and (4 + sum(drafted)) % 2 == 0, drafted
-    three = Plan(decode=[DecodeRow(seq(0, lookup_like())), *(DecodeRow(seq(i)) for i in (1, 2))],
-                 prefill=None, chunk=0)
+    three = Plan(decode=[DecodeRow(seq(0, lookup_like())), *(DecodeRow(seq(i)) for i in (1, 2))])
     planner(costs, n_outputs=17).plan(three)
     assert three.decode[0].seq.drafter.control.costs[1] < 1.0  # one more row: a cheaper step
     assert (3 + len(three.decode[0].draft)) % 2 == 0
@@ -208,7 +207,7 @@ def test_a_drafter_that_does_not_look_this_step_costs_the_step_no_pricing():
     for d in resting:
         d.control.disable("resting")  # k is 0
         d.control.costs = None
-    p = Plan(decode=[DecodeRow(seq(i, d)) for i, d in enumerate(resting)], prefill=None, chunk=0)
+    p = Plan(decode=[DecodeRow(seq(i, d)) for i, d in enumerate(resting)])
     pl.plan(p)
     assert charged == [] and all(d.control.costs is None and not d.asked for d in resting)
     assert all(r.draft == [] and r.seq.status is SequenceStatus.DECODING for r in p.decode)
@@ -216,8 +215,7 @@ def test_a_drafter_that_does_not_look_this_step_costs_the_step_no_pricing():
                             n_prompt=0))
     assert [d.fed for d in resting] == [[(0, 0, 1.0)]] * 4  # a plain step, as predicted
     looking = Fixed(list(range(100, 116)))
-    p = Plan(decode=[DecodeRow(seq(0, looking)), *(DecodeRow(seq(i + 1, d)) for i, d in enumerate(resting[:3]))],
-             prefill=None, chunk=0)
+    p = Plan(decode=[DecodeRow(seq(0, looking)), *(DecodeRow(seq(i + 1, d)) for i, d in enumerate(resting[:3]))])
     pl.plan(p)
     assert charged == [4] and looking.asked and p.decode[0].draft
 
@@ -240,7 +238,7 @@ def dozing_loop(lk, pl: DraftPlanner, s: Sequence, steps: int) -> tuple[list[int
     lk.propose = lambda h, last, k: looks.append(s.stats.n_gen) or real(h, last, k)
     billed = []
     for _ in range(steps):
-        p = Plan(decode=[DecodeRow(s)], prefill=None, chunk=0)
+        p = Plan(decode=[DecodeRow(s)])
         pl.plan(p)
         billed.append(bool(pl._bills))
         pl.settle(p, StepResult(outputs=[SeqOutput(seq=s, tokens=[7])], seconds=0.010, rows=1 + len(p.decode[0].draft),
@@ -281,7 +279,7 @@ def test_a_step_where_every_drafter_dozes_prices_nothing_and_bills_nothing():
     real = costs.predict
     costs.predict = lambda rows: asked.append(rows) or real(rows)  # type: ignore[method-assign]
     for step in range(3):
-        p = Plan(decode=[DecodeRow(s) for s in seqs], prefill=None, chunk=0)
+        p = Plan(decode=[DecodeRow(s) for s in seqs])
         pl.plan(p)
         assert all(r.draft == [] for r in p.decode)
         if step:  # (the first step finds them disabled: plain rows, billed; then they doze)

@@ -2,7 +2,7 @@
 
 Each step reads as nano-vllm's `LLMEngine.step` and vLLM v1's engine core do:
 
-    plan = schedule()       reap cancels, admit, a row per running sequence + one prefill chunk,
+    plan = schedule()       reap cancels, admit, a row per running sequence + prompt chunks,
                             and draft rows for the sequences whose speculation pays (engine/speculation/planner.py)
     result = runner.run()   fill the batch, decode, sample, verify drafts, roll back the rejected
     update.apply(result)    each token judged once (engine/batching/update.py): text, stops, limits, Done
@@ -16,7 +16,7 @@ Hooks for what comes next (keep them in these places):
 - prompt states kept beyond the slots, in RAM and on disk (engine/batching/prompt_states.py): restored
   in `_admit`, after the slot is acquired (text-only prompts); saved when a prompt is prefilled
   (`_prefilled`, sliding-window models) or when a sequence finishes (`Update.on_finished`);
-- image chunks as prefill (done: engine/batching/media.py): `_images` makes an image the step's
+- image chunks as prefill (done: engine/batching/media.py): `_images` makes an image the step's only
   prefill item (`Plan.image`) and stops a text chunk at the next image; the runner decodes it after
   the step's rows (`ModelRunner._image`); the prefix cache compares an image's span by its hash;
 - context shift (engine/batching/shift.py): `_make_room`, after the plan, for the `shift` requests
@@ -155,7 +155,7 @@ class BatchEngine:
     def step(self) -> None:
         """One engine step: schedule -> run -> update."""
         plan = self.schedule()
-        if not plan.decode and plan.prefill is None:
+        if plan.empty:
             self._status(force=True)
             return
         self.threads.prepare()  # a neighbour that took a core since the last step: fewer threads now
@@ -194,13 +194,21 @@ class BatchEngine:
 
     @staticmethod
     def _images(plan: Plan[Sequence]) -> None:
-        """A prompt with images: an image where its prefill stands is the step's prefill item, whole;
-        a text chunk stops at the next image."""
-        p = plan.prefill
-        if p is None or p.media is None:
+        """A prompt with images: an image where its prefill stands is the step's only prefill item,
+        whole; a text chunk stops at the next image; no later prompt is read beside either."""
+        for i, part in enumerate(plan.prefills):
+            media = part.seq.media
+            if media is None:
+                continue
+            del plan.prefills[i + 1:]
+            image = media.span_at(part.seq.n_done)
+            if image is None:
+                part.n = media.text_room(part.seq.n_done, part.n)
+            elif i == 0:
+                plan.image, part.n = image, 0
+            else:
+                del plan.prefills[i]  # its image waits for a step of its own
             return
-        plan.image = p.media.span_at(p.n_done)
-        plan.chunk = 0 if plan.image is not None else p.media.text_room(p.n_done, plan.chunk)
 
     def _reap(self) -> None:
         """Requests that end between steps: cancelled, or past their deadline. The time a request spends

@@ -1,7 +1,7 @@
 """The model runner: a step's plan into one `llama_decode`, then sampling, verification and rollback.
 
 It fills the batch from the plan (engine/batching/scheduler.py: a row per running sequence, with
-its forced and draft rows, and one prefill chunk), decodes, samples every sequence's next token,
+its forced and draft rows, and the prompt chunks), decodes, samples every sequence's next token,
 checks draft rows (sample-and-match, docs/architecture.md "The decode loop") and removes rejected
 draft rows from the KV cache, so that after a step the cache holds exactly what plain decoding
 would hold. What the tokens mean (text, stops, limits) is the update's business
@@ -115,19 +115,20 @@ class ModelRunner:
         multi = len(rows) > len(plan.decode)  # drafts or forced tokens: a multi-row part
         if plan.image is not None:
             return self._image_step(plan, rows, bases, abortable=multi)
-        p, part = plan.prefill, []
-        if p is not None:
-            part = p.prompt[p.n_done:p.n_done + plan.chunk]
+        parts: list[tuple[Sequence, list[int], int]] = []  # each prompt's tokens this step and its last row
+        for pre in plan.prefills:
+            p = pre.seq
+            part = p.prompt[p.n_done:p.n_done + pre.n]
             rows += self._prefill_rows(p, part)
+            parts.append((p, part, len(rows) - 1))
         seqs = plan.sequences()
-        abortable = len(part) > 1 or multi
+        n_prompt = sum(len(part) for _, part, _ in parts)
         t0 = self.clock()
-        if not self._decode(rows, seqs, abortable=abortable):
+        if not self._decode(rows, seqs, abortable=n_prompt > 1 or multi):
             return None
         outputs = [self._verify(r, b) for r, b in zip(plan.decode, bases)]
-        if plan.prefill is not None:
-            outputs.append(self._prefilled(plan.prefill, part, len(rows) - 1))
-        return StepResult(outputs=outputs, seconds=self.clock() - t0, rows=len(rows), n_prompt=len(part))
+        outputs += [self._prefilled(p, part, last) for p, part, last in parts]
+        return StepResult(outputs=outputs, seconds=self.clock() - t0, rows=len(rows), n_prompt=n_prompt)
 
     def _image_step(self, plan: Plan[Sequence], rows: list[Row], bases: list[int], *,
                     abortable: bool) -> StepResult | None:

@@ -1,12 +1,14 @@
-"""Which sequences run in the next engine step: FIFO admission by free KV cells, one prefill chunk per step.
+"""Which sequences run in the next engine step: FIFO admission by free KV cells, prompt chunks under a budget.
 
 A request is admitted when a sequence slot is idle and its prompt plus the tokens it may still
 generate fit the cells that running requests have not reserved; otherwise it waits in a bounded
 FIFO queue (full queue: `Overloaded`). Admission is strictly first come, first served, so a big
 request at the head is never starved by small ones behind it. Each step decodes one token for
-every running sequence and prefills at most one chunk of one prompt: while others are decoding,
-as many tokens as engine/batching/chunking.py says fit beside them (or a fixed `prefill_chunk`), so their
-next token is never far away; a whole `n_batch` when nobody is waiting for a token.
+every running sequence and prefills prompt tokens up to a budget: while others are decoding, as many
+as engine/batching/chunking.py says fit beside them (or a fixed `prefill_chunk`), so their next token is
+never far away; a whole `n_batch` when nobody is waiting for a token. The budget goes to the prompts in
+admission order: one that ends within it leaves the rest to the next (four short prompts sent at once
+are read in one step, as llama-server does, instead of one a step while the others wait).
 """
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ class Schedulable(Protocol):
 
     @property
     def reserve(self) -> int: ...  # KV cells it may need in all: prompt + tokens it may still generate
+
+    @property
+    def prompt_left(self) -> int: ...  # prompt tokens not yet in the KV cache
 
 
 S = TypeVar("S", bound=Schedulable)
@@ -51,25 +56,47 @@ class DecodeRow(Generic[S]):
 
 
 @dataclass
+class Prefill(Generic[S]):
+    """A prompting sequence's part of a step: its next n prompt tokens."""
+
+    seq: S
+    n: int
+
+    @property
+    def completes(self) -> bool:
+        """Whether this part ends the prompt (its last row's logits give the first token)."""
+        return self.n == self.seq.prompt_left
+
+
+@dataclass
 class Plan(Generic[S]):
     """What one step computes (engine/batching/batch.py): a row per running sequence (plus its draft
-    rows, engine/speculation/planner.py) and at most one prefill chunk."""
+    rows, engine/speculation/planner.py) and the prompt chunks of those still reading their prompts."""
 
     decode: list[DecodeRow[S]]
-    prefill: S | None  # the sequence whose prompt advances this step
-    chunk: int  # how many of its prompt tokens
-    image: Any = None  # instead of a text chunk, an image of its prompt (engine/batching/media.py ImageSpan)
+    prefills: list[Prefill[S]] = field(default_factory=list)
+    image: Any = None  # instead of a text chunk, an image of the first prompt (engine/batching/media.py ImageSpan)
+
+    @property
+    def prefill(self) -> S | None:
+        """The first prompting sequence (the one an image step serves)."""
+        return self.prefills[0].seq if self.prefills else None
+
+    @property
+    def chunk(self) -> int:
+        """Prompt tokens in this step, all prompts together."""
+        return sum(p.n for p in self.prefills)
 
     @property
     def empty(self) -> bool:
-        return not self.decode and self.prefill is None
+        return not self.decode and not self.prefills
 
     @property
     def decode_rows(self) -> int:
         return sum(r.rows for r in self.decode)
 
     def sequences(self) -> list[S]:
-        return [r.seq for r in self.decode] + ([self.prefill] if self.prefill is not None else [])
+        return [r.seq for r in self.decode] + [p.seq for p in self.prefills]
 
 
 class Scheduler(Generic[S]):
@@ -118,19 +145,24 @@ class Scheduler(Generic[S]):
             self.waiting.remove(seq)
 
     def plan(self) -> Plan[S]:
-        """The next step: a row for every running sequence, plus one prefill chunk under the token budget."""
+        """The next step: a row for every running sequence, plus prompt chunks under the token budget."""
         decode = [DecodeRow(s) for s in self.running
                   if s.status is SequenceStatus.DECODING or s.status is SequenceStatus.VERIFYING]
-        prefill = next((s for s in self.running if s.status is SequenceStatus.PREFILLING), None)
-        chunk = 0
-        if prefill is not None:
-            if not decode:
-                budget = self.n_batch
-            elif self.sizer is not None:
-                budget = self.sizer.chunk(len(decode))
-            else:
-                budget = self.prefill_chunk
-            chunk = max(0, min(budget, self.n_batch - len(decode)))
-            if chunk == 0:
-                prefill = None
-        return Plan(decode=decode, prefill=prefill, chunk=chunk)
+        reading = [s for s in self.running if s.status is SequenceStatus.PREFILLING]
+        if not reading:
+            return Plan(decode=decode)
+        if not decode:
+            budget = self.n_batch
+        elif self.sizer is not None:
+            budget = self.sizer.chunk(len(decode))
+        else:
+            budget = self.prefill_chunk
+        room = max(0, min(budget, self.n_batch - len(decode)))
+        prefills = []
+        for s in reading:  # in admission order: the first is never passed by a later one
+            n = min(room, s.prompt_left)
+            if n <= 0:
+                break
+            prefills.append(Prefill(s, n))
+            room -= n
+        return Plan(decode=decode, prefills=prefills)

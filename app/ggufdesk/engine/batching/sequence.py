@@ -134,6 +134,11 @@ class Sequence:
         return min(n, self.ctx.cells) if self.ctx.cells else n
 
     @property
+    def prompt_left(self) -> int:
+        """Prompt tokens not yet in the KV cache."""
+        return len(self.prompt) - self.n_done
+
+    @property
     def kv_end(self) -> int:
         """The KV position of its next token: prompt + generated, less what context shifts dropped."""
         return len(self.prompt) + self.stats.n_gen - self.ctx.shifted

@@ -93,11 +93,10 @@ class DraftPlanner:
         if not awake and self.shapes.rows <= n:
             return  # nothing to draft and no larger shape to hold
         decode_rows = plan.decode_rows
-        p = plan.prefill
-        part = 0 if p is None else min(plan.chunk, len(p.prompt) - p.n_done)
-        completes = p is not None and p.n_done + part == len(p.prompt)  # its last row wants logits too
-        budget = min(self.n_outputs - n - int(completes), self.n_batch - decode_rows - part)
-        total = decode_rows + int(completes)  # rows with logits: the prompt's other rows add the same to every k
+        part = plan.chunk
+        completes = sum(p.completes for p in plan.prefills)  # a prompt's last row wants logits too
+        budget = min(self.n_outputs - n - completes, self.n_batch - decode_rows - part)
+        total = decode_rows + completes  # rows with logits: the prompts' other rows add the same to every k
         hold = self._held = self._hold(order, total, budget) if part == 0 else 0
         if awake:
             plain = self.costs.predict(n)
