@@ -8,19 +8,21 @@ prompt, the answer, a short follow-up) the same way. By turn 2 every slot has se
 since, so only a cache beyond the slots finds a conversation's start. Every prompt of a round starts with
 that round's own tag, so nothing is found from an earlier round or run.
 
-Servers: `ggufdesk serve` of this tree; with `--before TREE` the same command on another checkout (its
-app/ on PYTHONPATH: the engine before this cache); llama-server (its RAM cache, `--cache-ram`, 8 GiB by
-default) and, with `--cache-ram-off`, llama-server `--cache-ram 0`. Interleaved, order rotating by round;
-each turn's makespan (first request sent to last answer), its tokens/s and the prompt tokens the server
-says came from a cache are printed per run, then medians and each server's turn-2 ratio to the first one.
+Servers: `ggufdesk serve` of this tree; with `--before TREE` (repeatable) the same command on another
+checkout (its app/ on PYTHONPATH: an engine before a change), named by its commit; llama-server (its RAM
+cache, `--cache-ram`, 8 GiB by default) and, with `--cache-ram-off`, llama-server `--cache-ram 0`.
+Interleaved, order rotating by round; each turn's makespan (first request sent to last answer), its
+tokens/s and the prompt tokens the server says came from a cache are printed per run, then medians and
+each server's ratio to the first one.
 
-    .venv/bin/python bench/prompt_memory.py [MODEL] [--rounds 3] [--work tuned|heldout|heldout2] [--before TREE]
+    .venv/bin/python bench/prompt_memory.py [MODEL] [--rounds 3] [--work tuned|heldout|heldout2] [--before TREE ...]
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -41,13 +43,14 @@ CTX, SLOTS = 12288, 4
 FOLLOW_UP = "\n\nThank you. Now the same once more, in fewer words:\n"
 
 
-def configs(model: str, threads: int, before: str | None, cache_ram_off: bool) -> list[Server]:
+def configs(model: str, threads: int, before: list[str], cache_ram_off: bool) -> list[Server]:
     ours = ggufdesk_cmd(model, threads, CTX, SLOTS)
     theirs = llama_server_cmd(model, threads, CTX, SLOTS)
     servers = [Server("ggufdesk", ours, 0, "/health")]
-    if before:
-        servers.append(Server("ggufdesk before", ["env", f"PYTHONPATH={Path(before).resolve() / 'app'}", *ours], 0,
-                              "/health"))
+    for tree in before:
+        rev = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        servers.append(Server(f"ggufdesk {rev.stdout.strip() or tree}",
+                              ["env", f"PYTHONPATH={Path(tree).resolve() / 'app'}", *ours], 0, "/health"))
     servers.append(Server("llama-server", theirs, 0, "/health"))
     if cache_ram_off:
         servers.append(Server("llama-server --cache-ram 0", [*theirs, "--cache-ram", "0"], 0, "/health"))
@@ -108,7 +111,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--work", default="tuned", choices=list(WORK))
-    ap.add_argument("--before", help="another checkout whose `ggufdesk serve` runs beside this tree's")
+    ap.add_argument("--before", action="append", default=[],
+                    help="another checkout whose `ggufdesk serve` runs beside this tree's (may be repeated)")
     ap.add_argument("--cache-ram-off", action="store_true", help="also llama-server --cache-ram 0")
     args = ap.parse_args()
     if args.model is None:
@@ -139,13 +143,13 @@ def main() -> int:
     finally:
         for s in servers:
             s.stop()
-    print("\nmedians (turn 2: the conversations' next turns)")
-    base = statistics.median(m["tps2"] for m in runs[servers[0].name])
+    print(f"\nmedians; in brackets each server's ratio to {servers[0].name} (turn 2: the conversations' next turns)")
+    base = {k: statistics.median(m[k] for m in runs[servers[0].name]) for k in ("tps1", "tps2")}
     for name, ms in runs.items():
-        med = {k: statistics.median(m[k] for m in ms) for k in ("wall1", "tps1", "wall2", "tps2", "req2")}
-        print(f"{name:28s} turn 1 {med['tps1']:5.1f} tok/s | turn 2 {med['tps2']:5.1f} tok/s "
-              f"({med['tps2'] / base:.2f}x {servers[0].name}), median request {med['req2']:4.2f} s, cached "
-              f"{statistics.median(m['cached2'] / m['prompt2'] for m in ms):.0%} of its prompt tokens")
+        med = {k: statistics.median(m[k] for m in ms) for k in ("tps1", "tps2", "req2")}
+        print(f"{name:28s} turn 1 {med['tps1']:5.1f} tok/s ({med['tps1'] / base['tps1']:.2f}x) | turn 2 "
+              f"{med['tps2']:5.1f} tok/s ({med['tps2'] / base['tps2']:.2f}x), median request {med['req2']:4.2f} s, "
+              f"cached {statistics.median(m['cached2'] / m['prompt2'] for m in ms):.0%} of its prompt tokens")
     return 0
 
 
