@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from pathlib import Path
+
 import llama_cpp
 
 from ggufdesk.engine.batching.disk_cache import DiskCache
