@@ -24,7 +24,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -35,7 +34,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.batch import WORK
-from bench.server import Server, ggufdesk_cmd, llama_server_cmd, with_ports
+from bench.server import Server, ggufdesk_cmd, llama_server_cmd, running, with_ports
 
 TOKENS = 64
 CLIENTS, PER_CLIENT = 4, 3
@@ -122,17 +121,11 @@ def main() -> int:
     copy_work, free_work = WORK[args.work]
     work = [*copy_work, *free_work][:CLIENTS * PER_CLIENT]
     servers = configs(args.model, args.threads, args.before, args.cache_ram_off)
-    # the engines' own caches (saved prompts, measured costs) in a throwaway folder, alike for every round
-    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="ggufdesk-prompt-memory-")
-    print(f"model {Path(args.model).name}; work {args.work} ({len(work)} prompts); threads {args.threads}; "
-          f"{args.rounds} rounds; load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
-    log_dir = Path(tempfile.mkdtemp(prefix="prompt-memory-logs-"))
-    for s in servers:
-        s.start(log_dir)
-    try:
-        for s in servers:
-            s.wait_ready()
-        runs: dict[str, list[dict]] = {}
+    runs: dict[str, list[dict]] = {}
+    with running(servers, "prompt-memory"):
+        print(f"model {Path(args.model).name}; work {args.work} ({len(work)} prompts); threads {args.threads}; "
+              f"{args.rounds} rounds; load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
+              flush=True)
         for r in range(args.rounds):
             for srv in servers[r % len(servers):] + servers[:r % len(servers)]:
                 m = conversation(srv, work, r)
@@ -140,9 +133,6 @@ def main() -> int:
                 print(f"round {r + 1} {srv.name:28s} turn 1 {m['wall1']:5.1f} s {m['tps1']:5.1f} tok/s | turn 2 "
                       f"{m['wall2']:5.1f} s {m['tps2']:5.1f} tok/s, median request {m['req2']:4.2f} s, "
                       f"cached {m['cached2']}/{m['prompt2']} prompt tokens", flush=True)
-    finally:
-        for s in servers:
-            s.stop()
     print(f"\nmedians; in brackets each server's ratio to {servers[0].name} (turn 2: the conversations' next turns)")
     base = {k: statistics.median(m[k] for m in runs[servers[0].name]) for k in ("tps1", "tps2")}
     for name, ms in runs.items():

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -35,6 +36,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -169,6 +171,23 @@ def make_servers(model: str, a: argparse.Namespace) -> list[Server]:
                                                    "--flash_attn", "True", "--interrupt_requests", "False"],
                               0, "/v1/models"))
     return with_ports(servers)
+
+
+@contextlib.contextmanager
+def running(servers: list[Server], name: str) -> Iterator[None]:
+    """The servers started one at a time (loading competes for the same cores) and ready, their engines'
+    own caches (saved prompts, measured costs) in a throwaway folder alike for every round, their logs in
+    another; stopped at the end. (Set after the commands are built: llama-server's build is cached there.)"""
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix=f"{name}-cache-")
+    logs = Path(tempfile.mkdtemp(prefix=f"{name}-logs-"))
+    try:
+        for s in servers:
+            s.start(logs)
+            s.wait_ready()
+        yield
+    finally:
+        for s in servers:
+            s.stop()
 
 
 def with_ports(servers: list[Server]) -> list[Server]:

@@ -26,7 +26,6 @@ import os
 import re
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.batch import WORK
-from bench.server import Server, ggufdesk_cmd, llama_server_cmd, with_ports
+from bench.server import Server, ggufdesk_cmd, llama_server_cmd, running, with_ports
 
 TOKENS = 128
 PER_CLIENT = 3
@@ -131,20 +130,10 @@ def main() -> int:
         ap.error("--clients takes 1, 4 or 1,4")
     copy_work, free_work = WORK[args.work]
     servers = configs(args.model, args.threads)  # (builds llama-server first if it is not cached yet)
-    # the engines' own caches (saved prompts, measured costs) in a throwaway folder, alike for every round
-    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="ggufdesk-server-lookup-")
-    print(f"model {Path(args.model).name}; work {args.work}; threads {args.threads}; {args.rounds} rounds; "
-          f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
-    log_dir = Path(tempfile.mkdtemp(prefix="server-lookup-logs-"))
-    for s in servers:
-        s.start(log_dir)
-    try:
-        for s in servers:
-            s.wait_ready()
+    with running(servers, "server-lookup"):
+        print(f"model {Path(args.model).name}; work {args.work}; threads {args.threads}; {args.rounds} rounds; "
+              f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
         return measure(servers, args, modes, copy_work, free_work)
-    finally:
-        for s in servers:
-            s.stop()
 
 
 def measure(servers: list[Server], args: argparse.Namespace, modes: list[int], copy_work: list,
