@@ -150,6 +150,22 @@ def test_a_state_llama_cpp_refuses_is_dropped_and_the_prompt_prefilled(tiny_mode
     assert again.tokens == cold.tokens and again.usage["cached_tokens"] == 128  # (its slot held it)
 
 
+def test_no_memory_for_the_copy_keeps_nothing_and_the_answers_go_on(tiny_model, monkeypatch):
+    from ggufdesk.engine.batching import prompt_states
+
+    def full(size: int) -> bytearray:
+        raise MemoryError
+
+    monkeypatch.setattr(prompt_states, "bytearray", full, raising=False)
+    live, cold, cold_lp, warm, warm_lp = a_b_a(model=tiny_model)
+    try:
+        saved = live.engine.batch.saved
+        assert saved is not None and saved.ram is not None and not saved.ram.entries
+    finally:
+        live.close()
+    assert warm.usage["cached_tokens"] <= 1 and warm.tokens == cold.tokens
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_sliding_window_prompt_comes_back_from_memory_on_the_starter(starter_model):

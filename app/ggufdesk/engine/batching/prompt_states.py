@@ -139,19 +139,27 @@ class PromptStates:
         to_disk = self.disk is not None and self.disk.wants(tokens)
         if not (to_ram or to_disk):
             return False
-        data = self._read(slot)
+        cap = max(self.ram.max_bytes if to_ram and self.ram is not None else 0,
+                  self.disk.store.max_bytes if to_disk and self.disk is not None else 0)
+        data = self._read(slot, cap)
         if data is None:
             return False
         kept = self.ram.put(tokens, data) if to_ram and self.ram is not None else False
         written = self.disk.put(tokens, data) if to_disk and self.disk is not None else False
         return kept or written
 
-    def _read(self, slot: Slot) -> bytearray | None:
+    def _read(self, slot: Slot, cap: int) -> bytearray | None:
+        """The slot's KV state (None: larger than `cap`, or no memory for the copy: nothing is kept, the
+        request goes on)."""
         ctx = self.lm.ctx.ctx
         size = llama_cpp.llama_state_seq_get_size(ctx, slot.seq)
-        if size <= 0:
+        if size <= 0 or size > cap:
             return None
-        data = bytearray(size)
+        try:
+            data = bytearray(size)
+        except MemoryError:  # (the memory ceiling, engine/runtime/memlimit.py): a cache is not worth a request
+            log.warning("prompt cache: no memory for a %d MiB prompt state; not kept", size >> 20)
+            return None
         buf = (ctypes.c_uint8 * size).from_buffer(data)
         n = llama_cpp.llama_state_seq_get_data(ctx, buf, size, slot.seq)
         del buf
