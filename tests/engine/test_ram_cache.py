@@ -64,6 +64,12 @@ def test_a_longer_state_replaces_its_prefix_only_where_it_serves_it():
     assert sorted(len(e.tokens) for e in window.entries) == [3, 5]
     window.put([1, 2, 3, 4], state(10))  # within the window: it serves [1, 2, 3]'s prefixes too
     assert sorted(len(e.tokens) for e in window.entries) == [4, 5]
+    hit = window.best([1, 2, 3, 4, 5, 6], limit=5, at_least=1)  # the 5-token state where it ends: usable
+    assert hit is not None and hit[0].n_tokens == 5 and hit[1] == 5
+    hit = window.best([1, 2, 3, 9], limit=3, at_least=1)  # cut back to 3: only the 4-token one serves
+    assert hit is not None and hit[0].n_tokens == 4 and hit[1] == 3
+    window.remove(hit[0])
+    assert window.best([1, 2, 3, 9], limit=3, at_least=1) is None
 
 
 def test_nonsense_settings_are_refused_and_the_ceiling_counts_the_cache(tiny_model):

@@ -47,10 +47,13 @@ class RamCache:
 
     def best(self, prompt: list[int], *, limit: int, at_least: int) -> tuple[RamEntry, int] | None:
         """The entry sharing the longest prefix with `prompt` (at most `limit` tokens count, at least
-        `at_least`), and that length; at a tie the shorter entry (less to copy back)."""
+        `at_least`), and that length; at a tie the shorter entry (less to copy back). With a window, an
+        entry longer than it serves only where it ends (or one token before)."""
         best: tuple[RamEntry, int] | None = None
         for e in self.entries:
             n = min(common_prefix(e.tokens, prompt), limit)
+            if self.window and e.n_tokens > self.window and n < e.n_tokens - 1:
+                continue  # cut back inside the window's reach: restoring it would only empty the slot
             if n >= at_least and (best is None or n > best[1] or (n == best[1] and e.n_tokens < best[0].n_tokens)):
                 best = (e, n)
         return best
