@@ -7,8 +7,10 @@ request at the head is never starved by small ones behind it. Each step decodes 
 every running sequence and prefills prompt tokens up to a budget: while others are decoding, as many
 as engine/batching/chunking.py says fit beside them (or a fixed `prefill_chunk`), so their next token is
 never far away; a whole `n_batch` when nobody is waiting for a token. The budget goes to the prompts in
-admission order: one that ends within it leaves the rest to the next (four short prompts sent at once
-are read in one step, as llama-server does, instead of one a step while the others wait).
+admission order: one that ends within it leaves the rest to the next (four short prompts waiting
+together are read in one step, as llama-server reads them, instead of one a step). Beside decoding
+streams the budget stays the sizer's: prompts that arrive while others decode are still read a chunk a
+step (docs/bench/speculative-decoding.md, session 40).
 """
 from __future__ import annotations
 
