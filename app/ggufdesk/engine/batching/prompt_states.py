@@ -135,18 +135,20 @@ class PromptStates:
             return False  # (a shifted sequence is cut back to its exact part before it is saved)
         if min(tokens) < 0:  # an image's placeholders (engine/batching/media.py): the projector is not in the key
             return False
-        to_ram = self.ram is not None and not self.ram.holds(tokens, within=MIN_GAIN)
-        to_disk = self.disk is not None and self.disk.wants(tokens)
-        if not (to_ram or to_disk):
+        ram, disk = self._tiers_for(tokens)
+        if ram is None and disk is None:
             return False
-        cap = max(self.ram.max_bytes if to_ram and self.ram is not None else 0,
-                  self.disk.store.max_bytes if to_disk and self.disk is not None else 0)
-        data = self._read(slot, cap)
+        data = self._read(slot, max(0 if ram is None else ram.max_bytes, 0 if disk is None else disk.store.max_bytes))
         if data is None:
             return False
-        kept = self.ram.put(tokens, data) if to_ram and self.ram is not None else False
-        written = self.disk.put(tokens, data) if to_disk and self.disk is not None else False
+        kept = ram is not None and ram.put(tokens, data)
+        written = disk is not None and disk.put(tokens, data)
         return kept or written
+
+    def _tiers_for(self, tokens: list[int]) -> tuple[RamCache | None, DiskCache | None]:
+        """The tiers that want a state of `tokens` (not holding it already; the disk: long enough)."""
+        ram = self.ram if self.ram is not None and not self.ram.holds(tokens, within=MIN_GAIN) else None
+        return ram, self.disk if self.disk is not None and self.disk.wants(tokens) else None
 
     def _read(self, slot: Slot, cap: int) -> bytearray | None:
         """The slot's KV state (None: larger than `cap`, or no memory for the copy: nothing is kept, the
