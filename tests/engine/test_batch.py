@@ -22,6 +22,17 @@ PROMPTS = [
     "a man came back from the world",
 ]
 
+# Prompts whose greedy answers (60 tokens) have no near tie: the top two tokens at least 0.09 nats apart at
+# every step, with f32 and f16 weights. llama.cpp is not batch-invariant: where a prompt's rows are read
+# beside others, in other chunks, or come back from a prompt cache, its logprobs move by up to ~0.03 nats
+# on this tiny model (PROMPTS' second and third have ties of 0.005 and 0.015-0.021, which shapes tip).
+CLEAR_PROMPTS = [
+    "one two three of the people " * 5,
+    "one two three of the people " * 7,
+    "red blue green light dark " * 7,
+    "the cat and the dog " * 8,
+]
+
 
 def collect_all(client, rids: list[str]) -> list[Result]:
     """Read several streams at once, one thread each (as a server would)."""
@@ -60,9 +71,9 @@ def test_greedy_output_is_identical_alone_and_beside_three_others(dtype, model_d
     model = ggufs.write_tiny_llama(model_dir / f"parity-{dtype}.gguf", ggufs.TinySpec(seed=0, dtype=dtype))
     with EngineClient() as c:
         c.load(str(model), settings=PARALLEL)
-        together = collect_all(c, submit_together(c, PROMPTS, sampling=greedy(60)))
+        together = collect_all(c, submit_together(c, CLEAR_PROMPTS, sampling=greedy(60)))
         statuses = [e for e in c.events(timeout=0.05) if isinstance(e, P.Status)]
-        alone = [collect(c, c.generate(prompt=p, sampling=greedy(60))) for p in PROMPTS]
+        alone = [collect(c, c.generate(prompt=p, sampling=greedy(60))) for p in CLEAR_PROMPTS]
     for a, b in zip(alone, together):
         assert a.error is None and b.error is None
         assert b.done.tokens == a.done.tokens and b.text == a.text
@@ -184,8 +195,8 @@ def test_speculation_runs_beside_others_in_the_same_steps(tiny_model):
         # fixed K: adaptive lookup rightly drafts nothing on the tiny model's short chance matches
         c.load(str(tiny_model), settings=PARALLEL, speculation={"mode": "lookup", "adaptive": False,
                                                                 "lookup_history": False})
-        alone = [collect(c, c.generate(prompt=p, sampling=greedy(60))) for p in PROMPTS]
-        rs = collect_all(c, submit_together(c, PROMPTS, sampling=greedy(60)))
+        alone = [collect(c, c.generate(prompt=p, sampling=greedy(60))) for p in CLEAR_PROMPTS]
+        rs = collect_all(c, submit_together(c, CLEAR_PROMPTS, sampling=greedy(60)))
     assert all(r.stats.speculation == "lookup" and r.stats.drafted > 0 for r in rs)
     assert [r.done.tokens for r in rs] == [a.done.tokens for a in alone]  # lossless either way
     assert all(r.stats.llama_perf == {} for r in rs)  # they did share steps
