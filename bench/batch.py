@@ -134,6 +134,27 @@ WORK = {"tuned": (COPY_EDIT, FREE), "heldout": (HELD_COPY, HELD_FREE),
                      [w for w in HELDOUT2 if w.category.startswith(("free-", "explain-"))])}
 
 
+def work_arguments(doc: str | None) -> argparse.ArgumentParser:
+    """The arguments of the server benches that send part 6's WORK (bench/server_lookup.py,
+    bench/prompt_memory.py): MODEL, --rounds, --threads, --work; parse with `parse_work_arguments`."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--work", default="tuned", choices=list(WORK))
+    return ap
+
+
+def parse_work_arguments(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    """The command line, MODEL the starter when not given."""
+    args = ap.parse_args()
+    if args.model is None:
+        from ggufdesk.core.starter import starter_model_path
+
+        args.model = str(starter_model_path())
+    return args
+
+
 def four_clients(client: EngineClient, r: int, work: list, tokens: int, lookup: bool) -> float:
     """Round r: 4 prompts of `work` (rotating) at once, with adaptive lookup or without; busy_rate."""
     chosen = [work[(4 * r + i) % len(work)] for i in range(4)]

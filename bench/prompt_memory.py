@@ -19,7 +19,6 @@ each server's ratio to the first one.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -33,7 +32,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.batch import WORK
+from bench.batch import WORK, parse_work_arguments, work_arguments
 from bench.server import Server, ggufdesk_cmd, llama_server_cmd, running, with_ports
 
 TOKENS = 64
@@ -105,19 +104,11 @@ def conversation(srv: Server, work: list, r: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", nargs="?")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--work", default="tuned", choices=list(WORK))
+    ap = work_arguments(__doc__)
     ap.add_argument("--before", action="append", default=[],
                     help="another checkout whose `ggufdesk serve` runs beside this tree's (may be repeated)")
     ap.add_argument("--cache-ram-off", action="store_true", help="also llama-server --cache-ram 0")
-    args = ap.parse_args()
-    if args.model is None:
-        from ggufdesk.core.starter import starter_model_path
-
-        args.model = str(starter_model_path())
+    args = parse_work_arguments(ap)
     copy_work, free_work = WORK[args.work]
     work = [*copy_work, *free_work][:CLIENTS * PER_CLIENT]
     servers = configs(args.model, args.threads, args.before, args.cache_ram_off)

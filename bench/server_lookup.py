@@ -34,7 +34,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.batch import WORK
+from bench.batch import WORK, parse_work_arguments, work_arguments
 from bench.server import Server, ggufdesk_cmd, llama_server_cmd, running, with_ports
 
 TOKENS = 128
@@ -114,17 +114,9 @@ def run(srv: Server, work: list, r: int, clients: int) -> tuple[float, list[dict
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", nargs="?")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--work", default="tuned", choices=list(WORK))
+    ap = work_arguments(__doc__)
     ap.add_argument("--clients", default="1,4", help="comma-separated: 1 and/or 4")
-    args = ap.parse_args()
-    if args.model is None:
-        from ggufdesk.core.starter import starter_model_path
-
-        args.model = str(starter_model_path())
+    args = parse_work_arguments(ap)
     modes = [int(x) for x in args.clients.split(",")]
     if not modes or any(m not in (1, 4) for m in modes):
         ap.error("--clients takes 1, 4 or 1,4")

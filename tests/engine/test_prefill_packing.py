@@ -11,6 +11,7 @@ from ggufdesk.engine.batching.scheduler import Plan, Prefill
 from ggufdesk.engine.batching.sequence import SequenceStatus
 from ggufdesk.engine.link import protocol as P
 from ggufdesk.core.settings import SamplingSettings
+from tests.engine import helpers
 from tests.engine.inproc import Live, one
 
 LOAD = dict(n_ctx=1024, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, n_parallel=4, type_k="f32",
@@ -20,7 +21,7 @@ PROMPTS = ["hello the cat and the dog", "the red tree was by the water", "one tw
 
 
 def greedy(n: int) -> SamplingSettings:
-    return SamplingSettings(temperature=0.0, max_tokens=n)
+    return SamplingSettings(**helpers.greedy(n))  # (the protocol carries settings dataclasses)
 
 
 def test_four_short_prompts_sent_at_once_are_read_in_one_step_and_answer_as_alone(tiny_model):

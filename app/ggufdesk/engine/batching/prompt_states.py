@@ -41,7 +41,7 @@ class PromptStates:
     def __init__(self, lm: LoadedModel, *, ram: RamCache | None, disk: DiskCache | None) -> None:
         self.lm, self.ram, self.disk = lm, ram, disk
         self.swa = bool(llama_cpp.llama_model_n_swa(lm.model.model))  # saved when prefilled, not at the end
-        self.restored = {"ram": 0, "disk": 0}  # restores, for the log and tests
+        self.restored = {"ram": 0, "disk": 0}  # restores by tier (tests read them)
 
     @classmethod
     def open(cls, lm: LoadedModel, root: Path | None = None) -> PromptStates | None:
