@@ -70,6 +70,7 @@ class Req:
     reserve: int
     status: SequenceStatus = SequenceStatus.WAITING
     prompt_left: int = 1000
+    watched: bool = True
 
 
 def test_the_scheduler_asks_the_sizer_only_when_someone_decodes():
@@ -87,3 +88,22 @@ def test_the_scheduler_asks_the_sizer_only_when_someone_decodes():
     # 8 plain steps of prompt work fit 80 tokens; 1 + 80 rows round down to 64: 63 tokens
     assert sched.plan().chunk == 63
     assert Scheduler(n_slots=4, n_cells=1000, n_batch=512, prefill_chunk=16).sizer is None
+
+
+def test_beside_answers_nobody_streams_a_prompt_is_read_a_whole_batch_at_a_time():
+    # a non-streaming request's answer goes out whole at its end: fewer, larger steps finish sooner
+    sched: Scheduler[Req] = Scheduler(n_slots=4, n_cells=1000, n_batch=512, prefill_chunk=0)
+    assert sched.sizer is not None
+    quiet, streamed, late = Req(10, watched=False), Req(10), Req(10)
+    for r in (quiet, streamed, late):
+        sched.submit(r)
+    sched.admit()
+    quiet.status = SequenceStatus.DECODING
+    sched.sizer.observe(1, 0, 0.010)
+    sched.sizer.observe(1, 63, 0.010 + 63 * 0.001)
+    plan = sched.plan()  # only the unwatched one decodes: the two prompts share the whole batch
+    assert [(p.seq, p.n) for p in plan.prefills] == [(streamed, 511)] and plan.chunk == 511
+    streamed.status = SequenceStatus.DECODING  # a stream decodes now: the sizer's chunk again
+    sched.sizer.observe(2, 0, 0.010)
+    sched.sizer.observe(2, 62, 0.010 + 62 * 0.001)
+    assert sched.plan().prefills[0].seq is late and sched.plan().chunk == 62

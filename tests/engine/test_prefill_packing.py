@@ -106,3 +106,27 @@ def test_a_prompt_with_images_is_never_read_beside_another():
     plan = Plan(decode=[], prefills=[Prefill(pictured, 30), Prefill(after, 4)])
     BatchEngine._images(plan)
     assert [(p.seq, p.n) for p in plan.prefills] == [(pictured, 0)] and plan.image == Span(5, 20)
+
+
+def test_beside_an_answer_nobody_streams_a_prompt_gets_the_whole_batch(tiny_model):
+    live = Live(tiny_model, **{**LOAD, "prefill_chunk": 16})
+    try:
+        batch = live.engine.batch
+        assert batch is not None
+        chunks = {}
+        for streamed in (True, False):
+            first, second = f"first{streamed}", f"second{streamed}"
+            live.engine.generate(P.Generate(id=first, prompt=PROMPTS[0], sampling=greedy(40), stream=streamed))
+            while not any(s.status is SequenceStatus.DECODING for s in batch.sched.running):
+                batch.step()
+            words = "the cat and the dog " if streamed else "a man came back from the world "  # (nothing cached)
+            live.engine.generate(P.Generate(id=second, prompt=words * 20, sampling=greedy(4)))
+            plan = batch.schedule()
+            chunks[streamed] = [(p.seq.rid, p.n) for p in plan.prefills]
+            while batch.busy:
+                batch.step()
+            assert all(one([e for e in live.events if getattr(e, "id", None) == rid], P.Done).finish_reason == "length"
+                       for rid in (first, second))
+    finally:
+        live.close()
+    assert chunks == {True: [("secondTrue", 16)], False: [("secondFalse", 63)]}  # 64 rows, one of them decoding

@@ -146,3 +146,33 @@ def test_an_engine_error_before_any_token_is_an_http_error(server):
         "model": "fake-model", "max_tokens": 5, "messages": [{"role": "user", "content": "__error__"}]})
     assert r.status_code == 500 and r.json()["type"] == "error"
     assert server.svc.admission.running == 0
+
+
+def test_each_api_tells_the_engine_whether_its_client_reads_the_tokens_as_they_come(server, monkeypatch):
+    # the engine reads waiting prompts a whole batch at a time beside answers nobody streams
+    # (engine/batching/scheduler.py); every route passes its request's `stream` on
+    from ggufdesk.engine.link.client import EngineClient
+
+    sent: list[bool] = []
+    generate = EngineClient.generate
+
+    def recording(self, **kw):
+        sent.append(kw.get("stream", True))
+        return generate(self, **kw)
+
+    monkeypatch.setattr(EngineClient, "generate", recording)
+    msgs = [{"role": "user", "content": "hi"}]
+    bodies = [("/v1/chat/completions", {"model": "fake-model", "messages": msgs, "max_tokens": 2}),
+              ("/v1/completions", {"model": "fake-model", "prompt": "hi", "max_tokens": 2}),
+              ("/v1/messages", {"model": "fake-model", "messages": msgs, "max_tokens": 2}),
+              ("/completion", {"prompt": "hi", "n_predict": 2}),
+              ("/v1/responses", {"model": "fake-model", "input": "hi", "max_output_tokens": 2}),
+              ("/api/chat", {"model": "fake-model", "messages": msgs, "options": {"num_predict": 2}}),
+              ("/api/generate", {"model": "fake-model", "prompt": "hi", "options": {"num_predict": 2}})]
+    for path, body in bodies:
+        for stream in (False, True):
+            r = httpx.post(server.url + path, json={**body, "stream": stream}, timeout=60)
+            assert r.status_code == 200, (path, r.text)
+            assert sent.pop() is stream, path
+    r = httpx.post(server.url + "/api/chat", json=bodies[5][1], timeout=60)  # Ollama streams unless told not to
+    assert r.status_code == 200 and sent.pop() is True

@@ -178,7 +178,8 @@ async def messages_spec(svc: Service, req: MessagesRequest, request: Request) ->
     model = svc.check_model(req.model)
     msgs, images = await with_images(request, model, messages_of, req)
     return GenSpec(endpoint="messages", messages=msgs, sampling=sampling_for(svc, req, model), structured=extra,
-                   reasoning=reasoning.anthropic_fields(req.thinking), model=model, images=images)
+                   reasoning=reasoning.anthropic_fields(req.thinking), model=model, images=images,
+                   stream=req.stream)
 
 
 async def messages(request: Request) -> Response:

@@ -302,7 +302,7 @@ async def completion(request: Request) -> Response:
     try:
         for given in inputs:
             spec = GenSpec(endpoint="completion", sampling=settings_of(svc, req, model), model=model, structured=extra,
-                           logprobs=max(1, req.n_probs) if req.n_probs else 0, **given)
+                           logprobs=max(1, req.n_probs) if req.n_probs else 0, stream=req.stream, **given)
             jobs.append(await svc.start(caller(request), spec, request.receive))
     except BaseException:
         for j in jobs:

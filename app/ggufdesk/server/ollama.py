@@ -308,7 +308,8 @@ def chat_spec(svc: Service, req: ChatRequest, model: str, messages: list[dict[st
         raise invalid("use format or tools, not both", param="format")
     return GenSpec(endpoint="ollama_chat", messages=messages,
                    sampling=sampling_for(svc, req.options, model, req.context_overflow), structured=extra or tools,
-                   reasoning=reasoning.openai_fields(think=req.think), model=model, images=images)
+                   reasoning=reasoning.openai_fields(think=req.think), model=model, images=images,
+                   stream=req.stream)
 
 
 def generate_spec(svc: Service, req: GenerateRequest, model: str, prompt: str | list[dict[str, Any]],
@@ -325,11 +326,11 @@ def generate_spec(svc: Service, req: GenerateRequest, model: str, prompt: str | 
         if images:
             raise not_supported("images with raw (a raw prompt is text)")
         return GenSpec(endpoint="ollama_generate", prompt=(req.system or "") + req.prompt, sampling=sampling,
-                       structured=extra, model=model)
+                       structured=extra, model=model, stream=req.stream)
     msgs = ([{"role": "system", "content": req.system}] if req.system else []) + [
         {"role": "user", "content": prompt}]
     return GenSpec(endpoint="ollama_generate", messages=msgs, sampling=sampling, structured=extra,
-                   reasoning=think, model=model, images=images)
+                   reasoning=think, model=model, images=images, stream=req.stream)
 
 
 async def chat(request: Request) -> Response:

@@ -162,7 +162,7 @@ async def chat_spec(svc: Service, req: ChatRequest, request: Request) -> tuple[G
                                     budget=req.reasoning_budget, think=req.think)
     messages, images = await with_images(request, model, chat_messages, req)
     return GenSpec(endpoint="chat", messages=messages, sampling=sampling, logprobs=lp, structured=extra,
-                   reasoning=think, model=model, images=images), top
+                   reasoning=think, model=model, images=images, stream=req.stream), top
 
 
 async def chat_completions(request: Request) -> Response:
@@ -286,7 +286,8 @@ async def completions(request: Request) -> Response:
     max_tokens = positive(req.n_predict) if req.n_predict is not None and "max_tokens" not in req.model_fields_set \
         else req.max_tokens
     spec = GenSpec(endpoint="completions", prompt=prompt, sampling=sampling_for(svc, req, max_tokens, model),
-                   logprobs=lp, structured=await off_loop(extension_structured, req), model=model)
+                   logprobs=lp, structured=await off_loop(extension_structured, req), model=model,
+                   stream=req.stream)
     job = await svc.start(caller(request), spec, request.receive)
     cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     head = _chunk_head(cid, "text_completion", created, model, fingerprint(svc))

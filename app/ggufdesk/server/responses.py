@@ -299,7 +299,7 @@ def responses_spec(svc: Service, req: ResponsesRequest, model: str,
                              top_p=req.top_p, context_overflow=overflow)
     think = reasoning.openai_fields(effort=(req.reasoning or {}).get("effort"))
     spec = GenSpec(endpoint="responses", messages=system_first(system + history), sampling=sampling,
-                   structured=tools or fmt, reasoning=think, model=model, images=images)
+                   structured=tools or fmt, reasoning=think, model=model, images=images, stream=req.stream)
     return spec, tools, ignored
 
 

@@ -72,6 +72,7 @@ class GenSpec:
     keep_alive: float | None = None  # seconds the model stays loaded after this (Ollama); None = the server's
     reasoning: dict[str, Any] = field(default_factory=dict)  # think / reasoning_budget (server/reasoning.py)
     images: dict[str, str] = field(default_factory=dict)  # sha256 -> base64, for the messages' image parts
+    stream: bool = True  # the client reads the tokens as they come (False: the answer goes out whole at its end)
 
 
 def engine_error(ev: P.Error) -> ApiError:
@@ -269,7 +270,7 @@ class Service:
         try:
             images = {"images": spec.images} if spec.images else {}
             await pool.generate(rid, prompt=spec.prompt, messages=with_system(spec.messages, slot),
-                                sampling=spec.sampling, logprobs=spec.logprobs,
+                                sampling=spec.sampling, logprobs=spec.logprobs, stream=spec.stream,
                                 deadline_s=self.config.request_timeout or None, **spec.structured, **spec.reasoning,
                                 **images, **({"prompt_tokens": spec.prompt_tokens} if spec.prompt_tokens is not None
                                               else {}))

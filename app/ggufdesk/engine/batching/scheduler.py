@@ -6,11 +6,13 @@ FIFO queue (full queue: `Overloaded`). Admission is strictly first come, first s
 request at the head is never starved by small ones behind it. Each step decodes one token for
 every running sequence and prefills prompt tokens up to a budget: while others are decoding, as many
 as engine/batching/chunking.py says fit beside them (or a fixed `prefill_chunk`), so their next token is
-never far away; a whole `n_batch` when nobody is waiting for a token. The budget goes to the prompts in
-admission order: one that ends within it leaves the rest to the next (four short prompts waiting
-together are read in one step, as llama-server reads them, instead of one a step). Beside decoding
-streams the budget stays the sizer's: prompts that arrive while others decode are still read a chunk a
-step (docs/bench/speculative-decoding.md, session 40).
+never far away; a whole `n_batch` when nobody is waiting for a token: no sequence decodes, or only
+those whose answers nobody reads until they end (non-streaming requests, `watched` False), for which
+fewer, larger steps finish sooner (bench/burst.py). The budget goes to the prompts in admission order:
+one that ends within it leaves the rest to the next (four short prompts waiting together are read in
+one step, as llama-server reads them, instead of one a step). Beside decoding streams the budget stays
+the sizer's: prompts that arrive while a stream decodes are still read a chunk a step
+(docs/bench/speculative-decoding.md, sessions 40 and 41).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ MIN_QUEUE = 16
 
 class Schedulable(Protocol):
     status: SequenceStatus  # set to PREFILLING here at admission; the loop moves it on from there
+    watched: bool  # someone reads its tokens as they come (a stream): steps beside it stay short
 
     @property
     def reserve(self) -> int: ...  # KV cells it may need in all: prompt + tokens it may still generate
@@ -153,7 +156,7 @@ class Scheduler(Generic[S]):
         reading = [s for s in self.running if s.status is SequenceStatus.PREFILLING]
         if not reading:
             return Plan(decode=decode)
-        if not decode:
+        if not any(r.seq.watched for r in decode):  # nobody waits for a next token: the whole batch
             budget = self.n_batch
         elif self.sizer is not None:
             budget = self.sizer.chunk(len(decode))

@@ -110,6 +110,7 @@ class Sequence:
     limit_s: float | None = None  # the deadline_s it came with (for the message)
     bias: tuple[Any, Any] | None = None  # logit bias: token ids and what to add to their logits (-inf: never)
     reuse: bool = True  # a cached prefix may be reused (Generate.cache_prompt)
+    watched: bool = True  # its tokens are read as they come (Generate.stream): its steps must stay short
     ctx: ContextUse = field(default_factory=ContextUse)  # overflow policy, what it dropped, what it restored
     media: MediaPrompt | None = None  # a prompt with images: each image span is one prefill item
     stats: RunStats = field(default_factory=RunStats)

@@ -108,6 +108,9 @@ class Generate:
     # seconds the request may take in the engine, queueing included; past it the engine ends it with
     # Error(kind="timeout") between two steps, so a request stuck in slow sampling frees its slot
     deadline_s: float | None = None
+    # False: nobody reads the tokens as they come (a non-streaming HTTP request); while only such requests
+    # decode, waiting prompts are read a whole batch a step (engine/batching/scheduler.py)
+    stream: bool = True
 
 
 @dataclass(kw_only=True)

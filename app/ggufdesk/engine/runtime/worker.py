@@ -495,7 +495,7 @@ class Engine:
                        constraint=constraint, structured=structured, reasoning=thinking, limit_s=limit,
                        deadline=None if limit is None else batch.clock() + limit,
                        chat=req.messages is not None, media=media, bias=self._bias(req), ctx=use,
-                       reuse=req.cache_prompt)
+                       reuse=req.cache_prompt, watched=req.stream)
         batch.submit(seq)
         if use.truncated or use.note:
             self._emit(batch.overflow_event(seq))
