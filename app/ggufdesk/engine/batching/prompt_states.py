@@ -38,24 +38,23 @@ MIN_GAIN = 64
 class PromptStates:
     """One loaded model's saved prompt states: a RAM tier, a disk tier, either may be off."""
 
-    def __init__(self, lm: LoadedModel, *, ram: RamCache | None, disk: DiskCache | None) -> None:
+    def __init__(self, lm: LoadedModel, *, ram: RamCache | None, disk: DiskCache | None, window: int) -> None:
         self.lm, self.ram, self.disk = lm, ram, disk
-        self.swa = bool(llama_cpp.llama_model_n_swa(lm.model.model))  # saved when prefilled, not at the end
+        self.swa = window > 0  # a sliding-window model's state is saved when prefilled, not at the end
         self.restored = {"ram": 0, "disk": 0}  # restores by tier (tests read them)
 
     @classmethod
     def open(cls, lm: LoadedModel, root: Path | None = None) -> PromptStates | None:
         """Both tiers as the settings ask (a cap of 0 turns one off); None when both are off. A disk
         folder that cannot be used leaves the RAM tier."""
-        s = lm.settings
-        ram = RamCache(s.prompt_cache_ram_bytes, window=int(llama_cpp.llama_model_n_swa(lm.model.model))) \
-            if s.prompt_cache_ram_bytes > 0 else None
+        s, window = lm.settings, int(llama_cpp.llama_model_n_swa(lm.model.model))
+        ram = RamCache(s.prompt_cache_ram_bytes, window=window) if s.prompt_cache_ram_bytes > 0 else None
         try:
             disk = DiskCache.open(lm, root)
         except OSError as e:
             log.warning("prompt cache on disk off: %s", e)
             disk = None
-        return None if ram is None and disk is None else cls(lm, ram=ram, disk=disk)
+        return None if ram is None and disk is None else cls(lm, ram=ram, disk=disk, window=window)
 
     def held(self) -> list[list[int]]:
         """The token prefixes saved (rolling overflow keeps cutting where a cache holds a prefix)."""
