@@ -128,6 +128,32 @@ def test_with_the_disk_on_too_the_memory_serves_what_it_holds(tiny_model, tmp_pa
     assert len(list((tmp_path / "prompt-cache").glob("*.kv"))) == 2  # A and B written too (one copy each)
 
 
+def test_a_state_is_copied_after_the_steps_events_went_out(tiny_model):
+    # the copy of a big model's state takes a while: the Done (here; a sliding-window model's first
+    # token) must not wait for it, and the slot is saved before another request can take it
+    live = Live(tiny_model, **MEMORY_ONLY)
+    try:
+        batch, order = live.engine.batch, live.events
+        saved = batch.saved
+        assert saved is not None
+        save = saved.save
+
+        def marked(slot: Any) -> bool:
+            order.append(("save", len(slot.tokens)))
+            return save(slot)
+
+        saved.save = marked  # type: ignore[method-assign]
+        batch.flush = lambda: order.append("flush")
+        first, _ = answer(live, "a")
+        done = next(i for i, e in enumerate(order) if isinstance(e, P.Done))
+        after = [e for e in order[done + 1:] if not isinstance(e, P.Status)]
+        n = first.usage["prompt_tokens"] + len(first.tokens) - 1  # (the last token is not in the KV)
+        assert after == ["flush", ("save", n)]
+        assert saved.ram is not None and [e.n_tokens for e in saved.ram.entries] == [n] and not saved.pending
+    finally:
+        live.close()
+
+
 @pytest.mark.parametrize("cap", [0, 1000])
 def test_off_or_too_small_the_prompt_is_prefilled_again(tiny_model, cap):
     live, cold, cold_lp, warm, warm_lp = a_b_a(model=tiny_model, prompt_cache_ram_bytes=cap)

@@ -14,8 +14,9 @@ Hooks for what comes next (keep them in these places):
 - a per-request deadline (done: `Sequence.deadline`, read on `clock`) or any other end decided
   between steps: `_reap`;
 - prompt states kept beyond the slots, in RAM and on disk (engine/batching/prompt_states.py): restored
-  in `_admit`, after the slot is acquired (text-only prompts); saved when a prompt is prefilled
-  (`_prefilled`, sliding-window models) or when a sequence finishes (`Update.on_finished`);
+  in `_admit`, after the slot is acquired (text-only prompts); queued when a prompt is prefilled
+  (`_prefilled`, sliding-window models) or when a sequence finishes (`Update.on_finished`), saved at
+  the step's end after its events went out (`_save_pending`);
 - image chunks as prefill (done: engine/batching/media.py): `_images` makes an image the step's only
   prefill item (`Plan.image`) and stops a text chunk at the next image; the runner decodes it after
   the step's rows (`ModelRunner._image`); the prefix cache compares an image's span by its hash;
@@ -89,7 +90,7 @@ class BatchEngine:
         self.n_parallel = s.n_parallel
         self.mem = Memory(lm)
         self.slots = Slots(s.n_parallel, lm.n_ctx, self.mem, n_swa=int(llama_cpp.llama_model_n_swa(lm.model.model)))
-        self.saved = saved
+        self.saved, self.flush = saved, flush
         self.sched: Scheduler[Sequence] = Scheduler(n_slots=s.n_parallel, n_cells=lm.n_ctx, n_batch=s.n_batch,
                                                     prefill_chunk=s.prefill_chunk)
         self.runner = ModelRunner(lm, self.slots, Sampling(lm, vocab), set_batch=set_batch, flush=flush,
@@ -132,6 +133,7 @@ class BatchEngine:
         for seq in self._all():
             self.update.finish(seq, SequenceStatus.FINISHED_CANCELLED)
         self._status(force=True)
+        self._save_pending()
 
     def fail_all(self, message: str, detail: str = "") -> None:
         """A bug in a step: end every request with an error and start from an empty cache."""
@@ -141,6 +143,8 @@ class BatchEngine:
             self.emit(P.Error(kind="bug", id=seq.rid, message=message, detail=detail))
         self.mem.clear()
         self.slots.reset()
+        if self.saved is not None:
+            self.saved.pending.clear()  # (their KV is gone)
         self._status(force=True)
 
     def idle(self) -> None:
@@ -153,11 +157,15 @@ class BatchEngine:
     # ---- the step -----------------------------------------------------------------------------
 
     def step(self) -> None:
-        """One engine step: schedule -> run -> update."""
+        """One engine step: schedule -> run -> update; then the prompt states it finished are saved."""
         plan = self.schedule()
         if plan.empty:
             self._status(force=True)
-            return
+        else:
+            self._run(plan)
+        self._save_pending()
+
+    def _run(self, plan: Plan[Sequence]) -> None:
         self.threads.prepare()  # a neighbour that took a core since the last step: fewer threads now
         n_running = len(self.sched.running)
         try:
@@ -171,6 +179,13 @@ class BatchEngine:
                 self._prefilled(result)
                 self.update.apply(result)
         self._status(force=len(self.sched.running) < n_running)  # a request ended: its counts go with its Done
+
+    def _save_pending(self) -> None:
+        """The prompt states this step queued, saved once its tokens and Done went out (prompt_states.py)."""
+        if self.saved is not None and self.saved.pending:
+            if self.flush is not None:
+                self.flush()
+            self.saved.save_pending()
 
     def schedule(self) -> Plan[Sequence]:
         """Reap what ended between steps, admit what fits, and plan the step's rows."""

@@ -11,7 +11,8 @@ When: a model without a sliding window saves a sequence when it finishes (its pr
 conversation's next turn finds both); a model with one (Gemma 3) saves the prompt as soon as it is
 prefilled, because llama.cpp keeps the window's layers only for a sequence's last n_swa positions: a
 later prompt can then start from the saved state only where it ends (or one token before), never after
-cutting the answer off again (engine/batching/prefix_cache.py).
+cutting the answer off again (engine/batching/prefix_cache.py). Either is queued in the step and
+saved at its end, after the step's tokens and Done went out (`save_pending`).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class PromptStates:
         self.lm, self.ram, self.disk = lm, ram, disk
         self.swa = window > 0  # a sliding-window model's state is saved when prefilled, not at the end
         self.restored = {"ram": 0, "disk": 0}  # restores by tier (tests read them)
+        self.pending: list[Slot] = []  # slots to save once the step's events went out (save_pending)
 
     @classmethod
     def open(cls, lm: LoadedModel, root: Path | None = None) -> PromptStates | None:
@@ -118,13 +120,27 @@ class PromptStates:
 
     # ---- save -------------------------------------------------------------------------------------
 
-    def prefilled(self, slot: Slot) -> bool:
-        """A prompt was prefilled into `slot`: saved now for a sliding-window model."""
-        return self.save(slot) if self.swa else False
+    def prefilled(self, slot: Slot) -> None:
+        """A prompt was prefilled into `slot`: to be saved for a sliding-window model."""
+        if self.swa:
+            self._queue(slot)
 
-    def finished(self, slot: Slot) -> bool:
-        """A sequence ended: what `slot` holds is saved, unless the model has a sliding window."""
-        return False if self.swa else self.save(slot)
+    def finished(self, slot: Slot) -> None:
+        """A sequence ended: what `slot` holds is to be saved, unless the model has a sliding window."""
+        if not self.swa:
+            self._queue(slot)
+
+    def _queue(self, slot: Slot) -> None:
+        if all(s is not slot for s in self.pending):
+            self.pending.append(slot)
+
+    def save_pending(self) -> int:
+        """Save the slots queued in this step; called between steps, after the step's tokens went out:
+        a big model's state is hundreds of MB to copy, which a first token (a sliding-window model saves
+        at the end of the prompt) or a Done (the others save at the end) must not wait for. Between
+        steps a slot's tokens and its KV agree, and its next request is not admitted yet."""
+        slots, self.pending = self.pending, []
+        return sum(self.save(s) for s in slots)
 
     def save(self, slot: Slot) -> bool:
         """Keep the KV of what `slot` holds, in RAM and (when long enough) on disk, unless it is short or

@@ -36,7 +36,7 @@ class Update:
     token_hooks: called with each token a sequence takes and goes on after (a reasoning budget
     may `Sequence.force` the tokens that close a think block). on_plain_done(stats): a request
     that ran alone without speculation ended (its final Stats). on_finished(slot): a sequence
-    ended with a Done, its KV kept in `slot` (the disk prompt cache saves it).
+    ended with a Done, its KV kept in `slot` (the prompt states queue it: prompt_states.py).
     """
 
     def __init__(self, lm: LoadedModel, vocab: Vocab, sched: Scheduler[Sequence], slots: Slots, *,
