@@ -154,6 +154,26 @@ def test_a_state_is_copied_after_the_steps_events_went_out(tiny_model):
         live.close()
 
 
+def test_a_step_that_fails_saves_nothing_it_had_queued(tiny_model):
+    # a bug in a step clears the KV: the slots it queued hold nothing worth keeping
+    live = Live(tiny_model, **MEMORY_ONLY)
+    try:
+        batch = live.engine.batch
+        saved = batch.saved
+        assert saved is not None and saved.ram is not None
+        answer(live, "a")
+        for e in list(saved.ram.entries):
+            saved.ram.remove(e)
+        saved.finished(batch.slots.slots[0])
+        assert len(saved.pending) == 1
+        batch.fail_all("a bug")
+        assert not saved.pending
+        batch.step()
+        assert not saved.ram.entries
+    finally:
+        live.close()
+
+
 @pytest.mark.parametrize("cap", [0, 1000])
 def test_off_or_too_small_the_prompt_is_prefilled_again(tiny_model, cap):
     live, cold, cold_lp, warm, warm_lp = a_b_a(model=tiny_model, prompt_cache_ram_bytes=cap)
