@@ -3,7 +3,7 @@
 Four clients, each with three conversations, on a server with four sequence slots (bench/server_lookup.py's
 ggufdesk and llama-server, the same threads, batch sizes, flash attention and unified KV cache). Turn 1:
 each client sends its three conversations' first prompts one after another (bench/batch.py's part-6
-prompts, greedy, non-streaming /v1/completions of 64 tokens); turn 2: each conversation's next turn (its
+prompts, greedy, non-streaming /v1/completions of 64 tokens, `--tokens`); turn 2: each conversation's next turn (its
 prompt, the answer, a short follow-up) the same way. By turn 2 every slot has served three other prompts
 since, so only a cache beyond the slots finds a conversation's start. Every prompt of a round starts with
 that round's own tag, so nothing is found from an earlier round or run.
@@ -15,7 +15,8 @@ Interleaved, order rotating by round; each turn's makespan (first request sent t
 tokens/s and the prompt tokens the server says came from a cache are printed per run, then medians and
 each server's ratio to the first one.
 
-    .venv/bin/python bench/prompt_memory.py [MODEL] [--rounds 3] [--work tuned|heldout|heldout2] [--before TREE ...]
+    .venv/bin/python bench/prompt_memory.py [MODEL] [--rounds 3] [--work tuned|heldout|heldout2] [--tokens 64]
+        [--before TREE ...]
 """
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ def configs(model: str, threads: int, before: list[str], cache_ram_off: bool) ->
     return with_ports(servers)
 
 
-def complete(c: httpx.Client, srv: Server, prompt: str) -> dict:
-    body = {"model": srv.model, "prompt": prompt, "max_tokens": TOKENS, "temperature": 0.0, "seed": 1,
+def complete(c: httpx.Client, srv: Server, prompt: str, tokens: int) -> dict:
+    body = {"model": srv.model, "prompt": prompt, "max_tokens": tokens, "temperature": 0.0, "seed": 1,
             "stop": ["never-stop-here"]}
     t = time.perf_counter()
     r = c.post(srv.url + "/v1/completions", json=body)
@@ -70,13 +71,13 @@ def complete(c: httpx.Client, srv: Server, prompt: str) -> dict:
             "prompt": int(usage["prompt_tokens"]), "cached": int(cached)}
 
 
-def turn(srv: Server, prompts: list[list[str]]) -> tuple[float, list[dict]]:
+def turn(srv: Server, prompts: list[list[str]], tokens: int) -> tuple[float, list[dict]]:
     """Each client sends its prompts one after another, all clients at once: (makespan, answers by client)."""
     out: list[list[dict]] = [[] for _ in prompts]
     with httpx.Client(timeout=900) as c:
         def client(i: int) -> None:
             for p in prompts[i]:
-                out[i].append(complete(c, srv, p))
+                out[i].append(complete(c, srv, p, tokens))
 
         t = time.perf_counter()
         threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
@@ -90,13 +91,13 @@ def turn(srv: Server, prompts: list[list[str]]) -> tuple[float, list[dict]]:
     return wall, out
 
 
-def conversation(srv: Server, work: list, r: int) -> dict:
+def conversation(srv: Server, work: list, r: int, tokens: int) -> dict:
     tag = f"[{r}-{uuid.uuid4().hex[:8]}] "
     firsts = [[tag + work[(r + i + CLIENTS * j) % len(work)].prompt for j in range(PER_CLIENT)]
               for i in range(CLIENTS)]
-    wall1, ans1 = turn(srv, firsts)
+    wall1, ans1 = turn(srv, firsts, tokens)
     seconds = [[p + a["text"] + FOLLOW_UP for p, a in zip(ps, ans)] for ps, ans in zip(firsts, ans1)]
-    wall2, ans2 = turn(srv, seconds)
+    wall2, ans2 = turn(srv, seconds, tokens)
     flat1, flat2 = [a for o in ans1 for a in o], [a for o in ans2 for a in o]
     return {"wall1": wall1, "wall2": wall2, "tps1": sum(a["n"] for a in flat1) / wall1,
             "tps2": sum(a["n"] for a in flat2) / wall2, "cached2": sum(a["cached"] for a in flat2),
@@ -108,18 +109,20 @@ def main() -> int:
     ap.add_argument("--before", action="append", default=[],
                     help="another checkout whose `ggufdesk serve` runs beside this tree's (may be repeated)")
     ap.add_argument("--cache-ram-off", action="store_true", help="also llama-server --cache-ram 0")
+    ap.add_argument("--tokens", type=int, default=TOKENS, help="tokens per answer (an agent's tool calls run longer)")
     args = parse_work_arguments(ap)
     copy_work, free_work = WORK[args.work]
     work = [*copy_work, *free_work][:CLIENTS * PER_CLIENT]
     servers = configs(args.model, args.threads, args.before, args.cache_ram_off)
     runs: dict[str, list[dict]] = {}
     with running(servers, "prompt-memory"):
-        print(f"model {Path(args.model).name}; work {args.work} ({len(work)} prompts); threads {args.threads}; "
+        print(f"model {Path(args.model).name}; work {args.work} ({len(work)} prompts); {args.tokens} tokens an answer; "
+              f"threads {args.threads}; "
               f"{args.rounds} rounds; load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
               flush=True)
         for r in range(args.rounds):
             for srv in servers[r % len(servers):] + servers[:r % len(servers)]:
-                m = conversation(srv, work, r)
+                m = conversation(srv, work, r, args.tokens)
                 runs.setdefault(srv.name, []).append(m)
                 print(f"round {r + 1} {srv.name:28s} turn 1 {m['wall1']:5.1f} s {m['tps1']:5.1f} tok/s | turn 2 "
                       f"{m['wall2']:5.1f} s {m['tps2']:5.1f} tok/s, median request {m['req2']:4.2f} s, "

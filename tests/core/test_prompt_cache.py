@@ -57,6 +57,26 @@ def test_a_longer_entry_of_the_same_line_replaces_its_prefixes(store):
     assert sorted(e.tokens for e in store.entries()) == [[1, 2, 3, 4, 5], [5, 6]]
 
 
+
+def test_with_a_sliding_window_a_longer_entry_serves_only_where_it_ends_and_keeps_its_prefixes(store):
+    # a sliding-window model's state keeps the window's layers only for its last positions: one longer
+    # than the window cannot be cut back far (engine/batching/prefix_cache.py), so it neither serves a
+    # shorter prompt nor replaces the prompt's own entry (a conversation's turn saved after its prompt)
+    k = key()
+    store.save(k, [1, 2, 3, 4], payload(40), window=4)
+    store.save(k, [1, 2, 3, 4, 5, 6, 7], payload(70), window=4)
+    assert sorted(e.n_tokens for e in store.entries()) == [4, 7]
+    hit = store.best(k, [1, 2, 3, 4, 5, 6, 7, 8], limit=7, at_least=1, window=4)  # the next turn: where it ends
+    assert hit is not None and hit[0].n_tokens == 7 and hit[1] == 7
+    hit = store.best(k, [1, 2, 3, 4, 5, 9], limit=5, at_least=1, window=4)  # cut back to 5: the prompt's entry
+    assert hit is not None and hit[0].n_tokens == 4 and hit[1] == 4
+    hit = store.best(k, [1, 2, 3, 4, 5, 6, 9], limit=6, at_least=5, window=4)  # one token before its end
+    assert hit is not None and hit[0].n_tokens == 7 and hit[1] == 6
+    assert store.best(k, [1, 2, 3, 4, 5, 9], limit=5, at_least=5, window=4) is None
+    assert store.best(k, [1, 2, 3, 4, 5, 9], limit=5, at_least=5)[1] == 5  # (without a window: cut back)
+    store.save(k, [1, 2, 3, 4, 5], payload(50), window=8)  # within the window: it replaces its prefixes
+    assert sorted(e.n_tokens for e in store.entries()) == [5, 7]
+
 @pytest.mark.parametrize("damage", ["truncated", "random", "flipped", "longer", "renamed"])
 def test_a_damaged_file_is_deleted_and_never_used(store, damage):
     k = key()

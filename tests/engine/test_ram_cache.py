@@ -241,3 +241,25 @@ def test_a_sliding_window_prompt_comes_back_from_memory_on_the_starter(starter_m
     # once read back (they sit in other cells)
     assert max(abs(a["logprob"] - b["logprob"]) for a, b in zip(warm_lp, again_lp)) < 0.01
     assert shorter.usage["cached_tokens"] <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_sliding_window_conversation_comes_back_with_its_answer_on_the_starter(starter_model):
+    # the next turn continues prompt + answer: kept when the answer ended (as llama-server keeps a slot),
+    # not only when the prompt was read; a state longer than the window, used where it ends
+    from tests.engine.test_context_starter import text
+
+    load = {"n_ctx": 2048, "n_threads": 2, "n_threads_batch": 2, "prompt_cache_bytes": 0}
+    sampling = {"temperature": 0.0, "max_tokens": 80}
+    live = Live(starter_model, **load)
+    try:
+        first = one(live.run("turn1", prompt=text(600), sampling=sampling, ignore_eos=True), P.Done)
+        kept = live.prompts["turn1"] + first.tokens[:-1]  # (its last token never went into the KV)
+        assert len(kept) > live.engine.batch.slots.n_swa
+        answer(live, "other", text(300, 5))  # takes the only slot
+        follow = live.prompts["turn1"] + first.tokens + live.prompts["other"][1:9]  # (any next words will do)
+        second = one(live.run("turn2", prompt_tokens=follow, sampling={"temperature": 0.0, "max_tokens": 4}), P.Done)
+    finally:
+        live.close()
+    assert second.usage["cached_tokens"] == len(kept) and second.usage["restored_tokens"] == 0

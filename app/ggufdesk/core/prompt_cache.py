@@ -318,13 +318,18 @@ class PromptStore:
         self._index[d.name] = (st.st_mtime_ns, st.st_size, entry)
         return entry
 
-    def best(self, key: CacheKey, prompt: list[int], *, limit: int, at_least: int) -> tuple[Entry, int] | None:
+    def best(self, key: CacheKey, prompt: list[int], *, limit: int, at_least: int,
+             window: int = 0) -> tuple[Entry, int] | None:
         """The entry sharing the longest prefix with `prompt` (at most `limit` tokens count, at least
         `at_least`), and that length; entries longer than `limit` + what they share are still usable
-        (the rest is cut after restoring)."""
+        (the rest is cut after restoring), but for a model with a sliding `window` one longer than the
+        window only where it ends (or one token before): cut further back its window layers hold too
+        little (engine/batching/prefix_cache.py)."""
         best: tuple[Entry, int] | None = None
         for e in self.entries(key.digest):
             n = min(common_prefix(e.tokens, prompt), limit)
+            if window and e.n_tokens > window and n < e.n_tokens - 1:
+                continue
             if n >= at_least and (best is None or n > best[1] or (n == best[1] and e.n_tokens < best[0].n_tokens)):
                 best = (e, n)
         return best
@@ -356,10 +361,11 @@ class PromptStore:
     # ---- writing --------------------------------------------------------------------------------
 
     def save(self, key: CacheKey, tokens: list[int], payload: bytes | bytearray | memoryview, *,
-             model_path: str = "") -> Entry | None:
-        """Write a new entry (atomically), then drop the entries it supersedes and evict down to the
-        cap. None when it was not written: no room under the cap or on the disk, a read-only or
-        missing directory, a full disk (each logged, none raised)."""
+             model_path: str = "", window: int = 0) -> Entry | None:
+        """Write a new entry (atomically), then drop the entries it supersedes (its prefixes; with a
+        sliding `window`, only when it is no longer than the window, as only then does it serve them:
+        see best) and evict down to the cap. None when it was not written: no room under the cap or on
+        the disk, a read-only or missing directory, a full disk (each logged, none raised)."""
         if self.read_only is not None or not tokens:
             return None
         crc = zlib.crc32(payload)
@@ -386,8 +392,9 @@ class PromptStore:
             return None
         with self._lock:
             self._index.pop(path.name, None)
+            covers = not window or len(tokens) <= window
             for old in self.entries(key.digest):  # a longer entry of the same line replaces its prefixes
-                if old.path != path and old.n_tokens <= len(tokens) and old.tokens == tokens[:old.n_tokens]:
+                if covers and old.path != path and old.n_tokens <= len(tokens) and old.tokens == tokens[:old.n_tokens]:
                     self.remove(old)
             self.evict()
             try:

@@ -31,8 +31,8 @@ CLOSE_TIMEOUT_S = 120.0
 class DiskCache:
     """One loaded model's view of the prompt cache directory."""
 
-    def __init__(self, lm: LoadedModel, store: pc.PromptStore, *, min_tokens: int) -> None:
-        self.lm, self.store, self.min_tokens = lm, store, min_tokens
+    def __init__(self, lm: LoadedModel, store: pc.PromptStore, *, min_tokens: int, window: int = 0) -> None:
+        self.lm, self.store, self.min_tokens, self.window = lm, store, min_tokens, window  # window: the model's n_swa
         self.model_path = os.path.abspath(lm.path)
         self.key: pc.CacheKey | None = None  # None until the model file's sha256 is known
         self._queue: queue.Queue[tuple[pc.CacheKey, list[int], bytearray] | None] = queue.Queue(PENDING_SAVES)
@@ -41,13 +41,13 @@ class DiskCache:
         self.saved = 0  # entries written, for the log and tests
 
     @classmethod
-    def open(cls, lm: LoadedModel, root: Path | None = None) -> DiskCache | None:
+    def open(cls, lm: LoadedModel, root: Path | None = None, *, window: int = 0) -> DiskCache | None:
         """The cache for a loaded model (None when its size cap is 0: turned off)."""
         s = lm.settings
         if s.prompt_cache_bytes <= 0:
             return None
         cache = cls(lm, pc.PromptStore(root or pc.cache_dir(), max_bytes=s.prompt_cache_bytes),
-                    min_tokens=s.prompt_cache_min_tokens)
+                    min_tokens=s.prompt_cache_min_tokens, window=window)
         sha = pc.known_sha256(lm.path, cache.store.root)
         if sha is not None:
             cache._keyed(sha)
@@ -80,7 +80,8 @@ class DiskCache:
         `at_least` and min_tokens), and that length; None before the model file's hash is known."""
         if self.key is None:
             return None
-        return self.store.best(self.key, prompt, limit=limit, at_least=max(self.min_tokens, at_least))
+        return self.store.best(self.key, prompt, limit=limit, at_least=max(self.min_tokens, at_least),
+                               window=self.window)
 
     def load(self, entry: pc.Entry) -> bytearray | None:
         """The entry's checked KV state (None: a bad file, deleted)."""
@@ -99,7 +100,8 @@ class DiskCache:
         key = self.key
         if key is None or self.store.read_only is not None or len(tokens) < self.min_tokens:
             return False
-        return self.store.best(key, tokens, limit=len(tokens), at_least=len(tokens) - self.min_tokens + 1) is None
+        return self.store.best(key, tokens, limit=len(tokens), at_least=len(tokens) - self.min_tokens + 1,
+                               window=self.window) is None
 
     def put(self, tokens: list[int], data: bytearray) -> bool:
         """Hand a state to the writer thread; False when the writer is behind (the loop never waits)."""
@@ -116,7 +118,7 @@ class DiskCache:
         while (job := self._queue.get()) is not None:
             key, tokens, data = job
             try:
-                if self.store.save(key, tokens, data, model_path=self.model_path) is not None:
+                if self.store.save(key, tokens, data, model_path=self.model_path, window=self.window) is not None:
                     self.saved += 1
             except Exception:  # a bug here must not end the engine: the entry is lost
                 log.exception("prompt cache: saving %d tokens failed", len(tokens))

@@ -7,11 +7,12 @@ and an admitted request whose prompt starts with a saved prefix longer than what
 it back (`llama_state_seq_set_data`) before its prefill: from RAM, unless the disk has a prefix longer
 by MIN_GAIN. A state llama.cpp refuses is dropped and the request prefills as usual.
 
-When: a model without a sliding window saves a sequence when it finishes (its prompt and answer: a
-conversation's next turn finds both); a model with one (Gemma 3) saves the prompt as soon as it is
-prefilled, because llama.cpp keeps the window's layers only for a sequence's last n_swa positions: a
-later prompt can then start from the saved state only where it ends (or one token before), never after
-cutting the answer off again (engine/batching/prefix_cache.py). Either is queued in the step and
+When: every model saves a sequence when it finishes (its prompt and answer: a conversation's or an
+agent's next turn finds both); a model with a sliding window (Gemma 3) saves the prompt as soon as it
+is prefilled too, because llama.cpp keeps the window's layers only for a sequence's last n_swa
+positions: a state longer than the window serves a later prompt only where it ends (or one token
+before), so the answer cannot be cut off it again for the same prompt asked anew
+(engine/batching/prefix_cache.py); each tier offers such a state only there. Either is queued in the step and
 saved at its end, after the step's tokens and Done went out (`save_pending`).
 """
 from __future__ import annotations
@@ -41,7 +42,7 @@ class PromptStates:
 
     def __init__(self, lm: LoadedModel, *, ram: RamCache | None, disk: DiskCache | None, window: int) -> None:
         self.lm, self.ram, self.disk = lm, ram, disk
-        self.swa = window > 0  # a sliding-window model's state is saved when prefilled, not at the end
+        self.swa = window > 0  # a sliding-window model's state is saved when prefilled too
         self.restored = {"ram": 0, "disk": 0}  # restores by tier (tests read them)
         self.pending: list[Slot] = []  # slots to save once the step's events went out (save_pending)
 
@@ -52,7 +53,7 @@ class PromptStates:
         s, window = lm.settings, int(llama_cpp.llama_model_n_swa(lm.model.model))
         ram = RamCache(s.prompt_cache_ram_bytes, window=window) if s.prompt_cache_ram_bytes > 0 else None
         try:
-            disk = DiskCache.open(lm, root)
+            disk = DiskCache.open(lm, root, window=window)
         except OSError as e:
             log.warning("prompt cache on disk off: %s", e)
             disk = None
@@ -126,9 +127,8 @@ class PromptStates:
             self._queue(slot)
 
     def finished(self, slot: Slot) -> None:
-        """A sequence ended: what `slot` holds is to be saved, unless the model has a sliding window."""
-        if not self.swa:
-            self._queue(slot)
+        """A sequence ended: what `slot` holds (prompt and answer) is to be saved."""
+        self._queue(slot)
 
     def _queue(self, slot: Slot) -> None:
         if all(s is not slot for s in self.pending):
