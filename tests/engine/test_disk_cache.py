@@ -195,3 +195,18 @@ def test_llama_cpp_refusing_a_state_is_a_plain_prefill(tiny_model, cache, monkey
 def test_the_cache_is_off_with_a_zero_cap(tiny_model, cache):
     answer(tiny_model, prompt_cache_bytes=0)
     assert entries(cache) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="per-thread nice values are Linux's")
+def test_the_writer_runs_only_where_decoding_leaves_a_core(tiny_model, cache):
+    import threading
+
+    mine = os.getpriority(os.PRIO_PROCESS, 0)  # (this thread's)
+    live = Live(tiny_model, **LOAD)
+    try:
+        writer = next(t for t in threading.enumerate() if t.name == "prompt-cache-writer" and t.is_alive())
+        stat = Path(f"/proc/self/task/{writer.native_id}/stat").read_text()
+        assert int(stat.rsplit(")", 1)[1].split()[16]) == 19  # (field 19 of stat: nice)
+        assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the loop's thread as it was
+    finally:
+        live.close()
