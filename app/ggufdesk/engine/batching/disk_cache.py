@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import sys
 import threading
 from pathlib import Path
 
@@ -34,11 +35,13 @@ def yield_cpu() -> None:
     stream. Measured (bench/prompt_memory.py --tokens 160, 2 cores, docs/bench/runs/2026-12-07): with a
     sliding-window model saving both at the prompt and at the answer's end, four clients' first turns ran
     4-5% slower than before with the writer at the same priority, level with the disk off, and 0.3-2% slower
-    with it niced (in two rounds of three; the third met a slow spell of the machine). Linux applies a
-    thread's own nice value; elsewhere nothing."""
+    with it niced (in two rounds of three; the third met a slow spell of the machine). Only Linux gives a
+    thread its own nice value (elsewhere a thread id passed as a process id could renice another process)."""
+    if not sys.platform.startswith("linux"):
+        return
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):  # (no setpriority on Windows; a sandbox may refuse it)
+    except OSError:  # (a sandbox may refuse it: the writer runs as it did)
         pass
 
 

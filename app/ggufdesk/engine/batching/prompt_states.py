@@ -12,8 +12,8 @@ agent's next turn finds both); a model with a sliding window (Gemma 3) saves the
 is prefilled too, because llama.cpp keeps the window's layers only for a sequence's last n_swa
 positions: a state longer than the window serves a later prompt only where it ends (or one token
 before), so the answer cannot be cut off it again for the same prompt asked anew
-(engine/batching/prefix_cache.py); each tier offers such a state only there. Either is queued in the step and
-saved at its end, after the step's tokens and Done went out (`save_pending`).
+(engine/batching/prefix_cache.py); each tier offers such a state only there. Either is queued in the
+step and saved at its end, after the step's tokens and Done went out (`save_pending`).
 """
 from __future__ import annotations
 
