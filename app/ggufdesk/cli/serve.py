@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8080, help="port (0 = any free port)")
     p.add_argument("--parallel", type=int, default=4, help="requests generated at once")
     p.add_argument("--prefill-chunk", type=int, default=0,
-                   help="prompt tokens per step while others decode (0 = sized from measured step times)")
+                   help="prompt tokens per step beside streaming requests (0 = sized from measured step times)")
     p.add_argument("--queue", type=int, default=64, help="requests that may wait beyond those (then 503)")
     p.add_argument("--api-key", action="append", default=[], help="required API key (repeatable)")
     p.add_argument("--rate-limit", type=int, default=0,

@@ -101,7 +101,7 @@ class LoadSettings:
     use_mmap: bool = True
     use_mlock: bool = False
     n_parallel: int = 1  # sequences decoded together (the server sets it; the GUI and run use 1)
-    prefill_chunk: int = PREFILL_CHUNK  # prompt tokens per engine step while others decode; 0 = auto
+    prefill_chunk: int = PREFILL_CHUNK  # prompt tokens per engine step beside streams; 0 = auto
     rpc: list[str] = field(default_factory=list)  # RPC workers, host:port (`ggufdesk worker`)
     chat_template: str | None = None  # Jinja text used instead of the model's own (serve --chat-template-file)
     # the KV of finished prompts saved on disk and restored by later requests, also after a restart
