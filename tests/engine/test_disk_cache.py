@@ -210,3 +210,33 @@ def test_the_writer_runs_only_where_decoding_leaves_a_core(tiny_model, cache):
         assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the loop's thread as it was
     finally:
         live.close()
+
+
+def test_a_state_still_waiting_for_the_writer_counts_as_saved(tmp_path):
+    # a sliding-window model saves its prompt, then prompt + a short answer: while the writer (at the
+    # lowest priority) has not written the first, the second is no more worth a file than after it
+    import threading
+    from types import SimpleNamespace
+
+    from ggufdesk.engine.batching.disk_cache import DiskCache
+    from tests.core.test_prompt_cache import key
+
+    store = pc.PromptStore(tmp_path / "cache", max_bytes=1 << 20)
+    gate, save = threading.Event(), store.save
+
+    def held(*args: Any, **kw: Any) -> Any:
+        gate.wait(60)
+        return save(*args, **kw)
+
+    store.save = held  # type: ignore[method-assign]
+    cache = DiskCache(SimpleNamespace(path=str(tmp_path / "m.gguf")), store, min_tokens=4,  # type: ignore[arg-type]
+                      window=8)
+    cache.key = key()
+    prompt = list(range(1, 11))  # longer than the window
+    assert cache.wants(prompt) and cache.put(prompt, bytearray(100))
+    assert not cache.wants(prompt + [11, 12])  # (3 more than the state waiting: under min_tokens)
+    assert cache.wants(prompt[:6] + [99] * 6)  # cut back inside the window: the waiting state cannot serve it
+    gate.set()
+    cache.close()
+    assert [e.n_tokens for e in store.entries()] == [10] and not cache._inflight
+    assert not cache.wants(prompt + [11, 12])

@@ -262,6 +262,14 @@ def model_sha256(model: str, root: Path) -> str:
 # ---- the store --------------------------------------------------------------------------------------
 
 
+def serves(saved: list[int], prompt: list[int], *, limit: int, window: int = 0) -> int | None:
+    """How many tokens of `prompt` a state of `saved` gives back (at most `limit`); None where it would be
+    cut back too far: with a sliding `window`, a state longer than the window serves only where it ends
+    (or one token before), as its window layers hold only its last positions (engine/batching/prefix_cache.py)."""
+    n = min(common_prefix(saved, prompt), limit)
+    return None if window and len(saved) > window and n < len(saved) - 1 else n
+
+
 class PromptStore:
     """The entries of one cache directory: find the longest saved prefix, read, save, evict.
 
@@ -327,10 +335,10 @@ class PromptStore:
         little (engine/batching/prefix_cache.py)."""
         best: tuple[Entry, int] | None = None
         for e in self.entries(key.digest):
-            n = min(common_prefix(e.tokens, prompt), limit)
-            if window and e.n_tokens > window and n < e.n_tokens - 1:
+            n = serves(e.tokens, prompt, limit=limit, window=window)
+            if n is None or n < at_least:
                 continue
-            if n >= at_least and (best is None or n > best[1] or (n == best[1] and e.n_tokens < best[0].n_tokens)):
+            if best is None or n > best[1] or (n == best[1] and e.n_tokens < best[0].n_tokens):
                 best = (e, n)
         return best
 

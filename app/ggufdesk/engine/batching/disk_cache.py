@@ -56,6 +56,8 @@ class DiskCache:
         self._writer = threading.Thread(target=self._write_loop, name="prompt-cache-writer", daemon=True)
         self._writer.start()
         self.saved = 0  # entries written, for the log and tests
+        self._inflight: list[list[int]] = []  # tokens of the states handed to the writer, not yet written
+        self._lock = threading.Lock()
 
     @classmethod
     def open(cls, lm: LoadedModel, root: Path | None = None, *, window: int = 0) -> DiskCache | None:
@@ -113,20 +115,29 @@ class DiskCache:
 
     def wants(self, tokens: list[int]) -> bool:
         """Whether a state of `tokens` should be written: long enough, the folder writable, and not
-        already saved (all but fewer than min_tokens of it)."""
+        already saved (all but fewer than min_tokens of it), nor waiting for the writer to save it."""
         key = self.key
         if key is None or self.store.read_only is not None or len(tokens) < self.min_tokens:
             return False
-        return self.store.best(key, tokens, limit=len(tokens), at_least=len(tokens) - self.min_tokens + 1,
-                               window=self.window) is None
+        at_least = len(tokens) - self.min_tokens + 1
+        with self._lock:
+            waiting = list(self._inflight)
+        if any((n := pc.serves(t, tokens, limit=len(tokens), window=self.window)) is not None and n >= at_least
+               for t in waiting):
+            return False
+        return self.store.best(key, tokens, limit=len(tokens), at_least=at_least, window=self.window) is None
 
     def put(self, tokens: list[int], data: bytearray) -> bool:
         """Hand a state to the writer thread; False when the writer is behind (the loop never waits)."""
         if self.key is None or len(data) > self.store.max_bytes:
             return False
+        job = (self.key, list(tokens), data)
+        with self._lock:
+            self._inflight.append(job[1])
         try:
-            self._queue.put_nowait((self.key, list(tokens), data))
+            self._queue.put_nowait(job)
         except queue.Full:
+            self._written(job[1])
             log.info("prompt cache: the writer is behind; %d tokens not saved", len(tokens))
             return False
         return True
@@ -140,6 +151,12 @@ class DiskCache:
                     self.saved += 1
             except Exception:  # a bug here must not end the engine: the entry is lost
                 log.exception("prompt cache: saving %d tokens failed", len(tokens))
+            finally:
+                self._written(tokens)
+
+    def _written(self, tokens: list[int]) -> None:
+        with self._lock:
+            self._inflight = [t for t in self._inflight if t is not tokens]
 
     def close(self) -> None:
         """Finish the pending saves (a model is unloaded or the engine stops)."""
