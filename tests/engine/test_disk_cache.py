@@ -234,7 +234,7 @@ def test_a_state_still_waiting_for_the_writer_counts_as_saved(tmp_path):
     cache.key = key()
     prompt = list(range(1, 11))  # longer than the window
     assert cache.wants(prompt) and cache.put(prompt, bytearray(100))
-    assert not cache.wants(prompt + [11, 12])  # (3 more than the state waiting: under min_tokens)
+    assert not cache.wants(prompt + [11, 12])  # (2 more than the state waiting: under min_tokens)
     assert cache.wants(prompt[:6] + [99] * 6)  # cut back inside the window: the waiting state cannot serve it
     gate.set()
     cache.close()
