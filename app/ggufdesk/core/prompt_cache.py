@@ -29,9 +29,10 @@ import threading
 import time
 import zlib
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from ggufdesk.core.atomic import locked, write_atomic
 
@@ -270,6 +271,34 @@ def serves(saved: list[int], prompt: list[int], *, limit: int, window: int = 0) 
     return None if window and len(saved) > window and n < len(saved) - 1 else n
 
 
+class Saved(Protocol):
+    tokens: list[int]
+    n_tokens: int
+
+
+S = TypeVar("S", bound=Saved)
+
+
+def longest(entries: Iterable[S], prompt: list[int], *, limit: int, at_least: int,
+            window: int = 0) -> tuple[S, int] | None:
+    """The entry that gives back the most of `prompt` (`serves`, at least `at_least`), and that length;
+    at a tie the shorter entry (less to read back). Both tiers' lookup (this store, the engine's RAM)."""
+    best: tuple[S, int] | None = None
+    for e in entries:
+        n = serves(e.tokens, prompt, limit=limit, window=window)
+        if n is None or n < at_least:
+            continue
+        if best is None or n > best[1] or (n == best[1] and e.n_tokens < best[0].n_tokens):
+            best = (e, n)
+    return best
+
+
+def supersedes(new: list[int], old: list[int], window: int = 0) -> bool:
+    """Whether a state of `new` serves every prefix a state of `old` serves: it starts with old's tokens
+    and, with a sliding `window`, is no longer than the window (see `serves`)."""
+    return len(old) <= len(new) and new[:len(old)] == old and (not window or len(new) <= window)
+
+
 class PromptStore:
     """The entries of one cache directory: find the longest saved prefix, read, save, evict.
 
@@ -333,14 +362,7 @@ class PromptStore:
         (the rest is cut after restoring), but for a model with a sliding `window` one longer than the
         window only where it ends (or one token before): cut further back its window layers hold too
         little (engine/batching/prefix_cache.py)."""
-        best: tuple[Entry, int] | None = None
-        for e in self.entries(key.digest):
-            n = serves(e.tokens, prompt, limit=limit, window=window)
-            if n is None or n < at_least:
-                continue
-            if best is None or n > best[1] or (n == best[1] and e.n_tokens < best[0].n_tokens):
-                best = (e, n)
-        return best
+        return longest(self.entries(key.digest), prompt, limit=limit, at_least=at_least, window=window)
 
     # ---- reading --------------------------------------------------------------------------------
 
@@ -400,9 +422,8 @@ class PromptStore:
             return None
         with self._lock:
             self._index.pop(path.name, None)
-            covers = not window or len(tokens) <= window
             for old in self.entries(key.digest):  # a longer entry of the same line replaces its prefixes
-                if covers and old.path != path and old.n_tokens <= len(tokens) and old.tokens == tokens[:old.n_tokens]:
+                if old.path != path and supersedes(tokens, old.tokens, window):
                     self.remove(old)
             self.evict()
             try:

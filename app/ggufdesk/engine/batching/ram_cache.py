@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from ggufdesk.core.prompt_cache import common_prefix
+from ggufdesk.core.prompt_cache import longest, supersedes
 
 
 @dataclass
@@ -49,14 +49,7 @@ class RamCache:
         """The entry sharing the longest prefix with `prompt` (at most `limit` tokens count, at least
         `at_least`), and that length; at a tie the shorter entry (less to copy back). With a window, an
         entry longer than it serves only where it ends (or one token before)."""
-        best: tuple[RamEntry, int] | None = None
-        for e in self.entries:
-            n = min(common_prefix(e.tokens, prompt), limit)
-            if self.window and e.n_tokens > self.window and n < e.n_tokens - 1:
-                continue  # cut back inside the window's reach: restoring it would only empty the slot
-            if n >= at_least and (best is None or n > best[1] or (n == best[1] and e.n_tokens < best[0].n_tokens)):
-                best = (e, n)
-        return best
+        return longest(self.entries, prompt, limit=limit, at_least=at_least, window=self.window)
 
     def holds(self, tokens: list[int], *, within: int) -> bool:
         """Whether an entry already holds all but fewer than `within` of `tokens` (not worth a copy)."""
@@ -71,7 +64,7 @@ class RamCache:
         if len(data) > self.max_bytes:
             return False
         new = RamEntry(list(tokens), data)
-        self.entries = [e for e in self.entries if not self._covers(new, e)]
+        self.entries = [e for e in self.entries if not supersedes(new.tokens, e.tokens, self.window)]
         self.touch(new)
         kept, held = [], 0
         for e in sorted([new, *self.entries], key=lambda e: e.used, reverse=True):  # newest first
@@ -81,12 +74,6 @@ class RamCache:
             kept.append(e)
         self.entries = kept
         return True
-
-    def _covers(self, new: RamEntry, old: RamEntry) -> bool:
-        """Whether `new` serves every prefix `old` serves: it starts with old's tokens and (with a
-        sliding window) is no longer than the window."""
-        return (old.n_tokens <= new.n_tokens and new.tokens[:old.n_tokens] == old.tokens
-                and (not self.window or new.n_tokens <= self.window))
 
     def remove(self, entry: RamEntry) -> None:
         self.entries = [e for e in self.entries if e is not entry]
