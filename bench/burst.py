@@ -49,16 +49,20 @@ def request(c: httpx.Client, srv: Server, prompt: str, stream: bool, t0: float) 
         r = c.post(srv.url + "/v1/completions", json=body)
         r.raise_for_status()
         return {"end": time.perf_counter() - t0, "n": int(r.json()["usage"]["completion_tokens"])}
-    first, n = None, 0
+    body["stream_options"] = {"include_usage": True}  # the token count: a text chunk may hold several, or none
+    first, n, usage = None, 0, None
     with c.stream("POST", srv.url + "/v1/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            choices = json.loads(line[6:]).get("choices") or [{}]
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            choices = chunk.get("choices") or [{}]
             if choices[0].get("text"):
                 n += 1
                 first = first if first is not None else time.perf_counter() - t0
+    n = int(usage["completion_tokens"]) if usage and "completion_tokens" in usage else n  # chunks where none
     return {"end": time.perf_counter() - t0, "first": first, "n": n}
 
 
