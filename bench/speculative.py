@@ -85,9 +85,10 @@ def ours(client: EngineClient, w: Workload, tokens: int, spec: dict, chat: bool 
 
 def tie_margin(client: EngineClient, w: Workload, plain: list[int], other: list[int], chat: bool = False) -> dict:
     """Where a greedy answer left plain decoding's: the token index and plain's own margin there
-    (log-probability of its top token minus the runner-up's). A flip at a margin of a few
-    thousandths is the kernels' rounding (a multi-row verification batch vs a one-row step); a
-    wide margin would be a bug."""
+    (log-probability of its top token minus the runner-up's). llama.cpp's CPU kernels round by the
+    rows in a decode call (a verification batch vs a one-row step, a prompt read cold vs from a
+    cache: bench/prompt_splits.py), and the differences add up along an answer: on the starter
+    flips were seen at margins up to 1.2; one far beyond that would be worth a look."""
     i = next((j for j, (a, b) in enumerate(zip(plain, other)) if a != b), min(len(plain), len(other)))
     asked = {"messages": chat_prompt(w)} if chat else {"prompt": w.prompt}
     rid = client.generate(**asked, sampling={"temperature": 0.0, "max_tokens": i + 1},
