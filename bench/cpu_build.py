@@ -39,7 +39,7 @@ def child(model: str, threads: int) -> dict[str, object]:
     low = LowLevel(model, threads)
     reads, steps, verify = [], [], []
     for _ in range(3):
-        low.llama_cpp.llama_memory_clear(low.mem, True)
+        llama_cpp.llama_memory_clear(low.mem, True)
         low.pos = {}
         reads.append(PROMPT / low.decode([(100 + i % 300, 0, i == PROMPT - 1) for i in range(PROMPT)]))
         steps.extend(low.decode([(200 + i % 50, 0, True)]) for i in range(STEPS))

@@ -93,9 +93,9 @@ def main() -> int:
     base, answer = r.read(prompt, [n], args.tokens)
     print(f"{Path(model).name}: {n} prompt tokens, repack {'off' if args.no_repack else 'on'}, "
           f"flash attention {args.flash_attn}, {args.threads} threads; against one batch of {n}:")
+    top = np.argsort(-base)[:10]
     for parts in ([1, n - 1], [n // 2, n - n // 2], [n - 1, 1], [n]):
         lp, out = r.read(prompt, parts, args.tokens)
-        top = np.argsort(-base)[:10]
         kl = float((np.exp(base) * (base - lp)).sum())
         left = next((i for i, (a, b) in enumerate(zip(answer, out)) if a != b), None)
         change = np.abs(base[top] - lp[top]).max()
