@@ -85,6 +85,38 @@ def one_round(lm, proj, px) -> dict[str, float]:
             "n_tokens": span.n_tokens}
 
 
+def measure(args: argparse.Namespace, tmp: Path) -> tuple[dict, dict[str, float]]:
+    """(the JSON figures, median seconds per stage) of the pair given, or of the tiny pair written to tmp."""
+    from ggufdesk.core import images as img
+    from ggufdesk.core.settings import LoadSettings
+    from ggufdesk.engine.runtime.native import LlamaLog, load_model
+    from ggufdesk.engine.runtime.vision import Projector
+
+    model, mmproj = (Path(args.model), Path(args.mmproj)) if args.model else tiny_pair(args, tmp)
+    log = LlamaLog()
+    n = 2048  # the context (and one batch): the largest image any projector here makes fits
+    settings = LoadSettings(n_ctx=n, n_batch=n, n_ubatch=n, n_threads=args.threads, n_threads_batch=args.threads,
+                            n_gpu_layers=args.gpu_layers)
+    px = img.decode(picture(args.image))
+    lm = load_model(str(model), settings, log)
+    proj = None
+    try:
+        proj = Projector(str(mmproj), lm, log)
+        one_round(lm, proj, px)  # warm-up: graphs allocated, caches filled
+        rounds = [one_round(lm, proj, px) for _ in range(args.repeat)]
+    finally:
+        if proj is not None:
+            proj.close()
+        lm.close()
+    med = {k: statistics.median(r[k] for r in rounds) for k in ("preprocess", "encode", "embd", "text")}
+    n_tok = int(rounds[0]["n_tokens"])
+    out = {"model": str(model), "mmproj": str(mmproj), "image_tokens": n_tok, "repeat": args.repeat,
+           **{f"{k}_ms": round(v * 1000, 3) for k, v in med.items()},
+           "encode_over_text": round(med["encode"] / med["text"], 2) if med["text"] else None,
+           "image_over_text": round((med["encode"] + med["embd"]) / med["text"], 2) if med["text"] else None}
+    return out, med
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="a text model (default: the tiny pair)")
@@ -102,40 +134,18 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from ggufdesk.core import images as img
-    from ggufdesk.core.settings import LoadSettings
-    from ggufdesk.engine.runtime.native import LlamaLog, load_model
-    from ggufdesk.engine.runtime.vision import Projector
-
-    tmp = Path(tempfile.mkdtemp(prefix="ggufdesk-vision-bench-"))
-    model, mmproj = (Path(args.model), Path(args.mmproj)) if args.model else tiny_pair(args, tmp)
-    log = LlamaLog()
-    n = 2048  # the context (and one batch): the largest image any projector here makes fits
-    settings = LoadSettings(n_ctx=n, n_batch=n, n_ubatch=n, n_threads=args.threads, n_threads_batch=args.threads,
-                            n_gpu_layers=args.gpu_layers)
-    lm = load_model(str(model), settings, log)
-    proj = Projector(str(mmproj), lm, log)
-    px = img.decode(picture(args.image))
-    one_round(lm, proj, px)  # warm-up: graphs allocated, caches filled
-    rounds = [one_round(lm, proj, px) for _ in range(args.repeat)]
-    med = {k: statistics.median(r[k] for r in rounds) for k in ("preprocess", "encode", "embd", "text")}
-    n_tok = int(rounds[0]["n_tokens"])
-    out = {"model": str(model), "mmproj": str(mmproj), "image_tokens": n_tok, "repeat": args.repeat,
-           **{f"{k}_ms": round(v * 1000, 3) for k, v in med.items()},
-           "encode_over_text": round(med["encode"] / med["text"], 2) if med["text"] else None,
-           "image_over_text": round((med["encode"] + med["embd"]) / med["text"], 2) if med["text"] else None}
+    with tempfile.TemporaryDirectory(prefix="ggufdesk-vision-bench-") as tmp:  # the tiny pair, removed after
+        out, med = measure(args, Path(tmp))
     if args.json:
         import json
 
         print(json.dumps(out))
     else:
-        print(f"{model.name} + {mmproj.name}: an image is {n_tok} tokens")
+        print(f"{Path(out['model']).name} + {Path(out['mmproj']).name}: an image is {out['image_tokens']} tokens")
         for k in ("preprocess", "encode", "embd", "text"):
             print(f"  {k:<10} {med[k] * 1000:9.2f} ms  (median of {args.repeat})")
-        print(f"  encode / text prefill of {n_tok} tokens: {out['encode_over_text']}x;"
+        print(f"  encode / text prefill of {out['image_tokens']} tokens: {out['encode_over_text']}x;"
               f" encode + embeddings / text: {out['image_over_text']}x")
-    proj.close()
-    lm.close()
     return 0
 
 

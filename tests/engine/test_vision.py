@@ -208,16 +208,20 @@ def test_the_projector_beside_the_model_is_found_and_can_be_declined(pair):
         client.shutdown()
 
 
-def test_the_bench_runs_on_the_tiny_pair():
+def test_the_bench_runs_on_the_tiny_pair_and_removes_it(tmp_path):
     import json
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    r = subprocess.run([sys.executable, str(root / "bench" / "vision.py"), "--repeat", "1", "--threads", "1",
-                        "--json"], capture_output=True, text=True, timeout=600, cwd=root)
-    assert r.returncode == 0, r.stderr[-2000:]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # where it writes the tiny pair (left behind by every run before)
+    for extra in ([], ["--json"]):
+        r = subprocess.run([sys.executable, str(root / "bench" / "vision.py"), "--repeat", "1", "--threads", "1",
+                            *extra], capture_output=True, text=True, timeout=600, cwd=root, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert list(tmp_path.iterdir()) == []
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["image_tokens"] == SPEC.n_image_tokens
     assert out["encode_ms"] > 0 and out["text_ms"] > 0 and out["encode_over_text"] > 0
