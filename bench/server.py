@@ -177,17 +177,31 @@ def make_servers(model: str, a: argparse.Namespace) -> list[Server]:
 def running(servers: list[Server], name: str) -> Iterator[None]:
     """The servers started one at a time (loading competes for the same cores) and ready, their engines'
     own caches (saved prompts, measured costs) in a throwaway folder alike for every round, their logs in
-    another; stopped at the end. (Set after the commands are built: llama-server's build is cached there.)"""
-    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix=f"{name}-cache-")
+    another; stopped at the end, both folders removed then, the logs kept (and named) when it failed.
+    (Set after the commands are built: llama-server's build is cached there.)"""
+    before = os.environ.get("XDG_CACHE_HOME")
+    cache = tempfile.mkdtemp(prefix=f"{name}-cache-")
+    os.environ["XDG_CACHE_HOME"] = cache
     logs = Path(tempfile.mkdtemp(prefix=f"{name}-logs-"))
+    ok = False
     try:
         for s in servers:
             s.start(logs)
             s.wait_ready()
         yield
+        ok = True
     finally:
         for s in servers:
             s.stop()
+        if before is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = before
+        shutil.rmtree(cache, ignore_errors=True)
+        if ok:
+            shutil.rmtree(logs, ignore_errors=True)
+        else:
+            print(f"the servers' logs: {logs}", file=sys.stderr)
 
 
 def with_ports(servers: list[Server]) -> list[Server]:
