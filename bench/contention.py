@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -85,7 +86,8 @@ def main() -> int:
     model = args.model or str(starter_model_path())
     # the engines' own cache (recorded decode speeds, saved prompts) in a throwaway folder: runs made
     # beside busy loops on purpose must not become this machine's calibration (hardware.record_decode_run)
-    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="ggufdesk-contention-")
+    cache = tempfile.mkdtemp(prefix="ggufdesk-contention-")  # (removed at the end)
+    os.environ["XDG_CACHE_HOME"] = cache
     loops = [int(x) for x in args.loops.split(",")]
     clients = {name: EngineClient(auto_restart=False) for name in ENGINES}
     speed: dict[tuple[int, str], list[float]] = {}
@@ -115,6 +117,7 @@ def main() -> int:
     finally:
         for c in clients.values():
             c.__exit__(None, None, None)
+        shutil.rmtree(cache, ignore_errors=True)
     print(f"\ndecode tok/s, medians of {args.rounds} interleaved rounds, {args.tokens} tokens, "
           f"{os.cpu_count()} cores" + (", a code edit with adaptive lookup" if args.lookup else "")
           + (f", {args.gap:g} s between answers" if args.gap else ""))
