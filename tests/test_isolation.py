@@ -26,7 +26,7 @@ def test_what_a_module_shares_keeps_its_files_in_the_tests_folders(shared_cache,
         assert base in Path(os.environ[var]).parents, var
 
 
-def test_the_starter_fixtures_read_the_developers_folders_for_a_moment_only(tmp_path_factory):
+def test_the_starter_fixtures_read_the_developers_folders_for_a_moment_only():
     own = {var: os.environ[var] for var in conftest.USER_DIRS}
     with conftest._user_dirs():
         assert {var: os.environ.get(var) for var in conftest.USER_DIRS} == conftest._USER_ENV
