@@ -15,6 +15,12 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # where platformdirs and huggingface_hub put the developer's own files
 USER_DIRS = ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME", "HF_HOME")
 _USER_ENV = {var: os.environ.get(var) for var in USER_DIRS}  # as the developer's shell set them
+TEST_DIRS = ("GGUFDESK_PROMPT_CACHE",) + USER_DIRS  # ... and the disk prompt cache (core/prompt_cache.py)
+
+
+def _folders(home: Path) -> dict[str, str]:
+    """A test's (or a module's) folders under `home`, one per variable of TEST_DIRS."""
+    return {var: str(home / var.lower()) for var in TEST_DIRS}
 
 
 def _point(env: dict[str, str | None]) -> None:
@@ -41,11 +47,9 @@ def _user_dirs() -> Iterator[None]:
 def _isolated_dirs(tmp_path_factory, monkeypatch):
     """Point platformdirs and the HF cache at a temp dir so no test touches the user's files."""
     home = tmp_path_factory.mktemp("home")
-    for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
-        monkeypatch.setenv(var, str(home / var.lower()))
-    monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    for var, path in _folders(home).items():
+        monkeypatch.setenv(var, path)
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.setenv("GGUFDESK_PROMPT_CACHE", str(home / "prompt-cache"))
     yield
 
 
@@ -55,10 +59,8 @@ def _module_dirs(tmp_path_factory):
     folders of the module's own, never the user's, never another module's: the disk prompt cache
     (core/prompt_cache.py) and platformdirs' (the verification costs an engine measures,
     engine/speculation/verify_cost.py, were written to the developer's cache before)."""
-    home = tmp_path_factory.mktemp("module-home")
-    names = ("GGUFDESK_PROMPT_CACHE",) + USER_DIRS
-    before = {var: os.environ.get(var) for var in names}
-    _point({var: str(home / var.lower()) for var in names})
+    before = {var: os.environ.get(var) for var in TEST_DIRS}
+    _point(_folders(tmp_path_factory.mktemp("module-home")))
     yield
     _point(before)
 
