@@ -9,7 +9,9 @@ chat starter (or the tiny synthetic model); the PDF is generated (fpdf2, uncompr
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -81,6 +83,7 @@ def main() -> int:
     args = p.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="ggufdesk-docs-shot-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # the generated PDF (40 MB) and the profile
     for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"):
         os.environ[var] = str(tmp / var.lower())
     pdf = big_pdf(tmp / "river-authority-annual-report.pdf", args.mb)

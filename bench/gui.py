@@ -118,7 +118,7 @@ def summarize(gaps: list[float]) -> tuple[float, float, float]:
     return g[-1], g[int(0.99 * (len(g) - 1))], statistics.mean(g)
 
 
-def stall_bench(model: Path, tokens: int, *, threads: int) -> None:
+def stall_bench(model: Path, tokens: int, *, threads: int, scratch: Path) -> None:
     from PySide6.QtWidgets import QApplication
 
     from ggufdesk.core.history import History
@@ -127,8 +127,7 @@ def stall_bench(model: Path, tokens: int, *, threads: int) -> None:
     from ggufdesk.ui.main_window import MainWindow
 
     app = QApplication.instance() or QApplication([])
-    tmp = Path(tempfile.mkdtemp())
-    history = History(tmp / "h.sqlite3")
+    history = History(scratch / "h.sqlite3")
     engine = EngineBridge()
     win = MainWindow(engine=engine, history=history, persist_settings=False)
     win.resize(1180, 760)
@@ -179,12 +178,17 @@ def main() -> int:
     ap.add_argument("--mcp-servers", type=int, default=0, help="also launch with this many MCP servers configured")
     ap.add_argument("--launch-only", action="store_true", help="measure launches only (no streaming bench)")
     args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-gui-", ignore_cleanup_errors=True) as d:
+        return measure(args, Path(d))
+
+
+def measure(args: argparse.Namespace, scratch: Path) -> int:
+    """Launches, then the event loop while streaming; `scratch`: a folder for the tiny model and history."""
     model = args.model
     if model is None:
         from tests.fixtures.ggufs import TinySpec, write_tiny_llama
 
-        model = write_tiny_llama(Path(tempfile.mkdtemp()) / "tiny-bench.gguf",
-                                 TinySpec(seed=0, n_ctx_train=4096))
+        model = write_tiny_llama(scratch / "tiny-bench.gguf", TinySpec(seed=0, n_ctx_train=4096))
     launches: list[float] = []
     with_mcp: list[float] = []
     for _ in range(args.launches):  # interleaved, so a busy spell of the machine hits both alike
@@ -200,7 +204,7 @@ def main() -> int:
               f"(median {statistics.median(with_mcp):.2f} s): {ratio:.2f}x; target <= 1.1x: "
               f"{'PASS' if ratio <= 1.1 else 'FAIL'}")
     if not args.launch_only:
-        stall_bench(model, args.tokens, threads=args.threads)
+        stall_bench(model, args.tokens, threads=args.threads, scratch=scratch)
     return 0
 
 

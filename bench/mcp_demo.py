@@ -12,8 +12,10 @@ Llama 3.1+, Mistral). Prints what happened; exits 1 when the answer lacks the to
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -41,6 +43,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="mcp-demo-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # a throwaway profile and history
     for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
         os.environ[var] = str(tmp / var.lower())
     (tmp / "xdg_config_home" / "ggufdesk").mkdir(parents=True)

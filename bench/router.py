@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -156,6 +158,7 @@ def main() -> int:
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-router-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # the tiny models and the servers' home
     a, b = args.a, args.b
     if args.tiny:
         from tests.fixtures import ggufs

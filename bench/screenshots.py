@@ -278,13 +278,18 @@ def shoot_settings(app, size) -> Path:
 
 
 def child(name: str, stream_chars: int) -> int:
+    kind, size = VARIANTS[name][3], VARIANTS[name][2]
+    with tempfile.TemporaryDirectory(prefix="ggufdesk-shots-", ignore_cleanup_errors=True) as d:
+        return shoot(name, kind, size, Path(d), stream_chars)
+
+
+def shoot(name: str, kind: str, size: tuple[int, int], tmp: Path, stream_chars: int) -> int:
+    """One variant's screenshots, written to OUT; `tmp`: a folder for its models and history."""
     from PySide6.QtWidgets import QApplication
 
     from ggufdesk.ui import theme
     from ggufdesk.ui.app import app_icon
 
-    kind, size = VARIANTS[name][3], VARIANTS[name][2]
-    tmp = Path(tempfile.mkdtemp(prefix="ggufdesk-shots-"))
     app = QApplication.instance() or QApplication([])
     app.setOrganizationName("ggufdesk-screenshots")
     app.setWindowIcon(app_icon())
@@ -315,13 +320,13 @@ def main() -> int:
     failed = 0
     for name in args.only or list(VARIANTS):
         theme_name, scale, _, _ = VARIANTS[name]
-        tmp = Path(tempfile.mkdtemp(prefix="ggufdesk-shots-env-"))
         env = dict(os.environ, GGUFDESK_THEME=theme_name, QT_SCALE_FACTOR=str(scale))
         env.setdefault("QT_QPA_PLATFORM", "offscreen")
-        for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
-            env[var] = str(tmp / var.lower())  # a fresh profile; the starter cache is shared
-        r = subprocess.run([sys.executable, __file__, "--child", name,
-                            "--stream-chars", str(args.stream_chars)], env=env, timeout=900)
+        with tempfile.TemporaryDirectory(prefix="ggufdesk-shots-env-", ignore_cleanup_errors=True) as d:
+            for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+                env[var] = str(Path(d) / var.lower())  # a fresh profile; the starter cache is shared
+            r = subprocess.run([sys.executable, __file__, "--child", name,
+                                "--stream-chars", str(args.stream_chars)], env=env, timeout=900)
         failed += r.returncode != 0
     return 1 if failed else 0
 
