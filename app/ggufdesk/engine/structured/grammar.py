@@ -386,7 +386,10 @@ class GrammarConstraint:
         state = self._utf8.getstate()
         try:
             self._utf8.decode(self._piece(token))
-            return True
+            # Python's decoder raises on a surrogate's encoding (ED A0-BF ..) only at its last byte, and
+            # llama.cpp's grammar does not check for one: taking ED A0 would leave no token that fits
+            pending = self._utf8.getstate()[0]
+            return not (len(pending) >= 2 and pending[0] == 0xED and pending[1] >= 0xA0)
         except UnicodeDecodeError:
             return False
         finally:

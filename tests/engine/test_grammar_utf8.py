@@ -1,0 +1,67 @@
+"""The grammar keeps the output valid UTF-8 byte by byte, on a real vocabulary with byte tokens (tiny
+model): a sampled answer that had written the first two bytes of a surrogate's encoding (ED B0) had
+no token left that fitted, and the request failed ("no token fits the grammar here"), found by
+running random settings against the live loop."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggufdesk.engine.structured.grammar import GrammarConstraint, schema_to_gbnf
+from tests.engine.live import Live
+from tests.engine.test_live_speculation import SETTINGS
+from tests.fixtures import ggufs
+
+
+@pytest.fixture(scope="module")
+def live(model_dir):
+    lv = Live(ggufs.write_tiny_llama(model_dir / "utf8.gguf", ggufs.TinySpec(seed=0)), SETTINGS)
+    yield lv
+    lv.close()
+
+
+def byte_token(live: Live, b: int) -> int:
+    return next(t for t in range(live.lm.n_vocab) if live.vocab.piece(t) == bytes([b]))
+
+
+def string_field(live: Live) -> GrammarConstraint:
+    """A JSON schema's grammar, its output standing inside the string value of "name"."""
+    gbnf = schema_to_gbnf({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]})
+    c = GrammarConstraint(live.lm.vocab, live.lm.n_vocab, gbnf, piece=live.vocab.piece)
+    for t in (byte_token(live, b) for b in b'{"name":"'):  # (a byte a token: no tokenizer's spaces)
+        assert c.allows(t)
+        c.accept(t)
+    return c
+
+
+def favouring(live: Live, *tokens: int) -> np.ndarray:
+    """Logits that rank `tokens` first, in that order."""
+    logits = np.zeros(live.lm.n_vocab, dtype=np.float32)
+    for i, t in enumerate(tokens):
+        logits[t] = 100.0 - i
+    return logits
+
+
+def test_the_second_byte_of_a_surrogate_is_refused_and_a_valid_one_taken(live):
+    c = string_field(live)
+    ed, b0, x9f, x80 = (byte_token(live, b) for b in (0xED, 0xB0, 0x9F, 0x80))
+    assert c.sample(favouring(live, ed), None) == ed  # a lead byte: U+D000-U+D7FF or a surrogate may follow
+    assert not c.allows(b0)  # ED B0 ..: a surrogate (U+DC00-U+DFFF), never valid UTF-8
+    assert c.allows(x9f)
+    assert c.sample(favouring(live, b0, x9f), None) == x9f  # greedy takes the best valid byte
+    assert c.sample(favouring(live, x80), None) == x80  # ED 9F 80: U+D7C0, a character
+    quote = byte_token(live, ord('"'))
+    assert c.allows(quote)  # ... and the string can close after it
+
+
+def test_a_sampled_answer_never_reaches_a_byte_no_token_can_follow(live):
+    """Sampling (the chain, not greedy) after a rejection goes through the masked vocabulary; the
+    surrogate's byte is refused there too, and the answer goes on."""
+    ed, b0, x9f = (byte_token(live, b) for b in (0xED, 0xB0, 0x9F))
+    from ggufdesk.engine.batching.sampling import make_sampler
+
+    smp = make_sampler(live.lm, live.sequence("x", 1, temperature=0.8, seed=3).sampling)
+    for _ in range(20):  # the surrogate's byte the model's clear favourite every time, from just after ED
+        c = string_field(live)
+        c.accept(ed)
+        assert c.sample(favouring(live, b0, x9f), smp) != b0
