@@ -1,0 +1,171 @@
+"""Random settings against the live step loop: every stream's answer equals its plain answer alone.
+
+The other live tests pick their cases; these draw them (fixed seeds, so a failure replays): one to
+four streams with lookup, a draft model (the target itself, or another model) or none, greedy or
+sampled (the same seed), a JSON schema, a repetition penalty, a stop string cut from the plain
+answer, logprobs, max_tokens, K and adaptive or not, beside one another in 1, 2 or 4 slots with
+prompt chunks of 8 to 64 tokens and 5 to 17 logits rows, from an empty cache or after the
+references. A tiny f32 model (its kernels give a row the same logits, to a few 1e-6, whatever else
+is in the batch). Found this way: a sampled JSON answer that had written the first two bytes of a
+surrogate's UTF-8 had no token left that fitted (engine/structured/grammar.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from ggufdesk.core.settings import LoadSettings, SpeculationSettings
+from ggufdesk.engine.batching.sequence import Sequence
+from ggufdesk.engine.runtime.native import LlamaLog
+from ggufdesk.engine.speculation.draft_model import DraftModel, DraftModelDrafter
+from ggufdesk.engine.speculation.drafter import Drafter
+from tests.engine.live import Live, Result
+from tests.engine.test_live_grammar_speculation import constraint
+from tests.engine.test_live_speculation import misleading
+from tests.fixtures import ggufs
+
+WORDS = ('the cat dog and was in house red tree by water one two three of people a man came back from world , . " '
+         '1 2 3 4 5 6 7 8 9 10').split()
+CASES = 64
+
+
+@pytest.fixture(scope="module")
+def models(model_dir):
+    target = ggufs.write_tiny_llama(model_dir / "random-target.gguf", ggufs.TinySpec(seed=0))
+    other = ggufs.write_tiny_llama(model_dir / "random-other.gguf", ggufs.TinySpec(seed=5, n_layer=1))
+    return target, other
+
+
+@dataclass
+class Stream:
+    prompt: str
+    max_tokens: int
+    logprobs: int
+    repeat_penalty: float
+    temperature: float
+    seed: int
+    grammar: bool
+    drafter: str  # "lookup", "draft" (the case's draft model, when it has one) or "none"
+    k: int
+    adaptive: bool
+    misled: bool  # lookup drafts from an earlier text that departs from the answer every few tokens
+    stop_at: tuple[float, int] | None  # a stop string: where in the plain answer's text (0-1), how long
+    stop: tuple[str, ...] = ()
+    plain: Result | None = None
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Stream:
+        words = [rng.choice(WORDS) for _ in range(rng.randint(3, 12))]
+        text = " ".join(words * rng.randint(1, 5) + [rng.choice(WORDS) for _ in range(rng.randint(0, 20))])
+        return cls(text, rng.randint(1, 80), rng.choice([0, 0, 2]), rng.choice([1.0, 1.0, 1.1, 1.3]),
+                   rng.choice([0.0, 0.0, 0.8]), rng.randint(0, 99), rng.random() < 0.25,
+                   rng.choice(["lookup", "lookup", "draft", "none"]), rng.choice([2, 4, 8, 16]),
+                   rng.random() < 0.5, rng.random() < 0.5,
+                   (rng.random(), rng.randint(1, 3)) if rng.random() < 0.4 else None)
+
+
+@dataclass
+class Case:
+    n_parallel: int
+    prefill_chunk: int
+    n_outputs: int
+    draft: str  # "self" (the target drafts for itself), "other" (another model), "none"
+    draft_k: int
+    p_min: float
+    draft_adaptive: bool
+    streams: list[Stream]
+    forget: bool  # an empty cache before the streams run (else the references' prompts are in it)
+
+    @classmethod
+    def draw(cls, case: int) -> Case:
+        rng = random.Random(case)
+        return cls(rng.choice([1, 2, 4]), rng.choice([8, 16, 64]), rng.choice([5, 9, 17]),
+                   rng.choice(["none", "self", "other"]), rng.choice([3, 5, 8]), rng.choice([0.0, 0.3]),
+                   rng.random() < 0.5, [Stream.draw(rng) for _ in range(rng.randint(1, 4))], rng.random() < 0.5)
+
+
+def sequence(live: Live, st: Stream, drafter: Drafter | None) -> Sequence:
+    s = live.sequence(st.prompt, st.max_tokens, drafter=drafter, temperature=st.temperature, seed=st.seed,
+                      stop=st.stop, logprobs=st.logprobs)
+    s.sampling = dataclasses.replace(s.sampling, repeat_penalty=st.repeat_penalty)
+    if st.grammar:
+        s.constraint = constraint(live)
+    return s
+
+
+def make_drafter(live: Live, st: Stream, draft: tuple[DraftModel, SpeculationSettings] | None) -> Drafter | None:
+    prompt = live.tokens(st.prompt)
+    if st.drafter == "draft" and draft is not None:
+        return DraftModelDrafter(draft[0], draft[1], prompt=prompt, max_tokens=st.max_tokens, target=live.lm)
+    if st.drafter == "none":
+        return None
+    assert st.plain is not None
+    history = misleading(st.plain.tokens) if st.misled and len(st.plain.tokens) > 9 else None
+    return live.lookup(prompt, history=history, k_max=st.k, adaptive=st.adaptive)
+
+
+def reference(live: Live, st: Stream) -> None:
+    """The stream's plain answer, alone, from an empty cache (with its stop string, cut from the answer
+    without one: it ends earlier)."""
+    live.forget()
+    st.plain = live.run(sequence(live, st, None))[0]
+    text = st.plain.text
+    if st.stop_at is not None and len(text) > 6:
+        at = min(int(st.stop_at[0] * len(text)) + 1, len(text) - 3)
+        st.stop = (text[at:at + st.stop_at[1]],)
+        live.forget()
+        st.plain = live.run(sequence(live, st, None))[0]
+
+
+def check(live: Live, st: Stream, got: Result) -> None:
+    want = st.plain
+    assert want is not None and want.error is None and got.error is None, (want, got)
+    assert want.done is not None and got.done is not None
+    if got.text != want.text and not st.temperature:
+        # greedy may flip at a near tie (a row's logits differ by ~1e-6 with the batch); a flip at a
+        # clear margin fails here
+        live.near_tie_at_divergence(live.tokens(st.prompt), want.tokens, got.tokens, 0.01)
+        return
+    assert (got.text, got.done.finish_reason) == (want.text, want.done.finish_reason), st
+
+
+@pytest.mark.parametrize("case", range(CASES))
+def test_random_streams_with_speculation_equal_their_plain_answers(models, case):
+    c = Case.draw(case)
+    settings = LoadSettings(n_ctx=2048, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, flash_attn="off",
+                            n_parallel=c.n_parallel, prefill_chunk=c.prefill_chunk)
+    live = Live(models[0], settings, n_outputs=c.n_outputs)
+    draft: tuple[DraftModel, SpeculationSettings] | None = None
+    try:
+        if c.draft != "none":
+            spec = SpeculationSettings(mode="draft", draft_model=str(models[0] if c.draft == "self" else models[1]),
+                                       k_max=c.draft_k, p_min=c.p_min, adaptive=c.draft_adaptive)
+            draft = DraftModel.load(spec, target=live.lm, llama_log=LlamaLog()), spec
+        for st in c.streams:
+            reference(live, st)
+        if c.forget:
+            live.forget()
+        got = live.run(*[sequence(live, st, make_drafter(live, st, draft)) for st in c.streams], on_step=Live.check_kv)
+        for st, r in zip(c.streams, got):
+            check(live, st, r)
+    finally:
+        if draft is not None:
+            draft[0].close()
+        live.close()
+
+
+def test_the_draws_cover_what_they_are_for():
+    """The seeds in use draw every kind of case this file is about (a change to the draws must not
+    quietly drop one): each drafter beside others, sampled and greedy, a schema, a stop string."""
+    cases = [Case.draw(i) for i in range(CASES)]
+    streams = [(c, st) for c in cases for st in c.streams]
+    drafted = {st.drafter if st.drafter != "draft" else f"draft-{c.draft}" for c, st in streams}
+    assert {"lookup", "none", "draft-self", "draft-other"} <= drafted
+    assert {st.temperature for _, st in streams} == {0.0, 0.8}
+    assert any(st.grammar and st.drafter != "none" for _, st in streams)
+    assert any(st.stop_at and st.drafter != "none" for _, st in streams)
+    assert any(len(c.streams) == 4 and c.n_parallel == 4 for c in cases)
+    assert {c.prefill_chunk for c in cases} == {8, 16, 64} and {c.n_outputs for c in cases} == {5, 9, 17}
