@@ -1,4 +1,4 @@
-"""Speculation under a grammar on the live step loop (tiny f32/f16 models, exact kernels): the answer
+"""Speculation under a grammar on the live step loop (tiny f32/f16 models, kernels exact but for ~1e-6): the answer
 equals plain constrained decoding's, alone and beside three other speculating streams, with drafts
 accepted and rejected. Verification samples row by row under the grammar and each sample advances it
 as plain decoding's would; a rejected draft token never reaches it, so nothing is taken back out."""
