@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.spec_heldout import TABLE, model_path, prompt_text
-from bench.spec_oracle import cost
+from bench.spec_heldout import TABLE, adaptive_lookup, model_path, prompt_text
+from bench.spec_oracle import replay
 from bench.spec_workloads import WORKLOADS
 
 BINS = (0.0, 0.3, 0.5, 0.7, 0.9, 0.97, 1.01)  # confidence bins
@@ -51,18 +51,9 @@ def probabilities(llm, prompt: list[int], out: list[int]) -> list[float]:
 
 def drafts(d, prompt: list[int], out: list[int], conf: list[float]) -> list[tuple[int, float, int, int]]:
     """(judged match length, confidence in the last token, drafted, accepted) of every draft the
-    drafter makes over the answer (bench/spec_oracle.py's replay, recorded)."""
-    got, i, n = [], 1, len(out)
-    while i < n:
-        k = min(d.k, n - i - 1)
-        draft = d.propose(prompt + out[:i - 1], out[i - 1], k)[:k] if k > 0 else []
-        a = 0
-        while a < len(draft) and draft[a] == out[i + a]:
-            a += 1
-        if draft:
-            got.append((d._last_m, conf[i - 1], len(draft), a))
-        d.feedback(len(draft), a, cost(TABLE, len(draft)) * 0.0167)
-        i += a + 1
+    drafter makes over the answer (bench/spec_oracle.py's replay)."""
+    got: list[tuple[int, float, int, int]] = []
+    replay(prompt, out, d, TABLE, on_draft=lambda i, k, a: got.append((d._last_m, conf[i - 1], k, a)))
     return got
 
 
@@ -97,8 +88,8 @@ def main() -> int:
     args = ap.parse_args()
     import llama_cpp
 
-    from ggufdesk.core.settings import LoadSettings, SpeculationSettings
-    from ggufdesk.engine.speculation.speculative import TokenText, make_drafter
+    from ggufdesk.core.settings import LoadSettings
+    from ggufdesk.engine.speculation.speculative import TokenText
     from tests.engine.live import Live
 
     chat = args.model == "smollm2"
@@ -118,9 +109,7 @@ def main() -> int:
         out = live.plain(prompt, args.max_tokens).tokens
         if len(out) < 2:
             continue
-        d = make_drafter(SpeculationSettings(mode="lookup", k_max=16, adaptive=True), prompt=prompt, draft=None,
-                         target=live.lm, costs=TABLE, text=text)
-        recs += drafts(d, prompt, out, probabilities(llm, prompt, out))
+        recs += drafts(adaptive_lookup(live, prompt, TABLE, text), prompt, out, probabilities(llm, prompt, out))
         print(f"  {w.category}/{w.name}: {len(out)} tokens", file=sys.stderr, flush=True)
     print(f"\ntuned suite, {args.model}, greedy, adaptive lookup replayed at a fixed cost table\n")
     report(recs)

@@ -178,11 +178,19 @@ def measured_table(live, prompt: list[int], max_tokens: int) -> tuple[dict[int, 
     return {k: (secs[k] + outside) / (secs[0] + outside) for k in LENGTHS}, secs[0] * 1e3, outside * 1e3
 
 
+def adaptive_lookup(live, prompt: list[int], table: dict[int, float], text):
+    """The engine's lookup drafter as a request gets it by default (adaptive, K up to 16), priced at `table`."""
+    from ggufdesk.core.settings import SpeculationSettings
+    from ggufdesk.engine.speculation.speculative import make_drafter
+
+    return make_drafter(SpeculationSettings(mode="lookup", k_max=16, adaptive=True), prompt=prompt, draft=None,
+                        target=live.lm, costs=table, text=text)
+
+
 def measured(args, live, chosen, chat: bool) -> int:
     """Adaptive lookup (the default hints) and the oracle, both replayed at this machine's costs."""
     from bench.spec_oracle import gmean, oracle, replay
-    from ggufdesk.core.settings import SpeculationSettings
-    from ggufdesk.engine.speculation.speculative import TokenText, make_drafter
+    from ggufdesk.engine.speculation.speculative import TokenText
 
     text = TokenText.of(live.lm)
     rows: dict[str, list[tuple[float, float, int, int]]] = {}
@@ -198,8 +206,7 @@ def measured(args, live, chosen, chat: bool) -> int:
         out = live.plain(prompt, args.max_tokens).tokens
         if len(out) < 2:
             continue
-        d = make_drafter(SpeculationSettings(mode="lookup", k_max=16, adaptive=True), prompt=prompt, draft=None,
-                         target=live.lm, costs=table, text=text)
+        d = adaptive_lookup(live, prompt, table, text)
         counts = [0, 0]
         x = replay(prompt, out, d, table, counts)
         bound = oracle(prompt, out, table, LENGTHS)

@@ -31,6 +31,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -104,9 +105,10 @@ def cost(table: dict[int, float], k: int) -> float:
 
 
 def replay(prompt: list[int], out: list[int], drafter, table: dict[int, float],
-           counts: list[int] | None = None) -> float:
+           counts: list[int] | None = None, on_draft: Callable[[int, int, int], None] | None = None) -> float:
     """Tokens per plain-step cost of `drafter` over the answer `out` (the first token comes from prefill);
-    `counts` ([drafted, accepted]) adds up the drafted and accepted tokens."""
+    `counts` ([drafted, accepted]) adds up the drafted and accepted tokens; `on_draft(i, drafted, accepted)`
+    hears of every draft, made to write out[i] on."""
     i, spent, n = 1, 0.0, len(out)
     while i < n:
         k = min(drafter.k, n - i - 1)
@@ -116,6 +118,8 @@ def replay(prompt: list[int], out: list[int], drafter, table: dict[int, float],
             a += 1
         c = cost(table, len(draft))
         spent += c
+        if on_draft is not None and draft:
+            on_draft(i, len(draft), a)
         if counts is not None:
             counts[0] += len(draft)
             counts[1] += a
