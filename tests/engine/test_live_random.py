@@ -1,15 +1,16 @@
 """Random settings against the live step loop: every stream's answer equals its plain answer alone.
 
-The other live tests pick their cases; these draw them (fixed seeds, so a failure replays): one to
-four streams with lookup, a draft model (the target itself, or another model) or none, greedy or
-sampled (the same seed), a JSON schema, a repetition penalty, a stop string cut from the plain
-answer, logprobs, max_tokens, K and adaptive or not, beside one another in 1, 2 or 4 slots with
-prompt chunks of 8 to 64 tokens and 5 to 17 logits rows, from an empty cache or after the
-references. A tiny f32 model with an f32 KV cache: its kernels give a row the same logits, to a few
-1e-6, whatever else is in the batch, while an f16 cache rounds such a difference in a key or value
-to a whole last bit (~1e-3), enough to move a sampled draw over a boundary now and then (seen once
-in 400 drawn cases: a sampled stream that reused its prompt from the prefix cache, no speculation
-anywhere, parted from its answer alone after 52 tokens; with f32 cells all 400 agreed).
+The other live tests pick their cases; these draw them (fixed seeds, so a failure replays): one to four
+streams with lookup, a draft model (the target itself, or another model) or none, greedy or sampled (the
+same seed), a JSON schema, a repetition penalty, a stop string cut from the plain answer, logprobs,
+max_tokens, K and adaptive or not, a cancel while a step computes (what the stream showed is then the
+start of its answer), beside one another in 1, 2 or 4 slots with prompt chunks of 8 to 64 tokens and 5
+to 17 logits rows, from an empty cache or after the references. A tiny f32 model with an f32 KV cache:
+its kernels give a row the same logits, to a few 1e-6, whatever else is in the batch, while an f16 cache
+rounds such a difference in a key or value to a whole last bit (~1e-3), enough to move a sampled draw
+over a boundary now and then (seen once in 400 drawn cases: a sampled stream that reused its prompt from
+the prefix cache, no speculation anywhere, parted from its answer alone after 52 tokens; with f32 cells
+all 400 agreed).
 
 Found this way: a sampled JSON answer that had written the first two bytes of a surrogate's UTF-8
 had no token left that fitted (engine/structured/grammar.py; tests/engine/test_grammar_utf8.py).
@@ -83,13 +84,15 @@ class Case:
     draft_adaptive: bool
     streams: list[Stream]
     forget: bool  # an empty cache before the streams run (else the references' prompts are in it)
+    cancel: tuple[int, int] | None  # (a stream, the decode call after which it is cancelled)
 
     @classmethod
     def draw(cls, case: int) -> Case:
         rng = random.Random(case)
         return cls(rng.choice([1, 2, 4]), rng.choice([8, 16, 64]), rng.choice([5, 9, 17]),
                    rng.choice(["none", "self", "other"]), rng.choice([3, 5, 8]), rng.choice([0.0, 0.3]),
-                   rng.random() < 0.5, [Stream.draw(rng) for _ in range(rng.randint(1, 4))], rng.random() < 0.5)
+                   rng.random() < 0.5, streams := [Stream.draw(rng) for _ in range(rng.randint(1, 4))],
+                   rng.random() < 0.5, (rng.randrange(len(streams)), rng.randint(1, 40)) if rng.random() < 0.3 else None)
 
 
 def sequence(live: Live, st: Stream, drafter: Drafter | None) -> Sequence:
@@ -129,12 +132,32 @@ def check(live: Live, st: Stream, got: Result) -> None:
     want = st.plain
     assert want is not None and want.error is None and got.error is None, (want, got)
     assert want.done is not None and got.done is not None
+    if got.done.finish_reason == "cancelled":  # what it showed before: the start of its answer
+        if want.tokens[:len(got.tokens)] != got.tokens and not st.temperature:
+            live.near_tie_at_divergence(live.tokens(st.prompt), want.tokens, got.tokens, 0.01)
+            return
+        assert want.tokens[:len(got.tokens)] == got.tokens and want.text.startswith(got.text), st
+        return
     if got.text != want.text and not st.temperature:
         # greedy may flip at a near tie (a row's logits differ by ~1e-6 with the batch); a flip at a
         # clear margin fails here
         live.near_tie_at_divergence(live.tokens(st.prompt), want.tokens, got.tokens, 0.01)
         return
     assert (got.text, got.done.finish_reason) == (want.text, want.done.finish_reason), st
+
+
+def cancel_after(live: Live, rid: str, calls: int) -> None:
+    """Cancel `rid` while the loop's `calls`-th decode computes (what that step wrote is not shown)."""
+    runner = live.engine.runner
+    real, n = runner.decode, [0]
+
+    def decode(ctx: object, batch: object) -> int:
+        n[0] += 1
+        if n[0] == calls:
+            live.cancels.add(rid)
+        return real(ctx, batch)
+
+    runner.decode = decode
 
 
 @pytest.mark.parametrize("case", range(CASES))
@@ -153,7 +176,10 @@ def test_random_streams_with_speculation_equal_their_plain_answers(models, case)
             reference(live, st)
         if c.forget:
             live.forget()
-        got = live.run(*[sequence(live, st, make_drafter(live, st, draft)) for st in c.streams], on_step=Live.check_kv)
+        seqs = [sequence(live, st, make_drafter(live, st, draft)) for st in c.streams]
+        if c.cancel is not None:
+            cancel_after(live, seqs[c.cancel[0]].rid, c.cancel[1])
+        got = live.run(*seqs, on_step=Live.check_kv)
         for st, r in zip(c.streams, got):
             check(live, st, r)
     finally:
@@ -164,7 +190,7 @@ def test_random_streams_with_speculation_equal_their_plain_answers(models, case)
 
 def test_the_draws_cover_what_they_are_for():
     """The seeds in use draw every kind of case this file is about (a change to the draws must not
-    quietly drop one): each drafter beside others, sampled and greedy, a schema, a stop string."""
+    quietly drop one): each drafter beside others, sampled and greedy, a schema, a stop string, a cancel."""
     cases = [Case.draw(i) for i in range(CASES)]
     streams = [(c, st) for c in cases for st in c.streams]
     drafted = {st.drafter if st.drafter != "draft" else f"draft-{c.draft}" for c, st in streams}
@@ -174,3 +200,4 @@ def test_the_draws_cover_what_they_are_for():
     assert any(st.stop_at and st.drafter != "none" for _, st in streams)
     assert any(len(c.streams) == 4 and c.n_parallel == 4 for c in cases)
     assert {c.prefill_chunk for c in cases} == {8, 16, 64} and {c.n_outputs for c in cases} == {5, 9, 17}
+    assert any(c.cancel and c.streams[c.cancel[0]].drafter != "none" and len(c.streams) > 1 for c in cases)
