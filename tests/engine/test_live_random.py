@@ -54,7 +54,7 @@ class Stream:
     temperature: float
     seed: int
     grammar: bool
-    drafter: str  # "lookup", "draft" (the case's draft model, when it has one) or "none"
+    drafter: str  # "lookup", "draft" (the case's draft model; lookup in a case without one) or "none"
     k: int
     adaptive: bool
     misled: bool  # lookup drafts from an earlier text that departs from the answer every few tokens
