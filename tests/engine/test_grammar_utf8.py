@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ggufdesk.engine.batching.sampling import make_sampler
 from ggufdesk.engine.structured.grammar import GrammarConstraint, schema_to_gbnf
 from tests.engine.live import Live
 from tests.engine.test_live_speculation import SETTINGS
@@ -52,16 +53,18 @@ def test_the_second_byte_of_a_surrogate_is_refused_and_a_valid_one_taken(live):
     assert c.sample(favouring(live, x80), None) == x80  # ED 9F 80: U+D7C0, a character
     quote = byte_token(live, ord('"'))
     assert c.allows(quote)  # ... and the string can close after it
+    c.close()
 
 
 def test_a_sampled_answer_never_reaches_a_byte_no_token_can_follow(live):
     """Sampling (the chain, not greedy) after a rejection goes through the masked vocabulary; the
     surrogate's byte is refused there too, and the answer goes on."""
     ed, b0, x9f = (byte_token(live, b) for b in (0xED, 0xB0, 0x9F))
-    from ggufdesk.engine.batching.sampling import make_sampler
-
     smp = make_sampler(live.lm, live.sequence("x", 1, temperature=0.8, seed=3).sampling)
     for _ in range(20):  # the surrogate's byte the model's clear favourite every time, from just after ED
         c = string_field(live)
         c.accept(ed)
-        assert c.sample(favouring(live, b0, x9f), smp) != b0
+        try:
+            assert c.sample(favouring(live, b0, x9f), smp) != b0
+        finally:
+            c.close()
