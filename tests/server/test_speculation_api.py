@@ -11,7 +11,6 @@ speculation then differs from itself too, as seen at margins of 0.0001 and 0.001
 """
 from __future__ import annotations
 
-import json
 import random
 import threading
 from typing import Any
@@ -20,6 +19,7 @@ import httpx
 import pytest
 
 from tests.server.serving import ServeProcess
+from tests.server.test_context_api import sse
 
 WORDS = 'the cat dog and was in house red tree by water one two three of people a man came back from world , . " 1 2 3'.split()
 N = 40
@@ -58,10 +58,10 @@ def drawn(seed: int) -> list[tuple[str, dict[str, Any], float | None]]:
     return reqs
 
 
-def answer(url: str, kind: str, body: dict[str, Any]) -> Answer:
+def answer(server: ServeProcess, kind: str, body: dict[str, Any]) -> Answer:
     b = dict(body, model="m")
     if not b.get("stream"):
-        r = httpx.post(url + PATHS[kind], json=b, timeout=120)
+        r = httpx.post(server.url + PATHS[kind], json=b, timeout=120)
         assert r.status_code == 200, r.text
         j = r.json()
         if kind == "anthropic":
@@ -70,34 +70,30 @@ def answer(url: str, kind: str, body: dict[str, Any]) -> Answer:
         lp = c.get("logprobs")
         tokens = ([x["token"] for x in lp["content"]] if kind == "chat" else lp["tokens"]) if lp else None
         return (c["message"]["content"] if kind == "chat" else c["text"]), c["finish_reason"], tokens
-    return streamed(url, kind, b)
+    return streamed(sse(server, PATHS[kind], b), kind)
 
 
-def streamed(url: str, kind: str, body: dict[str, Any]) -> Answer:
+def streamed(events: list[dict[str, Any]], kind: str) -> Answer:
+    """The answer a stream's events add up to."""
     out: list[str] = []
     lps: list[str] = []
     fin = None
-    with httpx.stream("POST", url + PATHS[kind], json=body, timeout=120) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                continue
-            j = json.loads(line[5:])
-            if kind == "anthropic":
-                if j.get("type") == "content_block_delta":
-                    out.append(j["delta"].get("text", ""))
-                elif j.get("type") == "message_delta":
-                    fin = j["delta"].get("stop_reason")
-                continue
-            for c in j.get("choices", []):
-                lp = c.get("logprobs") or {}
-                if kind == "chat":
-                    out.append(c.get("delta", {}).get("content") or "")
-                    lps += [x["token"] for x in lp.get("content") or []]
-                else:
-                    out.append(c.get("text") or "")
-                    lps += lp.get("tokens") or []
-                fin = c.get("finish_reason") or fin
+    for j in events:
+        if kind == "anthropic":
+            if j.get("type") == "content_block_delta":
+                out.append(j["delta"].get("text", ""))
+            elif j.get("type") == "message_delta":
+                fin = j["delta"].get("stop_reason")
+            continue
+        for c in j.get("choices", []):
+            lp = c.get("logprobs") or {}
+            if kind == "chat":
+                out.append(c.get("delta", {}).get("content") or "")
+                lps += [x["token"] for x in lp.get("content") or []]
+            else:
+                out.append(c.get("text") or "")
+                lps += lp.get("tokens") or []
+            fin = c.get("finish_reason") or fin
     return "".join(out), fin, lps or None
 
 
@@ -136,16 +132,16 @@ def test_speculating_servers_answer_what_the_plain_one_does(plain, tiny_chatml, 
         reqs = drawn(0 if spec == "lookup" else 6)
         want = []
         for kind, body, cut in reqs:
-            ref = answer(plain.url, kind, dict(body, stream=False))
+            ref = answer(plain, kind, dict(body, stream=False))
             if cut is not None and len(ref[0]) > 6:  # a stop string from the answer: it ends there
                 k = min(int(cut * len(ref[0])) + 1, len(ref[0]) - 3)
                 body["stop_sequences" if kind == "anthropic" else "stop"] = [ref[0][k:k + 2]]
-            want.append(answer(plain.url, kind, body))
+            want.append(answer(plain, kind, body))
         got: list[Answer | None] = [None] * N
 
         def client(mine: list[int]) -> None:
             for i in mine:
-                got[i] = answer(server.url, reqs[i][0], reqs[i][1])
+                got[i] = answer(server, reqs[i][0], reqs[i][1])
 
         threads = [threading.Thread(target=client, args=(list(range(j, N, 4)),)) for j in range(4)]
         for t in threads:
