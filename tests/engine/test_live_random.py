@@ -12,6 +12,12 @@ over a boundary now and then (seen once in 400 drawn cases: a sampled stream tha
 the prefix cache, no speculation anywhere, parted from its answer alone after 52 tokens; with f32 cells
 all 400 agreed).
 
+At the context's edge (a 256-token context, the smallest llama.cpp makes): the same draws with longer
+prompts and answers, half of the streams under the `shift` policy (engine/batching/shift.py; a stream
+runs past the window, its oldest tokens dropped), the others ending where the context does. Drafts
+stop short of the edge (DraftPlanner._room), so a stream shifts at the token where its plain answer
+does and then writes what it writes.
+
 Found this way: a sampled JSON answer that had written the first two bytes of a surrogate's UTF-8
 had no token left that fitted (engine/structured/grammar.py; tests/engine/test_grammar_utf8.py).
 """
@@ -25,6 +31,7 @@ import pytest
 
 from ggufdesk.core.settings import LoadSettings, SpeculationSettings
 from ggufdesk.engine.batching.sequence import Sequence
+from ggufdesk.engine.batching.shift import ContextUse
 from ggufdesk.engine.runtime.native import LlamaLog
 from ggufdesk.engine.speculation.draft_model import DraftModel, DraftModelDrafter
 from ggufdesk.engine.speculation.drafter import Drafter
@@ -36,6 +43,8 @@ from tests.fixtures import ggufs
 WORDS = ('the cat dog and was in house red tree by water one two three of people a man came back from world , . " '
          '1 2 3 4 5 6 7 8 9 10').split()
 CASES = 64
+EDGE_CASES = 16  # by hand: cases 0-299, 502 shifts (their plain references included), all equal
+EDGE_CTX = 256  # llama.cpp's smallest context (a smaller n_ctx is padded up to it)
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +70,7 @@ class Stream:
     stop_at: tuple[float, int] | None  # a stop string: where in the plain answer's text (0-1), how long
     stop: tuple[str, ...] = ()
     plain: Result | None = None
+    shift: bool = False  # the `shift` overflow policy: runs past the context's end (the edge cases)
 
     @classmethod
     def draw(cls, rng: random.Random) -> Stream:
@@ -98,6 +108,9 @@ class Case:
 def sequence(live: Live, st: Stream, drafter: Drafter | None) -> Sequence:
     s = live.sequence(st.prompt, st.max_tokens, drafter=drafter, temperature=st.temperature, seed=st.seed,
                       stop=st.stop, logprobs=st.logprobs)
+    if st.shift:  # as the worker makes a `shift` request: BOS kept, no edge, the whole context reserved
+        s.ctx = ContextUse(policy="shift", n_keep=1, cells=live.lm.n_ctx)
+        s.max_gen = st.max_tokens
     s.sampling = dataclasses.replace(s.sampling, repeat_penalty=st.repeat_penalty)
     if st.grammar:
         s.constraint = constraint(live)
@@ -160,13 +173,37 @@ def cancel_after(live: Live, rid: str, calls: int) -> None:
     runner.decode = decode
 
 
+def at_the_edge(case: int) -> Case:
+    """Case.draw's case with longer prompts and answers, half of the streams shifting."""
+    c, rng = Case.draw(case), random.Random(1_000_000 + case)
+    if c.draft == "none" and rng.random() < 0.5:
+        c.draft = rng.choice(["self", "other"])
+    for st in c.streams:
+        st.shift = rng.random() < 0.5
+        st.max_tokens = rng.randint(100, 500) if rng.random() < 0.7 else st.max_tokens
+        if rng.random() < 0.5:
+            st.prompt = " ".join((st.prompt.split() * 20)[:rng.randint(20, 70)])
+    return c
+
+
 @pytest.mark.parametrize("case", range(CASES))
 def test_random_streams_with_speculation_equal_their_plain_answers(models, case):
-    c = Case.draw(case)
-    settings = LoadSettings(n_ctx=2048, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, flash_attn="off",
+    run_case(models, Case.draw(case), n_ctx=2048)
+
+
+@pytest.mark.parametrize("case", range(EDGE_CASES))
+def test_random_streams_at_the_context_edge_equal_their_plain_answers(models, case):
+    run_case(models, at_the_edge(case), n_ctx=EDGE_CTX)
+
+
+def run_case(models, c: Case, *, n_ctx: int) -> None:
+    settings = LoadSettings(n_ctx=n_ctx, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, flash_attn="off",
                             n_parallel=c.n_parallel, prefill_chunk=c.prefill_chunk, type_k="f32", type_v="f32")
     live = Live(models[0], settings, n_outputs=c.n_outputs)
     draft: tuple[DraftModel, SpeculationSettings] | None = None
+    for st in c.streams:  # (a prompt leaves room for an answer)
+        while len(live.tokens(st.prompt)) > n_ctx - 56:
+            st.prompt = " ".join(st.prompt.split()[:-3])
     try:
         if c.draft != "none":
             spec = SpeculationSettings(mode="draft", draft_model=str(models[0] if c.draft == "self" else models[1]),
@@ -201,3 +238,13 @@ def test_the_draws_cover_what_they_are_for():
     assert any(len(c.streams) == 4 and c.n_parallel == 4 for c in cases)
     assert {c.prefill_chunk for c in cases} == {8, 16, 64} and {c.n_outputs for c in cases} == {5, 9, 17}
     assert any(c.cancel and c.streams[c.cancel[0]].drafter != "none" and len(c.streams) > 1 for c in cases)
+
+
+def test_the_edge_draws_shift_and_end_at_the_edge_while_drafting():
+    """The edge seeds hold streams that must run past the window (an answer longer than the context)
+    drafting by lookup and by a draft model, and streams that end where the context does, drafting."""
+    streams = [(c, st) for c in map(at_the_edge, range(EDGE_CASES)) for st in c.streams]
+    long = [(c, st) for c, st in streams if st.max_tokens > EDGE_CTX and st.stop_at is None]
+    assert any(st.shift and st.drafter == "lookup" for _, st in long)
+    assert any(st.shift and st.drafter == "draft" and c.draft != "none" for c, st in long)
+    assert any(not st.shift and st.drafter != "none" for _, st in long)
