@@ -223,13 +223,15 @@ class ReasoningSplit:
     def _harmony(self, out: list[Piece], *, final: bool) -> bool:
         buf = self._buf
         if self._state in ("start", "header"):
+            body = buf.lstrip()
+            if self._state == "start" and body and not any(body.startswith(h) or h.startswith(body)
+                                                           for h in ("<|", "to=")):
+                # not harmony at all: all answer (decided on the first visible characters, as a stream
+                # must, even where a <|message|> comes later: the whole answer then reads as the stream)
+                self._state, self._kind = "plain", "answer"
+                return True
             i = buf.find("<|message|>")
             if i < 0:
-                body = buf.lstrip()
-                if self._state == "start" and body and not any(body.startswith(h) or h.startswith(body)
-                                                               for h in ("<|", "to=")):
-                    self._state, self._kind = "plain", "answer"  # not harmony at all: all answer
-                    return True
                 return False
             header = buf[:i]
             channel = re.search(r"<\|channel\|>\s*([a-z]+)", header)
