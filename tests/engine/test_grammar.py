@@ -95,3 +95,28 @@ def test_a_tool_whose_schema_cannot_be_enforced_is_offered_without_a_grammar_for
     assert st.tools[0]["function"]["parameters"]["properties"]["t"]["uniqueItems"] is True  # shown as it is
     assert "uniqueItems" not in st.gbnf and '"\\"x\\""' in st.gbnf  # f's arguments are still enforced
     assert st.marker == "<tool_call>"
+
+
+def test_literals_are_json_in_the_answer():
+    """Keys, enum values and constants: JSON's escapes stay JSON (a GBNF literal escapes its backslashes),
+    characters are written as they are, and a lone surrogate (which JSON allows) keeps its escape."""
+    g = schema_to_gbnf({"type": "object", "required": ["a\\b"], "properties": {
+        "a\\b": {"const": "line\nbreak \"q\""}, "é": {"enum": ["café", "🙂", "\ud800"]}}})
+    assert r'"\"a\\\\b\""' in g and r'"\"line\\nbreak \\\"q\\\"\""' in g
+    assert r'"\"café\"" | "\"🙂\"" | "\"\\ud800\""' in g
+
+
+def test_a_property_named_empty_is_not_the_root():
+    g = schema_to_gbnf({"type": "object", "properties": {"": {"type": "boolean"}}, "required": [""]})
+    assert g.splitlines()[[r.split(" ::=")[0] for r in g.splitlines()].index("root")].startswith('root ::= "{"')
+
+
+def test_allof_holds_every_part_and_the_node_s_own_properties_each_once():
+    g = schema_to_gbnf({"type": "object", "properties": {"id": {"type": "boolean"}}, "required": ["id"],
+                        "allOf": [{"properties": {"name": {"type": "null"}, "id": {"type": "boolean",
+                                                                                  "title": "again"}}}]})
+    root = next(r for r in g.splitlines() if r.startswith("root ::="))
+    assert root.count("id-kv") == 1 and root.count("name-kv") == 1
+    with pytest.raises(SchemaError, match="two ways"):
+        schema_to_gbnf({"allOf": [{"properties": {"a": {"type": "integer"}}},
+                                  {"properties": {"a": {"type": "string"}}}]})

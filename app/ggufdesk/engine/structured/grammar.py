@@ -103,40 +103,120 @@ if TYPE_CHECKING:
         def __init__(self, *, prop_order: dict[str, int], allow_fetch: bool, dotall: bool,
                      raw_pattern: bool) -> None: ...
         def _add_rule(self, name: str, rule: str) -> str: ...
+        def _format_literal(self, literal: str) -> str: ...
         def _add_primitive(self, name: str, rule: llama_grammar.BuiltinRule) -> str: ...
         def resolve_refs(self, schema: dict[str, Any], url: str) -> Any: ...
+        def _build_object_rule(self, properties: list[tuple[str, Any]], required: set[str], name: str,
+                               additional_properties: Any) -> str: ...
+        _refs: dict[str, Any]
         def visit(self, schema: Any, name: str) -> str: ...
         def format_grammar(self) -> str: ...
 else:
     _SchemaConverter = llama_grammar.SchemaConverter
 
 
+# What a GBNF string literal must escape (llama-cpp-python's list lacks the backslash).
+_GBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\r": "\\r", "\n": "\\n", "\t": "\\t"}
+
+
 class _Converter(_SchemaConverter):
-    """llama-cpp-python's schema converter, plus the numeric ranges it ignores and JSON's string rule."""
+    """llama-cpp-python's schema converter, plus the numeric ranges it ignores, JSON's string rule,
+    literals with their backslashes escaped and a property named "" that is not the root."""
+
+    _visited = False
 
     def _add_primitive(self, name: str, rule: llama_grammar.BuiltinRule) -> str:
         return super()._add_primitive(name, _JSON_CHAR if name == "char" else rule)
 
+    def _format_literal(self, literal: str) -> str:
+        """A GBNF literal of `literal` (JSON text of an enum value, a const or a property name; or one
+        character). Upstream leaves backslashes as they are, so llama.cpp read JSON's escapes as its own:
+        a key "a\\b" came out as "a\b" (not JSON), "\\n" as a raw newline (not JSON either), and
+        "\\ud83d\\ude42" as the encoding of two surrogates (no token can follow). JSON text is
+        rewritten with its characters as they are (a model writes "é", not its escape) where it can be."""
+        try:
+            text = json.dumps(json.loads(literal), ensure_ascii=False)
+            text.encode()  # a lone surrogate (JSON allows "\\ud800") keeps its escape
+            literal = text
+        except (ValueError, UnicodeEncodeError, RecursionError):
+            pass
+        return '"' + "".join(_GBNF_ESCAPES.get(c, c) for c in literal) + '"'
+
     def visit(self, schema: Any, name: str) -> str:
-        if isinstance(schema, dict) and not (schema.keys() - S.ANNOTATIONS - {"propertyNames"}):
+        if not name and self._visited:
+            name = "empty-key"  # a top-level property named "": its rule would take the name "root"
+        self._visited = True
+        rule = self._own_rule(schema, name) if isinstance(schema, dict) else None
+        return rule if rule is not None else super().visit(schema, name)
+
+    def _own_rule(self, schema: dict[str, Any], name: str) -> str | None:
+        """The rule for what upstream gets wrong (None: upstream's rule)."""
+        rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
+        if "allOf" in schema and schema.get("type") in (None, "object") \
+                and not {"$ref", "anyOf", "oneOf", "const", "enum"} & schema.keys():
+            props, required = _all_of(schema, self._refs)
+            return self._add_rule(rule_name, self._build_object_rule(props, required, name, additional_properties=[]))
+        if not (schema.keys() - S.ANNOTATIONS - {"propertyNames"}):
             # {} or annotations alone (Claude Code's {"description": ...}) accept any JSON value,
             # where the upstream converter would take them for an object
-            rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
             return self._add_rule(rule_name, self._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"]))
-        if isinstance(schema, dict) and ({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
-                                         & schema.keys()):
-            rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
-            if schema.get("type") == "integer":
-                lo, hi = S.int_bounds(schema)
-                return self._add_rule(rule_name, f"({int_range_gbnf(lo, hi)}) space")
-            if schema.get("type") == "number":
-                lo, hi = S.number_bounds(schema)
-                frac = '("." [0-9]{1,15})?'
-                body = f"({int_range_gbnf(lo, None if hi is None else hi - 1)}) {frac}"
-                if hi is not None:
-                    body = f'({body}) | ("{hi}" ("." "0"{{1,15}})?)'
-                return self._add_rule(rule_name, f"({body}) space")
-        return super().visit(schema, name)
+        if {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} & schema.keys():
+            return self._number_rule(schema, rule_name)
+        return None
+
+    def _number_rule(self, schema: dict[str, Any], rule_name: str) -> str | None:
+        if schema.get("type") == "integer":
+            lo, hi = S.int_bounds(schema)
+            return self._add_rule(rule_name, f"({int_range_gbnf(lo, hi)}) space")
+        if schema.get("type") == "number":
+            lo, hi = S.number_bounds(schema)
+            frac = '("." [0-9]{1,15})?'
+            body = f"({int_range_gbnf(lo, None if hi is None else hi - 1)}) {frac}"
+            if hi is not None:
+                body = f'({body}) | ("{hi}" ("." "0"{{1,15}})?)'
+            return self._add_rule(rule_name, f"({body}) space")
+        return None
+
+
+def _all_of(schema: dict[str, Any], refs: dict[str, Any]) -> tuple[list[tuple[str, Any]], set[str]]:
+    """The properties an `allOf` object has, each once, and those it must write: upstream's reading
+    (every property of a part is required, those of a part's `anyOf` branches optional), with the
+    node's own `properties` beside the parts. Upstream listed a property that two parts define twice,
+    so the answer wrote its key twice, both times under the second part's schema: a property defined
+    differently by two parts is refused instead (the grammar cannot hold a value to both)."""
+    props: dict[str, Any] = {}
+    required: set[str] = set()
+
+    def add(part: Any, must: bool, own: list[str] | None = None) -> None:
+        if isinstance(part, dict) and isinstance(part.get("$ref"), str):
+            part = refs.get(part["$ref"], part)
+        if not isinstance(part, dict):
+            return
+        for key, sub in (part.get("properties") or {}).items():
+            if key in props and _bare(props[key]) != _bare(sub):
+                raise S.SchemaError(f"`allOf` defines the property {key!r} in two ways; structured output "
+                                    "cannot hold its value to both")
+            props.setdefault(key, sub)
+            if must if own is None else key in own:
+                required.add(key)
+
+    add(schema, False, list(schema.get("required") or []))
+    for part in schema["allOf"]:
+        if isinstance(part, dict) and "anyOf" in part:
+            for branch in part["anyOf"]:
+                add(branch, False)
+        else:
+            add(part, True)
+    return list(props.items()), required
+
+
+def _bare(schema: Any) -> Any:
+    """A schema without its annotations (two definitions that differ only in those are one)."""
+    if isinstance(schema, dict):
+        return {k: _bare(v) for k, v in schema.items() if k not in S.ANNOTATIONS}
+    if isinstance(schema, list):
+        return [_bare(v) for v in schema]
+    return schema
 
 
 def schema_to_gbnf(schema: dict[str, Any], *, meta: bool = True) -> str:
