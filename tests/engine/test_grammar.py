@@ -120,3 +120,42 @@ def test_allof_holds_every_part_and_the_node_s_own_properties_each_once():
     with pytest.raises(SchemaError, match="two ways"):
         schema_to_gbnf({"allOf": [{"properties": {"a": {"type": "integer"}}},
                                   {"properties": {"a": {"type": "string"}}}]})
+
+
+@pytest.mark.parametrize("pattern,cls", [
+    (r"^\d{3}$", r"[\x30-\x39]"), (r"^\w+$", r"[\x30-\x39\x41-\x5A\x5F\x61-\x7A]"), (r"^a\.b$", r"[\x2E]"),
+    (r"^[ -~]+$", r"[\x20-\x21\x23-\x5B\x5D-\x7E]"), (r'^[^"]+$', r"[^\x22\x00-\x1F\x22\x5C\x7F]"),
+    (r"^[\u4e00-\u9fff]+$", r"[\u4E00-\u9FFF]"), (r"^\S$", r"[^\x20\xA0\u1680\u2000-\u200A"),
+])
+def test_pattern_escapes_and_classes_become_json_string_content(pattern, cls):
+    """Escapes reached llama.cpp as unknown GBNF escapes (every pattern with \\d was refused), and
+    classes and `.` let the answer write a raw quote, backslash or newline inside its string."""
+    g = schema_to_gbnf({"type": "string", "pattern": pattern})
+    assert cls in g
+    assert r'dot ::= [^"\\\x7F\x00-\x1F]' in schema_to_gbnf({"type": "string", "pattern": "^.$"})
+
+
+@pytest.mark.parametrize("pattern,word", [(r"^a\bc$", r"\b"), (r'^"$', "escaped"), (r"^\n$", "escaped"),
+                                          (r"^[\D]$", "inside a class"), (r"^\p{L}$", r"\p")])
+def test_patterns_a_json_string_cannot_hold_are_refused_by_name(pattern, word):
+    with pytest.raises(SchemaError, match=re.escape(word)):
+        schema_to_gbnf({"type": "string", "pattern": pattern})
+
+
+def test_the_date_format_is_a_calendar_date():
+    """Upstream's date let every month have 31 days, February 30 and the year 0000; now each month has
+    its days and February 29 only leap years (a validator's date check reads every answer)."""
+    import datetime
+
+    from ggufdesk.engine.structured.grammar import _DATE
+
+    rx = _as_regex(_DATE.content)
+    years = [*range(0, 9), *range(96, 105), *range(396, 405), *range(1896, 1905), *range(1996, 2005), 2100, 9999]
+    for y, m, d in ((y, m, d) for y in years for m in range(14) for d in range(33)):
+        text = f"{y:04d}-{m:02d}-{d:02d}"
+        try:
+            valid = bool(datetime.date.fromisoformat(text))
+        except ValueError:
+            valid = False
+        assert bool(rx.fullmatch(text)) == valid, text
+    assert "date ::= ([1-9]" in schema_to_gbnf({"type": "string", "format": "date-time"})

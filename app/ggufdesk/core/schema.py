@@ -120,6 +120,7 @@ def _walk(node: Any, where: str, depth: int, count: list[int], root: dict[str, A
         raise SchemaError(f"the schema is too large (more than {MAX_DEPTH} levels or {MAX_NODES} parts)")
     _check_keywords(node, where, root)
     _check_combinations(node, where)
+    _check_all_of(node, where, root)
     if "enum" in node and not node["enum"]:
         raise SchemaError(f"{where}: an empty `enum` accepts nothing")
     for sub_where, sub in _children(node, where):
@@ -163,6 +164,35 @@ def _check_combinations(node: dict[str, Any], where: str) -> None:
         if not isinstance(part, dict) or not ({"properties", "$ref", "anyOf"} & part.keys()):
             raise SchemaError(f"{where}/allOf/{i}: `allOf` is supported only over object schemas "
                               "with `properties`")
+
+
+def _check_all_of(node: dict[str, Any], where: str, root: dict[str, Any]) -> None:
+    """An `allOf` object whose parts (or the node itself) define one property in two ways: the grammar
+    writes a property once, under one schema, and cannot hold its value to both."""
+    if not isinstance(node.get("allOf"), list):
+        return
+    seen: dict[str, Any] = {}
+    parts = [node, *node["allOf"]]
+    for part in parts:
+        branches = part.get("anyOf") if isinstance(part, dict) and part is not node else None
+        for p in branches if isinstance(branches, list) else [part]:
+            if isinstance(p, dict) and isinstance(p.get("$ref"), str):
+                p = _resolve(root, p["$ref"], where)
+            props = p.get("properties") if isinstance(p, dict) else None
+            for key, sub in (props if isinstance(props, dict) else {}).items():
+                if key in seen and bare(seen[key]) != bare(sub):
+                    raise SchemaError(f"{where}: `allOf` defines the property {key!r} in two ways; structured "
+                                      "output cannot hold its value to both")
+                seen.setdefault(key, sub)
+
+
+def bare(schema: Any) -> Any:
+    """A schema without its annotations (two definitions that differ only in those are one)."""
+    if isinstance(schema, dict):
+        return {k: bare(v) for k, v in schema.items() if k not in ANNOTATIONS}
+    if isinstance(schema, list):
+        return [bare(v) for v in schema]
+    return schema
 
 
 def _children(node: dict[str, Any], where: str) -> Iterator[tuple[str, Any]]:

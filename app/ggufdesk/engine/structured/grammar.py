@@ -93,6 +93,14 @@ def int_range_gbnf(lo: int | None, hi: int | None) -> str:
 # JSON forbids raw control characters in strings; llama-cpp-python 0.3.36's `char` allows them.
 _JSON_CHAR = llama_grammar.BuiltinRule(
     r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])', [])
+# A calendar date (upstream's rule let any month have 31 days, February 30 and the year 0000): each
+# month its days, February 29 in leap years only (every 4th year, centuries every 400th), years 0001-9999.
+_LEAP = '([02468] [48] | [13579] [26] | [2468] "0")'
+_D28 = '("0" [1-9] | "1" [0-9] | "2" [0-8])'
+_DATE = llama_grammar.BuiltinRule(
+    '([1-9] [0-9] [0-9] [0-9] | "0" [1-9] [0-9] [0-9] | "00" [1-9] [0-9] | "000" [1-9]) "-" ('
+    f'("0" [13578] | "1" [02]) "-" ({_D28} | "29" | "30" | "31") | ("0" [469] | "11") "-" ({_D28} | "29" | "30") '
+    f'| "02-" {_D28}) | ([0-9] [0-9] {_LEAP} | {_LEAP} "00") "-02-29"', [])
 
 
 if TYPE_CHECKING:
@@ -109,6 +117,7 @@ if TYPE_CHECKING:
         def _build_object_rule(self, properties: list[tuple[str, Any]], required: set[str], name: str,
                                additional_properties: Any) -> str: ...
         _refs: dict[str, Any]
+        def _visit_pattern(self, pattern: str, name: str) -> str: ...
         def visit(self, schema: Any, name: str) -> str: ...
         def format_grammar(self) -> str: ...
 else:
@@ -126,7 +135,7 @@ class _Converter(_SchemaConverter):
     _visited = False
 
     def _add_primitive(self, name: str, rule: llama_grammar.BuiltinRule) -> str:
-        return super()._add_primitive(name, _JSON_CHAR if name == "char" else rule)
+        return super()._add_primitive(name, {"char": _JSON_CHAR, "date": _DATE}.get(name, rule))
 
     def _format_literal(self, literal: str) -> str:
         """A GBNF literal of `literal` (JSON text of an enum value, a const or a property name; or one
@@ -141,6 +150,14 @@ class _Converter(_SchemaConverter):
         except (ValueError, UnicodeEncodeError, RecursionError):
             pass
         return '"' + "".join(_GBNF_ESCAPES.get(c, c) for c in literal) + '"'
+
+    def _add_rule(self, name: str, rule: str) -> str:
+        if name == "dot" and rule in (llama_grammar.DOT, llama_grammar.DOTALL):
+            rule = _JSON_PATTERN_CHAR  # a pattern's `.`: any character a JSON string holds as it is
+        return super()._add_rule(name, rule)
+
+    def _visit_pattern(self, pattern: str, name: str) -> str:
+        return super()._visit_pattern(json_safe_pattern(pattern), name)
 
     def visit(self, schema: Any, name: str) -> str:
         if not name and self._visited:
@@ -178,12 +195,128 @@ class _Converter(_SchemaConverter):
         return None
 
 
+# A pattern's characters land inside a JSON string as they are: no quote, backslash or control character.
+_JSON_PATTERN_CHAR = r'[^"\\\x7F\x00-\x1F]'
+Ranges = list[tuple[int, int]]
+_UNSAFE: Ranges = [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F)]
+# \d \w as JSON Schema's regexes (ECMA-262) read them: ASCII; \s a space alone (JSON escapes the others),
+# \S none of ECMA-262's spaces
+_SHORT: dict[str, Ranges] = {"d": [(0x30, 0x39)], "w": [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)],
+                             "s": [(0x20, 0x20)]}
+_NEGATED: dict[str, Ranges] = {"D": _SHORT["d"], "W": _SHORT["w"], "S": [
+    (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029), (0x202F, 0x202F),
+    (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)]}
+_CONTROL_ESCAPES = {"n": 0x0A, "r": 0x0D, "t": 0x09, "f": 0x0C, "v": 0x0B}
+
+
+def json_safe_pattern(pattern: str) -> str:
+    """`pattern` rewritten for the converter's regex subset so that it writes only what a JSON string
+    holds as it is: \\d \\w \\s and their negations, \\xHH \\uHHHH, escaped punctuation and every
+    [class] become GBNF classes without quote, backslash or control characters. Upstream passed escapes
+    through (\\d reached llama.cpp as an unknown escape: every pattern with one was refused) and let
+    `.`, [^a] or [ -~] write a raw quote or newline inside the string. A pattern that can only match
+    such a character, or uses an escape we do not read (\\b, \\n, \\p...), is refused by name."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "[":
+            i, ranges, negated = _read_class(pattern, i)
+            out.append(_gbnf_class(ranges, negated))
+        elif c == "\\":
+            e = pattern[i + 1:i + 2]
+            if e in ("d", "w", "s", "D", "W", "S"):
+                out.append(_gbnf_class(_NEGATED[e], True) if e.isupper() else _gbnf_class(_SHORT[e], False))
+                i += 2
+            else:
+                code, i = _read_escape(pattern, i)
+                out.append(_gbnf_class([(code, code)], False))
+        elif c == '"' or ord(c) < 0x20 or c == "\x7f":
+            raise _unsafe(c)
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _read_escape(pattern: str, i: int) -> tuple[int, int]:
+    """The code point of the escape at pattern[i] (a backslash) and where it ends."""
+    e = pattern[i + 1:i + 2]
+    width = {"x": 2, "u": 4, "U": 8}.get(e)
+    if width is not None:
+        digits = pattern[i + 2:i + 2 + width]
+        if len(digits) == width and all(d in "0123456789abcdefABCDEF" for d in digits):
+            return int(digits, 16), i + 2 + width
+    elif e in _CONTROL_ESCAPES:
+        return _CONTROL_ESCAPES[e], i + 2
+    elif e and e.isascii() and not e.isalnum() and e.isprintable():
+        return ord(e), i + 2
+    raise S.SchemaError(f"`pattern` uses the escape \\{e}, which structured output cannot enforce (supported: "
+                        "\\d \\w \\s \\D \\W \\S, \\xHH \\uHHHH and escaped punctuation)")
+
+
+def _read_class(pattern: str, i: int) -> tuple[int, Ranges, bool]:
+    """The [class] at pattern[i]: where it ends, its ranges, whether it is negated."""
+    j, n = i + 1, len(pattern)
+    negated = pattern[j:j + 1] == "^"
+    j += negated
+    ranges: Ranges = []
+    first = j
+    while j < n and (pattern[j] != "]" or j == first):
+        if pattern[j] == "\\" and pattern[j + 1:j + 2] in ("d", "w", "s"):
+            ranges += _SHORT[pattern[j + 1]]
+            j += 2
+            continue
+        if pattern[j] == "\\" and pattern[j + 1:j + 2] in ("D", "W", "S"):
+            raise S.SchemaError(f"`pattern` uses {pattern[j:j + 2]} inside a class, which structured output "
+                                "cannot enforce")
+        lo, j = _read_escape(pattern, j) if pattern[j] == "\\" else (ord(pattern[j]), j + 1)
+        hi = lo
+        if pattern[j:j + 1] == "-" and j + 1 < n and pattern[j + 1] != "]":
+            hi, j = _read_escape(pattern, j + 1) if pattern[j + 1] == "\\" else (ord(pattern[j + 1]), j + 2)
+        ranges.append((lo, hi))
+    if j >= n:
+        raise S.SchemaError("`pattern` has a `[` that is never closed")
+    return j + 1, ranges, negated
+
+
+def _gbnf_class(ranges: Ranges, negated: bool) -> str:
+    """A GBNF class of `ranges` (negated: of everything else) without what a JSON string must escape."""
+    if negated:
+        ranges = ranges + _UNSAFE
+    else:
+        safe = _minus(ranges, _UNSAFE)
+        if not safe:
+            raise _unsafe(chr(ranges[0][0]))
+        ranges = safe
+    body = "".join(_cp(lo) if lo == hi else f"{_cp(lo)}-{_cp(hi)}" for lo, hi in ranges)
+    return "[" + ("^" if negated else "") + body + "]"
+
+
+def _minus(ranges: Ranges, cut: Ranges) -> Ranges:
+    out = []
+    for lo, hi in ranges:
+        parts = [(lo, hi)]
+        for a, b in cut:
+            parts = [p for x, y in parts for p in ((x, min(y, a - 1)), (max(x, b + 1), y)) if p[0] <= p[1]]
+        out += parts
+    return out
+
+
+def _cp(code: int) -> str:
+    return f"\\x{code:02X}" if code < 0x100 else f"\\u{code:04X}" if code < 0x10000 else f"\\U{code:08X}"
+
+
+def _unsafe(c: str) -> S.SchemaError:
+    return S.SchemaError(f"`pattern` matches only {c!r} there, which a JSON string holds only escaped; "
+                         "structured output cannot enforce that")
+
+
 def _all_of(schema: dict[str, Any], refs: dict[str, Any]) -> tuple[list[tuple[str, Any]], set[str]]:
     """The properties an `allOf` object has, each once, and those it must write: upstream's reading
     (every property of a part is required, those of a part's `anyOf` branches optional), with the
     node's own `properties` beside the parts. Upstream listed a property that two parts define twice,
-    so the answer wrote its key twice, both times under the second part's schema: a property defined
-    differently by two parts is refused instead (the grammar cannot hold a value to both)."""
+    so the answer wrote its key twice (both times under the second part's schema); one defined in two
+    ways is refused by the schema check (core/schema.py _check_all_of)."""
     props: dict[str, Any] = {}
     required: set[str] = set()
 
@@ -193,9 +326,6 @@ def _all_of(schema: dict[str, Any], refs: dict[str, Any]) -> tuple[list[tuple[st
         if not isinstance(part, dict):
             return
         for key, sub in (part.get("properties") or {}).items():
-            if key in props and _bare(props[key]) != _bare(sub):
-                raise S.SchemaError(f"`allOf` defines the property {key!r} in two ways; structured output "
-                                    "cannot hold its value to both")
             props.setdefault(key, sub)
             if must if own is None else key in own:
                 required.add(key)
@@ -208,15 +338,6 @@ def _all_of(schema: dict[str, Any], refs: dict[str, Any]) -> tuple[list[tuple[st
         else:
             add(part, True)
     return list(props.items()), required
-
-
-def _bare(schema: Any) -> Any:
-    """A schema without its annotations (two definitions that differ only in those are one)."""
-    if isinstance(schema, dict):
-        return {k: _bare(v) for k, v in schema.items() if k not in S.ANNOTATIONS}
-    if isinstance(schema, list):
-        return [_bare(v) for v in schema]
-    return schema
 
 
 def schema_to_gbnf(schema: dict[str, Any], *, meta: bool = True) -> str:
