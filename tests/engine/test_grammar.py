@@ -159,3 +159,18 @@ def test_the_date_format_is_a_calendar_date():
             valid = False
         assert bool(rx.fullmatch(text)) == valid, text
     assert "date ::= ([1-9]" in schema_to_gbnf({"type": "string", "format": "date-time"})
+
+
+def test_an_additional_property_s_key_is_none_of_the_named_ones():
+    """Upstream's key for additional properties was any string, so an answer could write a named key
+    again, with a value its own schema refuses; now it is any other key (written without escapes)."""
+    from ggufdesk.engine.structured.grammar import _other_key
+
+    rule = _other_key(["a", "ab", "", 'q"'])
+    body = rule.removeprefix('"\\"" ').removesuffix(' "\\"" space')
+    rx = re.compile("".join(t if not t.isspace() else "" for t in re.findall(r"\[[^\]]*\]|[()|?*]|\s+", body)))
+    for key, other in (("a", False), ("ab", False), ("", False), ("abc", True), ("b", True), ("aa", True),
+                       ("x y", True), ("q", True), ("é", True), ('q"', False), ("a\\b", False)):
+        assert bool(rx.fullmatch(key)) == other, key
+    g = schema_to_gbnf({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True})
+    assert "additional-kv ::= additional-key " in g

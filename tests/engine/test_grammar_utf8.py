@@ -68,3 +68,24 @@ def test_a_sampled_answer_never_reaches_a_byte_no_token_can_follow(live):
             assert c.sample(favouring(live, b0, x9f), smp) != b0
         finally:
             c.close()
+
+
+def test_a_control_token_the_answer_shows_as_nothing_never_fits_a_string(live):
+    """llama.cpp's grammar reads <unk> or <s> as their text, which a string takes; the answer shows
+    nothing for them, so a string had passed minLength on characters that were not there (found by the
+    random walks of tests/engine/test_schema_walks.py). An end of generation still ends a finished answer."""
+    import llama_cpp
+
+    vocab = live.lm.vocab
+    hidden = [t for t in range(live.lm.n_vocab) if not live.vocab.piece(t) and not live.vocab.is_eog(t)]
+    assert hidden  # <unk>, <s>
+    c = string_field(live)
+    try:
+        assert not any(c.allows(t) for t in hidden)
+        greedy = c.sample(favouring(live, *hidden, byte_token(live, ord("a"))), None)
+        assert greedy == byte_token(live, ord("a"))
+        for b in b'"}':
+            c.accept(byte_token(live, b))
+        assert c.allows(llama_cpp.llama_vocab_eos(vocab))
+    finally:
+        c.close()

@@ -132,7 +132,10 @@ class _Converter(_SchemaConverter):
     """llama-cpp-python's schema converter, plus the numeric ranges it ignores, JSON's string rule,
     literals with their backslashes escaped and a property named "" that is not the root."""
 
-    _visited = False
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._visited = False  # the root was visited (a later name "" is a property's)
+        self._named: dict[str, list[str]] = {}  # additional keys' rule name -> the object's named keys
 
     def _add_primitive(self, name: str, rule: llama_grammar.BuiltinRule) -> str:
         return super()._add_primitive(name, {"char": _JSON_CHAR, "date": _DATE}.get(name, rule))
@@ -154,7 +157,18 @@ class _Converter(_SchemaConverter):
     def _add_rule(self, name: str, rule: str) -> str:
         if name == "dot" and rule in (llama_grammar.DOT, llama_grammar.DOTALL):
             rule = _JSON_PATTERN_CHAR  # a pattern's `.`: any character a JSON string holds as it is
+        named = self._named.pop(name, None)
+        if named is not None and rule.startswith("string "):  # an additional property's key: not a named one
+            rule = super()._add_rule(name[:-len("kv")] + "key", _other_key(named)) + rule[len("string"):]
         return super()._add_rule(name, rule)
+
+    def _build_object_rule(self, properties: list[tuple[str, Any]], required: set[str], name: str,
+                           additional_properties: Any) -> str:
+        """Upstream's object, with additional properties' keys other than the named ones: it let the
+        answer write a named key again as an additional one, with a value its own schema refuses."""
+        if additional_properties is True or isinstance(additional_properties, dict):
+            self._named[f"{name}{'-' if name else ''}additional-kv"] = [key for key, _ in properties]
+        return super()._build_object_rule(properties, required, name, additional_properties)
 
     def _visit_pattern(self, pattern: str, name: str) -> str:
         return super()._visit_pattern(json_safe_pattern(pattern), name)
@@ -304,6 +318,25 @@ def _minus(ranges: Ranges, cut: Ranges) -> Ranges:
 
 def _cp(code: int) -> str:
     return f"\\x{code:02X}" if code < 0x100 else f"\\u{code:04X}" if code < 0x10000 else f"\\U{code:08X}"
+
+
+def _other_key(named: list[str]) -> str:
+    """A key (JSON string, then space) that is none of `named`, written without escapes: a trie of the
+    names where every node may also leave them by any other character."""
+    trie: dict[str, Any] = {}
+    for word in named:
+        node = trie
+        for c in word:
+            node = node.setdefault(c, {})
+        node[""] = {}  # a name ends here
+
+    def rest(node: dict[str, Any]) -> str:
+        chars = [c for c in sorted(node) if c and _minus([(ord(c), ord(c))], _UNSAFE)]  # (others need escapes)
+        alts = [f"[{_cp(ord(c))}] {rest(node[c])}" for c in chars]
+        alts.append(_gbnf_class([(ord(c), ord(c)) for c in chars], True) + f" {_JSON_PATTERN_CHAR}*")
+        return "(" + " | ".join(alts) + ")" + ("" if "" in node else "?")
+
+    return f'"\\"" {rest(trie)} "\\"" space'
 
 
 def _unsafe(c: str) -> S.SchemaError:
@@ -532,6 +565,7 @@ class GrammarConstraint:
                  openings: list[bytes] | None = None) -> None:
         self.n_vocab = n_vocab
         self.gbnf = gbnf
+        self._vocab = vocab
         self._piece = piece
         self._marker = marker.encode() if marker else None
         self._openings = openings or []
@@ -583,10 +617,16 @@ class GrammarConstraint:
 
     def _utf8_ok(self, token: int) -> bool:
         """The output stays valid UTF-8 with this token (llama.cpp's grammar counts a malformed
-        byte sequence as one character; JSON readers would not)."""
+        byte sequence as one character; JSON readers would not), and the token writes what the
+        grammar reads: llama.cpp's grammar reads a control token as its text ("<s>", "<unk>") where
+        the answer shows nothing, so a string could pass minLength or a pattern on text that is not
+        there (only an end of generation may be such a token)."""
+        piece = self._piece(token)
+        if not piece:
+            return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
         state = self._utf8.getstate()
         try:
-            self._utf8.decode(self._piece(token))
+            self._utf8.decode(piece)
             # Python's decoder raises on a surrogate's encoding (ED A0-BF ..) only at its last byte, and
             # llama.cpp's grammar does not check for one: taking ED A0 would leave no token that fits
             pending = self._utf8.getstate()[0]
