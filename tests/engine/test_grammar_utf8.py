@@ -89,3 +89,31 @@ def test_a_control_token_the_answer_shows_as_nothing_never_fits_a_string(live):
         assert c.allows(llama_cpp.llama_vocab_eos(vocab))
     finally:
         c.close()
+
+
+def takes(live: Live, gbnf: str, text: str) -> bool:
+    """Whether the grammar takes `text` byte by byte and then lets the answer end."""
+    import llama_cpp
+
+    c = GrammarConstraint(live.lm.vocab, live.lm.n_vocab, gbnf, piece=live.vocab.piece)
+    try:
+        for b in text.encode():
+            t = byte_token(live, b)
+            if not c.allows(t):
+                return False
+            c.accept(t)
+        return c.allows(llama_cpp.llama_vocab_eos(live.lm.vocab))
+    finally:
+        c.close()
+
+
+def test_named_then_additional_properties_end_or_go_on_after_a_comma(live):
+    """Upstream required an additional property after the last optional named one, with no comma:
+    {"a":1} could not end, and the answer glued the next key on (found by random walks through tool
+    grammars: a Mistral call's arguments that no JSON reader took)."""
+    for extra in (True, {"type": "integer"}):
+        gbnf = schema_to_gbnf({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "null"}},
+                               "additionalProperties": extra})
+        for text in ('{"a":1}', '{"a":1,"x":2}', '{"b":null,"x":3,"y":4}', '{"x":5}', '{}', '{"a":1,"b":null,"c":6}'):
+            assert takes(live, gbnf, text), (extra, text)
+        assert not takes(live, gbnf, '{"a":1"x":2}') and not takes(live, gbnf, '{"a":1,"a":2}')

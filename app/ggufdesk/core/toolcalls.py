@@ -15,7 +15,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from ggufdesk.core.tools import DS_CALL, DS_CALL_END, DS_CALLS, DS_CALLS_END, DS_SEP, ToolFormat
+from ggufdesk.core.tools import DS_CALL, DS_CALL_END, DS_CALLS, DS_CALLS_END, DS_SEP, ToolFormat, xml_raw
 
 Span = tuple[int, int, "dict[str, Any] | None"]  # start, end, the call (None: it could not be read)
 
@@ -64,16 +64,17 @@ def _json_prefix(text: str, start: int = 0) -> tuple[Any, int]:
 
 
 def _xml_value(raw: str, schema: dict[str, Any] | None) -> Any:
+    """A Qwen3-Coder parameter's value: raw text where its schema makes it so (core/tools.py xml_raw),
+    else JSON (as the grammar writes it); a parameter its tool does not name: JSON unless that reads
+    as a bare string."""
     value = raw.removeprefix("\n").removesuffix("\n")
-    schema = schema or {}
-    kind = schema.get("type")
-    if kind == "string" or value in (schema.get("enum") or ()) or value == schema.get("const"):
+    if schema and xml_raw(schema):
         return value
     try:
         parsed = json.loads(value)
     except (ValueError, RecursionError):
         return value
-    return parsed if kind is not None or not isinstance(parsed, str) else value
+    return parsed if schema or not isinstance(parsed, str) else value
 
 
 def _xml_call(body: str, schemas: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
@@ -85,7 +86,7 @@ def _xml_call(body: str, schemas: dict[str, dict[str, Any]]) -> dict[str, Any] |
     props = (schemas.get(name) or {}).get("properties") or {}
     args: dict[str, Any] = {}
     pos = 0
-    for p in re.finditer(r"<parameter=([^>\n]+)>(.*?)</parameter>", inner, re.S):
+    for p in re.finditer(r"<parameter=([^>\n]*)>(.*?)</parameter>", inner, re.S):  # (a key may be "")
         if inner[pos:p.start()].strip():
             return None
         key = p.group(1).strip()

@@ -188,6 +188,20 @@ def loosen(tools: list[dict[str, Any]], names: frozenset[str] | set[str]) -> lis
             if t["function"]["name"] in names else t for t in tools]
 
 
+def xml_raw(schema: Any) -> bool:
+    """Whether Qwen3-Coder's XML calls write a parameter of this schema as raw text (a plain string, or a
+    string enum or const); any other value is written as JSON (engine/structured/grammar.py, and
+    core/toolcalls.py reads it back the same way). A string with a pattern, a format or a length
+    is JSON too: its grammar rule is the JSON string's."""
+    if not isinstance(schema, dict):
+        return False
+    words = schema.get("enum", [schema.get("const")]) if {"enum", "const"} & schema.keys() else None
+    if words is not None:
+        return bool(words) and all(isinstance(w, str) for w in words)
+    bounded = {"pattern", "format", "minLength", "maxLength"} & schema.keys()
+    return schema.get("type") == "string" and not bounded
+
+
 def call_schema(tools: list[dict[str, Any]], fmt: ToolFormat) -> dict[str, Any]:
     """The JSON schema of one call to any of `tools` in this format (what the grammar enforces)."""
     alts = []

@@ -117,6 +117,7 @@ if TYPE_CHECKING:
         def _build_object_rule(self, properties: list[tuple[str, Any]], required: set[str], name: str,
                                additional_properties: Any) -> str: ...
         _refs: dict[str, Any]
+        _rules: dict[str, str]
         def _visit_pattern(self, pattern: str, name: str) -> str: ...
         def visit(self, schema: Any, name: str) -> str: ...
         def format_grammar(self) -> str: ...
@@ -124,6 +125,7 @@ else:
     _SchemaConverter = llama_grammar.SchemaConverter
 
 
+_KVS = re.compile(r'^(\S+) \( "," space \1 \)\*$')  # upstream's additional-kvs rule
 # What a GBNF string literal must escape (llama-cpp-python's list lacks the backslash).
 _GBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\r": "\\r", "\n": "\\n", "\t": "\\t"}
 
@@ -168,7 +170,15 @@ class _Converter(_SchemaConverter):
         answer write a named key again as an additional one, with a value its own schema refuses."""
         if additional_properties is True or isinstance(additional_properties, dict):
             self._named[f"{name}{'-' if name else ''}additional-kv"] = [key for key, _ in properties]
-        return super()._build_object_rule(properties, required, name, additional_properties)
+        rule = super()._build_object_rule(properties, required, name, additional_properties)
+        # Upstream ends the chain of optional properties with the additional ones as `X-rest ::= kvs`:
+        # required, and with no comma before them, so an answer that wrote a named property could not
+        # end there and glued the next key on ({"a": 1"x": 2}); later llama.cpp writes `( "," space kv )*`.
+        for key, body in list(self._rules.items()):
+            kvs = _KVS.match(self._rules.get(body, "")) if key.endswith("-rest") else None
+            if kvs is not None:
+                self._rules[key] = f'( "," space {kvs.group(1)} )*'
+        return rule
 
     def _visit_pattern(self, pattern: str, name: str) -> str:
         return super()._visit_pattern(json_safe_pattern(pattern), name)
@@ -478,19 +488,18 @@ def _harmony_grammar(tools: list[dict[str, Any]]) -> str:
     named = _params(tools)
     rules = _schema_rules({f"args{i}": p for i, (_, p) in enumerate(named)})
     alts = [f"{_lit(n)} hdr {_lit('<|message|>')} args{i}" for i, (n, _) in enumerate(named)]
-    hdr = 'hdr ::= ([ ]? ("<|channel|>commentary" | "<|constrain|>" | "json"))*'
+    # ("json" after a space or <|constrain|> only: glued to the name it would be read as part of it)
+    hdr = 'hdr ::= ([ ]? "<|channel|>commentary" | [ ]? "<|constrain|>" "json"? | " json")*'
     return "\n".join([f'root ::= "to=functions." ({" | ".join(alts)})', hdr, rules])
 
 
 def _xml_value(sub: Any, rule: str, schemas: dict[str, dict[str, Any]]) -> str:
     """One parameter's value: raw text for a plain string or a string enum, else the JSON its schema
     says (the rule `rule`, whose schema goes into `schemas`)."""
-    plain = isinstance(sub, dict) and not ({"enum", "const", "pattern"} & sub.keys())
-    words = sub.get("enum", [sub.get("const")]) if isinstance(sub, dict) else None
-    if plain and sub.get("type") == "string":
-        return "xml-text"
-    if isinstance(words, list) and words and all(isinstance(w, str) for w in words):
-        return "(" + " | ".join(_lit(w) for w in words) + ")"  # raw text, as XML values are
+    if T.xml_raw(sub):
+        words = sub.get("enum", [sub.get("const")])
+        return "xml-text" if "enum" not in sub and "const" not in sub else \
+            "(" + " | ".join(_lit(w) for w in words) + ")"  # raw text, as XML values are
     schemas[rule] = sub if isinstance(sub, dict) else {}
     return rule
 
