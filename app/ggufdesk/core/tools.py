@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ggufdesk.core.schema import SchemaError, check_schema, check_size, load_schema, relax_bounds
+from ggufdesk.core.schema import ENFORCED_FORMATS, SchemaError, check_schema, check_size, load_schema, relax_bounds
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MAX_TOOLS = 128
@@ -191,14 +191,15 @@ def loosen(tools: list[dict[str, Any]], names: frozenset[str] | set[str]) -> lis
 def xml_raw(schema: Any) -> bool:
     """Whether Qwen3-Coder's XML calls write a parameter of this schema as raw text (a plain string, or a
     string enum or const); any other value is written as JSON (engine/structured/grammar.py, and
-    core/toolcalls.py reads it back the same way). A string with a pattern, a format or a length
-    is JSON too: its grammar rule is the JSON string's."""
+    core/toolcalls.py reads it back the same way). A string the grammar holds to a pattern, a length
+    or a format it enforces is JSON too (its rule is the JSON string's); other formats (`uri`, `email`:
+    annotations) leave it raw, as the model's template writes it."""
     if not isinstance(schema, dict):
         return False
     words = schema.get("enum", [schema.get("const")]) if {"enum", "const"} & schema.keys() else None
     if words is not None:
         return bool(words) and all(isinstance(w, str) for w in words)
-    bounded = {"pattern", "format", "minLength", "maxLength"} & schema.keys()
+    bounded = {"pattern", "minLength", "maxLength"} & schema.keys() or schema.get("format") in ENFORCED_FORMATS
     return schema.get("type") == "string" and not bounded
 
 
