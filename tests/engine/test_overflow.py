@@ -182,3 +182,44 @@ def test_a_raw_prompt_under_truncate_middle_and_error():
 
 def test_the_budget_keeps_room_for_the_answer():
     assert O.budget_for(4096, 512) == 3584 and O.budget_for(4096, 32000) == 2048 and O.budget_for(256, 40) == 216
+
+
+# ---- drawn conversations --------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+TURNS = st.lists(st.tuples(st.sampled_from(["user", "assistant", "tool"]), st.integers(0, 60)), min_size=0, max_size=12)
+
+
+@settings(derandomize=True, max_examples=600, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(system=st.integers(-1, 40), turns=TURNS, last=st.tuples(st.sampled_from(["user", "tool"]), st.integers(0, 60)),
+       policy=st.sampled_from(["rolling", "truncate-middle", "shift", "error"]), budget=st.integers(8, 200))
+def test_a_drawn_conversation_fits_its_budget_and_keeps_what_its_policy_promises(system, turns, last, policy, budget):
+    msgs = ([{"role": "system", "content": "sys " * system}] if system >= 0 else []) + [
+        {"role": r, "content": f"m{i} " + "w " * n} for i, (r, n) in enumerate([*turns, last])]
+    n_ctx = budget + 16
+    whole = render(msgs)
+    try:
+        f = O.fit_chat(msgs, policy, render=render, budget=budget, too_long=TooLong, tokenize=tok, detokenize=detok,
+                       bos_id=BOS, n_ctx=n_ctx)
+    except TooLong:
+        assert policy == "error" and len(whole) > n_ctx - 1 or policy != "error" and len(whole) > budget
+        return
+    assert f.tokens == render(f.messages or msgs)
+    assert len(f.tokens) <= (n_ctx - 1 if policy == "error" else budget)
+    assert f.truncated_tokens == len(whole) - len(f.tokens) >= 0
+    kept = f.messages or msgs
+    head = 1 if system >= 0 else 0
+    if policy in ("rolling", "shift"):
+        rest, kept_rest = msgs[head:], kept[head:]
+        assert kept[:head] == msgs[:head] and kept_rest == rest[len(rest) - len(kept_rest):] and kept[-1] == msgs[-1]
+        assert len(kept_rest) == len(rest) or kept_rest[0]["role"] not in ("assistant", "tool") or len(kept_rest) == 1
+        assert f.dropped_messages == len(rest) - len(kept_rest)
+    if policy == "truncate-middle":  # the messages kept, in order; at most one of them cut in its middle
+        cut = [m for m in kept if m not in msgs]
+        assert len(cut) <= 1 and [m for m in kept if m in msgs] == [m for m in msgs if m in kept]
+    if policy == "shift":
+        assert 1 <= f.n_keep <= len(f.tokens)
+        if system >= 0:
+            assert f.tokens[:f.n_keep] == render([msgs[0], {"role": "user", "content": ""}])[:f.n_keep]
