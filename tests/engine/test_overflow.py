@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ggufdesk.core.errors import KnownError
 from ggufdesk.engine.runtime import overflow as O
@@ -185,9 +187,6 @@ def test_the_budget_keeps_room_for_the_answer():
 
 
 # ---- drawn conversations --------------------------------------------------------------------------
-
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 TURNS = st.lists(st.tuples(st.sampled_from(["user", "assistant", "tool"]), st.integers(0, 60)), min_size=0, max_size=12)
 
