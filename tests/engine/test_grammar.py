@@ -126,6 +126,7 @@ def test_allof_holds_every_part_and_the_node_s_own_properties_each_once():
     (r"^\d{3}$", r"[\x30-\x39]"), (r"^\w+$", r"[\x30-\x39\x41-\x5A\x5F\x61-\x7A]"), (r"^a\.b$", r"[\x2E]"),
     (r"^[ -~]+$", r"[\x20-\x21\x23-\x5B\x5D-\x7E]"), (r'^[^"]+$', r"[^\x22\x00-\x1F\x22\x5C\x7F]"),
     (r"^[\u4e00-\u9fff]+$", r"[\u4E00-\u9FFF]"), (r"^\S$", r"[^\x20\xA0\u1680\u2000-\u200A"),
+    (r"^[^\s,]$", r"[^\x20\xA0\u1680\u2000-\u200A"),
 ])
 def test_pattern_escapes_and_classes_become_json_string_content(pattern, cls):
     """Escapes reached llama.cpp as unknown GBNF escapes (every pattern with \\d was refused), and

@@ -168,13 +168,14 @@ class _Converter(_SchemaConverter):
                            additional_properties: Any) -> str:
         """Upstream's object, with additional properties' keys other than the named ones: it let the
         answer write a named key again as an additional one, with a value its own schema refuses."""
-        if additional_properties is True or isinstance(additional_properties, dict):
+        extra = additional_properties is True or isinstance(additional_properties, dict)
+        if extra:
             self._named[f"{name}{'-' if name else ''}additional-kv"] = [key for key, _ in properties]
         rule = super()._build_object_rule(properties, required, name, additional_properties)
         # Upstream ends the chain of optional properties with the additional ones as `X-rest ::= kvs`:
         # required, and with no comma before them, so an answer that wrote a named property could not
         # end there and glued the next key on ({"a": 1"x": 2}); later llama.cpp writes `( "," space kv )*`.
-        for key, body in list(self._rules.items()):
+        for key, body in list(self._rules.items()) if extra else ():
             kvs = _KVS.match(self._rules.get(body, "")) if key.endswith("-rest") else None
             if kvs is not None:
                 self._rules[key] = f'( "," space {kvs.group(1)} )*'
@@ -286,8 +287,8 @@ def _read_class(pattern: str, i: int) -> tuple[int, Ranges, bool]:
     ranges: Ranges = []
     first = j
     while j < n and (pattern[j] != "]" or j == first):
-        if pattern[j] == "\\" and pattern[j + 1:j + 2] in ("d", "w", "s"):
-            ranges += _SHORT[pattern[j + 1]]
+        if pattern[j] == "\\" and pattern[j + 1:j + 2] in ("d", "w", "s"):  # ([^\\s]: none of ECMA's spaces)
+            ranges += _NEGATED["S"] if negated and pattern[j + 1] == "s" else _SHORT[pattern[j + 1]]
             j += 2
             continue
         if pattern[j] == "\\" and pattern[j + 1:j + 2] in ("D", "W", "S"):
