@@ -9,7 +9,8 @@ walked twice: the engine's GrammarConstraint picks, at every step, the best toke
 under random logits (pushed towards closing brackets and the end as the walk grows), on the tiny test
 model's vocabulary. Whatever the walk writes up to the end of generation must parse and validate:
 a `oneOf` is read as `anyOf` and a pattern as ECMA-262 does (ASCII \\d \\w), as docs/structured-output.md
-says; keys may repeat only among additional properties (a grammar cannot remember which keys it wrote).
+says. An answer in which a key repeats is not validated: two additional properties may share a key (a
+grammar cannot remember the keys it wrote); that a named key never repeats is tests/engine/test_grammar_utf8.py's.
 
 Found this way: keys and constants with a backslash, newline or emoji were not JSON; a property named
 "" took the root's rule; allOf wrote a key twice; \\d in a pattern was refused and `.` wrote control
