@@ -159,17 +159,23 @@ def live(tiny_model):
     lv.close()
 
 
-def walk(live: Live, gbnf: str, rng: np.random.Generator) -> bytes:
-    """A random answer the grammar allows, to the end of generation."""
+def walk(live: Live, c: GrammarConstraint, rng: np.random.Generator, *, closers: bytes = b'"}],',
+         prefix: bytes = b"") -> bytes:
+    """A random answer the grammar allows, to the end of generation: the best allowed token under random
+    logits, those holding a byte of `closers` and the end pushed up as the walk grows (`prefix`: bytes
+    taken first, one a token, as a lazy grammar's marker). Frees the constraint."""
     lm, pieces = live.lm, [live.vocab.piece(t) for t in range(live.lm.n_vocab)]
-    closers = np.array([t for t, p in enumerate(pieces) if p and any(c in p for c in b'"}],')])
+    pushed = np.array([t for t, p in enumerate(pieces) if p and any(c in p for c in closers)])
     eos = llama_cpp.llama_vocab_eos(lm.vocab)
-    c = GrammarConstraint(lm.vocab, lm.n_vocab, gbnf, piece=live.vocab.piece)
     out = []
     try:
+        for b in prefix:
+            t = next(t for t, p in enumerate(pieces) if p == bytes([b]))
+            c.accept(t)
+            out.append(pieces[t])
         for step in range(MAX_STEPS):
             logits = rng.standard_normal(lm.n_vocab).astype(np.float32) * 2
-            logits[closers] += step / 15.0
+            logits[pushed] += step / 15.0
             logits[eos] += step / 10.0
             t = c.sample(logits, None)
             if llama_cpp.llama_vocab_is_eog(lm.vocab, t):
@@ -191,7 +197,7 @@ def test_every_walk_through_a_drawn_schema_s_grammar_validates(live, seed):
     rng = np.random.default_rng(seed)
     for _ in range(WALKS):
         try:
-            raw = walk(live, gbnf, rng)
+            raw = walk(live, GrammarConstraint(live.lm.vocab, live.lm.n_vocab, gbnf, piece=live.vocab.piece), rng)
         except KnownError as e:  # the grammar led somewhere no token can leave
             raise AssertionError(f"{e}: {json.dumps(schema)}") from None
         repeated: list[str] = []

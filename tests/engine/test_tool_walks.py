@@ -17,7 +17,6 @@ import json
 import random
 from typing import Any
 
-import llama_cpp
 import numpy as np
 import pytest
 
@@ -53,28 +52,12 @@ def live(tiny_model):
 
 
 def walk(live: Live, st: Structured, rng: np.random.Generator) -> str:
-    lm, vocab = live.lm, live.vocab
-    pieces = [vocab.piece(t) for t in range(lm.n_vocab)]
-    closers = np.array([t for t, p in enumerate(pieces) if p and any(c in p for c in b'"}],</')])  # (/: raw XML text ends at </)
-    c = st.constraint(lm.vocab, lm.n_vocab, piece=vocab.piece, tokenize=lambda t: vocab.tokenize(t, add_bos=False))
+    vocab = live.vocab
+    c = st.constraint(live.lm.vocab, live.lm.n_vocab, piece=vocab.piece,
+                      tokenize=lambda t: vocab.tokenize(t, add_bos=False))
     assert c is not None
-    out = []
-    try:
-        for b in (st.marker or "").encode():  # a lazy grammar waits for its marker
-            t = next(t for t, p in enumerate(pieces) if p == bytes([b]))
-            c.accept(t)
-            out.append(pieces[t])
-        for step in range(W.MAX_STEPS):
-            logits = rng.standard_normal(lm.n_vocab).astype(np.float32) * 2
-            logits[closers] += step / 15.0
-            logits[llama_cpp.llama_vocab_eos(lm.vocab)] += step / 10.0
-            t = c.sample(logits, None)
-            if llama_cpp.llama_vocab_is_eog(lm.vocab, t):
-                return b"".join(out).decode("utf-8")
-            out.append(pieces[t])
-        raise AssertionError(f"no end after {W.MAX_STEPS} tokens: {b''.join(out)[:200]!r}")
-    finally:
-        c.close()
+    # (a lazy grammar waits for its marker; raw XML text ends at "</")
+    return W.walk(live, c, rng, closers=b'"}],</', prefix=(st.marker or "").encode()).decode("utf-8")
 
 
 @pytest.mark.parametrize("seed", range(CASES))
