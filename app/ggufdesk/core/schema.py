@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ggufdesk.core.errors import KnownError
 
@@ -172,26 +172,39 @@ def _check_all_of(node: dict[str, Any], where: str, root: dict[str, Any]) -> Non
     if not isinstance(node.get("allOf"), list):
         return
     seen: dict[str, Any] = {}
-    parts = [node, *node["allOf"]]
-    for part in parts:
-        branches = part.get("anyOf") if isinstance(part, dict) and part is not node else None
-        for p in branches if isinstance(branches, list) else [part]:
-            if isinstance(p, dict) and isinstance(p.get("$ref"), str):
-                p = _resolve(root, p["$ref"], where)
-            props = p.get("properties") if isinstance(p, dict) else None
-            for key, sub in (props if isinstance(props, dict) else {}).items():
-                if key in seen and bare(seen[key]) != bare(sub):
-                    raise SchemaError(f"{where}: `allOf` defines the property {key!r} in two ways; structured "
-                                      "output cannot hold its value to both")
-                seen.setdefault(key, sub)
+    for key, sub, _ in all_of_properties(node, lambda ref: _resolve(root, ref, where)):
+        if key in seen and _bare(seen[key]) != _bare(sub):
+            raise SchemaError(f"{where}: `allOf` defines the property {key!r} in two ways; structured "
+                              "output cannot hold its value to both")
+        seen.setdefault(key, sub)
 
 
-def bare(schema: Any) -> Any:
+def all_of_properties(node: dict[str, Any], resolve: Callable[[str], Any]) -> Iterator[tuple[str, Any, bool]]:
+    """(key, schema, required) for every property an `allOf` object names, as structured output reads
+    it (llama-cpp-python's converter): the node's own (required when its `required` says so), every
+    property of a part (required), those of a part's `anyOf` branches (optional); `resolve` reads a `$ref`."""
+    def properties(part: Any) -> Any:
+        if isinstance(part, dict) and isinstance(part.get("$ref"), str):
+            part = resolve(part["$ref"])
+        props = part.get("properties") if isinstance(part, dict) else None
+        return props.items() if isinstance(props, dict) else ()
+
+    own = node.get("required")
+    for key, sub in properties(node):
+        yield key, sub, isinstance(own, list) and key in own
+    for part in node["allOf"]:
+        branches = part.get("anyOf") if isinstance(part, dict) else None
+        for branch in branches if isinstance(branches, list) else [part]:
+            for key, sub in properties(branch):
+                yield key, sub, branch is part
+
+
+def _bare(schema: Any) -> Any:
     """A schema without its annotations (two definitions that differ only in those are one)."""
     if isinstance(schema, dict):
-        return {k: bare(v) for k, v in schema.items() if k not in ANNOTATIONS}
+        return {k: _bare(v) for k, v in schema.items() if k not in ANNOTATIONS}
     if isinstance(schema, list):
-        return [bare(v) for v in schema]
+        return [_bare(v) for v in schema]
     return schema
 
 

@@ -168,18 +168,19 @@ class _Converter(_SchemaConverter):
                            additional_properties: Any) -> str:
         """Upstream's object, with additional properties' keys other than the named ones: it let the
         answer write a named key again as an additional one, with a value its own schema refuses."""
-        extra = additional_properties is True or isinstance(additional_properties, dict)
-        if extra:
+        if additional_properties is True or isinstance(additional_properties, dict):
             self._named[f"{name}{'-' if name else ''}additional-kv"] = [key for key, _ in properties]
-        rule = super()._build_object_rule(properties, required, name, additional_properties)
+        return super()._build_object_rule(properties, required, name, additional_properties)
+
+    def format_grammar(self) -> str:
         # Upstream ends the chain of optional properties with the additional ones as `X-rest ::= kvs`:
         # required, and with no comma before them, so an answer that wrote a named property could not
         # end there and glued the next key on ({"a": 1"x": 2}); later llama.cpp writes `( "," space kv )*`.
-        for key, body in list(self._rules.items()) if extra else ():
+        for key, body in self._rules.items():
             kvs = _KVS.match(self._rules.get(body, "")) if key.endswith("-rest") else None
             if kvs is not None:
                 self._rules[key] = f'( "," space {kvs.group(1)} )*'
-        return rule
+        return super().format_grammar()
 
     def _visit_pattern(self, pattern: str, name: str) -> str:
         return super()._visit_pattern(json_safe_pattern(pattern), name)
@@ -356,31 +357,16 @@ def _unsafe(c: str) -> S.SchemaError:
 
 
 def _all_of(schema: dict[str, Any], refs: dict[str, Any]) -> tuple[list[tuple[str, Any]], set[str]]:
-    """The properties an `allOf` object has, each once, and those it must write: upstream's reading
-    (every property of a part is required, those of a part's `anyOf` branches optional), with the
-    node's own `properties` beside the parts. Upstream listed a property that two parts define twice,
-    so the answer wrote its key twice (both times under the second part's schema); one defined in two
-    ways is refused by the schema check (core/schema.py _check_all_of)."""
+    """The properties an `allOf` object has, each once, and those it must write (core/schema.py
+    all_of_properties), with the node's own `properties` beside the parts. Upstream listed a property
+    that two parts define twice, so the answer wrote its key twice (both times under the second part's
+    schema); one defined in two ways is refused by the schema check (core/schema.py _check_all_of)."""
     props: dict[str, Any] = {}
     required: set[str] = set()
-
-    def add(part: Any, must: bool, own: list[str] | None = None) -> None:
-        if isinstance(part, dict) and isinstance(part.get("$ref"), str):
-            part = refs.get(part["$ref"], part)
-        if not isinstance(part, dict):
-            return
-        for key, sub in (part.get("properties") or {}).items():
-            props.setdefault(key, sub)
-            if must if own is None else key in own:
-                required.add(key)
-
-    add(schema, False, list(schema.get("required") or []))
-    for part in schema["allOf"]:
-        if isinstance(part, dict) and "anyOf" in part:
-            for branch in part["anyOf"]:
-                add(branch, False)
-        else:
-            add(part, True)
+    for key, sub, must in S.all_of_properties(schema, refs.get):
+        props.setdefault(key, sub)
+        if must:
+            required.add(key)
     return list(props.items()), required
 
 
