@@ -481,14 +481,14 @@ def _harmony_grammar(tools: list[dict[str, Any]]) -> str:
 
 
 def _xml_value(sub: Any, rule: str, schemas: dict[str, dict[str, Any]]) -> str:
-    """One parameter's value: raw text for a plain string or a string enum, else the JSON its schema
-    says (the rule `rule`, whose schema goes into `schemas`)."""
-    if T.xml_raw(sub):
-        words = sub.get("enum", [sub.get("const")])
-        return "xml-text" if "enum" not in sub and "const" not in sub else \
-            "(" + " | ".join(_lit(w) for w in words) + ")"  # raw text, as XML values are
-    schemas[rule] = sub if isinstance(sub, dict) else {}
-    return rule
+    """One parameter's value: raw text where core/tools.py xml_raw says so (a plain string, a string
+    enum or const), else the JSON its schema says (the rule `rule`, whose schema goes into `schemas`)."""
+    if not T.xml_raw(sub):
+        schemas[rule] = sub if isinstance(sub, dict) else {}
+        return rule
+    if "enum" in sub or "const" in sub:  # its words, raw as XML values are
+        return "(" + " | ".join(_lit(w) for w in sub.get("enum", [sub.get("const")])) + ")"
+    return "xml-text"
 
 
 def _xml_function(i: int, name: str, params: dict[str, Any], schemas: dict[str, dict[str, Any]]) -> str:
@@ -605,13 +605,13 @@ class GrammarConstraint:
     def _fits(self, smp: Any, token: int) -> bool:
         """The grammar state `smp` (this request's, or a copy `fitting` moves on) takes the token, and
         the output stays valid UTF-8 with it (from where the decoder stands)."""
-        if not self._utf8_ok(token):
+        if not self._shows_as_read(token):
             return False
         self._one[0] = (token, 0.0, 0.0)
         self._apply(smp, self._one)
         return bool(np.isfinite(self._one[0]["logit"]))
 
-    def _utf8_ok(self, token: int) -> bool:
+    def _shows_as_read(self, token: int) -> bool:
         """The output stays valid UTF-8 with this token (llama.cpp's grammar counts a malformed
         byte sequence as one character; JSON readers would not), and the token writes what the
         grammar reads: llama.cpp's grammar reads a control token as its text ("<s>", "<unk>") where
@@ -668,7 +668,7 @@ class GrammarConstraint:
         self._apply(self._smp, data)
         for i in range(k):
             t = int(data["id"][i])
-            if np.isfinite(data["logit"][i]) and self._utf8_ok(t) and (not self.awaiting or self.allows(t)):
+            if np.isfinite(data["logit"][i]) and self._shows_as_read(t) and (not self.awaiting or self.allows(t)):
                 return t
         return None
 
