@@ -18,7 +18,7 @@ import pytest
 
 from ggufdesk.core.settings import LoadSettings, SamplingSettings
 from ggufdesk.engine.link import protocol as P
-from ggufdesk.engine.runtime.worker import CancelBook, Engine
+from tests.engine import inproc
 
 CASES = 16  # 177 requests: 108 reuse a cached prefix, 16 read one from disk, 14 reloads. By hand: cases 0-399, none differed
 WORDS = ('the cat dog and was in house red tree by water one two three of people a man came back from world , . '
@@ -26,24 +26,20 @@ WORDS = ('the cat dog and was in house red tree by water one two three of people
 BASE = dict(n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, flash_attn="off", type_k="f32", type_v="f32")
 
 
-class Worker:
-    """The worker's Engine in this process; a round's requests are all queued before the first step."""
+class Worker(inproc.Live):
+    """The worker's Engine in this process (tests/engine/inproc.py); a round's requests are all queued
+    before the first step, and the model can be loaded again with the same settings."""
 
     def __init__(self, model: Any, **load: Any) -> None:
+        super().__init__(model, **load)
         self.model, self.load_settings = model, load
-        self.events: list[Any] = []
-        self.engine = Engine(self.events.append, CancelBook())  # type: ignore[arg-type]
-        self.load()
-
-    def load(self) -> None:
-        self.engine.load(P.Load(id="load", model=str(self.model), settings=LoadSettings(**self.load_settings)))
-        assert self.engine.batch is not None, [e for e in self.events if isinstance(e, P.Error)]
 
     def reload(self) -> None:
         self.engine.unload(quiet=True)
-        self.load()
+        self.engine.load(P.Load(id="load", model=str(self.model), settings=LoadSettings(**self.load_settings)))
+        assert self.engine.batch is not None, [e for e in self.events if isinstance(e, P.Error)]
 
-    def run(self, reqs: list[tuple[str, str, int, bool]]) -> dict[str, P.Done]:
+    def round(self, reqs: list[tuple[str, str, int, bool]]) -> dict[str, P.Done]:
         self.events.clear()
         for rid, prompt, n, reuse in reqs:
             self.engine.generate(P.Generate(id=rid, prompt=prompt, cache_prompt=reuse,
@@ -56,9 +52,6 @@ class Worker:
         assert set(done) == {r[0] for r in reqs}, [e for e in self.events if isinstance(e, P.Error)]
         return done
 
-    def close(self) -> None:
-        self.engine.unload(quiet=True)
-
 
 @pytest.fixture(scope="module")
 def fresh(tiny_model):
@@ -70,7 +63,7 @@ def fresh(tiny_model):
         if (n_ctx, prompt, n) not in answers:
             w = engines.get(n_ctx) or engines.setdefault(n_ctx, Worker(
                 tiny_model, n_ctx=n_ctx, n_parallel=1, prompt_cache_bytes=0, prompt_cache_ram_bytes=0, **BASE))
-            answers[n_ctx, prompt, n] = list(w.run([("fresh", prompt, n, False)])["fresh"].tokens)
+            answers[n_ctx, prompt, n] = list(w.round([("fresh", prompt, n, False)])["fresh"].tokens)
         return answers[n_ctx, prompt, n]
 
     yield answer
@@ -97,7 +90,7 @@ def test_drawn_rounds_answer_as_an_engine_without_caches(tiny_model, fresh, case
                 if rng.random() < 0.3:  # the conversation's next turn
                     talks[rng.randrange(3)] = prompt
                 reqs.append((f"r{rnd}.{j}", prompt, rng.randint(1, 30), rng.random() < 0.8))
-            done = w.run(reqs)
+            done = w.round(reqs)
             for rid, prompt, n, _ in reqs:
                 if done[rid].usage["truncated_tokens"]:
                     continue
