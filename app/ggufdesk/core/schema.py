@@ -6,9 +6,12 @@ with its name and where it sits, so a user never gets an unconstrained answer si
 """
 from __future__ import annotations
 
+import collections
+import hashlib
 import json
 import math
 import re
+import threading
 from typing import Any, Callable, Iterator
 
 from ggufdesk.core.errors import KnownError
@@ -94,7 +97,36 @@ def check_schema(schema: Any, *, meta: bool = True) -> None:
         raise SchemaError(f"not a valid JSON schema: {e}") from None
 
 
+# Schemas that passed the meta check, by a digest of their JSON: an agent sends the same tools on every
+# turn, and jsonschema's check of Claude Code's 24 tools took 50-100 ms of each (bench/queue_stall.py).
+_META_PASSED: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+_META_PASSED_MAX = 1024  # digests of 16 bytes; more distinct schemas than any client set sends
+_META_LOCK = threading.Lock()
+
+
+def _digest(schema: dict[str, Any]) -> bytes | None:
+    try:
+        text = json.dumps(schema, sort_keys=True, ensure_ascii=False, allow_nan=True)
+    except (TypeError, ValueError, RecursionError):  # not plain JSON: checked every time
+        return None
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
 def _meta_check(schema: dict[str, Any]) -> None:
+    key = _digest(schema)
+    with _META_LOCK:
+        if key is not None and key in _META_PASSED:
+            _META_PASSED.move_to_end(key)
+            return
+    _meta_check_once(schema)
+    if key is not None:
+        with _META_LOCK:
+            _META_PASSED[key] = None
+            while len(_META_PASSED) > _META_PASSED_MAX:
+                _META_PASSED.popitem(last=False)
+
+
+def _meta_check_once(schema: dict[str, Any]) -> None:
     from jsonschema import exceptions, validators
 
     try:

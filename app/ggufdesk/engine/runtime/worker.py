@@ -700,7 +700,10 @@ class Engine:
             msgs, pics = self._images(req)
             msgs, tools, switches = self._template_inputs(msgs, structured, _think(req, sampling))
 
+            last: list[Messages] = []  # the messages rendered last: their text and images are the state
+
             def render(m: Messages) -> list[int]:
+                last[:] = [m]
                 if pics:
                     return self._media_tokens(m, pics, tools, switches)
                 return self._chat_tokens(m, tools, switches)
@@ -710,8 +713,10 @@ class Engine:
                 tokenize=lambda t: vocab.tokenize(t, add_bos=False), detokenize=self._detokenize, bos_id=bos,
                 known=self._cached_sequences, n_ctx=n_ctx)
             # the prompt that runs, rendered last: the reasoning reads its text, a vision model its images
+            # (already so when it was the last one fit_chat rendered: a prompt that fits, the usual case)
             assert fitted.messages is not None  # fit_chat says which messages it rendered
-            render(fitted.messages)
+            if not last or last[0] is not fitted.messages:
+                render(fitted.messages)
             return fitted, list(template.stops)
         if req.prompt_tokens is not None:
             from ggufdesk.engine.runtime.tokens import check_ids

@@ -6,6 +6,10 @@ explained in a system message) and builds the grammar; after generation `finish`
 """
 from __future__ import annotations
 
+import collections
+import copy
+import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -89,9 +93,33 @@ def _object_args(call: dict[str, Any]) -> dict[str, Any]:
     return {**call, "function": {**fn, "arguments": args}}
 
 
-def plan(*, json_schema: Any = None, grammar: str | None = None, tools: Any = None,
-         tool_choice: Any = None, parallel_tool_calls: bool = False, template_source: str | None,
-         chat: bool, tools_without_grammar: list[str] | None = None, reasoning: bool = False) -> Structured:
+# Plans by a digest of their inputs: an agent sends the same tools (and the worker renders them with
+# the same template) on every turn; planning Claude Code's 24 tools cost 60-170 ms of the step loop's
+# thread each turn (bench/queue_stall.py). A hit is copied: a request may not change another's plan.
+_PLANS: collections.OrderedDict[bytes, Structured] = collections.OrderedDict()
+_PLANS_MAX = 16
+
+
+def plan(**fields: Any) -> Structured:
+    """Resolve a request's structured-output fields (`_plan`'s arguments); SchemaError on anything
+    unsupported. A plan made before for the same fields is reused."""
+    try:
+        key = hashlib.blake2b(json.dumps(fields, ensure_ascii=False).encode("utf-8", "surrogatepass"),
+                              digest_size=16).digest()
+    except (TypeError, ValueError, RecursionError):  # not plain JSON: planned every time
+        return _plan(**fields)
+    hit = _PLANS.get(key)
+    if hit is None:
+        hit = _PLANS[key] = _plan(**fields)
+        while len(_PLANS) > _PLANS_MAX:
+            _PLANS.popitem(last=False)
+    _PLANS.move_to_end(key)
+    return dataclasses.replace(hit, tools=copy.deepcopy(hit.tools))
+
+
+def _plan(*, json_schema: Any = None, grammar: str | None = None, tools: Any = None,
+          tool_choice: Any = None, parallel_tool_calls: bool = False, template_source: str | None,
+          chat: bool, tools_without_grammar: list[str] | None = None, reasoning: bool = False) -> Structured:
     """Resolve a request's structured-output fields; raises SchemaError on anything unsupported.
     reasoning: the model thinks first, so even a required call's grammar waits for its marker."""
     asked = [n for n, v in (("json_schema", json_schema), ("grammar", grammar), ("tools", tools))
