@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from ggufdesk.engine.runtime.embed import Embedder
     from ggufdesk.engine.runtime.native import LoadedModel
     from ggufdesk.engine.runtime.overflow import Fitted
+    from ggufdesk.engine.runtime.prompt_tokens import PromptTokens
     from ggufdesk.engine.runtime.rpc import Offload
     from ggufdesk.engine.runtime.vision import Projector
     from ggufdesk.engine.speculation.draft_model import DraftModel
@@ -170,6 +171,7 @@ class Engine:
         self.reasoning: ReasoningFormat | None = None  # of the loaded model's template
         self.tool_format: ToolFormat | None = None  # of it
         self._prompt_text = ""  # the last chat prompt rendered (where a reasoning block starts)
+        self._prompt_tokens: PromptTokens | None = None  # chat prompts to tokens, of the loaded model
         self.speculation = SpeculationSettings()
         self.draft: DraftModel | None = None
         self.batch: BatchEngine | None = None  # runs the admitted requests step by step
@@ -193,6 +195,7 @@ class Engine:
         from ggufdesk.engine.batching.prompt_states import PromptStates
         from ggufdesk.engine.batching.vocab import Vocab
         from ggufdesk.engine.runtime.embed import is_embedding_model
+        from ggufdesk.engine.runtime.prompt_tokens import PromptTokens
         from ggufdesk.engine.speculation.lookup import NgramCache
 
         spec = self._load_speculation(req)
@@ -219,6 +222,7 @@ class Engine:
         self.verify_costs = self._calibration = None
         template = self.template = self._chat_template(req, lm)
         self._formats(template, vocab)
+        self._prompt_tokens = PromptTokens(vocab, template.source)
         memory = dict(lm.memory)
         if mmproj and not self.embedding_only:
             self._load_projector(req.id, mmproj, lm, memory)
@@ -393,7 +397,7 @@ class Engine:
         self.embedding_only = False
         self._eog = None
         if self.lm is not None:
-            self.vocab = None
+            self.vocab = self._prompt_tokens = None
             self.ngrams = self._token_text = None
             self._lookup_prompts.clear()
             self.lm.close()
@@ -749,7 +753,7 @@ class Engine:
     def _text_tokens(self, text: str) -> list[int]:
         """A rendered chat prompt's tokens (a BOS only when the template did not write one)."""
         bos = llama_bos_text(_need(self.lm))
-        return _need(self.vocab).tokenize(text, add_bos=not (bos and text.startswith(bos)))
+        return _need(self._prompt_tokens).tokenize(text, add_bos=not (bos and text.startswith(bos)))
 
     # ---- tokenize ---------------------------------------------------------------------------------
 
