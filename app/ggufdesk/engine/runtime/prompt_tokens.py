@@ -18,7 +18,8 @@ any special token could overlap so is not cut at; nor one that strips the whites
 The markers are the special tokens the chat template writes (`<|im_start|>`, `<start_of_turn>`): every
 turn starts a piece. Only SPM and BPE vocabularies (whose runs are tokenized as above) and only where
 tokenizing adds no EOS are cut; everything else, and every prompt under MIN_CHARS, is tokenized whole.
-tests/engine/test_prompt_tokens.py compares pieces and whole on drawn chats for each vocabulary we ship.
+tests/engine/test_prompt_tokens.py compares pieces and whole on drawn chats (a tiny SPM, SmolLM2's BPE and Gemma's
+SPM vocabularies) and on Claude Code's recorded turns.
 """
 from __future__ import annotations
 
