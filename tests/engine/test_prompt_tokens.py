@@ -166,7 +166,7 @@ def test_a_vocabulary_whose_special_token_overlaps_the_marker_is_tokenized_whole
 
 @pytest.mark.slow
 def test_an_agent_s_turns_run_the_whole_prompt_s_tokens(chat_starter):
-    """Claude Code's recorded request (24 tools, its system prompt) on SmolLM2, turn after turn through the
+    """Claude Code's recorded request (25 tools, its system prompt) on SmolLM2, turn after turn through the
     engine: the prompt each turn runs is what tokenizing its whole text gives."""
     import json
     from pathlib import Path

@@ -98,7 +98,7 @@ def check_schema(schema: Any, *, meta: bool = True) -> None:
 
 
 # Schemas that passed the meta check, by a digest of their JSON: an agent sends the same tools on every
-# turn, and jsonschema's check of Claude Code's 24 tools took 50-100 ms of each (bench/queue_stall.py).
+# turn, and jsonschema's check of Claude Code's 25 tools took 50-100 ms of each (bench/queue_stall.py).
 _META_PASSED: collections.OrderedDict[bytes, None] = collections.OrderedDict()
 _META_PASSED_MAX = 1024  # digests of 16 bytes; more distinct schemas than any client set sends
 _META_LOCK = threading.Lock()
