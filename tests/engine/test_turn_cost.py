@@ -19,6 +19,7 @@ def _plan(tools, **kw):
 
 
 def test_a_schema_is_meta_checked_once_and_a_refused_one_every_time(monkeypatch):
+    monkeypatch.setattr(S, "_META_PASSED", type(S._META_PASSED)())  # nothing remembered from other tests
     ran: list[object] = []
     real = S._meta_check_once
     monkeypatch.setattr(S, "_meta_check_once", lambda s: (ran.append(s), real(s)))
