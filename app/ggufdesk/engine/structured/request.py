@@ -94,7 +94,7 @@ def _object_args(call: dict[str, Any]) -> dict[str, Any]:
 
 
 # Plans by a digest of their inputs: an agent sends the same tools (and the worker renders them with
-# the same template) on every turn; planning Claude Code's 25 tools cost 60-170 ms of the step loop's
+# the same template) on every turn; planning Claude Code's 25 tools cost 60-85 ms of the step loop's
 # thread each turn (bench/queue_stall.py). A hit is copied: a request may not change another's plan.
 _PLANS: collections.OrderedDict[bytes, Structured] = collections.OrderedDict()
 _PLANS_MAX = 16
