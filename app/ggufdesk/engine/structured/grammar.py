@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import codecs
 import ctypes
-import functools
 import itertools
 import json
 import re
@@ -386,24 +385,16 @@ def schema_to_gbnf(schema: dict[str, Any], *, meta: bool = True) -> str:
 
 def check_bounded(gbnf: str) -> str:
     """The grammar, once its stack growth on a probe is under engine/structured/bounds.py's limits;
-    SchemaError (a 400) otherwise, before llama.cpp builds it."""
-    why = _probe(gbnf)
-    if why is not None:
-        raise S.SchemaError(f"{why}; simplify the schema (patterns with nested optional or repeated parts are "
-                            "the usual cause)")
-    return gbnf
-
-
-@functools.lru_cache(maxsize=32)
-def _probe(gbnf: str) -> str | None:
-    """Why the grammar is refused, or None (remembered: an agent sends the same tools every turn)."""
+    SchemaError (a 400) otherwise, before llama.cpp builds it. (An agent's repeated tools are not probed
+    again: engine/structured/request.py remembers their plan.)"""
     from ggufdesk.engine.structured.bounds import GrammarTooComplex, stack_peak
 
     try:
         stack_peak(gbnf)
     except GrammarTooComplex as e:
-        return str(e)
-    return None
+        raise S.SchemaError(f"{e}; simplify the schema (patterns with nested optional or repeated parts are "
+                            "the usual cause)") from None
+    return gbnf
 
 
 # ---- tool calls -------------------------------------------------------------------------------
