@@ -104,16 +104,18 @@ _META_PASSED_MAX = 1024  # digests of 16 bytes; more distinct schemas than any c
 _META_LOCK = threading.Lock()
 
 
-def _digest(schema: dict[str, Any]) -> bytes | None:
+def json_digest(value: Any, *, sort_keys: bool) -> bytes | None:
+    """A 16-byte digest of a value's JSON, a memo's key; None where it is not plain JSON (not remembered).
+    sort_keys: whether objects whose keys stand in another order are the same value."""
     try:
-        text = json.dumps(schema, sort_keys=True, ensure_ascii=False, allow_nan=True)
-    except (TypeError, ValueError, RecursionError):  # not plain JSON: checked every time
+        text = json.dumps(value, sort_keys=sort_keys, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
         return None
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _meta_check(schema: dict[str, Any]) -> None:
-    key = _digest(schema)
+    key = json_digest(schema, sort_keys=True)  # (the check does not depend on the keys' order)
     with _META_LOCK:
         if key is not None and key in _META_PASSED:
             _META_PASSED.move_to_end(key)

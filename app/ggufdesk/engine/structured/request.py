@@ -9,13 +9,12 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
-import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ggufdesk.core import tools as T
-from ggufdesk.core.schema import SchemaError, json_object_schema
+from ggufdesk.core.schema import SchemaError, json_digest, json_object_schema
 from ggufdesk.core.toolcalls import Parsed, parse
 from ggufdesk.engine.structured.grammar import (GrammarConstraint, _openings, check_bounded, schema_to_gbnf,
                                                 tool_grammar)
@@ -103,10 +102,8 @@ _PLANS_MAX = 16
 def plan(**fields: Any) -> Structured:
     """Resolve a request's structured-output fields (`_plan`'s arguments); SchemaError on anything
     unsupported. A plan made before for the same fields is reused."""
-    try:
-        key = hashlib.blake2b(json.dumps(fields, ensure_ascii=False).encode("utf-8", "surrogatepass"),
-                              digest_size=16).digest()
-    except (TypeError, ValueError, RecursionError):  # not plain JSON: planned every time
+    key = json_digest(fields, sort_keys=False)  # (the order of properties and tools is the grammar's)
+    if key is None:
         return _plan(**fields)
     hit = _PLANS.get(key)
     if hit is None:
