@@ -108,13 +108,14 @@ class PromptTokens:
         return self._cut
 
     def _markers(self) -> list[str]:
-        v = self._vocab.lm.vocab
+        lm = self._vocab.lm
+        v = lm.vocab
         if llama_cpp.llama_vocab_type(v) not in (llama_cpp.LLAMA_VOCAB_TYPE_SPM, llama_cpp.LLAMA_VOCAB_TYPE_BPE) \
                 or llama_cpp.llama_vocab_get_add_eos(v):
             return []
         # the special tokens the template's text holds: tokenizing it finds them (a transcript template
         # for a base model holds none, and the vocabulary is not read at all)
-        written = {llama_cpp.llama_vocab_get_text(v, t) for t in self._vocab.tokenize(self._source, add_bos=False)
+        written = {lm.token_text(t) for t in self._vocab.tokenize(self._source, add_bos=False)
                    if llama_cpp.llama_vocab_get_attr(v, t) & SPECIAL}
         if not written:
             return []
@@ -122,6 +123,6 @@ class PromptTokens:
         for tok in range(llama_cpp.llama_vocab_n_tokens(v)):
             attr = llama_cpp.llama_vocab_get_attr(v, tok)
             if attr & SPECIAL:
-                text = llama_cpp.llama_vocab_get_text(v, tok)
+                text = lm.token_text(tok)
                 specials[text] = specials.get(text, 0) | attr
         return safe_markers(written, specials)
