@@ -84,6 +84,7 @@ class Req:
     status: SequenceStatus = SequenceStatus.WAITING
     prompt_left: int = 1000
     watched: bool = True
+    n_done: int = 0
 
 
 def test_admission_waits_for_cells_in_fifo_order_and_refuses_when_the_queue_is_full():

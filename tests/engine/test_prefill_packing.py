@@ -39,8 +39,11 @@ def test_four_short_prompts_sent_at_once_are_read_in_one_step_and_answer_as_alon
         assert [p.seq.rid for p in plan.prefills] == ["t0", "t1", "t2", "t3"]
         assert all(p.completes for p in plan.prefills) and plan.chunk == sum(p.seq.prompt_left for p in plan.prefills)
         calls = batch.runner.n_decode
+        # the positions the chunk sizer prices them at (engine/batching/chunking.py): each from where its slot ends
+        at = [len(p.seq.slot.tokens) for p in plan.prefills if p.seq.slot is not None]
         result = batch.runner.run(plan)
         assert result is not None and batch.runner.n_decode == calls + 1  # one llama_decode for all four
+        assert result.prompt_pos == sum(sum(range(a, a + p.n)) for a, p in zip(at, plan.prefills, strict=True))
         batch.update.apply(result)
         assert all(s.status is SequenceStatus.DECODING for s in batch.sched.running)  # each has its first token
         while batch.busy:

@@ -270,7 +270,7 @@ class BatchEngine:
         """What the step cost: the chunk sizer, the draft planner and the thread tuner learn from it."""
         sizer = self.sched.sizer
         if sizer is not None and (plan.decode or result.n_prompt):
-            sizer.observe(result.rows - result.n_prompt, result.n_prompt, result.seconds)
+            sizer.observe(result.rows - result.n_prompt, result.n_prompt, result.seconds, result.prompt_pos)
         self.drafts.settle(plan, result)
         self.threads.observe(result.rows, result.n_prompt, result.seconds, self.slots.used)
 

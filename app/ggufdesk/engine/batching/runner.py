@@ -46,6 +46,7 @@ class StepResult:
     seconds: float  # the decode call and the sampling: what the step's rows cost
     rows: int  # rows in the decode call
     n_prompt: int  # of them, prompt tokens
+    prompt_pos: int = 0  # the prompt tokens' positions, summed (engine/batching/chunking.py prices by position)
 
 
 class Memory:
@@ -116,6 +117,7 @@ class ModelRunner:
         if plan.image is not None:
             return self._image_step(plan, rows, bases, abortable=multi)
         parts: list[tuple[Sequence, list[int], int]] = []  # each prompt's tokens this step and its last row
+        first_prompt_row = len(rows)
         for pre in plan.prefills:
             p = pre.seq
             part = p.prompt[p.n_done:p.n_done + pre.n]
@@ -128,7 +130,8 @@ class ModelRunner:
             return None
         outputs = [self._verify(r, b) for r, b in zip(plan.decode, bases)]
         outputs += [self._prefilled(p, part, last) for p, part, last in parts]
-        return StepResult(outputs=outputs, seconds=self.clock() - t0, rows=len(rows), n_prompt=n_prompt)
+        return StepResult(outputs=outputs, seconds=self.clock() - t0, rows=len(rows), n_prompt=n_prompt,
+                          prompt_pos=sum(row[1] for row in rows[first_prompt_row:]))
 
     def _image_step(self, plan: Plan[Sequence], rows: list[Row], bases: list[int], *,
                     abortable: bool) -> StepResult | None:

@@ -37,6 +37,8 @@ class Schedulable(Protocol):
     @property
     def prompt_left(self) -> int: ...  # prompt tokens not yet in the KV cache
 
+    n_done: int  # prompt tokens in the KV cache: where its next chunk starts (deeper tokens cost more)
+
 
 S = TypeVar("S", bound=Schedulable)
 
@@ -159,7 +161,7 @@ class Scheduler(Generic[S]):
         if not any(r.seq.watched for r in decode):  # nobody waits for a next token: the whole batch
             budget = self.n_batch
         elif self.sizer is not None:
-            budget = self.sizer.chunk(len(decode))
+            budget = self.sizer.chunk(len(decode), reading[0].n_done)
         else:
             budget = self.prefill_chunk
         room = max(0, min(budget, self.n_batch - len(decode)))
