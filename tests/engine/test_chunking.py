@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ggufdesk.engine.batching.chunking import FALLBACK, LOW_SHARE, MIN_CHUNK, ChunkSizer
+from ggufdesk.engine.batching.chunking import LOW_SHARE, MIN_CHUNK, ChunkSizer
 from ggufdesk.engine.batching.sequence import SequenceStatus
 from ggufdesk.engine.batching.scheduler import Scheduler
 
@@ -36,9 +36,11 @@ def prefill(s: ChunkSizer, n_decode: int, total: int, cost: Callable[[int, int, 
     return sizes, worst
 
 
-def test_before_any_measurement_the_fallback_fills_whole_tiles():
+def test_before_any_measurement_one_tile_of_rows_is_read():
     s = ChunkSizer(n_batch=512)
-    assert s.chunk(4) + 4 == 128 and abs(s.chunk(4) - FALLBACK) < 32
+    assert s.chunk(4) == 28 and s.chunk(1) == 31  # the cheapest step worth measuring
+    assert s.chunk(20) == 44  # at least half a tile of prompt tokens
+    assert ChunkSizer(n_batch=24).chunk(4) == 20  # as many as the batch holds
 
 
 def test_steps_stay_near_the_stall_budget_while_the_prompt_grows():

@@ -31,7 +31,6 @@ ROW_TILE = 32  # steps whose rows fill whole tiles of this size cost least (meas
 # prompt): below it a token's share climbs (SmolLM2 at position 16,000: 111 ms a token alone, 80 in 4, 75 in
 # 8, 68 in 31; at 3,000: 22, 16, 15.5, 13.5) and the prompt would crawl, so the budget gives way there.
 MIN_CHUNK = 8
-FALLBACK = 124  # before anything is measured: 124 tokens + 4 rows = 128 rows, 9x a plain step here
 EMA_DECODE = 0.2  # plain steps are steady: average over about five
 EMA_TOKEN = 0.6  # a shape's price moves with load and threads: follow its last step closely
 # The slope needs positions far apart: one step's cost scatters 10-25%, which over a few chunks (100-200
@@ -123,7 +122,10 @@ class ChunkSizer:
             return 0
         base = self._decode_estimate(n_decode)
         if base is None or not self.shapes:
-            rows = (n_decode + FALLBACK) // self.tile * self.tile
+            # before anything is measured: the fewest whole tiles that hold half a tile of prompt tokens, the
+            # cheapest step worth measuring (124 tokens beside 4 rows, 9x a plain step for the starter, were 12x
+            # beside one row and 35x for SmolLM2: that first step was the streams' worst gap)
+            rows = self.tiles(n_decode + self.tile // 2) * self.tile
             return max(1, min(rows - n_decode, room))
         budget = (self.stall - 1.0) * base
         # whole tiles of rows, the largest that fits; a shape measured free (a GPU with room to spare) fits
