@@ -8,14 +8,14 @@ docs/architecture.md, "Chunked prefill"). So the engine measures:
 
 - `decode_s[n]`: a step that only decodes n rows (what running streams see undisturbed);
 - what one prompt token adds to a step, per shape of step (`Shape`: its rows in whole tiles), at the
-  position it was measured: the kernels' cost per row differs by shape (the Gemma 3 starter beside 4
-  rows, around position 2,700: 4.7 ms a token in a 32-row step, 7.0 in a 64-row one; SmolLM2-135M at
-  16,000 beside one row: 68 ms in a 32-row step, 34 in a 64-row one); one price for all shapes made
-  the chunk swing between them and miss its aim by 40% (docs/bench/engine.md, "A prompt token's cost
-  by shape and position");
+  position it was measured: the cost per row differs by shape (SmolLM2-135M beside one row at position
+  16,000: 69 ms a token in a 32-row step, 32 in a 64-row one, bench/chunk_shape.py; the Gemma 3 starter
+  in the engine's loop beside 4 rows near position 2,700: 4.7 ms in a 28-token chunk, 7.0 in a 60-token
+  one), and one price for all shapes made the chunk swing between them, the larger over its aim by 40%
+  (docs/bench/engine.md, "A prompt token's cost by shape and position");
 - `slope`: what a prompt token's cost grows by per position (it attends to every token before it:
-  SmolLM2 beside one row of 10-17 ms costs 3.4 ms a token at position 0, 13.5 at 3,000, 34 at 8,000,
-  68 at 16,000), fitted within each shape over more steps;
+  SmolLM2 beside one row of 10-17 ms, in 31-token chunks: 3.4 ms a token at position 0, 14 at 3,000,
+  34 at 8,000, 69 at 16,000), fitted over more steps than a shape's price;
 
 and gives the next chunk the most tokens whose step fits `STALL x decode_s[n]` at the position it
 resumes from, in whole tiles of rows. Running streams then wait about STALL plain steps for their next
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 STALL = 9.0  # a step with a prompt chunk may take this many plain decode steps
 ROW_TILE = 32  # steps whose rows fill whole tiles of this size cost least (measured, see above)
 # Fewer prompt tokens than this are not worth a step even where the budget asks for fewer (deep in a long
-# prompt): below it a token's share climbs (SmolLM2 at position 16,000: 111 ms a token alone, 80 in 4, 75 in
-# 8, 68 in 31; at 3,000: 22, 16, 15.5, 13.5) and the prompt would crawl, so the budget gives way there.
+# prompt): below it a token's share climbs (SmolLM2 at position 16,000: 107 ms a token alone, 78 in 4, 73 in
+# 8, 69 in 31; at 3,000: 22, 16, 15, 14; bench/chunk_shape.py) and the prompt would crawl: the budget gives way.
 MIN_CHUNK = 8
 EMA_DECODE = 0.2  # plain steps are steady: average over about five
 EMA_TOKEN = 0.6  # a shape's price moves with load and threads: follow its last step closely
