@@ -22,15 +22,13 @@ def feed(s: ChunkSizer, n_decode: int, n: int, start: int, cost: Callable[[int, 
 
 
 def prefill(s: ChunkSizer, n_decode: int, total: int, cost: Callable[[int, int, int], float],
-            start: int = 0, after: int = 0) -> tuple[list[int], float]:
+            start: int = 0) -> tuple[list[int], float]:
     """Read a prompt from `start` to `total` beside n_decode rows, chunk by chunk: the chunks and the
-    worst step in plain steps among those from position `after` on."""
+    worst step in plain steps."""
     done, sizes, worst = start, [], 0.0
     while done < total:
         c = min(s.chunk(n_decode, done), total - done)
-        t = feed(s, n_decode, c, done, cost) / cost(n_decode, 0, 0)
-        if done >= after:
-            worst = max(worst, t)
+        worst = max(worst, feed(s, n_decode, c, done, cost) / cost(n_decode, 0, 0))
         sizes.append(c)
         done += c
     return sizes, worst
@@ -88,8 +86,8 @@ def test_deeper_than_the_budget_allows_a_chunk_gives_way_down_to_a_few_tokens():
 
 
 def shaped_cost(n_decode: int, n_prompt: int, start: int) -> float:
-    """A step whose prompt tokens cost 1.5x as much in a 64-row step as in a 32-row one (the starter
-    beside 4 rows, around position 2,700: 7.0 and 4.7 ms a token)."""
+    """A step whose prompt tokens cost 1.5x as much in a 64-row step as in a 32-row one (as the starter's
+    60- and 28-token chunks beside 4 rows in the engine's loop near position 2,700: 7.0 and 4.7 ms a token)."""
     rows = n_decode + n_prompt
     return 0.025 + n_prompt * 0.003 * (1.5 if rows > 32 else 1.0)
 
@@ -123,7 +121,7 @@ def test_nearer_the_start_than_measured_a_price_falls_to_half_at_most():
     s.observe(1, 0, 0.010)
     prefill(s, 1, 6000, deep_cost)
     shape = s.shapes[1]
-    assert shape.price(0, s.slope) == LOW_SHARE * shape.token_s  # 27 ms measured deep, 3.4 at 0: 13.5
+    assert shape.price(0, s.slope) == LOW_SHARE * shape.token_s  # 27 ms measured deep, 3.4 at 0: about 14
     assert shape.price(shape.at + 1000, s.slope) > shape.token_s
 
 

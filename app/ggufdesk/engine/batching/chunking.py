@@ -123,8 +123,8 @@ class ChunkSizer:
         base = self._decode_estimate(n_decode)
         if base is None or not self.shapes:
             # before anything is measured: the fewest whole tiles that hold half a tile of prompt tokens, the
-            # cheapest step worth measuring (124 tokens beside 4 rows, 9x a plain step for the starter, were 12x
-            # beside one row and 35x for SmolLM2: that first step was the streams' worst gap)
+            # cheapest step worth measuring (128 rows were read here before: 124 tokens beside 4 rows, 9x a plain
+            # step for the starter, but 95 beside one row, 34x for SmolLM2: the streams' worst gap)
             rows = self.tiles(n_decode + self.tile // 2) * self.tile
             return max(1, min(rows - n_decode, room))
         budget = (self.stall - 1.0) * base
