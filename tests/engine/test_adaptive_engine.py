@@ -211,7 +211,10 @@ def test_reloading_forgets_the_conversation(engine, tiny_model):
     engine.load(str(tiny_model), settings={"n_ctx": 2048}, speculation={"k_max": 8})
     alone, st_alone = _generate(engine, PROMPT, {**lookup, "lookup_history": False})
     after, st = _generate(engine, PROMPT, lookup)
-    assert after == alone and st.accepted == st_alone.accepted  # nothing left from before the reload
+    # nothing left from before the reload: the earlier answer would be drafted whole (120+ accepted, the test
+    # above); the count without it moves by a draft (k_max 8) or so with the step costs the planner measures
+    # on a busy machine (1 against 2 seen), so it is compared within one draft, not exactly
+    assert after == alone and abs(st.accepted - st_alone.accepted) <= 8, (st.accepted, st_alone.accepted)
 
 
 def test_sentence_ends_are_read_from_the_vocabulary(live):
