@@ -13,6 +13,7 @@ the llama-cpp-python sdist (same portable CPU flags as installer/llama_wheel.sh)
     python bench/server.py [--threads 2] [--ctx 8192] [--parallel 8] [--tokens 96] [--json out.json]
     python bench/server.py --skip-llama-cpp-python --aggregate-reps 8 [--clients 4]   # the 4-stream ratio alone
     python bench/server.py --skip-llama-cpp-python --ctx 32768 --agent-prefill-reps 3   # a 20k-token agent prompt
+    ... --before /tmp/before/app   # also another tree's ggufdesk (a git worktree's app/ folder), for an A/B
 
 The agent prompt is Claude Code 2.1's recorded first request (tests/fixtures/clients/), sent to both
 servers as the same /v1/chat/completions request (system text with its 24 tools as JSON text, user turns),
@@ -161,6 +162,10 @@ def llama_server_cmd(model: str, threads: int, ctx: int, parallel: int) -> list[
 def make_servers(model: str, a: argparse.Namespace) -> list[Server]:
     t, ctx = str(a.threads), str(a.ctx)
     servers = [Server("ggufdesk serve", ggufdesk_cmd(model, a.threads, a.ctx, a.parallel), 0, "/health")]
+    if a.before:  # another tree's ggufdesk (its app/ folder first on the path), as a server of its own
+        servers.append(Server("ggufdesk serve (before)", ["env", f"PYTHONPATH={Path(a.before).resolve()}",
+                                                          *ggufdesk_cmd(model, a.threads, a.ctx, a.parallel)],
+                              0, "/health"))
     if not a.skip_llama_server:
         servers.append(Server("llama-server", llama_server_cmd(model, a.threads, a.ctx, a.parallel), 0, "/health"))
     if not a.skip_llama_cpp_python:
@@ -396,6 +401,8 @@ def main() -> int:
     ap.add_argument("--big-words", type=int, default=3000, help="words in the long prompt (~tokens)")
     ap.add_argument("--prefix-words", type=int, default=1500)
     ap.add_argument("--skip-llama-server", action="store_true")
+    ap.add_argument("--before", metavar="APP_DIR",
+                    help="also run another tree's ggufdesk (e.g. /tmp/before/app of a git worktree) beside ours")
     ap.add_argument("--skip-llama-cpp-python", action="store_true")
     ap.add_argument("--json", help="write the results here too")
     ap.add_argument("--aggregate-reps", type=int, default=0,
