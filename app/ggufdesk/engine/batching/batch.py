@@ -272,7 +272,7 @@ class BatchEngine:
         attends, in every step, over all cells up to the highest one in use, masked or not: idle slots evicted
         step by step leave a prompt's first chunks in cells above theirs and then every chunk spans both (the
         starter read 6,000 tokens at 0.74-0.83x its speed beside an idle 24,000-token slot, and an agent's
-        next 24,900-token prompt at 0.77-0.80x llama-server's, docs/bench/server.md). Freed at once, its
+        next 24,900-token prompt at 0.77-0.81x llama-server's, docs/bench/server.md). Freed at once, its
         cells start near the bottom. Idle slots are still kept where there is room: nothing is evicted
         that the prompts would not evict anyway."""
         self.slots.evict(sum(s.prompt_left for s in self.sched.running
