@@ -89,11 +89,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.model is None:
+    model = args.model
+    if model is None:
         from ggufdesk.core import starter
 
-        args.model = str(starter.model_path(starter.SMOLLM2))
-    model = args.model
+        model = str(starter.model_path(starter.SMOLLM2))
     if args.child:
         child(args.child, model, args.words)
         return 0

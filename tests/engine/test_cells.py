@@ -8,6 +8,7 @@ from typing import Any
 
 from ggufdesk.core.settings import SamplingSettings
 from ggufdesk.engine.link import protocol as P
+from tests.engine.helpers import greedy
 from tests.engine.inproc import Live, one
 from tests.fixtures import ggufs
 
@@ -19,10 +20,6 @@ LOAD = {"n_ctx": N_CTX, "n_batch": 64, "n_ubatch": 64, "n_parallel": 2, "n_threa
 def text(n: int, start: int) -> list[dict[str, Any]]:
     w = ggufs.WORDS
     return [{"role": "user", "content": " ".join(w[(start + 3 * i) % len(w)] for i in range(n))}]
-
-
-def greedy(n: int) -> SamplingSettings:
-    return SamplingSettings(temperature=0.0, max_tokens=n)
 
 
 def idle_tokens(live: Live) -> int:
@@ -40,7 +37,7 @@ def test_a_prompt_that_needs_an_idle_slots_cells_takes_them_before_its_first_chu
         assert held + len(b) > N_CTX > len(b) + 4 and len(b) > 64  # B needs A's cells, over several chunks
         batch = live.engine.batch
         assert batch is not None
-        live.engine.generate(P.Generate(id="b", messages=text(40, 1), sampling=greedy(4)))
+        live.engine.generate(P.Generate(id="b", messages=text(40, 1), sampling=SamplingSettings(**greedy(4))))
         batch.step()  # B's first chunk: 64 tokens would still fit beside A
         assert idle_tokens(live) == 0  # A was evicted before it, not when the free cells ran out
         while batch.busy:
